@@ -1,0 +1,106 @@
+//! CPU identification and the system registers aarch64-cpu does not name (ARM ARM D23).
+
+use aarch64_cpu::registers::{ID_AA64ISAR1_EL1, MIDR_EL1, Readable};
+
+/// Which pointer-authentication algorithm the CPU implements for the instruction keys.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, defmt::Format)]
+pub enum PointerAuth {
+    Qarma5,
+    Qarma3,
+    ImplementationDefined,
+    None,
+}
+
+impl PointerAuth {
+    /// Reads ID_AA64ISAR1_EL1.{APA, API} and ID_AA64ISAR2_EL1.APA3.
+    pub fn detect() -> Self {
+        let isar1 = ID_AA64ISAR1_EL1.get();
+        let apa = (isar1 >> 4) & 0xf;
+        let api = (isar1 >> 8) & 0xf;
+        let apa3 = (id_aa64isar2_el1() >> 12) & 0xf;
+        if apa != 0 {
+            Self::Qarma5
+        } else if apa3 != 0 {
+            Self::Qarma3
+        } else if api != 0 {
+            Self::ImplementationDefined
+        } else {
+            Self::None
+        }
+    }
+
+    /// The name printed on the banner's `PAuth:` line and given on the kernel command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Qarma5 => "QARMA5",
+            Self::Qarma3 => "QARMA3",
+            Self::ImplementationDefined => "IMPDEF",
+            Self::None => "none",
+        }
+    }
+}
+
+/// ID_AA64ISAR2_EL1 (reads as zero on CPUs older than ARMv8.7, such as the Cortex-A72).
+pub fn id_aa64isar2_el1() -> u64 {
+    let value;
+    // SAFETY: reading an ID register has no side effects; it is RAZ where not implemented.
+    unsafe { core::arch::asm!("mrs {}, S3_0_C0_C6_2", out(reg) value, options(nomem, nostack)) };
+    value
+}
+
+/// ID_AA64PFR1_EL1.MTE: 0 none, 1 instructions only, 2 or more full MTE.
+pub fn mte_level() -> u64 {
+    let value: u64;
+    // SAFETY: reading an ID register has no side effects.
+    unsafe { core::arch::asm!("mrs {}, id_aa64pfr1_el1", out(reg) value, options(nomem, nostack)) };
+    (value >> 8) & 0xf
+}
+
+pub fn midr() -> u64 {
+    MIDR_EL1.get()
+}
+
+/// Removes the PAC from a code pointer with XPACLRI, which is a hint-space NOP without PAuth.
+#[inline(always)]
+pub fn strip_pac(pointer: u64) -> u64 {
+    let mut lr = pointer;
+    // SAFETY: XPACLRI only rewrites x30, which is declared as an in/out operand.
+    unsafe { core::arch::asm!("xpaclri", inout("x30") lr, options(nomem, nostack, preserves_flags)) };
+    lr
+}
+
+/// The current shadow call stack pointer (the next free slot).
+#[inline(always)]
+pub fn shadow_call_stack_pointer() -> u64 {
+    let value;
+    // SAFETY: reads x18 into another register; no memory access.
+    unsafe { core::arch::asm!("mov {}, x18", out(reg) value, options(nomem, nostack, preserves_flags)) };
+    value
+}
+
+/// Masks IRQs and FIQs, returning the previous DAIF to hand to `restore_interrupts`.
+#[inline(always)]
+pub fn mask_interrupts() -> u64 {
+    let daif;
+    // SAFETY: reads and sets DAIF; the compiler may not move memory accesses across it, so no
+    // `nomem` (critical sections rely on this ordering).
+    unsafe { core::arch::asm!("mrs {}, daif", "msr daifset, #3", out(reg) daif, options(nostack)) };
+    daif
+}
+
+#[inline(always)]
+pub fn restore_interrupts(daif: u64) {
+    // SAFETY: restores a DAIF value read by `mask_interrupts`.
+    unsafe { core::arch::asm!("msr daif, {}", in(reg) daif, options(nostack)) };
+}
+
+#[inline(always)]
+pub fn enable_interrupts() {
+    // SAFETY: unmasks IRQs; handlers are installed before the caller does this.
+    unsafe { core::arch::asm!("msr daifclr, #3", options(nostack)) };
+}
+
+pub fn wait_for_interrupt() {
+    // SAFETY: WFI only waits; interrupts wake it.
+    unsafe { core::arch::asm!("wfi", options(nomem, nostack, preserves_flags)) };
+}

@@ -1,0 +1,155 @@
+//! Exception frames, ESR decoding and the EL1 synchronous/IRQ handlers (ARM ARM D1.10, D24.2.40).
+
+use core::sync::atomic::{AtomicU64, Ordering};
+
+/// The interrupted context, as vectors.S saves it on the stack.
+#[repr(C)]
+pub struct ExceptionFrame {
+    pub x: [u64; 31],
+    /// SP of the interrupted context.
+    pub sp: u64,
+    pub elr: u64,
+    pub spsr: u64,
+    pub esr: u64,
+    pub far: u64,
+    /// Exception-boundary frame record for unwinders: {0, 0, kind, elr, interrupted x29}.
+    /// x29 points here while the handler runs.
+    pub boundary: [u64; 5],
+    _pad: u64,
+}
+
+/// `boundary[2]` of an exception frame (0 marks the final frame of a task).
+pub const BOUNDARY_KIND_EXCEPTION: u64 = 1;
+
+/// Exception classes (ESR_ELx.EC) the kernel tells apart.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, defmt::Format)]
+#[repr(u8)]
+pub enum ExceptionClass {
+    Unknown = 0x00,
+    Svc64 = 0x15,
+    SystemRegisterTrap = 0x18,
+    PointerAuthFailure = 0x1c,
+    InstructionAbortLowerEl = 0x20,
+    InstructionAbort = 0x21,
+    PcAlignment = 0x22,
+    DataAbortLowerEl = 0x24,
+    DataAbort = 0x25,
+    SpAlignment = 0x26,
+    SError = 0x2f,
+    SoftwareStepLowerEl = 0x32,
+    SoftwareStep = 0x33,
+    Brk = 0x3c,
+    Other = 0xff,
+}
+
+impl ExceptionClass {
+    pub fn of(esr: u64) -> Self {
+        match (esr >> 26) & 0x3f {
+            0x00 => Self::Unknown,
+            0x15 => Self::Svc64,
+            0x18 => Self::SystemRegisterTrap,
+            0x1c => Self::PointerAuthFailure,
+            0x20 => Self::InstructionAbortLowerEl,
+            0x21 => Self::InstructionAbort,
+            0x22 => Self::PcAlignment,
+            0x24 => Self::DataAbortLowerEl,
+            0x25 => Self::DataAbort,
+            0x26 => Self::SpAlignment,
+            0x2f => Self::SError,
+            0x32 => Self::SoftwareStepLowerEl,
+            0x33 => Self::SoftwareStep,
+            0x3c => Self::Brk,
+            _ => Self::Other,
+        }
+    }
+}
+
+/// The fault status code of an instruction or data abort (ISS.xFSC), decoded.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, defmt::Format)]
+pub enum FaultStatus {
+    Translation { level: u8 },
+    AccessFlag { level: u8 },
+    Permission { level: u8 },
+    Alignment,
+    SynchronousExternal,
+    Other(u8),
+}
+
+impl FaultStatus {
+    pub fn of(esr: u64) -> Self {
+        let fsc = (esr & 0x3f) as u8;
+        let level = fsc & 3;
+        match fsc >> 2 {
+            0b0001 => Self::Translation { level },
+            0b0010 => Self::AccessFlag { level },
+            0b0011 => Self::Permission { level },
+            _ if fsc == 0b10_0001 => Self::Alignment,
+            _ if fsc == 0b01_0000 => Self::SynchronousExternal,
+            _ => Self::Other(fsc),
+        }
+    }
+}
+
+/// What a test-provoked exception looked like.
+#[derive(Clone, Copy, Debug, defmt::Format)]
+pub struct Caught {
+    pub esr: u64,
+    pub far: u64,
+    pub elr: u64,
+}
+
+/// Exception class (plus one) that the running code expects to take and step over; 0 if none.
+static EXPECTED_CLASS: AtomicU64 = AtomicU64::new(0);
+static CAUGHT: spin::Mutex<Option<Caught>> = spin::Mutex::new(None);
+
+/// Runs `f`, expecting it to raise one synchronous exception of `class` at EL1. The handler
+/// records it and resumes after the faulting instruction. Returns what was caught, if anything.
+pub fn catch(class: ExceptionClass, f: impl FnOnce()) -> Option<Caught> {
+    *CAUGHT.lock() = None;
+    EXPECTED_CLASS.store(class as u64 + 1, Ordering::SeqCst);
+    f();
+    EXPECTED_CLASS.store(0, Ordering::SeqCst);
+    CAUGHT.lock().take()
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn exception_el1_sync(frame: &mut ExceptionFrame) {
+    let class = ExceptionClass::of(frame.esr);
+    if EXPECTED_CLASS.load(Ordering::SeqCst) == class as u64 + 1 {
+        EXPECTED_CLASS.store(0, Ordering::SeqCst);
+        *CAUGHT.lock() = Some(Caught { esr: frame.esr, far: frame.far, elr: frame.elr });
+        frame.elr += 4;
+        return;
+    }
+    report_and_exit("unexpected synchronous exception", frame);
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn exception_el1_irq(_frame: &mut ExceptionFrame) {
+    crate::drivers::interrupts::handle_irq();
+}
+
+#[unsafe(no_mangle)]
+extern "C" fn exception_unexpected(frame: &mut ExceptionFrame) {
+    report_and_exit("exception from an unexpected vector", frame);
+}
+
+fn report_and_exit(what: &str, frame: &ExceptionFrame) -> ! {
+    crate::arch::aarch64::cpu::mask_interrupts();
+    let class = ExceptionClass::of(frame.esr);
+    defmt::error!(
+        "{=str}: {} (ESR {=u64:#x}) at ELR {=u64:#x}, FAR {=u64:#x}, SPSR {=u64:#x}",
+        what,
+        class,
+        frame.esr,
+        frame.elr,
+        frame.far,
+        frame.spsr
+    );
+    if matches!(class, ExceptionClass::DataAbort | ExceptionClass::InstructionAbort) {
+        let write = frame.esr & (1 << 6) != 0;
+        defmt::error!("  fault: {}, {=str}", FaultStatus::of(frame.esr), if write { "write" } else { "read" });
+    }
+    defmt::error!("  x29 {=u64:#x} x30 {=u64:#x} sp {=u64:#x} x18 {=u64:#x}", frame.x[29], frame.x[30], frame.sp, frame.x[18]);
+    crate::exit(crate::ExitStatus::Panic)
+}

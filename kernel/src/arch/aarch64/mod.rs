@@ -1,0 +1,55 @@
+//! AArch64 support: boot, exception vectors, translation tables, PAuth, text patching.
+
+pub mod cpu;
+pub mod exception;
+pub mod mmu;
+pub mod patch;
+
+use mmu::{Descriptor, VA_OFFSET};
+
+/// HCR_EL2 for running the kernel at EL1: RW (EL1 is AArch64), APK and API (PAuth keys and
+/// instructions do not trap to EL2).
+const HCR_EL2: u64 = (1 << 31) | (1 << 40) | (1 << 41);
+/// SCTLR_EL1 with the MMU and caches off: only the RES1 bits of ARMv8.0 (11, 20, 22, 23, 28, 29).
+const SCTLR_MMU_OFF: u64 = 0x30D0_0800;
+/// SCTLR_EL1 with the MMU (M), data and instruction caches (C, I) and SP alignment checks (SA).
+const SCTLR_MMU_ON: u64 = SCTLR_MMU_OFF | 1 | (1 << 2) | (1 << 3) | (1 << 12);
+/// SCTLR_EL1.EnIA: PACIASP/AUTIASP use the IA key instead of acting as NOPs.
+const SCTLR_ENIA: u64 = 1 << 31;
+/// SPSR for EL1h with D, A, I and F masked.
+const SPSR_EL1H_MASKED: u64 = 0x3c5;
+
+core::arch::global_asm!(
+    include_str!("boot.S"),
+    hcr_el2 = const HCR_EL2,
+    sctlr_mmu_off = const SCTLR_MMU_OFF,
+    sctlr_mmu_on = const SCTLR_MMU_ON,
+    sctlr_enia = const SCTLR_ENIA,
+    spsr_el1h_masked = const SPSR_EL1H_MASKED,
+    shadow_page_attrs = const Descriptor::SHADOW_PAGE_ATTRS,
+    table = const Descriptor::TABLE,
+    ram_block = const Descriptor::early_ram_block(crate::board::CONFIG.load_address),
+    device_block = const Descriptor::early_device_block(crate::board::CONFIG.console_uart),
+    ram_gib = const crate::board::CONFIG.load_address >> 30,
+    device_gib = const crate::board::CONFIG.console_uart >> 30,
+    linear_shadow_l1 = const mmu::l1_index(mmu::shadow_of(VA_OFFSET)),
+    alias_shadow_l1 = const mmu::l1_index(mmu::shadow_of(mmu::TEXT_ALIAS_OFFSET)),
+    mair = const mmu::MAIR,
+    tcr = const mmu::TCR,
+    key_lo_seed = const 0x7472_6163_656c_6162_u64, // "tracelab"
+    key_hi_seed = const 0x9e37_79b9_7f4a_7c15_u64,
+);
+
+core::arch::global_asm!(
+    include_str!("vectors.S"),
+    frame_size = const core::mem::size_of::<exception::ExceptionFrame>(),
+    off_elr = const core::mem::offset_of!(exception::ExceptionFrame, elr),
+    off_esr = const core::mem::offset_of!(exception::ExceptionFrame, esr),
+    off_marker = const core::mem::offset_of!(exception::ExceptionFrame, boundary),
+    marker_exception = const exception::BOUNDARY_KIND_EXCEPTION,
+);
+
+const _: () = assert!(
+    crate::board::CONFIG.load_address >> 30 != crate::board::CONFIG.console_uart >> 30,
+    "the early map gives RAM and the console separate 1 GiB blocks"
+);

@@ -1,0 +1,105 @@
+// Exception vectors: save the interrupted context as an ExceptionFrame, call Rust, restore, eret.
+// Follows ARM ARM D1.10 (exception entry) and the vector table layout of D1.10.2.
+//
+// The frame (see exception.rs, ExceptionFrame) ends with an exception-boundary marker record
+// (0, 0, kind = 1, elr, x29) and x29 points at it while the handler runs, so a frame-pointer walk
+// that reaches it continues in the interrupted context. x18 (the shadow call stack pointer) is
+// kept: an exception from EL1 keeps using the interrupted task's shadow stack.
+// No instrumented code runs before the frame is saved; the handlers are ordinary Rust.
+
+
+
+.macro RESTORE_FRAME
+    ldp     x0, x1, [sp, #{off_elr}]
+    msr     elr_el1, x0
+    msr     spsr_el1, x1
+    ldp     x0, x1, [sp, #0 * 16]
+    ldp     x2, x3, [sp, #1 * 16]
+    ldp     x4, x5, [sp, #2 * 16]
+    ldp     x6, x7, [sp, #3 * 16]
+    ldp     x8, x9, [sp, #4 * 16]
+    ldp     x10, x11, [sp, #5 * 16]
+    ldp     x12, x13, [sp, #6 * 16]
+    ldp     x14, x15, [sp, #7 * 16]
+    ldp     x16, x17, [sp, #8 * 16]
+    ldp     x18, x19, [sp, #9 * 16]
+    ldp     x20, x21, [sp, #10 * 16]
+    ldp     x22, x23, [sp, #11 * 16]
+    ldp     x24, x25, [sp, #12 * 16]
+    ldp     x26, x27, [sp, #13 * 16]
+    ldp     x28, x29, [sp, #14 * 16]
+    ldr     x30, [sp, #15 * 16]
+    add     sp, sp, #{frame_size}
+    eret
+.endm
+
+.macro VECTOR handler
+    .balign 0x80
+    sub     sp, sp, #{frame_size}
+    stp     x0, x1, [sp, #0 * 16]
+    adrp    x1, \handler
+    add     x1, x1, :lo12:\handler
+    b       exception_entry
+.endm
+
+.section .text.vectors, "ax"
+.balign 0x800
+.global exception_vectors
+exception_vectors:
+    // Current EL with SP_EL0: never used (the kernel always runs on SP_EL1).
+    VECTOR  exception_unexpected
+    VECTOR  exception_unexpected
+    VECTOR  exception_unexpected
+    VECTOR  exception_unexpected
+    // Current EL with SP_ELx.
+    VECTOR  exception_el1_sync
+    VECTOR  exception_el1_irq
+    VECTOR  exception_unexpected
+    VECTOR  exception_unexpected
+    // Lower EL, AArch64 (EL0 tasks arrive with a later issue).
+    VECTOR  exception_unexpected
+    VECTOR  exception_unexpected
+    VECTOR  exception_unexpected
+    VECTOR  exception_unexpected
+    // Lower EL, AArch32: never.
+    VECTOR  exception_unexpected
+    VECTOR  exception_unexpected
+    VECTOR  exception_unexpected
+    VECTOR  exception_unexpected
+
+// Common entry: the vector slot saved x0/x1 and put the handler's address in x1.
+exception_entry:
+    stp     x2, x3, [sp, #1 * 16]
+    stp     x4, x5, [sp, #2 * 16]
+    stp     x6, x7, [sp, #3 * 16]
+    stp     x8, x9, [sp, #4 * 16]
+    stp     x10, x11, [sp, #5 * 16]
+    stp     x12, x13, [sp, #6 * 16]
+    stp     x14, x15, [sp, #7 * 16]
+    stp     x16, x17, [sp, #8 * 16]
+    stp     x18, x19, [sp, #9 * 16]
+    stp     x20, x21, [sp, #10 * 16]
+    stp     x22, x23, [sp, #11 * 16]
+    stp     x24, x25, [sp, #12 * 16]
+    stp     x26, x27, [sp, #13 * 16]
+    stp     x28, x29, [sp, #14 * 16]
+    add     x2, sp, #{frame_size}            // the interrupted SP (EL1h: just above this frame)
+    stp     x30, x2, [sp, #15 * 16]
+    mrs     x2, elr_el1
+    mrs     x3, spsr_el1
+    stp     x2, x3, [sp, #{off_elr}]
+    mrs     x4, esr_el1
+    mrs     x5, far_el1
+    stp     x4, x5, [sp, #{off_esr}]
+    // Boundary marker: (fp = 0, lr = 0, kind = exception, pc = elr, fp = interrupted x29).
+    add     x4, sp, #{off_marker}
+    stp     xzr, xzr, [x4]
+    mov     x5, #{marker_exception}
+    stp     x5, x2, [x4, #16]
+    str     x29, [x4, #32]
+    mov     x29, x4
+    mov     x0, sp
+    blr     x1
+    // fall through
+exception_return:
+    RESTORE_FRAME

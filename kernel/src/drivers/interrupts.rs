@@ -1,0 +1,37 @@
+//! IRQ dispatch: the GIC says which interrupt, the handler for it runs.
+
+use super::gic::{Gic, GicConfig, SPECIAL_INTID_START};
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+static GIC: spin::Once<Gic> = spin::Once::new();
+static TIMER_INTID: AtomicU32 = AtomicU32::new(0);
+static UNHANDLED: AtomicU64 = AtomicU64::new(0);
+
+pub fn init(config: GicConfig, timer_intid: u32) {
+    let gic = GIC.call_once(|| Gic::init(config));
+    TIMER_INTID.store(timer_intid, Ordering::Relaxed);
+    gic.enable_private(timer_intid);
+}
+
+pub fn gic_version() -> u8 {
+    GIC.get().map_or(0, Gic::version)
+}
+
+/// Interrupts that arrived without a handler (a test checks this stays zero).
+pub fn unhandled() -> u64 {
+    UNHANDLED.load(Ordering::Relaxed)
+}
+
+pub fn handle_irq() {
+    let Some(gic) = GIC.get() else { return };
+    let intid = gic.acknowledge();
+    if intid >= SPECIAL_INTID_START {
+        return;
+    }
+    if intid == TIMER_INTID.load(Ordering::Relaxed) {
+        super::timer::handle_tick();
+    } else {
+        UNHANDLED.fetch_add(1, Ordering::Relaxed);
+    }
+    gic.end_of_interrupt(intid);
+}

@@ -1,0 +1,6 @@
+//! Device drivers: console UART, interrupt controllers, generic timer.
+
+pub mod gic;
+pub mod interrupts;
+pub mod pl011;
+pub mod timer;

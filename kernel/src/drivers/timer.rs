@@ -1,0 +1,35 @@
+//! The EL1 virtual timer as the periodic tick (ARM ARM D11.2, "The Generic Timer").
+
+use aarch64_cpu::registers::{CNTFRQ_EL0, CNTV_CTL_EL0, CNTV_CVAL_EL0, CNTVCT_EL0, Readable, Writeable};
+use core::sync::atomic::{AtomicU64, Ordering};
+
+static TICKS: AtomicU64 = AtomicU64::new(0);
+static INTERVAL: AtomicU64 = AtomicU64::new(0);
+
+pub fn frequency() -> u64 {
+    CNTFRQ_EL0.get()
+}
+
+pub fn counter() -> u64 {
+    CNTVCT_EL0.get()
+}
+
+/// Starts a periodic tick at `hz`. The compare value advances by a fixed interval per tick, so
+/// the rate does not drift with interrupt latency.
+pub fn start(hz: u64) {
+    let interval = frequency() / hz;
+    INTERVAL.store(interval, Ordering::Relaxed);
+    CNTV_CVAL_EL0.set(counter() + interval);
+    CNTV_CTL_EL0.write(CNTV_CTL_EL0::ENABLE::SET + CNTV_CTL_EL0::IMASK::CLEAR);
+}
+
+pub fn ticks() -> u64 {
+    TICKS.load(Ordering::Relaxed)
+}
+
+/// The tick interrupt: count it and arm the next one.
+pub fn handle_tick() {
+    TICKS.fetch_add(1, Ordering::Relaxed);
+    let next = CNTV_CVAL_EL0.get() + INTERVAL.load(Ordering::Relaxed);
+    CNTV_CVAL_EL0.set(next);
+}

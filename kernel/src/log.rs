@@ -1,0 +1,80 @@
+//! The defmt global logger: rzCOBS-framed defmt records on the console PL011.
+//!
+//! xtask decodes the stream with the kernel ELF. A record begun while another is being written
+//! (an exception or panic inside a log call) first closes the interrupted frame with a 0x00
+//! delimiter, so the decoder drops that one record and resynchronises.
+
+use crate::arch::cpu;
+use crate::drivers::pl011::Pl011;
+use core::sync::atomic::{AtomicU32, Ordering};
+
+static CONSOLE: spin::Mutex<Option<Pl011>> = spin::Mutex::new(None);
+static NESTING: AtomicU32 = AtomicU32::new(0);
+static mut ENCODER: defmt::Encoder = defmt::Encoder::new();
+static mut SAVED_DAIF: u64 = 0;
+
+/// Takes the console PL011 at virtual address `base`.
+pub fn init(base: u64, clock_hz: u32) {
+    // SAFETY: the board's console is mapped as device memory from the first Rust instruction
+    // (boot.S's early device block, then the final tables), and only this logger owns it.
+    let mut uart = unsafe { Pl011::new(base) };
+    uart.init(clock_hz);
+    *CONSOLE.lock() = Some(uart);
+}
+
+fn write_console(bytes: &[u8]) {
+    // Interrupts are masked while a record is written, so this lock is never contended on one CPU;
+    // a nested record (exception during logging) forces it rather than deadlocking.
+    let mut guard = CONSOLE.try_lock();
+    if guard.is_none() {
+        // SAFETY: the holder is the record this one interrupted on the same CPU; it cannot run
+        // until this one returns.
+        unsafe { CONSOLE.force_unlock() };
+        guard = CONSOLE.try_lock();
+    }
+    if let Some(Some(uart)) = guard.as_deref_mut() {
+        uart.write_bytes(bytes);
+    }
+}
+
+/// Waits until everything logged has left the UART.
+pub fn drain() {
+    if let Some(Some(uart)) = CONSOLE.try_lock().as_deref() {
+        uart.drain();
+    }
+}
+
+#[defmt::global_logger]
+struct Logger;
+
+// SAFETY: acquire/release bracket every record with interrupts masked on the only CPU; nested
+// records (exceptions while logging) are handled by closing the interrupted frame first.
+unsafe impl defmt::Logger for Logger {
+    fn acquire() {
+        let daif = cpu::mask_interrupts();
+        if NESTING.fetch_add(1, Ordering::Acquire) == 0 {
+            // SAFETY: only the outermost record saves DAIF; interrupts are masked.
+            unsafe { SAVED_DAIF = daif };
+        } else {
+            write_console(&[0]);
+        }
+        // SAFETY: interrupts are masked and nesting is handled above, so the encoder has one user.
+        unsafe { (*core::ptr::addr_of_mut!(ENCODER)).start_frame(write_console) }
+    }
+
+    unsafe fn flush() {}
+
+    unsafe fn release() {
+        // SAFETY: called after acquire, with interrupts masked.
+        unsafe { (*core::ptr::addr_of_mut!(ENCODER)).end_frame(write_console) };
+        if NESTING.fetch_sub(1, Ordering::Release) == 1 {
+            // SAFETY: the outermost record restores the DAIF it saved.
+            cpu::restore_interrupts(unsafe { SAVED_DAIF });
+        }
+    }
+
+    unsafe fn write(bytes: &[u8]) {
+        // SAFETY: called between acquire and release, with interrupts masked.
+        unsafe { (*core::ptr::addr_of_mut!(ENCODER)).write(bytes, write_console) }
+    }
+}

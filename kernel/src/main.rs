@@ -1,0 +1,139 @@
+//! tracelab: a bare-metal arm64 kernel that is a laboratory for kernel instrumentation.
+//!
+//! This file is the init order and nothing else; see the README for the architecture.
+
+#![no_std]
+#![no_main]
+#![feature(sanitize)]
+
+mod arch;
+mod board;
+mod cmdline;
+mod drivers;
+mod dt;
+mod log;
+mod mm;
+mod tests;
+
+use arch::{cpu, mmu::VA_OFFSET};
+use core::sync::atomic::{AtomicBool, Ordering};
+
+/// The build variant xtask compiled (full, prod or plain), so the kernel knows which
+/// instrumentation to expect.
+pub const BUILD_VARIANT: &str = match option_env!("TRACELAB_VARIANT") {
+    Some(variant) => variant,
+    None => "unknown",
+};
+
+/// How a run ends; xtask reads it as QEMU's exit status.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ExitStatus {
+    Success = 0,
+    TestsFailed = 1,
+    Panic = 3,
+}
+
+static SEMIHOSTING: AtomicBool = AtomicBool::new(board::CONFIG.semihosting_by_default);
+
+#[unsafe(no_mangle)]
+extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
+    log::init(board::CONFIG.console_uart + VA_OFFSET, board::CONFIG.console_clock_hz);
+    // SAFETY: the loader placed the device tree at dtb_pa in the early-mapped GiB of RAM, and
+    // nothing writes to it.
+    let platform = match unsafe { dt::Platform::parse(dtb_pa + VA_OFFSET, dtb_pa) } {
+        Ok(platform) => platform,
+        Err(error) => panic!("device tree at {:#x}: {:?}", dtb_pa, defmt::Debug2Format(&error)),
+    };
+    let cmdline = cmdline::CommandLine::parse(platform.bootargs, board::CONFIG.semihosting_by_default);
+    SEMIHOSTING.store(cmdline.semihosting, Ordering::Relaxed);
+    let layout = match mm::init(&platform) {
+        Ok(layout) => layout,
+        Err(error) => panic!("memory init: {:?}", defmt::Debug2Format(&error)),
+    };
+    drivers::interrupts::init(layout.gic, platform.virtual_timer_intid);
+    drivers::timer::start(cmdline.hz);
+
+    defmt::info!(
+        "tracelab {=str} (variant {=str}, board {=str}, model {=str})",
+        env!("CARGO_PKG_VERSION"),
+        BUILD_VARIANT,
+        board::CONFIG.name,
+        platform.model
+    );
+    defmt::info!("CPU: MIDR {=u64:#x}, entered at EL{=u64}", cpu::midr(), entry_el);
+    defmt::info!("PAuth: {=str}", cpu::PointerAuth::detect().name());
+    let mte = match cpu::mte_level() {
+        0 => "none",
+        1 => "instructions only",
+        _ => "yes",
+    };
+    defmt::info!("MTE: {=str}", mte);
+    defmt::info!("TBI: kernel (TTBR1) and user (TTBR0) top bytes ignored");
+    defmt::info!("Timer: {=u64} Hz counter, {=u64} Hz tick", drivers::timer::frequency(), cmdline.hz);
+    defmt::info!("GIC: v{=u8}", drivers::interrupts::gic_version());
+    defmt::info!(
+        "Memory: RAM {=u64:#x}..{=u64:#x} ({=u64} MiB), shadow {=u64:#x}..{=u64:#x}, free {=u64} MiB, {=usize} page tables",
+        layout.ram.base,
+        layout.ram.end(),
+        layout.ram.size >> 20,
+        layout.shadow.base,
+        layout.shadow.end(),
+        layout.free.size >> 20,
+        layout.tables_used
+    );
+    cpu::enable_interrupts();
+
+    match cmdline.run {
+        cmdline::Run::Demo => {
+            defmt::info!("demo: nothing else to show yet; `cargo xtask test` runs the kernel tests");
+            exit(ExitStatus::Success)
+        }
+        cmdline::Run::Test => {
+            let summary = tests::run(cmdline.filter, cmdline.expect_pauth);
+            exit(if summary.failed == 0 { ExitStatus::Success } else { ExitStatus::TestsFailed })
+        }
+    }
+}
+
+/// Ends the run: prints the sentinel line xtask waits for, then leaves QEMU through semihosting
+/// (which carries the status) or, on hardware, parks the CPU.
+pub fn exit(status: ExitStatus) -> ! {
+    cpu::mask_interrupts();
+    defmt::info!("tracelab: exit status {=u8}", status as u8);
+    log::drain();
+    if SEMIHOSTING.load(Ordering::Relaxed) {
+        semihosting_exit(status as u8);
+    }
+    loop {
+        cpu::wait_for_interrupt();
+    }
+}
+
+/// SYS_EXIT with ADP_Stopped_ApplicationExit and the status (Arm semihosting spec, 6.4.2): QEMU
+/// (with `-semihosting`) exits with that status.
+fn semihosting_exit(status: u8) {
+    let block = [0x2_0026_u64, status as u64];
+    // SAFETY: HLT #0xf000 is the A64 semihosting trap; x0 = SYS_EXIT, x1 = the parameter block,
+    // which lives on this stack for the duration of the call.
+    unsafe { core::arch::asm!("hlt #0xf000", in("x0") 0x18_u64, in("x1") block.as_ptr(), options(nostack)) };
+}
+
+#[panic_handler]
+fn panic(info: &core::panic::PanicInfo) -> ! {
+    static PANICKING: AtomicBool = AtomicBool::new(false);
+    cpu::mask_interrupts();
+    if PANICKING.swap(true, Ordering::SeqCst) {
+        // A panic while reporting a panic: report nothing more, just stop with the status.
+        semihosting_exit(ExitStatus::Panic as u8);
+        loop {
+            cpu::wait_for_interrupt();
+        }
+    }
+    let (file, line) = info.location().map_or(("?", 0), |location| (location.file(), location.line()));
+    defmt::error!("panicked at {=str}:{=u32}: {}", file, line, defmt::Display2Format(&info.message()));
+    if let Some(test) = tests::current() {
+        defmt::error!("  while running test {=str}", test);
+    }
+    exit(ExitStatus::Panic)
+}

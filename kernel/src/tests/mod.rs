@@ -1,0 +1,110 @@
+//! The in-kernel test registry: named tests, run in order, one result line each.
+//!
+//! Line formats (xtask parses them): `test start: NAME`, `test ok: NAME`,
+//! `test skipped: NAME (REASON)`, `test FAILED: NAME`, then
+//! `tests done: P passed, F failed, S skipped`. A failing check also prints the expression,
+//! file and line. A test that hangs is named by its start line; one that panics by the panic.
+
+mod foundation;
+
+use core::sync::atomic::{AtomicPtr, Ordering};
+
+/// Why a test did not pass.
+pub struct Failure {
+    pub expression: &'static str,
+    pub file: &'static str,
+    pub line: u32,
+}
+
+pub enum Verdict {
+    Passed,
+    /// The test does not apply to this build or CPU (e.g. SCS checks in the `plain` variant).
+    Skipped(&'static str),
+}
+
+pub type Outcome = Result<Verdict, Failure>;
+
+pub struct Test {
+    pub name: &'static str,
+    pub run: fn(&Context) -> Outcome,
+}
+
+/// What a test may need to know about the run.
+pub struct Context {
+    /// The PAuth algorithm xtask says this CPU variant has (`expect-pauth=`), if given.
+    pub expect_pauth: Option<&'static str>,
+}
+
+/// Fails the test with the expression and location when `condition` is false.
+macro_rules! check {
+    ($condition:expr) => {
+        if !$condition {
+            return Err($crate::tests::Failure { expression: stringify!($condition), file: file!(), line: line!() });
+        }
+    };
+}
+
+/// Fails the test, printing both values, when they differ.
+macro_rules! check_eq {
+    ($left:expr, $right:expr) => {{
+        let (left, right) = ($left, $right);
+        if left != right {
+            defmt::error!("  left:  {=u64:#x}\n  right: {=u64:#x}", left as u64, right as u64);
+            return Err($crate::tests::Failure {
+                expression: concat!(stringify!($left), " == ", stringify!($right)),
+                file: file!(),
+                line: line!(),
+            });
+        }
+    }};
+}
+pub(crate) use {check, check_eq};
+
+const TESTS: &[Test] = foundation::TESTS;
+
+static CURRENT: AtomicPtr<&'static str> = AtomicPtr::new(core::ptr::null_mut());
+
+/// The test running now, for panic and exception reports.
+pub fn current() -> Option<&'static str> {
+    let current = CURRENT.load(Ordering::Relaxed);
+    // SAFETY: CURRENT is null or points into the static TESTS table.
+    (!current.is_null()).then(|| unsafe { *current })
+}
+
+pub struct Summary {
+    pub passed: u32,
+    pub failed: u32,
+    pub skipped: u32,
+}
+
+pub fn run(filter: &str, expect_pauth: Option<&'static str>) -> Summary {
+    let context = Context { expect_pauth };
+    let mut summary = Summary { passed: 0, failed: 0, skipped: 0 };
+    for test in TESTS.iter().filter(|test| test.name.contains(filter)) {
+        CURRENT.store(&test.name as *const &'static str as *mut _, Ordering::Relaxed);
+        defmt::info!("test start: {=str}", test.name);
+        match (test.run)(&context) {
+            Ok(Verdict::Passed) => {
+                summary.passed += 1;
+                defmt::info!("test ok: {=str}", test.name);
+            }
+            Ok(Verdict::Skipped(reason)) => {
+                summary.skipped += 1;
+                defmt::info!("test skipped: {=str} ({=str})", test.name, reason);
+            }
+            Err(failure) => {
+                summary.failed += 1;
+                defmt::error!(
+                    "test FAILED: {=str}: check `{=str}` at {=str}:{=u32}",
+                    test.name,
+                    failure.expression,
+                    failure.file,
+                    failure.line
+                );
+            }
+        }
+    }
+    CURRENT.store(core::ptr::null_mut(), Ordering::Relaxed);
+    defmt::info!("tests done: {=u32} passed, {=u32} failed, {=u32} skipped", summary.passed, summary.failed, summary.skipped);
+    summary
+}

@@ -1,0 +1,70 @@
+//! xtask: the only build logic of tracelab. Builds the kernel variants, runs them in QEMU, tests.
+//!
+//! Exit codes: 0 success, 1 test failures, 2 bad usage or missing environment, 124 a QEMU run
+//! killed on timeout.
+
+mod build;
+mod log;
+mod qemu;
+mod test;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Build, run and test the tracelab kernel")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build the kernel, boot it in QEMU and stream its decoded log; exits with the kernel's status.
+    Qemu(qemu::QemuArgs),
+    /// Host crate tests, then the kernel test suite in QEMU across CPU variants, entry levels
+    /// and build variants. Ends with `N passed, N failed`.
+    Test(test::TestArgs),
+}
+
+/// An error that ends xtask with a specific exit status and a one-line message.
+#[derive(Debug)]
+pub struct Failure {
+    pub status: u8,
+    pub message: String,
+}
+
+impl Failure {
+    /// Bad usage or a missing environment (exit 2).
+    pub fn usage(message: impl Into<String>) -> Self {
+        Self { status: 2, message: message.into() }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            use clap::error::ErrorKind;
+            if matches!(error.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = error.print();
+                return ExitCode::SUCCESS;
+            }
+            // One line saying what is wrong (clap's first line), then exit 2.
+            let text = error.to_string();
+            eprintln!("{}", text.lines().next().unwrap_or("bad usage"));
+            return ExitCode::from(2);
+        }
+    };
+    let result = match cli.command {
+        Command::Qemu(args) => qemu::run_interactive(&args),
+        Command::Test(args) => test::run(&args),
+    };
+    match result {
+        Ok(status) => ExitCode::from(status),
+        Err(failure) => {
+            eprintln!("xtask: {}", failure.message);
+            ExitCode::from(failure.status)
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! QEMU: CPU variants, machine options, installation, and runs under a kill-on-drop timeout.
+
+use crate::Failure;
+use crate::build::{self, Board, BuildVariant};
+use crate::log::{KernelLog, LogLine};
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The QEMU 10 CPU models tracelab runs on: four PAuth settings of `max` and the Pi 4's core.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum CpuVariant {
+    MaxQarma5,
+    MaxQarma3,
+    MaxImpdef,
+    MaxNoPauth,
+    CortexA72,
+}
+
+impl CpuVariant {
+    pub const ALL: [CpuVariant; 5] = [Self::MaxQarma5, Self::MaxQarma3, Self::MaxImpdef, Self::MaxNoPauth, Self::CortexA72];
+
+    /// The `-cpu` argument, which is also the variant's name everywhere in tracelab.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::MaxQarma5 => "max,pauth-qarma5=on",
+            Self::MaxQarma3 => "max,pauth-qarma3=on",
+            Self::MaxImpdef => "max,pauth-impdef=on",
+            Self::MaxNoPauth => "max,pauth=off",
+            Self::CortexA72 => "cortex-a72",
+        }
+    }
+
+    /// What the kernel's banner must say on its `PAuth:` line.
+    pub fn expected_pauth(self) -> &'static str {
+        match self {
+            Self::MaxQarma5 => "QARMA5",
+            Self::MaxQarma3 => "QARMA3",
+            Self::MaxImpdef => "IMPDEF",
+            Self::MaxNoPauth | Self::CortexA72 => "none",
+        }
+    }
+
+    pub fn parse(name: &str) -> Result<Self, String> {
+        Self::ALL.into_iter().find(|cpu| cpu.name() == name).ok_or_else(|| {
+            let names: Vec<_> = Self::ALL.iter().map(|cpu| cpu.name()).collect();
+            format!("unknown CPU variant '{name}' (expected one of: {})", names.join(", "))
+        })
+    }
+}
+
+#[derive(clap::Args)]
+pub struct QemuArgs {
+    /// CPU variant: max,pauth-qarma5=on | max,pauth-qarma3=on | max,pauth-impdef=on |
+    /// max,pauth=off | cortex-a72
+    #[arg(long, default_value = "max,pauth-impdef=on", value_parser = CpuVariant::parse)]
+    pub cpu: CpuVariant,
+    #[arg(long, value_enum, default_value = "virt")]
+    pub board: Board,
+    #[arg(long, value_enum, default_value = "full")]
+    pub variant: BuildVariant,
+    /// Exception level QEMU enters the kernel at (2 = `virtualization=on`).
+    #[arg(long, default_value = "1", value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub el: u8,
+    /// GIC version on `virt`.
+    #[arg(long, default_value = "2", value_parser = clap::value_parser!(u8).range(2..=3))]
+    pub gic: u8,
+    /// Wait for a debugger on tcp::1234 (no timeout).
+    #[arg(long)]
+    pub gdb: bool,
+    /// Extra kernel command line words (e.g. `hz=250`).
+    #[arg(long, default_value = "")]
+    pub append: String,
+    /// Kill QEMU after this many seconds.
+    #[arg(long, default_value = "60")]
+    pub timeout: u64,
+}
+
+/// One QEMU run of one kernel image.
+pub struct Machine {
+    pub board: Board,
+    pub cpu: CpuVariant,
+    pub el: u8,
+    pub gic: u8,
+}
+
+impl Machine {
+    pub fn describe(&self) -> String {
+        format!("{} -cpu {} EL{} GICv{}", self.board.name(), self.cpu.name(), self.el, self.gic)
+    }
+
+    fn command(&self, image: &build::KernelImage, bootargs: &str, gdb: bool) -> Command {
+        let mut machine = String::from("virt");
+        if self.el == 2 {
+            machine.push_str(",virtualization=on");
+        }
+        machine.push_str(&format!(",gic-version={}", self.gic));
+        let mut command = Command::new("qemu-system-aarch64");
+        command
+            .args(["-machine", &machine, "-cpu", self.cpu.name(), "-smp", "1", "-m", "128M"])
+            .args(["-display", "none", "-monitor", "none", "-serial", "stdio"])
+            .args(["-semihosting-config", "enable=on,target=native", "-no-reboot"])
+            .arg("-kernel")
+            .arg(&image.raw)
+            .args(["-append", bootargs]);
+        if gdb {
+            command.args(["-s", "-S"]);
+        }
+        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        command
+    }
+}
+
+/// QEMU under a guard that kills it when dropped (timeout, error or Ctrl-C unwinding).
+struct QemuProcess(Child);
+
+impl Drop for QemuProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub struct RunResult {
+    /// QEMU's exit status (the kernel's, through semihosting); None if killed on timeout.
+    pub status: Option<i32>,
+    pub log: Vec<LogLine>,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+/// Boots `image` with `bootargs`, decoding the log as it arrives (`echo` prints each line).
+pub fn run(
+    machine: &Machine,
+    image: &build::KernelImage,
+    bootargs: &str,
+    timeout: Option<Duration>,
+    echo: bool,
+) -> Result<RunResult, Failure> {
+    ensure_installed()?;
+    let elf = std::fs::read(&image.elf).map_err(|error| Failure::usage(format!("{}: {error}", image.elf.display())))?;
+    let start = Instant::now();
+    let mut child = QemuProcess(
+        machine
+            .command(image, bootargs, timeout.is_none())
+            .spawn()
+            .map_err(|error| Failure::usage(format!("cannot start qemu-system-aarch64: {error}")))?,
+    );
+    let mut stdout = child.0.stdout.take().expect("piped");
+    let mut stderr = child.0.stderr.take().expect("piped");
+    let stderr_reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let (sender, receiver) = std::sync::mpsc::channel::<Vec<u8>>();
+    let stdout_reader = std::thread::spawn(move || {
+        let mut buffer = [0u8; 4096];
+        while let Ok(count) = stdout.read(&mut buffer) {
+            if count == 0 || sender.send(buffer[..count].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut log = KernelLog::new(&elf)?;
+    let status = loop {
+        while let Ok(bytes) = receiver.try_recv() {
+            for line in log.feed(&bytes) {
+                if echo {
+                    println!("{line}");
+                }
+            }
+        }
+        if let Some(status) = child.0.try_wait().map_err(|error| Failure::usage(error.to_string()))? {
+            break Some(status.code().unwrap_or(-1));
+        }
+        if timeout.is_some_and(|timeout| start.elapsed() > timeout) {
+            let _ = child.0.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let _ = stdout_reader.join();
+    while let Ok(bytes) = receiver.try_recv() {
+        for line in log.feed(&bytes) {
+            if echo {
+                println!("{line}");
+            }
+        }
+    }
+    drop(child);
+    let stderr = stderr_reader.join().unwrap_or_default();
+    Ok(RunResult { status, log: log.into_lines(), stderr, elapsed: start.elapsed() })
+}
+
+/// `cargo xtask qemu`: build, boot, stream the log, exit with the kernel's status.
+pub fn run_interactive(args: &QemuArgs) -> Result<u8, Failure> {
+    ensure_installed()?;
+    let image = build::kernel(args.board, args.variant)?;
+    let machine = Machine { board: args.board, cpu: args.cpu, el: args.el, gic: args.gic };
+    let bootargs = format!("run=demo exit=semihosting expect-pauth={} {}", args.cpu.expected_pauth(), args.append);
+    eprintln!("xtask: booting {} (variant {})", machine.describe(), args.variant.name());
+    let timeout = (!args.gdb).then(|| Duration::from_secs(args.timeout));
+    let result = run(&machine, &image, bootargs.trim(), timeout, true)?;
+    if !result.stderr.trim().is_empty() {
+        eprint!("{}", result.stderr);
+    }
+    match result.status {
+        Some(status) => Ok(status.clamp(0, 255) as u8),
+        None => Err(Failure { status: 124, message: format!("QEMU ({}) killed after {} s timeout", machine.describe(), args.timeout) }),
+    }
+}
+
+const MIN_QEMU_MAJOR: u32 = 10;
+
+fn installed_version() -> Option<(u32, String)> {
+    let output = Command::new("qemu-system-aarch64").arg("--version").output().ok()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let version = text.split_whitespace().skip_while(|word| *word != "version").nth(1)?.to_string();
+    let major = version.split('.').next()?.parse().ok()?;
+    Some((major, version))
+}
+
+/// Makes sure `qemu-system-aarch64` 10 or newer is there: installs it with apt (from
+/// bookworm-backports on Debian 12) when running as root, else says exactly what to run.
+pub fn ensure_installed() -> Result<(), Failure> {
+    static CHECKED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    if CHECKED.get().is_some() {
+        return Ok(());
+    }
+    if matches!(installed_version(), Some((major, _)) if major >= MIN_QEMU_MAJOR) {
+        let _ = CHECKED.set(());
+        return Ok(());
+    }
+    let codename = std::fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|text| text.lines().find_map(|line| line.strip_prefix("VERSION_CODENAME=").map(str::to_string)))
+        .unwrap_or_default();
+    let backports = codename == "bookworm";
+    let sources = "/etc/apt/sources.list.d/tracelab-bookworm-backports.sources";
+    let install = if backports {
+        "apt-get install -y -t bookworm-backports qemu-system-arm"
+    } else {
+        "apt-get install -y qemu-system-arm"
+    };
+    let manual = if backports {
+        format!(
+            "printf 'Types: deb\\nURIs: http://deb.debian.org/debian\\nSuites: bookworm-backports\\nComponents: main\\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\\n' > {sources} && apt-get update && {install}"
+        )
+    } else {
+        format!("apt-get update && {install}")
+    };
+    let is_root = Command::new("id").arg("-u").output().is_ok_and(|output| output.stdout.trim_ascii() == b"0");
+    let has_apt = Command::new("apt-get").arg("--version").output().is_ok();
+    if !(is_root && has_apt) {
+        return Err(Failure::usage(format!("qemu-system-aarch64 {MIN_QEMU_MAJOR} or newer is missing; install it with: {manual}")));
+    }
+    eprintln!("xtask: qemu-system-aarch64 >= {MIN_QEMU_MAJOR} missing, installing: {manual}");
+    let status = Command::new("sh")
+        .args(["-c", &manual])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .stdout(Stdio::null())
+        .status()
+        .map_err(|error| Failure::usage(format!("cannot run sh: {error}")))?;
+    match installed_version() {
+        Some((major, _)) if status.success() && major >= MIN_QEMU_MAJOR => {
+            let _ = CHECKED.set(());
+            Ok(())
+        }
+        _ => Err(Failure::usage(format!("installing QEMU failed; run as root: {manual}"))),
+    }
+}

@@ -1,0 +1,185 @@
+//! `cargo xtask test`: host crate tests, then the kernel suite in QEMU over a configuration matrix.
+//!
+//! The matrix is complete: every build variant (full, prod, plain) x every CPU variant x entry
+//! at EL1 and EL2 x GICv2 and GICv3, 60 QEMU runs of well under a second each. Each kernel test
+//! counts once per configuration it ran in.
+
+use crate::Failure;
+use crate::build::{self, Board, BuildVariant};
+use crate::qemu::{self, CpuVariant, Machine};
+use std::process::Command;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct TestArgs {
+    /// Only kernel tests whose name contains this.
+    #[arg(long, default_value = "")]
+    pub filter: String,
+    /// Only these CPU variants (repeatable).
+    #[arg(long = "cpu", value_parser = CpuVariant::parse)]
+    pub cpus: Vec<CpuVariant>,
+    /// Only these build variants (repeatable).
+    #[arg(long = "variant", value_enum)]
+    pub variants: Vec<BuildVariant>,
+    /// Skip the host crate tests.
+    #[arg(long)]
+    pub no_host: bool,
+    /// Seconds before a QEMU run counts as hung and is killed.
+    #[arg(long, default_value = "120")]
+    pub timeout: u64,
+}
+
+#[derive(Default)]
+struct Tally {
+    passed: u64,
+    failed: u64,
+    skipped: u64,
+}
+
+pub fn run(args: &TestArgs) -> Result<u8, Failure> {
+    let mut tally = Tally::default();
+    if !args.no_host {
+        host_tests(&mut tally)?;
+    }
+    qemu::ensure_installed()?;
+    let cpus = if args.cpus.is_empty() { CpuVariant::ALL.to_vec() } else { args.cpus.clone() };
+    let variants = if args.variants.is_empty() { BuildVariant::ALL.to_vec() } else { args.variants.clone() };
+    let mut timed_out = false;
+    for variant in variants {
+        let image = build::kernel(Board::Virt, variant)?;
+        for &cpu in &cpus {
+            for (el, gic) in [(1, 2), (1, 3), (2, 2), (2, 3)] {
+                let machine = Machine { board: Board::Virt, cpu, el, gic };
+                timed_out |= run_configuration(&machine, variant, &image, args, &mut tally)?;
+            }
+        }
+    }
+    println!("{} passed, {} failed, {} skipped", tally.passed, tally.failed, tally.skipped);
+    if timed_out {
+        return Ok(124);
+    }
+    Ok(if tally.failed == 0 { 0 } else { 1 })
+}
+
+/// `cargo test` for the host crates; their counts join the tally.
+fn host_tests(tally: &mut Tally) -> Result<(), Failure> {
+    eprintln!("xtask: host crate tests");
+    let output = Command::new(env!("CARGO"))
+        .current_dir(build::workspace_root())
+        .args(["test", "--workspace", "--exclude", "kernel"])
+        .output()
+        .map_err(|error| Failure::usage(format!("cannot run cargo test: {error}")))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let mut seen = false;
+    for line in stdout.lines().filter(|line| line.starts_with("test result:")) {
+        seen = true;
+        let count = |word: &str| -> u64 {
+            line.split([';', '.'])
+                .find_map(|part| part.trim().strip_suffix(word).and_then(|n| n.trim().parse().ok()))
+                .unwrap_or(0)
+        };
+        tally.passed += count("passed");
+        tally.failed += count("failed");
+        tally.skipped += count("ignored");
+    }
+    if !output.status.success() {
+        print!("{stdout}");
+        eprint!("{}", String::from_utf8_lossy(&output.stderr));
+        if !seen {
+            tally.failed += 1;
+        }
+        println!("host crate tests: FAILED");
+    } else {
+        println!("host crate tests: ok");
+    }
+    Ok(())
+}
+
+/// One QEMU run of the kernel suite. Returns whether it timed out.
+fn run_configuration(
+    machine: &Machine,
+    variant: BuildVariant,
+    image: &build::KernelImage,
+    args: &TestArgs,
+    tally: &mut Tally,
+) -> Result<bool, Failure> {
+    let mut bootargs = format!("run=test exit=semihosting expect-pauth={}", machine.cpu.expected_pauth());
+    if !args.filter.is_empty() {
+        bootargs.push_str(&format!(" filter={}", args.filter));
+    }
+    let result = qemu::run(machine, image, &bootargs, Some(Duration::from_secs(args.timeout)), false)?;
+    let configuration = format!("{} variant {}", machine.describe(), variant.name());
+    let (mut passed, mut failed, mut skipped) = (0, 0, 0);
+    let mut running = None;
+    let mut done = false;
+    let mut sentinel = None;
+    for line in &result.log {
+        let text = line.text.as_str();
+        if let Some(name) = text.strip_prefix("test start: ") {
+            running = Some(name.to_string());
+        } else if text.starts_with("test ok: ") {
+            passed += 1;
+            running = None;
+        } else if text.starts_with("test skipped: ") {
+            skipped += 1;
+            running = None;
+        } else if text.starts_with("test FAILED: ") {
+            failed += 1;
+            running = None;
+        } else if text.starts_with("tests done: ") {
+            done = true;
+        } else if let Some(status) = text.strip_prefix("tracelab: exit status ") {
+            sentinel = status.trim().parse::<i32>().ok();
+        }
+    }
+    let expected_status = if failed == 0 { 0 } else { 1 };
+    let mut problems = Vec::new();
+    match result.status {
+        None => problems.push(format!(
+            "killed after {} s timeout{}",
+            args.timeout,
+            running.as_ref().map(|name| format!(" while running test {name}")).unwrap_or_default()
+        )),
+        Some(status) if status != expected_status => problems.push(format!(
+            "kernel exited with status {status}{}",
+            running.as_ref().map(|name| format!(" during test {name}")).unwrap_or_default()
+        )),
+        Some(_) => {}
+    }
+    if result.status.is_some() && sentinel != result.status {
+        problems.push(format!("exit sentinel {sentinel:?} does not match QEMU status {:?}", result.status));
+    }
+    if !done && result.status.is_some() {
+        problems.push("no `tests done` line".into());
+    }
+    if passed + failed == 0 {
+        problems.push("no test ran".into());
+    }
+    // A run that died counts the test it was in as failed (and the run itself if none was).
+    if !problems.is_empty() && running.is_some() {
+        failed += 1;
+    } else if !problems.is_empty() && failed == 0 {
+        failed += 1;
+    }
+    tally.passed += passed;
+    tally.failed += failed;
+    tally.skipped += skipped;
+    let verdict = if failed == 0 && problems.is_empty() { "ok" } else { "FAILED" };
+    println!(
+        "kernel tests [{configuration}]: {verdict}: {passed} passed, {failed} failed, {skipped} skipped ({:.1} s)",
+        result.elapsed.as_secs_f64()
+    );
+    if verdict != "ok" {
+        for problem in &problems {
+            println!("  {problem}");
+        }
+        println!("  --- kernel log ---");
+        for line in &result.log {
+            println!("  {line}");
+        }
+        if !result.stderr.trim().is_empty() {
+            println!("  --- qemu stderr ---\n{}", result.stderr);
+        }
+    }
+    Ok(result.status.is_none())
+}
