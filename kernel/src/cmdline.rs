@@ -19,7 +19,13 @@ pub struct CommandLine {
 
 impl CommandLine {
     pub fn parse(bootargs: &'static str, semihosting_by_default: bool) -> Self {
-        let mut line = Self { run: Run::Demo, filter: "", hz: 100, semihosting: semihosting_by_default, expect_pauth: None };
+        let mut line = Self {
+            run: Run::Demo,
+            filter: "",
+            hz: 100,
+            semihosting: semihosting_by_default,
+            expect_pauth: None,
+        };
         for word in bootargs.split_whitespace() {
             let (key, value) = word.split_once('=').unwrap_or((word, ""));
             match (key, value) {
@@ -28,7 +34,11 @@ impl CommandLine {
                 ("filter", filter) => line.filter = filter,
                 ("hz", hz) => match hz.parse::<u64>() {
                     Ok(hz) if (1..=10_000).contains(&hz) => line.hz = hz,
-                    _ => defmt::warn!("cmdline: hz={=str} is not in 1..=10000, keeping {=u64}", hz, line.hz),
+                    _ => defmt::warn!(
+                        "cmdline: hz={=str} is not in 1..=10000, keeping {=u64}",
+                        hz,
+                        line.hz
+                    ),
                 },
                 ("exit", "semihosting") => line.semihosting = true,
                 ("exit", "park") => line.semihosting = false,

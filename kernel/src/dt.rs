@@ -16,8 +16,14 @@ impl Region {
 }
 
 pub enum GicRegions {
-    V2 { distributor: Region, cpu_interface: Region },
-    V3 { distributor: Region, redistributor: Region },
+    V2 {
+        distributor: Region,
+        cpu_interface: Region,
+    },
+    V3 {
+        distributor: Region,
+        redistributor: Region,
+    },
 }
 
 pub struct Platform {
@@ -68,9 +74,15 @@ impl Platform {
         let ram = memory
             .regions()
             .next()
-            .map(|region| Region { base: region.starting_address as u64, size: region.size.unwrap_or(0) as u64 })
+            .map(|region| Region {
+                base: region.starting_address as u64,
+                size: region.size.unwrap_or(0) as u64,
+            })
             .ok_or(DtError::NoMemory)?;
-        let console = fdt.find_compatible(&["arm,pl011"]).and_then(|node| first_region(node, 0)).ok_or(DtError::NoConsole)?;
+        let console = fdt
+            .find_compatible(&["arm,pl011"])
+            .and_then(|node| first_region(node, 0))
+            .ok_or(DtError::NoConsole)?;
         let gic = if let Some(node) = fdt.find_compatible(&["arm,gic-v3"]) {
             GicRegions::V3 {
                 distributor: first_region(node, 0).ok_or(DtError::NoGic)?,
@@ -86,16 +98,31 @@ impl Platform {
         };
         // "arm,armv8-timer" lists secure physical, non-secure physical, virtual and hypervisor
         // timer PPIs as (type, number, flags) triples; PPI n is INTID 16 + n.
-        let timer = fdt.find_compatible(&["arm,armv8-timer", "arm,armv7-timer"]).ok_or(DtError::NoTimer)?;
+        let timer = fdt
+            .find_compatible(&["arm,armv8-timer", "arm,armv7-timer"])
+            .ok_or(DtError::NoTimer)?;
         let interrupts = timer.property("interrupts").ok_or(DtError::NoTimer)?.value;
         let cell = |index: usize| -> Option<u32> {
-            interrupts.get(index * 4..index * 4 + 4).map(|bytes| u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+            interrupts
+                .get(index * 4..index * 4 + 4)
+                .map(|bytes| u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
         };
         let virtual_timer_intid = 16 + cell(2 * 3 + 1).ok_or(DtError::NoTimer)?;
-        let bootargs = fdt.chosen().ok().and_then(|chosen| chosen.bootargs()).unwrap_or("");
-        let model = fdt.root().ok().map(|root| root.model()).unwrap_or("unknown");
+        let bootargs = fdt
+            .chosen()
+            .ok()
+            .and_then(|chosen| chosen.bootargs())
+            .unwrap_or("");
+        let model = fdt
+            .root()
+            .ok()
+            .map(|root| root.model())
+            .unwrap_or("unknown");
         Ok(Self {
-            dtb: Region { base: dtb_pa, size: total as u64 },
+            dtb: Region {
+                base: dtb_pa,
+                size: total as u64,
+            },
             ram,
             console,
             gic,

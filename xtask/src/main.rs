@@ -12,7 +12,10 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "cargo xtask", about = "Build, run and test the tracelab kernel")]
+#[command(
+    name = "cargo xtask",
+    about = "Build, run and test the tracelab kernel"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -37,7 +40,10 @@ pub struct Failure {
 impl Failure {
     /// Bad usage or a missing environment (exit 2).
     pub fn usage(message: impl Into<String>) -> Self {
-        Self { status: 2, message: message.into() }
+        Self {
+            status: 2,
+            message: message.into(),
+        }
     }
 }
 
@@ -46,7 +52,10 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(error) => {
             use clap::error::ErrorKind;
-            if matches!(error.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+            if matches!(
+                error.kind(),
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
+            ) {
                 let _ = error.print();
                 return ExitCode::SUCCESS;
             }

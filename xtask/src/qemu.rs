@@ -18,7 +18,13 @@ pub enum CpuVariant {
 }
 
 impl CpuVariant {
-    pub const ALL: [CpuVariant; 5] = [Self::MaxQarma5, Self::MaxQarma3, Self::MaxImpdef, Self::MaxNoPauth, Self::CortexA72];
+    pub const ALL: [CpuVariant; 5] = [
+        Self::MaxQarma5,
+        Self::MaxQarma3,
+        Self::MaxImpdef,
+        Self::MaxNoPauth,
+        Self::CortexA72,
+    ];
 
     /// The `-cpu` argument, which is also the variant's name everywhere in tracelab.
     pub fn name(self) -> &'static str {
@@ -42,10 +48,16 @@ impl CpuVariant {
     }
 
     pub fn parse(name: &str) -> Result<Self, String> {
-        Self::ALL.into_iter().find(|cpu| cpu.name() == name).ok_or_else(|| {
-            let names: Vec<_> = Self::ALL.iter().map(|cpu| cpu.name()).collect();
-            format!("unknown CPU variant '{name}' (expected one of: {})", names.join(", "))
-        })
+        Self::ALL
+            .into_iter()
+            .find(|cpu| cpu.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<_> = Self::ALL.iter().map(|cpu| cpu.name()).collect();
+                format!(
+                    "unknown CPU variant '{name}' (expected one of: {})",
+                    names.join(", ")
+                )
+            })
     }
 }
 
@@ -86,7 +98,13 @@ pub struct Machine {
 
 impl Machine {
     pub fn describe(&self) -> String {
-        format!("{} -cpu {} EL{} GICv{}", self.board.name(), self.cpu.name(), self.el, self.gic)
+        format!(
+            "{} -cpu {} EL{} GICv{}",
+            self.board.name(),
+            self.cpu.name(),
+            self.el,
+            self.gic
+        )
     }
 
     fn command(&self, image: &build::KernelImage, bootargs: &str, gdb: bool) -> Command {
@@ -97,16 +115,32 @@ impl Machine {
         machine.push_str(&format!(",gic-version={}", self.gic));
         let mut command = Command::new("qemu-system-aarch64");
         command
-            .args(["-machine", &machine, "-cpu", self.cpu.name(), "-smp", "1", "-m", "128M"])
+            .args([
+                "-machine",
+                &machine,
+                "-cpu",
+                self.cpu.name(),
+                "-smp",
+                "1",
+                "-m",
+                "128M",
+            ])
             .args(["-display", "none", "-monitor", "none", "-serial", "stdio"])
-            .args(["-semihosting-config", "enable=on,target=native", "-no-reboot"])
+            .args([
+                "-semihosting-config",
+                "enable=on,target=native",
+                "-no-reboot",
+            ])
             .arg("-kernel")
             .arg(&image.raw)
             .args(["-append", bootargs]);
         if gdb {
             command.args(["-s", "-S"]);
         }
-        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         command
     }
 }
@@ -138,13 +172,16 @@ pub fn run(
     echo: bool,
 ) -> Result<RunResult, Failure> {
     ensure_installed()?;
-    let elf = std::fs::read(&image.elf).map_err(|error| Failure::usage(format!("{}: {error}", image.elf.display())))?;
+    let elf = std::fs::read(&image.elf)
+        .map_err(|error| Failure::usage(format!("{}: {error}", image.elf.display())))?;
     let start = Instant::now();
     let mut child = QemuProcess(
         machine
             .command(image, bootargs, timeout.is_none())
             .spawn()
-            .map_err(|error| Failure::usage(format!("cannot start qemu-system-aarch64: {error}")))?,
+            .map_err(|error| {
+                Failure::usage(format!("cannot start qemu-system-aarch64: {error}"))
+            })?,
     );
     let mut stdout = child.0.stdout.take().expect("piped");
     let mut stderr = child.0.stderr.take().expect("piped");
@@ -171,7 +208,11 @@ pub fn run(
                 }
             }
         }
-        if let Some(status) = child.0.try_wait().map_err(|error| Failure::usage(error.to_string()))? {
+        if let Some(status) = child
+            .0
+            .try_wait()
+            .map_err(|error| Failure::usage(error.to_string()))?
+        {
             break Some(status.code().unwrap_or(-1));
         }
         if timeout.is_some_and(|timeout| start.elapsed() > timeout) {
@@ -190,16 +231,34 @@ pub fn run(
     }
     drop(child);
     let stderr = stderr_reader.join().unwrap_or_default();
-    Ok(RunResult { status, log: log.into_lines(), stderr, elapsed: start.elapsed() })
+    Ok(RunResult {
+        status,
+        log: log.into_lines(),
+        stderr,
+        elapsed: start.elapsed(),
+    })
 }
 
 /// `cargo xtask qemu`: build, boot, stream the log, exit with the kernel's status.
 pub fn run_interactive(args: &QemuArgs) -> Result<u8, Failure> {
     ensure_installed()?;
     let image = build::kernel(args.board, args.variant)?;
-    let machine = Machine { board: args.board, cpu: args.cpu, el: args.el, gic: args.gic };
-    let bootargs = format!("run=demo exit=semihosting expect-pauth={} {}", args.cpu.expected_pauth(), args.append);
-    eprintln!("xtask: booting {} (variant {})", machine.describe(), args.variant.name());
+    let machine = Machine {
+        board: args.board,
+        cpu: args.cpu,
+        el: args.el,
+        gic: args.gic,
+    };
+    let bootargs = format!(
+        "run=demo exit=semihosting expect-pauth={} {}",
+        args.cpu.expected_pauth(),
+        args.append
+    );
+    eprintln!(
+        "xtask: booting {} (variant {})",
+        machine.describe(),
+        args.variant.name()
+    );
     let timeout = (!args.gdb).then(|| Duration::from_secs(args.timeout));
     let result = run(&machine, &image, bootargs.trim(), timeout, true)?;
     if !result.stderr.trim().is_empty() {
@@ -207,16 +266,30 @@ pub fn run_interactive(args: &QemuArgs) -> Result<u8, Failure> {
     }
     match result.status {
         Some(status) => Ok(status.clamp(0, 255) as u8),
-        None => Err(Failure { status: 124, message: format!("QEMU ({}) killed after {} s timeout", machine.describe(), args.timeout) }),
+        None => Err(Failure {
+            status: 124,
+            message: format!(
+                "QEMU ({}) killed after {} s timeout",
+                machine.describe(),
+                args.timeout
+            ),
+        }),
     }
 }
 
 const MIN_QEMU_MAJOR: u32 = 10;
 
 fn installed_version() -> Option<(u32, String)> {
-    let output = Command::new("qemu-system-aarch64").arg("--version").output().ok()?;
+    let output = Command::new("qemu-system-aarch64")
+        .arg("--version")
+        .output()
+        .ok()?;
     let text = String::from_utf8_lossy(&output.stdout);
-    let version = text.split_whitespace().skip_while(|word| *word != "version").nth(1)?.to_string();
+    let version = text
+        .split_whitespace()
+        .skip_while(|word| *word != "version")
+        .nth(1)?
+        .to_string();
     let major = version.split('.').next()?.parse().ok()?;
     Some((major, version))
 }
@@ -234,7 +307,10 @@ pub fn ensure_installed() -> Result<(), Failure> {
     }
     let codename = std::fs::read_to_string("/etc/os-release")
         .ok()
-        .and_then(|text| text.lines().find_map(|line| line.strip_prefix("VERSION_CODENAME=").map(str::to_string)))
+        .and_then(|text| {
+            text.lines()
+                .find_map(|line| line.strip_prefix("VERSION_CODENAME=").map(str::to_string))
+        })
         .unwrap_or_default();
     let backports = codename == "bookworm";
     let sources = "/etc/apt/sources.list.d/tracelab-bookworm-backports.sources";
@@ -250,10 +326,15 @@ pub fn ensure_installed() -> Result<(), Failure> {
     } else {
         format!("apt-get update && {install}")
     };
-    let is_root = Command::new("id").arg("-u").output().is_ok_and(|output| output.stdout.trim_ascii() == b"0");
+    let is_root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|output| output.stdout.trim_ascii() == b"0");
     let has_apt = Command::new("apt-get").arg("--version").output().is_ok();
     if !(is_root && has_apt) {
-        return Err(Failure::usage(format!("qemu-system-aarch64 {MIN_QEMU_MAJOR} or newer is missing; install it with: {manual}")));
+        return Err(Failure::usage(format!(
+            "qemu-system-aarch64 {MIN_QEMU_MAJOR} or newer is missing; install it with: {manual}"
+        )));
     }
     eprintln!("xtask: qemu-system-aarch64 >= {MIN_QEMU_MAJOR} missing, installing: {manual}");
     let status = Command::new("sh")
@@ -267,6 +348,8 @@ pub fn ensure_installed() -> Result<(), Failure> {
             let _ = CHECKED.set(());
             Ok(())
         }
-        _ => Err(Failure::usage(format!("installing QEMU failed; run as root: {manual}"))),
+        _ => Err(Failure::usage(format!(
+            "installing QEMU failed; run as root: {manual}"
+        ))),
     }
 }

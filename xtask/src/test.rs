@@ -42,19 +42,35 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
         host_tests(&mut tally)?;
     }
     qemu::ensure_installed()?;
-    let cpus = if args.cpus.is_empty() { CpuVariant::ALL.to_vec() } else { args.cpus.clone() };
-    let variants = if args.variants.is_empty() { BuildVariant::ALL.to_vec() } else { args.variants.clone() };
+    let cpus = if args.cpus.is_empty() {
+        CpuVariant::ALL.to_vec()
+    } else {
+        args.cpus.clone()
+    };
+    let variants = if args.variants.is_empty() {
+        BuildVariant::ALL.to_vec()
+    } else {
+        args.variants.clone()
+    };
     let mut timed_out = false;
     for variant in variants {
         let image = build::kernel(Board::Virt, variant)?;
         for &cpu in &cpus {
             for (el, gic) in [(1, 2), (1, 3), (2, 2), (2, 3)] {
-                let machine = Machine { board: Board::Virt, cpu, el, gic };
+                let machine = Machine {
+                    board: Board::Virt,
+                    cpu,
+                    el,
+                    gic,
+                };
                 timed_out |= run_configuration(&machine, variant, &image, args, &mut tally)?;
             }
         }
     }
-    println!("{} passed, {} failed, {} skipped", tally.passed, tally.failed, tally.skipped);
+    println!(
+        "{} passed, {} failed, {} skipped",
+        tally.passed, tally.failed, tally.skipped
+    );
     if timed_out {
         return Ok(124);
     }
@@ -71,11 +87,18 @@ fn host_tests(tally: &mut Tally) -> Result<(), Failure> {
         .map_err(|error| Failure::usage(format!("cannot run cargo test: {error}")))?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let mut seen = false;
-    for line in stdout.lines().filter(|line| line.starts_with("test result:")) {
+    for line in stdout
+        .lines()
+        .filter(|line| line.starts_with("test result:"))
+    {
         seen = true;
         let count = |word: &str| -> u64 {
             line.split([';', '.'])
-                .find_map(|part| part.trim().strip_suffix(word).and_then(|n| n.trim().parse().ok()))
+                .find_map(|part| {
+                    part.trim()
+                        .strip_suffix(word)
+                        .and_then(|n| n.trim().parse().ok())
+                })
                 .unwrap_or(0)
         };
         tally.passed += count("passed");
@@ -103,11 +126,20 @@ fn run_configuration(
     args: &TestArgs,
     tally: &mut Tally,
 ) -> Result<bool, Failure> {
-    let mut bootargs = format!("run=test exit=semihosting expect-pauth={}", machine.cpu.expected_pauth());
+    let mut bootargs = format!(
+        "run=test exit=semihosting expect-pauth={}",
+        machine.cpu.expected_pauth()
+    );
     if !args.filter.is_empty() {
         bootargs.push_str(&format!(" filter={}", args.filter));
     }
-    let result = qemu::run(machine, image, &bootargs, Some(Duration::from_secs(args.timeout)), false)?;
+    let result = qemu::run(
+        machine,
+        image,
+        &bootargs,
+        Some(Duration::from_secs(args.timeout)),
+        false,
+    )?;
     let configuration = format!("{} variant {}", machine.describe(), variant.name());
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
     let mut running = None;
@@ -138,16 +170,25 @@ fn run_configuration(
         None => problems.push(format!(
             "killed after {} s timeout{}",
             args.timeout,
-            running.as_ref().map(|name| format!(" while running test {name}")).unwrap_or_default()
+            running
+                .as_ref()
+                .map(|name| format!(" while running test {name}"))
+                .unwrap_or_default()
         )),
         Some(status) if status != expected_status => problems.push(format!(
             "kernel exited with status {status}{}",
-            running.as_ref().map(|name| format!(" during test {name}")).unwrap_or_default()
+            running
+                .as_ref()
+                .map(|name| format!(" during test {name}"))
+                .unwrap_or_default()
         )),
         Some(_) => {}
     }
     if result.status.is_some() && sentinel != result.status {
-        problems.push(format!("exit sentinel {sentinel:?} does not match QEMU status {:?}", result.status));
+        problems.push(format!(
+            "exit sentinel {sentinel:?} does not match QEMU status {:?}",
+            result.status
+        ));
     }
     if !done && result.status.is_some() {
         problems.push("no `tests done` line".into());
@@ -156,15 +197,17 @@ fn run_configuration(
         problems.push("no test ran".into());
     }
     // A run that died counts the test it was in as failed (and the run itself if none was).
-    if !problems.is_empty() && running.is_some() {
-        failed += 1;
-    } else if !problems.is_empty() && failed == 0 {
+    if !problems.is_empty() && (running.is_some() || failed == 0) {
         failed += 1;
     }
     tally.passed += passed;
     tally.failed += failed;
     tally.skipped += skipped;
-    let verdict = if failed == 0 && problems.is_empty() { "ok" } else { "FAILED" };
+    let verdict = if failed == 0 && problems.is_empty() {
+        "ok"
+    } else {
+        "FAILED"
+    };
     println!(
         "kernel tests [{configuration}]: {verdict}: {passed} passed, {failed} failed, {skipped} skipped ({:.1} s)",
         result.elapsed.as_secs_f64()

@@ -1,10 +1,13 @@
 //! The EL1 virtual timer as the periodic tick (ARM ARM D11.2, "The Generic Timer").
 
-use aarch64_cpu::registers::{CNTFRQ_EL0, CNTV_CTL_EL0, CNTV_CVAL_EL0, CNTVCT_EL0, Readable, Writeable};
+use aarch64_cpu::registers::{
+    CNTFRQ_EL0, CNTV_CTL_EL0, CNTV_CVAL_EL0, CNTVCT_EL0, Readable, Writeable,
+};
 use core::sync::atomic::{AtomicU64, Ordering};
 
 static TICKS: AtomicU64 = AtomicU64::new(0);
 static INTERVAL: AtomicU64 = AtomicU64::new(0);
+static HZ: AtomicU64 = AtomicU64::new(0);
 
 pub fn frequency() -> u64 {
     CNTFRQ_EL0.get()
@@ -19,8 +22,14 @@ pub fn counter() -> u64 {
 pub fn start(hz: u64) {
     let interval = frequency() / hz;
     INTERVAL.store(interval, Ordering::Relaxed);
+    HZ.store(hz, Ordering::Relaxed);
     CNTV_CVAL_EL0.set(counter() + interval);
     CNTV_CTL_EL0.write(CNTV_CTL_EL0::ENABLE::SET + CNTV_CTL_EL0::IMASK::CLEAR);
+}
+
+/// The configured tick rate.
+pub fn hz() -> u64 {
+    HZ.load(Ordering::Relaxed)
 }
 
 pub fn ticks() -> u64 {

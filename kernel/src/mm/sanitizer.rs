@@ -70,7 +70,10 @@ pub fn expect_mismatches(f: impl FnOnce()) -> (u64, Option<Mismatch>) {
     EXPECTING.store(true, Ordering::SeqCst);
     f();
     EXPECTING.store(false, Ordering::SeqCst);
-    (MISMATCHES.load(Ordering::SeqCst) - before, LAST.lock().take())
+    (
+        MISMATCHES.load(Ordering::SeqCst) - before,
+        LAST.lock().take(),
+    )
 }
 
 /// The tag the shadow holds for the granule of `address`.
@@ -99,7 +102,14 @@ fn check_range(address: u64, size: u64, write: bool, return_address: u64) {
     while granule < untagged + size {
         if memory_tag(granule) != pointer_tag {
             let bad = (address & (0xff << 56)) | (granule.max(untagged) & !(0xff << 56));
-            record(Mismatch { address: bad, size, write, pointer_tag, memory_tag: memory_tag(granule), return_address });
+            record(Mismatch {
+                address: bad,
+                size,
+                write,
+                pointer_tag,
+                memory_tag: memory_tag(granule),
+                return_address,
+            });
             return;
         }
         granule += 16;
@@ -125,7 +135,9 @@ extern "C" fn __hwasan_storeN(address: u64, size: u64) {
 fn return_address() -> u64 {
     let lr: u64;
     // SAFETY: reads x30 (this inlined call's caller's return address); no memory access.
-    unsafe { core::arch::asm!("mov {}, x30", out(reg) lr, options(nomem, nostack, preserves_flags)) };
+    unsafe {
+        core::arch::asm!("mov {}, x30", out(reg) lr, options(nomem, nostack, preserves_flags))
+    };
     crate::arch::cpu::strip_pac(lr)
 }
 

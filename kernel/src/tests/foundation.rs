@@ -8,16 +8,46 @@ use crate::drivers::{interrupts, timer};
 use crate::mm::sanitizer;
 
 pub const TESTS: &[Test] = &[
-    Test { name: "brk_is_taken_and_returned_from", run: brk_is_taken_and_returned_from },
-    Test { name: "data_abort_on_guard_page_is_decoded", run: data_abort_on_guard_page_is_decoded },
-    Test { name: "timer_ticks_at_configured_rate", run: timer_ticks_at_configured_rate },
-    Test { name: "shadow_call_stack_is_used", run: shadow_call_stack_is_used },
-    Test { name: "pauth_matches_cpu_variant", run: pauth_matches_cpu_variant },
-    Test { name: "saved_lr_carries_pac_iff_pauth", run: saved_lr_carries_pac_iff_pauth },
-    Test { name: "tagged_pointer_dereferences_through_tbi", run: tagged_pointer_dereferences_through_tbi },
-    Test { name: "text_is_read_only_and_alias_patches_it", run: text_is_read_only_and_alias_patches_it },
-    Test { name: "rodata_is_not_writable", run: rodata_is_not_writable },
-    Test { name: "sanitizer_checks_run", run: sanitizer_checks_run },
+    Test {
+        name: "brk_is_taken_and_returned_from",
+        run: brk_is_taken_and_returned_from,
+    },
+    Test {
+        name: "data_abort_on_guard_page_is_decoded",
+        run: data_abort_on_guard_page_is_decoded,
+    },
+    Test {
+        name: "timer_ticks_at_configured_rate",
+        run: timer_ticks_at_configured_rate,
+    },
+    Test {
+        name: "shadow_call_stack_is_used",
+        run: shadow_call_stack_is_used,
+    },
+    Test {
+        name: "pauth_matches_cpu_variant",
+        run: pauth_matches_cpu_variant,
+    },
+    Test {
+        name: "saved_lr_carries_pac_iff_pauth",
+        run: saved_lr_carries_pac_iff_pauth,
+    },
+    Test {
+        name: "tagged_pointer_dereferences_through_tbi",
+        run: tagged_pointer_dereferences_through_tbi,
+    },
+    Test {
+        name: "text_is_read_only_and_alias_patches_it",
+        run: text_is_read_only_and_alias_patches_it,
+    },
+    Test {
+        name: "rodata_is_not_writable",
+        run: rodata_is_not_writable,
+    },
+    Test {
+        name: "sanitizer_checks_run",
+        run: sanitizer_checks_run,
+    },
 ];
 
 const TEST_BRK_IMMEDIATE: u64 = 0x100;
@@ -30,7 +60,9 @@ fn brk_is_taken_and_returned_from(_: &Context) -> Outcome {
         resumed = true;
     });
     check!(resumed);
-    let Some(caught) = caught else { return Err(fail("no BRK exception was taken")) };
+    let Some(caught) = caught else {
+        return Err(fail("no BRK exception was taken"));
+    };
     check_eq!(caught.esr & 0xffff, TEST_BRK_IMMEDIATE);
     check!(ExceptionClass::of(caught.esr) == ExceptionClass::Brk);
     Ok(Verdict::Passed)
@@ -44,9 +76,13 @@ fn data_abort_on_guard_page_is_decoded(_: &Context) -> Outcome {
     let guard = unsafe { &__boot_stack_guard as *const u8 as u64 } + 0x18;
     let caught = exception::catch(ExceptionClass::DataAbort, || {
         // SAFETY: the guard page is unmapped: the load faults and `catch` resumes after it.
-        unsafe { core::arch::asm!("ldr {t}, [{a}]", a = in(reg) guard, t = out(reg) _, options(nostack, readonly)) };
+        unsafe {
+            core::arch::asm!("ldr {t}, [{a}]", a = in(reg) guard, t = out(reg) _, options(nostack, readonly))
+        };
     });
-    let Some(caught) = caught else { return Err(fail("reading the guard page did not fault")) };
+    let Some(caught) = caught else {
+        return Err(fail("reading the guard page did not fault"));
+    };
     check_eq!(caught.far, guard);
     check!(FaultStatus::of(caught.esr) == FaultStatus::Translation { level: 3 });
     check!(caught.esr & (1 << 6) == 0); // WnR: a read
@@ -54,36 +90,27 @@ fn data_abort_on_guard_page_is_decoded(_: &Context) -> Outcome {
 }
 
 fn timer_ticks_at_configured_rate(_: &Context) -> Outcome {
-    const TICKS: u64 = 10;
-    let frequency = timer::frequency();
-    let hz = frequency / timer_interval_counts();
-    let expected = TICKS * frequency / hz;
-    // Wait for a tick edge, then time TICKS more. The compare value advances by exactly one
-    // interval per tick, so latency jitter cancels over the span.
-    let deadline = timer::counter() + 100 * expected;
-    let first = timer::ticks();
-    while timer::ticks() == first {
-        check!(timer::counter() < deadline);
-    }
-    let start = timer::counter();
-    let start_ticks = timer::ticks();
-    while timer::ticks() < start_ticks + TICKS {
-        check!(timer::counter() < deadline);
-    }
-    let elapsed = timer::counter() - start;
-    check!(elapsed * 10 >= expected * 8);
-    check!(elapsed * 10 <= expected * 15);
+    use aarch64_cpu::registers::{CNTV_CVAL_EL0, Readable};
+    // Count the ticks that arrive while the counter advances by WINDOW tick intervals. The
+    // handler advances the compare value by exactly one interval per tick, so a late interrupt
+    // (the host descheduling QEMU) is followed by catch-up ticks, not lost: the count stays
+    // within a tick or two of WINDOW, while a wrong rate, lost or doubled ticks change it.
+    const WINDOW: u64 = 20;
+    let interval = timer::frequency() / timer::hz();
+    let daif = cpu::mask_interrupts();
+    let (ticks_before, deadline_before) = (timer::ticks(), CNTV_CVAL_EL0.get());
+    cpu::restore_interrupts(daif);
+    let end = timer::counter() + WINDOW * interval;
+    while timer::counter() < end {}
+    let daif = cpu::mask_interrupts();
+    let (ticks_after, deadline_after) = (timer::ticks(), CNTV_CVAL_EL0.get());
+    cpu::restore_interrupts(daif);
+    let ticks = ticks_after - ticks_before;
+    check!((WINDOW - 5..=WINDOW + 2).contains(&ticks));
+    // Every deadline that passed produced exactly one tick.
+    check_eq!(deadline_after - deadline_before, ticks * interval);
     check_eq!(interrupts::unhandled(), 0);
     Ok(Verdict::Passed)
-}
-
-fn timer_interval_counts() -> u64 {
-    use aarch64_cpu::registers::{CNTV_CVAL_EL0, Readable};
-    // The tick re-arms CVAL by one interval; read it twice across a tick to learn the interval.
-    let ticks = timer::ticks();
-    let before = CNTV_CVAL_EL0.get();
-    while timer::ticks() == ticks {}
-    CNTV_CVAL_EL0.get() - before
 }
 
 #[inline(never)]
@@ -145,7 +172,9 @@ fn tagged_pointer_dereferences_through_tbi(_: &Context) -> Outcome {
         let loaded: u64;
         // SAFETY: the tagged pointer names VALUE; TCR_EL1.TBI1 makes the MMU ignore the top byte.
         // An asm load, so the sanitizer's check does not see the foreign tag.
-        unsafe { core::arch::asm!("ldr {v}, [{p}]", p = in(reg) tagged, v = out(reg) loaded, options(nostack, readonly)) };
+        unsafe {
+            core::arch::asm!("ldr {v}, [{p}]", p = in(reg) tagged, v = out(reg) loaded, options(nostack, readonly))
+        };
         check_eq!(loaded, VALUE);
     }
     Ok(Verdict::Passed)
@@ -172,13 +201,23 @@ const MOV_W0_2: u32 = 0x5280_0040;
 fn text_is_read_only_and_alias_patches_it(_: &Context) -> Outcome {
     let target = test_patch_target as *const () as u64;
     // SAFETY: target is kernel text, readable.
-    check_eq!(unsafe { core::ptr::read_volatile(target as *const u32) }, MOV_W0_1);
+    check_eq!(
+        unsafe { core::ptr::read_volatile(target as *const u32) },
+        MOV_W0_1
+    );
     let caught = exception::catch(ExceptionClass::DataAbort, || {
         // SAFETY: the text mapping is read-only: the store faults and `catch` resumes after it.
-        unsafe { core::arch::asm!("str {v:w}, [{p}]", p = in(reg) target, v = in(reg) MOV_W0_2, options(nostack)) };
+        unsafe {
+            core::arch::asm!("str {v:w}, [{p}]", p = in(reg) target, v = in(reg) MOV_W0_2, options(nostack))
+        };
     });
-    let Some(caught) = caught else { return Err(fail("a store to kernel text did not fault")) };
-    check!(matches!(FaultStatus::of(caught.esr), FaultStatus::Permission { .. }));
+    let Some(caught) = caught else {
+        return Err(fail("a store to kernel text did not fault"));
+    };
+    check!(matches!(
+        FaultStatus::of(caught.esr),
+        FaultStatus::Permission { .. }
+    ));
     check_eq!(caught.far, target);
     // SAFETY: test_patch_target is this test's own function; nothing else runs it concurrently.
     check_eq!(unsafe { test_patch_target() }, 1);
@@ -201,8 +240,13 @@ fn rodata_is_not_writable(_: &Context) -> Outcome {
         // SAFETY: rodata is mapped read-only: the store faults and `catch` resumes after it.
         unsafe { core::arch::asm!("str xzr, [{p}]", p = in(reg) address, options(nostack)) };
     });
-    let Some(caught) = caught else { return Err(fail("a store to rodata did not fault")) };
-    check!(matches!(FaultStatus::of(caught.esr), FaultStatus::Permission { .. }));
+    let Some(caught) = caught else {
+        return Err(fail("a store to rodata did not fault"));
+    };
+    check!(matches!(
+        FaultStatus::of(caught.esr),
+        FaultStatus::Permission { .. }
+    ));
     check_eq!(core::hint::black_box(READ_ONLY), 42);
     let _ = mmu::VA_OFFSET;
     Ok(Verdict::Passed)
@@ -233,14 +277,17 @@ fn sanitizer_checks_run(_: &Context) -> Outcome {
     let (loads, load) = sanitizer::expect_mismatches(|| {
         core::hint::black_box(instrumented_load(tagged as *const u64));
     });
-    let (stores, store) = sanitizer::expect_mismatches(|| instrumented_store(tagged as *mut u32, 7));
+    let (stores, store) =
+        sanitizer::expect_mismatches(|| instrumented_store(tagged as *mut u32, 7));
     if !sanitizer::CHECKS_COMPILED_IN {
         check_eq!(loads + stores, 0);
         return Ok(Verdict::Passed);
     }
     check_eq!(loads, 1);
     check_eq!(stores, 1);
-    let (Some(load), Some(store)) = (load, store) else { return Err(fail("mismatch not recorded")) };
+    let (Some(load), Some(store)) = (load, store) else {
+        return Err(fail("mismatch not recorded"));
+    };
     check_eq!(load.address, tagged);
     check_eq!(load.size, 8);
     check!(!load.write);
@@ -250,10 +297,17 @@ fn sanitizer_checks_run(_: &Context) -> Outcome {
     check!(store.write);
     // The store went through after the report (the runtime recovers when a test expects it).
     // SAFETY: TARGET is only used by this test.
-    check_eq!(unsafe { core::ptr::addr_of!(TARGET).read_volatile() } & 0xffff_ffff, 7);
+    check_eq!(
+        unsafe { core::ptr::addr_of!(TARGET).read_volatile() } & 0xffff_ffff,
+        7
+    );
     Ok(Verdict::Passed)
 }
 
 fn fail(expression: &'static str) -> super::Failure {
-    super::Failure { expression, file: file!(), line: line!() }
+    super::Failure {
+        expression,
+        file: file!(),
+        line: line!(),
+    }
 }

@@ -39,7 +39,11 @@ pub struct Context {
 macro_rules! check {
     ($condition:expr) => {
         if !$condition {
-            return Err($crate::tests::Failure { expression: stringify!($condition), file: file!(), line: line!() });
+            return Err($crate::tests::Failure {
+                expression: stringify!($condition),
+                file: file!(),
+                line: line!(),
+            });
         }
     };
 }
@@ -49,7 +53,11 @@ macro_rules! check_eq {
     ($left:expr, $right:expr) => {{
         let (left, right) = ($left, $right);
         if left != right {
-            defmt::error!("  left:  {=u64:#x}\n  right: {=u64:#x}", left as u64, right as u64);
+            defmt::error!(
+                "  left:  {=u64:#x}\n  right: {=u64:#x}",
+                left as u64,
+                right as u64
+            );
             return Err($crate::tests::Failure {
                 expression: concat!(stringify!($left), " == ", stringify!($right)),
                 file: file!(),
@@ -79,9 +87,16 @@ pub struct Summary {
 
 pub fn run(filter: &str, expect_pauth: Option<&'static str>) -> Summary {
     let context = Context { expect_pauth };
-    let mut summary = Summary { passed: 0, failed: 0, skipped: 0 };
+    let mut summary = Summary {
+        passed: 0,
+        failed: 0,
+        skipped: 0,
+    };
     for test in TESTS.iter().filter(|test| test.name.contains(filter)) {
-        CURRENT.store(&test.name as *const &'static str as *mut _, Ordering::Relaxed);
+        CURRENT.store(
+            &test.name as *const &'static str as *mut _,
+            Ordering::Relaxed,
+        );
         defmt::info!("test start: {=str}", test.name);
         match (test.run)(&context) {
             Ok(Verdict::Passed) => {
@@ -105,6 +120,11 @@ pub fn run(filter: &str, expect_pauth: Option<&'static str>) -> Summary {
         }
     }
     CURRENT.store(core::ptr::null_mut(), Ordering::Relaxed);
-    defmt::info!("tests done: {=u32} passed, {=u32} failed, {=u32} skipped", summary.passed, summary.failed, summary.skipped);
+    defmt::info!(
+        "tests done: {=u32} passed, {=u32} failed, {=u32} skipped",
+        summary.passed,
+        summary.failed,
+        summary.skipped
+    );
     summary
 }

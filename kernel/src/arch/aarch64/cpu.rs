@@ -65,7 +65,9 @@ pub fn midr() -> u64 {
 pub fn strip_pac(pointer: u64) -> u64 {
     let mut lr = pointer;
     // SAFETY: XPACLRI only rewrites x30, which is declared as an in/out operand.
-    unsafe { core::arch::asm!("xpaclri", inout("x30") lr, options(nomem, nostack, preserves_flags)) };
+    unsafe {
+        core::arch::asm!("xpaclri", inout("x30") lr, options(nomem, nostack, preserves_flags))
+    };
     lr
 }
 
@@ -74,7 +76,9 @@ pub fn strip_pac(pointer: u64) -> u64 {
 pub fn shadow_call_stack_pointer() -> u64 {
     let value;
     // SAFETY: reads x18 into another register; no memory access.
-    unsafe { core::arch::asm!("mov {}, x18", out(reg) value, options(nomem, nostack, preserves_flags)) };
+    unsafe {
+        core::arch::asm!("mov {}, x18", out(reg) value, options(nomem, nostack, preserves_flags))
+    };
     value
 }
 

@@ -108,7 +108,9 @@ impl Attributes {
     const fn bits(self) -> u64 {
         let common = Descriptor::ACCESS_FLAG | Descriptor::UXN;
         match self {
-            Self::Text => common | ATTR_NORMAL | Descriptor::INNER_SHAREABLE | Descriptor::AP_READ_ONLY,
+            Self::Text => {
+                common | ATTR_NORMAL | Descriptor::INNER_SHAREABLE | Descriptor::AP_READ_ONLY
+            }
             Self::ReadOnly => {
                 common
                     | ATTR_NORMAL
@@ -158,7 +160,10 @@ pub struct KernelSpace {
 impl KernelSpace {
     /// Starts from an empty level-1 table whose shadow entries map the shared 0xFF shadow.
     pub fn new() -> Result<Self, MapError> {
-        let mut space = Self { root: core::ptr::null_mut(), tables_used: 0 };
+        let mut space = Self {
+            root: core::ptr::null_mut(),
+            tables_used: 0,
+        };
         space.root = space.alloc_table()?;
         let shared_l2 = pa_of(addr_of_mut!(SHADOW_L2) as u64) | Descriptor::TABLE;
         for va in [VA_OFFSET, TEXT_ALIAS_OFFSET] {
@@ -207,8 +212,14 @@ impl KernelSpace {
 
     /// Maps `[va, va + size)` to `[pa, pa + size)`: 2 MiB blocks where alignment allows, 4 KiB
     /// pages elsewhere. Never replaces an existing mapping.
-    pub fn map(&mut self, va: u64, pa: u64, size: u64, attributes: Attributes) -> Result<(), MapError> {
-        if (va | pa | size) % PAGE_SIZE != 0 {
+    pub fn map(
+        &mut self,
+        va: u64,
+        pa: u64,
+        size: u64,
+        attributes: Attributes,
+    ) -> Result<(), MapError> {
+        if !(va | pa | size).is_multiple_of(PAGE_SIZE) {
             return Err(MapError::Misaligned { va, pa, size });
         }
         let mut offset = 0;
@@ -220,7 +231,8 @@ impl KernelSpace {
             let block_fits = (va | pa) % BLOCK_SIZE == 0 && size - offset >= BLOCK_SIZE;
             // SAFETY: l2_entry points into a table of this space.
             let l2_descriptor = unsafe { *l2_entry };
-            let replaceable = l2_descriptor & 0b11 != Descriptor::TABLE || is_shared_shadow(l2_descriptor);
+            let replaceable =
+                l2_descriptor & 0b11 != Descriptor::TABLE || is_shared_shadow(l2_descriptor);
             if block_fits && replaceable {
                 // SAFETY: as above; a shared shadow table is replaced, never written.
                 unsafe { *l2_entry = 0 };
