@@ -1,12 +1,16 @@
 //! The kernel command line (`/chosen/bootargs`): what to run and how.
 //!
-//! `run=demo|test`, `filter=SUBSTRING` (tests), `hz=N` (tick rate), `exit=semihosting|park`,
+//! `run=demo|test|panic|fault|hang` (the last three exercise the failure paths), `filter=SUBSTRING` (tests), `hz=N` (tick rate), `exit=semihosting|park`,
 //! `expect-pauth=QARMA5|QARMA3|IMPDEF|none` (what xtask knows the CPU variant has).
 
 #[derive(Clone, Copy, PartialEq, Eq, defmt::Format)]
 pub enum Run {
     Demo,
     Test,
+    /// Failure paths, for xtask to check that they end runs as they must.
+    Panic,
+    Fault,
+    Hang,
 }
 
 pub struct CommandLine {
@@ -31,6 +35,9 @@ impl CommandLine {
             match (key, value) {
                 ("run", "demo") => line.run = Run::Demo,
                 ("run", "test") => line.run = Run::Test,
+                ("run", "panic") => line.run = Run::Panic,
+                ("run", "fault") => line.run = Run::Fault,
+                ("run", "hang") => line.run = Run::Hang,
                 ("filter", filter) => line.filter = filter,
                 ("hz", hz) => match hz.parse::<u64>() {
                     Ok(hz) if (1..=10_000).contains(&hz) => line.hz = hz,

@@ -107,6 +107,19 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
             );
             exit(ExitStatus::Success)
         }
+        cmdline::Run::Panic => panic!("deliberate panic (run=panic)"),
+        cmdline::Run::Fault => {
+            // SAFETY: deliberately reads an unmapped address (the boot stack's guard page) to
+            // check that an unexpected exception is reported and ends the run.
+            unsafe { core::ptr::read_volatile(mm::boot_stack_guard() as *const u64) };
+            unreachable!("the guard page was readable")
+        }
+        cmdline::Run::Hang => {
+            defmt::info!("test start: deliberate_hang");
+            loop {
+                cpu::wait_for_interrupt();
+            }
+        }
         cmdline::Run::Test => {
             let summary = tests::run(cmdline.filter, cmdline.expect_pauth);
             exit(if summary.failed == 0 {

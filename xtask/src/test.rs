@@ -67,6 +67,10 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
             }
         }
     }
+    if args.filter.is_empty() {
+        let image = build::kernel(Board::Virt, BuildVariant::Full)?;
+        failure_paths(&image, &mut tally)?;
+    }
     println!(
         "{} passed, {} failed, {} skipped",
         tally.passed, tally.failed, tally.skipped
@@ -114,6 +118,67 @@ fn host_tests(tally: &mut Tally) -> Result<(), Failure> {
         println!("host crate tests: FAILED");
     } else {
         println!("host crate tests: ok");
+    }
+    Ok(())
+}
+
+/// Runs that must fail the right way: a panic and an unexpected exception end with status 3
+/// and their report, a hang is killed on timeout with the running test named.
+fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Failure> {
+    let machine = Machine {
+        board: Board::Virt,
+        cpu: CpuVariant::MaxImpdef,
+        el: 1,
+        gic: 2,
+    };
+    let checks: [(&str, &str, Option<i32>, &str); 3] = [
+        (
+            "panic",
+            "run=panic exit=semihosting",
+            Some(3),
+            "panicked at kernel/src/main.rs",
+        ),
+        (
+            "fault",
+            "run=fault exit=semihosting",
+            Some(3),
+            "unexpected synchronous exception: DataAbort",
+        ),
+        (
+            "hang",
+            "run=hang exit=semihosting",
+            None,
+            "test start: deliberate_hang",
+        ),
+    ];
+    for (name, bootargs, expected_status, expected_line) in checks {
+        let timeout = Duration::from_secs(if expected_status.is_none() { 3 } else { 60 });
+        let result = qemu::run(&machine, image, bootargs, Some(timeout), false)?;
+        let logged = result
+            .log
+            .iter()
+            .any(|line| line.text.starts_with(expected_line));
+        let sentinel_ok = expected_status.is_none_or(|status| {
+            result
+                .log
+                .iter()
+                .any(|line| line.text == format!("tracelab: exit status {status}"))
+        });
+        let ok = result.status == expected_status && logged && sentinel_ok;
+        println!(
+            "failure path [{name}]: {}: status {:?} (expected {expected_status:?}), `{expected_line}` {}",
+            if ok { "ok" } else { "FAILED" },
+            result.status,
+            if logged { "logged" } else { "missing" }
+        );
+        if ok {
+            tally.passed += 1;
+        } else {
+            tally.failed += 1;
+            for line in &result.log {
+                println!("  {line}");
+            }
+        }
     }
     Ok(())
 }

@@ -19,6 +19,12 @@ unsafe extern "C" {
     static __kernel_end: u8;
 }
 
+/// The boot stack's guard page: mapped by nothing, so any access faults.
+pub fn boot_stack_guard() -> u64 {
+    // SAFETY: only the address of the linker symbol is taken.
+    symbol(unsafe { &__boot_stack_guard })
+}
+
 fn symbol(address: &u8) -> u64 {
     address as *const u8 as u64
 }

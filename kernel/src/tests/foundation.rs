@@ -69,11 +69,7 @@ fn brk_is_taken_and_returned_from(_: &Context) -> Outcome {
 }
 
 fn data_abort_on_guard_page_is_decoded(_: &Context) -> Outcome {
-    unsafe extern "C" {
-        static __boot_stack_guard: u8;
-    }
-    // SAFETY: only the address of the linker symbol is taken.
-    let guard = unsafe { &__boot_stack_guard as *const u8 as u64 } + 0x18;
+    let guard = crate::mm::boot_stack_guard() + 0x18;
     let caught = exception::catch(ExceptionClass::DataAbort, || {
         // SAFETY: the guard page is unmapped: the load faults and `catch` resumes after it.
         unsafe {
