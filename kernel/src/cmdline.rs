@@ -1,12 +1,14 @@
 //! The kernel command line (`/chosen/bootargs`): what to run and how.
 //!
 //! `run=demo|test|panic|fault|hang` (the last three exercise the failure paths), `filter=SUBSTRING` (tests), `hz=N` (tick rate), `exit=semihosting|park`,
-//! `expect-pauth=QARMA5|QARMA3|IMPDEF|none` (what xtask knows the CPU variant has).
+//! `expect-pauth=QARMA5|QARMA3|IMPDEF|none` (what xtask knows the CPU variant has);
+//! benchmarks: `run=bench bench=SUITE,... reps=N clock=cycles|ns icount=0|1`.
 
 #[derive(Clone, Copy, PartialEq, Eq, defmt::Format)]
 pub enum Run {
     Demo,
     Test,
+    Bench,
     /// Failure paths, for xtask to check that they end runs as they must.
     Panic,
     Fault,
@@ -19,6 +21,10 @@ pub struct CommandLine {
     pub hz: u64,
     pub semihosting: bool,
     pub expect_pauth: Option<&'static str>,
+    pub bench_suites: &'static str,
+    pub bench_reps: u32,
+    pub bench_clock: crate::bench::Clock,
+    pub bench_icount: bool,
 }
 
 impl CommandLine {
@@ -29,12 +35,25 @@ impl CommandLine {
             hz: 100,
             semihosting: semihosting_by_default,
             expect_pauth: None,
+            bench_suites: "",
+            bench_reps: 1,
+            bench_clock: crate::bench::Clock::Cycles,
+            bench_icount: false,
         };
         for word in bootargs.split_whitespace() {
             let (key, value) = word.split_once('=').unwrap_or((word, ""));
             match (key, value) {
                 ("run", "demo") => line.run = Run::Demo,
                 ("run", "test") => line.run = Run::Test,
+                ("run", "bench") => line.run = Run::Bench,
+                ("bench", suites) => line.bench_suites = suites,
+                ("reps", reps) => match reps.parse::<u32>() {
+                    Ok(reps) if reps >= 1 => line.bench_reps = reps,
+                    _ => defmt::warn!("cmdline: reps={=str} is not a positive number", reps),
+                },
+                ("clock", "cycles") => line.bench_clock = crate::bench::Clock::Cycles,
+                ("clock", "ns") => line.bench_clock = crate::bench::Clock::Nanoseconds,
+                ("icount", flag) => line.bench_icount = flag == "1",
                 ("run", "panic") => line.run = Run::Panic,
                 ("run", "fault") => line.run = Run::Fault,
                 ("run", "hang") => line.run = Run::Hang,

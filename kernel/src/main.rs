@@ -7,6 +7,7 @@
 #![feature(sanitize)]
 
 mod arch;
+mod bench;
 mod board;
 mod cmdline;
 mod drivers;
@@ -106,6 +107,17 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
                 "demo: nothing else to show yet; `cargo xtask test` runs the kernel tests"
             );
             exit(ExitStatus::Success)
+        }
+        cmdline::Run::Bench => {
+            let plan = bench::Plan {
+                clock: cmdline.bench_clock,
+                icount: cmdline.bench_icount,
+                reps: cmdline.bench_reps,
+            };
+            match bench::run(cmdline.bench_suites, &plan) {
+                Ok(()) => exit(ExitStatus::Success),
+                Err(_) => exit(ExitStatus::TestsFailed),
+            }
         }
         cmdline::Run::Panic => panic!("deliberate panic (run=panic)"),
         cmdline::Run::Fault => {

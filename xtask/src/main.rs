@@ -3,6 +3,7 @@
 //! Exit codes: 0 success, 1 test failures, 2 bad usage or missing environment, 124 a QEMU run
 //! killed on timeout.
 
+mod bench;
 mod build;
 mod log;
 mod qemu;
@@ -28,6 +29,8 @@ enum Command {
     /// Host crate tests, then the kernel test suite in QEMU across CPU variants, entry levels
     /// and build variants. Ends with `N passed, N failed`.
     Test(test::TestArgs),
+    /// Benchmark suites in QEMU per CPU variant and mode: results.json, report.md, SVG charts.
+    Bench(bench::BenchArgs),
 }
 
 /// An error that ends xtask with a specific exit status and a one-line message.
@@ -68,6 +71,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Qemu(args) => qemu::run_interactive(&args),
         Command::Test(args) => test::run(&args),
+        Command::Bench(args) => bench::run(&args),
     };
     match result {
         Ok(status) => ExitCode::from(status),

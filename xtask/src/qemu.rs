@@ -94,6 +94,8 @@ pub struct Machine {
     pub cpu: CpuVariant,
     pub el: u8,
     pub gic: u8,
+    /// `-icount shift=0,sleep=off`: one instruction per virtual ns, deterministic runs.
+    pub icount: bool,
 }
 
 impl Machine {
@@ -134,6 +136,9 @@ impl Machine {
             .arg("-kernel")
             .arg(&image.raw)
             .args(["-append", bootargs]);
+        if self.icount {
+            command.args(["-icount", "shift=0,sleep=off"]);
+        }
         if gdb {
             command.args(["-s", "-S"]);
         }
@@ -248,6 +253,7 @@ pub fn run_interactive(args: &QemuArgs) -> Result<u8, Failure> {
         cpu: args.cpu,
         el: args.el,
         gic: args.gic,
+        icount: false,
     };
     let bootargs = format!(
         "run=demo exit=semihosting expect-pauth={} {}",
@@ -278,6 +284,13 @@ pub fn run_interactive(args: &QemuArgs) -> Result<u8, Failure> {
 }
 
 const MIN_QEMU_MAJOR: u32 = 10;
+
+/// The installed QEMU's version (e.g. `10.0.2`), for result files.
+pub fn version() -> String {
+    installed_version()
+        .map(|(_, version)| version)
+        .unwrap_or_else(|| "unknown".into())
+}
 
 fn installed_version() -> Option<(u32, String)> {
     let output = Command::new("qemu-system-aarch64")

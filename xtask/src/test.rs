@@ -62,6 +62,7 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
                     cpu,
                     el,
                     gic,
+                    icount: false,
                 };
                 timed_out |= run_configuration(&machine, variant, &image, args, &mut tally)?;
             }
@@ -70,6 +71,7 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
     if args.filter.is_empty() {
         let image = build::kernel(Board::Virt, BuildVariant::Full)?;
         failure_paths(&image, &mut tally)?;
+        bench_harness(&build::kernel(Board::Virt, BuildVariant::Prod)?, &mut tally)?;
     }
     println!(
         "{} passed, {} failed, {} skipped",
@@ -130,6 +132,7 @@ fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Fa
         cpu: CpuVariant::MaxImpdef,
         el: 1,
         gic: 2,
+        icount: false,
     };
     let checks: [(&str, &str, Option<i32>, &str); 3] = [
         (
@@ -177,6 +180,82 @@ fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Fa
             tally.failed += 1;
             for line in &result.log {
                 println!("  {line}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The bench harness under icount: two runs of the baseline suite give identical rows, and the
+/// counter really counts instructions (a call is `bl` + `ret`, a PAC-signed call adds `paciasp` and
+/// `autiasp`, whatever the PAuth algorithm).
+fn bench_harness(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Failure> {
+    let bootargs = "run=bench bench=baseline reps=1 clock=cycles icount=1 exit=semihosting";
+    let mut runs = Vec::new();
+    for cpu in [
+        CpuVariant::MaxQarma5,
+        CpuVariant::MaxQarma5,
+        CpuVariant::CortexA72,
+    ] {
+        let machine = Machine {
+            board: Board::Virt,
+            cpu,
+            el: 1,
+            gic: 2,
+            icount: true,
+        };
+        let result = qemu::run(
+            &machine,
+            image,
+            bootargs,
+            Some(Duration::from_secs(120)),
+            false,
+        )?;
+        let rows: Vec<String> = result
+            .log
+            .iter()
+            .filter_map(|line| line.text.strip_prefix("bench row: ").map(str::to_string))
+            .collect();
+        runs.push((result.status, rows));
+    }
+    let per_op = |rows: &[String], case: &str| -> Option<f64> {
+        rows.iter().find_map(|row| {
+            let words: Vec<_> = row.split_whitespace().collect();
+            (words.get(1) == Some(&case))
+                .then(|| words.get(5)?.parse().ok())
+                .flatten()
+        })
+    };
+    let checks = [
+        (
+            "icount runs are identical",
+            runs[0].1 == runs[1].1 && !runs[0].1.is_empty(),
+        ),
+        (
+            "all bench runs exit 0",
+            runs.iter().all(|(status, _)| *status == Some(0)),
+        ),
+        (
+            "a call is 2 instructions",
+            per_op(&runs[0].1, "call") == Some(2.0),
+        ),
+        (
+            "a PAC-signed call is 4 instructions on QARMA5 and on the A72",
+            per_op(&runs[0].1, "call-pac") == Some(4.0)
+                && per_op(&runs[2].1, "call-pac") == Some(4.0),
+        ),
+    ];
+    for (name, ok) in checks {
+        println!(
+            "bench harness [{name}]: {}",
+            if ok { "ok" } else { "FAILED" }
+        );
+        if ok {
+            tally.passed += 1;
+        } else {
+            tally.failed += 1;
+            for row in &runs[0].1 {
+                println!("  {row}");
             }
         }
     }

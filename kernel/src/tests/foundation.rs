@@ -50,7 +50,7 @@ pub const TESTS: &[Test] = &[
     },
 ];
 
-const TEST_BRK_IMMEDIATE: u64 = 0x100;
+const TEST_BRK_IMMEDIATE: u64 = exception::BRK_TEST as u64;
 
 fn brk_is_taken_and_returned_from(_: &Context) -> Outcome {
     let mut resumed = false;

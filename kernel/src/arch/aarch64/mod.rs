@@ -1,5 +1,6 @@
 //! AArch64 support: boot, exception vectors, translation tables, PAuth, text patching.
 
+pub mod counters;
 pub mod cpu;
 pub mod exception;
 pub mod mmu;

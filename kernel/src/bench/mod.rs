@@ -1,0 +1,97 @@
+//! Benchmarks: each suite measures its cases and emits one row per case, metric and rep.
+//!
+//! A row is one defmt record `bench row: SUITE CASE PARAMS METRIC UNIT VALUE` (PARAMS is `-` or
+//! `key=value,...`), decoded by `cargo xtask bench`, which aggregates reps into
+//! results.json (see ../shared/BENCH.md). Every measured window runs with interrupts masked, so
+//! neither the tick nor anything else lands in it.
+
+mod baseline;
+
+use crate::arch::{counters, cpu};
+
+/// What a measurement counts, chosen by xtask per mode.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Clock {
+    /// PMCCNTR_EL0: instructions under `-icount shift=0`, cycles on hardware.
+    Cycles,
+    /// CNTVCT_EL0 converted to nanoseconds (virtual time under TCG: what emulation costs).
+    Nanoseconds,
+}
+
+impl Clock {
+    pub fn unit(self, icount: bool) -> &'static str {
+        match (self, icount) {
+            (Self::Cycles, true) => "insn",
+            (Self::Cycles, false) => "cycles",
+            (Self::Nanoseconds, _) => "ns",
+        }
+    }
+}
+
+/// How a suite should run, from the command line (`bench=SUITE,... reps=N clock=... icount=1`).
+pub struct Plan {
+    pub clock: Clock,
+    pub icount: bool,
+    pub reps: u32,
+}
+
+impl Plan {
+    /// Runs `body` with interrupts masked and returns what it cost on this plan's clock.
+    #[inline(always)]
+    pub fn measure(&self, body: impl FnOnce()) -> u64 {
+        let daif = cpu::mask_interrupts();
+        let cost = match self.clock {
+            Clock::Cycles => {
+                let start = counters::cycles();
+                body();
+                counters::cycles() - start
+            }
+            Clock::Nanoseconds => {
+                let start = counters::virtual_count();
+                body();
+                let ticks = counters::virtual_count() - start;
+                (ticks as u128 * 1_000_000_000 / crate::drivers::timer::frequency() as u128) as u64
+            }
+        };
+        cpu::restore_interrupts(daif);
+        cost
+    }
+
+    pub fn unit(&self) -> &'static str {
+        self.clock.unit(self.icount)
+    }
+}
+
+/// Emits one result row.
+pub fn row(suite: &str, case: &str, params: &str, metric: &str, unit: &str, value: f64) {
+    defmt::info!(
+        "bench row: {=str} {=str} {=str} {=str} {=str} {=f64}",
+        suite,
+        case,
+        params,
+        metric,
+        unit,
+        value
+    );
+}
+
+pub const SUITES: &[(&str, fn(&Plan))] = &[("baseline", baseline::run)];
+
+/// Runs the named suites (comma-separated; empty = all).
+pub fn run(names: &str, plan: &Plan) -> Result<(), &'static str> {
+    counters::start_cycle_counter();
+    for name in names.split(',').filter(|name| !name.is_empty()) {
+        if !SUITES.iter().any(|(suite, _)| *suite == name) {
+            defmt::error!("bench: unknown suite {=str}", name);
+            return Err("unknown suite");
+        }
+    }
+    for (suite, run) in SUITES {
+        if names.is_empty() || names.split(',').any(|name| name == *suite) {
+            defmt::info!("bench suite: {=str}", suite);
+            run(plan);
+        }
+    }
+    defmt::info!("bench done");
+    Ok(())
+}
