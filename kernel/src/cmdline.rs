@@ -60,11 +60,7 @@ impl CommandLine {
                 ("filter", filter) => line.filter = filter,
                 ("hz", hz) => match hz.parse::<u64>() {
                     Ok(hz) if (1..=10_000).contains(&hz) => line.hz = hz,
-                    _ => defmt::warn!(
-                        "cmdline: hz={=str} is not in 1..=10000, keeping {=u64}",
-                        hz,
-                        line.hz
-                    ),
+                    _ => defmt::warn!("cmdline: hz={=str} is not in 1..=10000, keeping {=u64}", hz, line.hz),
                 },
                 ("exit", "semihosting") => line.semihosting = true,
                 ("exit", "park") => line.semihosting = false,

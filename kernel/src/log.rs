@@ -13,8 +13,13 @@ static NESTING: AtomicU32 = AtomicU32::new(0);
 static mut ENCODER: defmt::Encoder = defmt::Encoder::new();
 static mut SAVED_DAIF: u64 = 0;
 
-/// Takes the console PL011 at virtual address `base`.
+/// Takes the console PL011 at virtual address `base`, routing its pins first if the board says.
 pub fn init(base: u64, clock_hz: u32) {
+    if let Some(crate::board::ConsolePinmux::Bcm2711Gpio { base }) = crate::board::CONFIG.console_pinmux {
+        // SAFETY: the board's GPIO block lies in the early device mapping, and nothing else uses
+        // GPIO14/15.
+        unsafe { crate::drivers::bcm2711_gpio::route_uart0(base + crate::arch::mmu::VA_OFFSET) };
+    }
     // SAFETY: the board's console is mapped as device memory from the first Rust instruction
     // (boot.S's early device block, then the final tables), and only this logger owns it.
     let mut uart = unsafe { Pl011::new(base) };

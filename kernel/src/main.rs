@@ -39,22 +39,9 @@ static SEMIHOSTING: AtomicBool = AtomicBool::new(board::CONFIG.semihosting_by_de
 
 #[unsafe(no_mangle)]
 extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
-    log::init(
-        board::CONFIG.console_uart + VA_OFFSET,
-        board::CONFIG.console_clock_hz,
-    );
-    // SAFETY: the loader placed the device tree at dtb_pa in the early-mapped GiB of RAM, and
-    // nothing writes to it.
-    let platform = match unsafe { dt::Platform::parse(dtb_pa + VA_OFFSET, dtb_pa) } {
-        Ok(platform) => platform,
-        Err(error) => panic!(
-            "device tree at {:#x}: {:?}",
-            dtb_pa,
-            defmt::Debug2Format(&error)
-        ),
-    };
-    let cmdline =
-        cmdline::CommandLine::parse(platform.bootargs, board::CONFIG.semihosting_by_default);
+    log::init(board::CONFIG.console_uart + VA_OFFSET, board::CONFIG.console_clock_hz);
+    let platform = platform(dtb_pa);
+    let cmdline = cmdline::CommandLine::parse(platform.bootargs, board::CONFIG.semihosting_by_default);
     SEMIHOSTING.store(cmdline.semihosting, Ordering::Relaxed);
     let layout = match mm::init(&platform) {
         Ok(layout) => layout,
@@ -64,17 +51,14 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     drivers::timer::start(cmdline.hz);
 
     defmt::info!(
-        "tracelab {=str} (variant {=str}, board {=str}, model {=str})",
+        "tracelab {=str} (variant {=str}, board {=str}, SoC {=str}, model {=str})",
         env!("CARGO_PKG_VERSION"),
         BUILD_VARIANT,
         board::CONFIG.name,
+        board::CONFIG.soc,
         platform.model
     );
-    defmt::info!(
-        "CPU: MIDR {=u64:#x}, entered at EL{=u64}",
-        cpu::midr(),
-        entry_el
-    );
+    defmt::info!("CPU: {=str} (MIDR {=u64:#x}), entered at EL{=u64}", cpu::core_name(), cpu::midr(), entry_el);
     defmt::info!("PAuth: {=str}", cpu::PointerAuth::detect().name());
     let mte = match cpu::mte_level() {
         0 => "none",
@@ -83,11 +67,7 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     };
     defmt::info!("MTE: {=str}", mte);
     defmt::info!("TBI: kernel (TTBR1) and user (TTBR0) top bytes ignored");
-    defmt::info!(
-        "Timer: {=u64} Hz counter, {=u64} Hz tick",
-        drivers::timer::frequency(),
-        cmdline.hz
-    );
+    defmt::info!("Timer: {=u64} Hz counter, {=u64} Hz tick", drivers::timer::frequency(), cmdline.hz);
     defmt::info!("GIC: v{=u8}", drivers::interrupts::gic_version());
     defmt::info!(
         "Memory: RAM {=u64:#x}..{=u64:#x} ({=u64} MiB), shadow {=u64:#x}..{=u64:#x}, free {=u64} MiB, {=usize} page tables",
@@ -103,17 +83,12 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
 
     match cmdline.run {
         cmdline::Run::Demo => {
-            defmt::info!(
-                "demo: nothing else to show yet; `cargo xtask test` runs the kernel tests"
-            );
+            defmt::info!("demo: nothing else to show yet; `cargo xtask test` runs the kernel tests");
             exit(ExitStatus::Success)
         }
         cmdline::Run::Bench => {
-            let plan = bench::Plan {
-                clock: cmdline.bench_clock,
-                icount: cmdline.bench_icount,
-                reps: cmdline.bench_reps,
-            };
+            let plan =
+                bench::Plan { clock: cmdline.bench_clock, icount: cmdline.bench_icount, reps: cmdline.bench_reps };
             match bench::run(cmdline.bench_suites, &plan) {
                 Ok(()) => exit(ExitStatus::Success),
                 Err(_) => exit(ExitStatus::TestsFailed),
@@ -134,12 +109,39 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
         }
         cmdline::Run::Test => {
             let summary = tests::run(cmdline.filter, cmdline.expect_pauth);
-            exit(if summary.failed == 0 {
-                ExitStatus::Success
-            } else {
-                ExitStatus::TestsFailed
-            })
+            exit(if summary.failed == 0 { ExitStatus::Success } else { ExitStatus::TestsFailed })
         }
+    }
+}
+
+/// The platform from the device tree at `dtb_pa`, or the board's fallback without one.
+fn platform(dtb_pa: u64) -> dt::Platform {
+    let board = &board::CONFIG;
+    // Only the GiB holding the image is mapped this early; a device tree elsewhere (or the Pi 4
+    // firmware's 0x100 without one) is checked for its magic inside that GiB only.
+    let parsed = if dtb_pa >> 30 == board.load_address >> 30 {
+        // SAFETY: dtb_pa lies in the early-mapped GiB of RAM; the loader hands a device tree
+        // there to the kernel, and only dt::Platform::parse uses it.
+        unsafe { dt::Platform::parse(dtb_pa + VA_OFFSET, dtb_pa, board) }
+    } else {
+        Err(dt::DtError::BadHeader)
+    };
+    match parsed {
+        Ok(platform) => {
+            if platform.used_fallback {
+                defmt::warn!(
+                    "device tree has no RAM size: using the board's {=u64:#x}+{=u64:#x}",
+                    platform.ram.base,
+                    platform.ram.size
+                );
+            }
+            platform
+        }
+        Err(dt::DtError::BadHeader) => {
+            defmt::warn!("no device tree at {=u64:#x}: using the board's fallback configuration", dtb_pa);
+            dt::Platform::fallback(board)
+        }
+        Err(error) => panic!("device tree at {:#x}: {:?}", dtb_pa, defmt::Debug2Format(&error)),
     }
 }
 
@@ -163,9 +165,7 @@ fn semihosting_exit(status: u8) {
     let block = [0x2_0026_u64, status as u64];
     // SAFETY: HLT #0xf000 is the A64 semihosting trap; x0 = SYS_EXIT, x1 = the parameter block,
     // which lives on this stack for the duration of the call.
-    unsafe {
-        core::arch::asm!("hlt #0xf000", in("x0") 0x18_u64, in("x1") block.as_ptr(), options(nostack))
-    };
+    unsafe { core::arch::asm!("hlt #0xf000", in("x0") 0x18_u64, in("x1") block.as_ptr(), options(nostack)) };
 }
 
 #[panic_handler]
@@ -179,15 +179,8 @@ fn panic(info: &core::panic::PanicInfo) -> ! {
             cpu::wait_for_interrupt();
         }
     }
-    let (file, line) = info
-        .location()
-        .map_or(("?", 0), |location| (location.file(), location.line()));
-    defmt::error!(
-        "panicked at {=str}:{=u32}: {}",
-        file,
-        line,
-        defmt::Display2Format(&info.message())
-    );
+    let (file, line) = info.location().map_or(("?", 0), |location| (location.file(), location.line()));
+    defmt::error!("panicked at {=str}:{=u32}: {}", file, line, defmt::Display2Format(&info.message()));
     if let Some(test) = tests::current() {
         defmt::error!("  while running test {=str}", test);
     }

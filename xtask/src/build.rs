@@ -65,19 +65,24 @@ impl BuildVariant {
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
 pub enum Board {
+    /// QEMU `virt`.
     Virt,
+    /// Raspberry Pi 4 (QEMU `raspi4b`, or the real board from an SD card).
+    Rpi4,
 }
 
 impl Board {
     pub fn feature(self) -> &'static str {
         match self {
             Self::Virt => "board-qemu-virt",
+            Self::Rpi4 => "board-rpi4",
         }
     }
 
     pub fn name(self) -> &'static str {
         match self {
             Self::Virt => "virt",
+            Self::Rpi4 => "rpi4",
         }
     }
 }
@@ -88,51 +93,25 @@ pub struct KernelImage {
 }
 
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the workspace")
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
 }
 
 /// Builds the kernel for `board` in `variant`, checks its patchable entries, writes a raw image.
 pub fn kernel(board: Board, variant: BuildVariant) -> Result<KernelImage, Failure> {
     let root = workspace_root();
-    let target_dir = root
-        .join("target/kernel")
-        .join(board.name())
-        .join(variant.name());
-    let mut flags = variant
-        .rustflags()
-        .iter()
-        .map(|flag| flag.to_string())
-        .collect::<Vec<_>>();
+    let target_dir = root.join("target/kernel").join(board.name()).join(variant.name());
+    let mut flags = variant.rustflags().iter().map(|flag| flag.to_string()).collect::<Vec<_>>();
     // The kernel runs in the upper half but defmt's interned strings are symbols at 1..65535
     // (their addresses are the log ids): only the large code model reaches both.
     flags.push("-Ccode-model=large".to_string());
     if variant == BuildVariant::Full {
-        flags.push(format!(
-            "-Cllvm-args=-hwasan-mapping-offset={HWASAN_MAPPING_OFFSET}"
-        ));
+        flags.push(format!("-Cllvm-args=-hwasan-mapping-offset={HWASAN_MAPPING_OFFSET}"));
     }
-    eprintln!(
-        "xtask: building kernel ({}, variant {})",
-        board.name(),
-        variant.name()
-    );
+    eprintln!("xtask: building kernel ({}, variant {})", board.name(), variant.name());
     let status = Command::new(env!("CARGO"))
         .current_dir(&root)
-        .args([
-            "build",
-            "--release",
-            "--package",
-            "kernel",
-            "--target",
-            KERNEL_TARGET,
-        ])
-        .args([
-            "-Zbuild-std=core,alloc,compiler_builtins",
-            "-Zbuild-std-features=compiler-builtins-mem",
-        ])
+        .args(["build", "--release", "--package", "kernel", "--target", KERNEL_TARGET])
+        .args(["-Zbuild-std=core,alloc,compiler_builtins", "-Zbuild-std-features=compiler-builtins-mem"])
         .args(["--no-default-features", "--features", board.feature()])
         .arg("--target-dir")
         .arg(&target_dir)
@@ -143,22 +122,16 @@ pub fn kernel(board: Board, variant: BuildVariant) -> Result<KernelImage, Failur
         .status()
         .map_err(|error| Failure::usage(format!("cannot run cargo: {error}")))?;
     if !status.success() {
-        return Err(Failure {
-            status: 1,
-            message: format!("kernel build failed (variant {})", variant.name()),
-        });
+        return Err(Failure { status: 1, message: format!("kernel build failed (variant {})", variant.name()) });
     }
     let elf = target_dir.join(KERNEL_TARGET).join("release/kernel");
-    let data = std::fs::read(&elf)
-        .map_err(|error| Failure::usage(format!("{}: {error}", elf.display())))?;
-    let file = object::File::parse(&*data)
-        .map_err(|error| Failure::usage(format!("{}: {error}", elf.display())))?;
+    let data = std::fs::read(&elf).map_err(|error| Failure::usage(format!("{}: {error}", elf.display())))?;
+    let file = object::File::parse(&*data).map_err(|error| Failure::usage(format!("{}: {error}", elf.display())))?;
     if variant != BuildVariant::Plain {
         check_patchable_entries(&file)?;
     }
     let raw = elf.with_extension("bin");
-    std::fs::write(&raw, raw_image(&file)?)
-        .map_err(|error| Failure::usage(format!("{}: {error}", raw.display())))?;
+    std::fs::write(&raw, raw_image(&file)?).map_err(|error| Failure::usage(format!("{}: {error}", raw.display())))?;
     Ok(KernelImage { elf, raw })
 }
 
@@ -167,18 +140,9 @@ pub fn kernel(board: Board, variant: BuildVariant) -> Result<KernelImage, Failur
 fn check_patchable_entries(file: &object::File) -> Result<(), Failure> {
     let section = file
         .section_by_name("__patchable_function_entries")
-        .ok_or_else(|| Failure {
-            status: 1,
-            message: "no __patchable_function_entries section".into(),
-        })?;
-    let data = section.data().map_err(|error| Failure {
-        status: 1,
-        message: error.to_string(),
-    })?;
-    let entries: Vec<u64> = data
-        .chunks_exact(8)
-        .map(|chunk| u64::from_le_bytes(chunk.try_into().unwrap()))
-        .collect();
+        .ok_or_else(|| Failure { status: 1, message: "no __patchable_function_entries section".into() })?;
+    let data = section.data().map_err(|error| Failure { status: 1, message: error.to_string() })?;
+    let entries: Vec<u64> = data.chunks_exact(8).map(|chunk| u64::from_le_bytes(chunk.try_into().unwrap())).collect();
     let misaligned: Vec<_> = entries.iter().filter(|&&entry| entry % 8 != 0).collect();
     if entries.is_empty() || !misaligned.is_empty() {
         return Err(Failure {
@@ -204,9 +168,7 @@ fn raw_image(file: &object::File) -> Result<Vec<u8>, Failure> {
     let segments: Vec<_> = elf
         .elf_program_headers()
         .iter()
-        .filter(|header| {
-            header.p_type(endian) == object::elf::PT_LOAD && header.p_filesz(endian) > 0
-        })
+        .filter(|header| header.p_type(endian) == object::elf::PT_LOAD && header.p_filesz(endian) > 0)
         .collect();
     let base = segments
         .iter()
@@ -216,9 +178,7 @@ fn raw_image(file: &object::File) -> Result<Vec<u8>, Failure> {
     let mut image = Vec::new();
     for header in segments {
         let offset = (header.p_paddr(endian) - base) as usize;
-        let data = header
-            .data(endian, elf.data())
-            .map_err(|_| Failure::usage("bad segment"))?;
+        let data = header.data(endian, elf.data()).map_err(|_| Failure::usage("bad segment"))?;
         if image.len() < offset + data.len() {
             image.resize(offset + data.len(), 0);
         }

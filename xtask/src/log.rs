@@ -35,11 +35,7 @@ impl KernelLog {
             .ok_or_else(|| Failure::usage("kernel ELF has no defmt table"))?;
         // The decoder borrows the table; one table per QEMU run, so leaking it is bounded.
         let table: &'static Table = Box::leak(Box::new(table));
-        Ok(Self {
-            table,
-            decoder: table.new_stream_decoder(),
-            lines: Vec::new(),
-        })
+        Ok(Self { table, decoder: table.new_stream_decoder(), lines: Vec::new() })
     }
 
     /// Feeds received bytes; returns the lines completed by them.
@@ -48,16 +44,10 @@ impl KernelLog {
         let mut new = Vec::new();
         loop {
             match self.decoder.decode() {
-                Ok(frame) => new.push(LogLine {
-                    level: frame.level(),
-                    text: frame.display_message().to_string(),
-                }),
+                Ok(frame) => new.push(LogLine { level: frame.level(), text: frame.display_message().to_string() }),
                 Err(DecodeError::UnexpectedEof) => break,
                 Err(DecodeError::Malformed) if self.table.encoding().can_recover() => {
-                    new.push(LogLine {
-                        level: None,
-                        text: "[xtask: malformed defmt frame skipped]".into(),
-                    })
+                    new.push(LogLine { level: None, text: "[xtask: malformed defmt frame skipped]".into() })
                 }
                 Err(DecodeError::Malformed) => break,
             }

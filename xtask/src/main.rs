@@ -4,6 +4,7 @@
 //! killed on timeout.
 
 mod bench;
+mod bootfiles;
 mod build;
 mod log;
 mod qemu;
@@ -13,10 +14,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(
-    name = "cargo xtask",
-    about = "Build, run and test the tracelab kernel"
-)]
+#[command(name = "cargo xtask", about = "Build, run and test the tracelab kernel")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -43,10 +41,7 @@ pub struct Failure {
 impl Failure {
     /// Bad usage or a missing environment (exit 2).
     pub fn usage(message: impl Into<String>) -> Self {
-        Self {
-            status: 2,
-            message: message.into(),
-        }
+        Self { status: 2, message: message.into() }
     }
 }
 
@@ -55,10 +50,7 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(error) => {
             use clap::error::ErrorKind;
-            if matches!(
-                error.kind(),
-                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
-            ) {
+            if matches!(error.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
                 let _ = error.print();
                 return ExitCode::SUCCESS;
             }

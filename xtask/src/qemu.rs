@@ -18,13 +18,8 @@ pub enum CpuVariant {
 }
 
 impl CpuVariant {
-    pub const ALL: [CpuVariant; 5] = [
-        Self::MaxQarma5,
-        Self::MaxQarma3,
-        Self::MaxImpdef,
-        Self::MaxNoPauth,
-        Self::CortexA72,
-    ];
+    pub const ALL: [CpuVariant; 5] =
+        [Self::MaxQarma5, Self::MaxQarma3, Self::MaxImpdef, Self::MaxNoPauth, Self::CortexA72];
 
     /// The `-cpu` argument, which is also the variant's name everywhere in tracelab.
     pub fn name(self) -> &'static str {
@@ -48,35 +43,31 @@ impl CpuVariant {
     }
 
     pub fn parse(name: &str) -> Result<Self, String> {
-        Self::ALL
-            .into_iter()
-            .find(|cpu| cpu.name() == name)
-            .ok_or_else(|| {
-                let names: Vec<_> = Self::ALL.iter().map(|cpu| cpu.name()).collect();
-                format!(
-                    "unknown CPU variant '{name}' (expected one of: {})",
-                    names.join(", ")
-                )
-            })
+        Self::ALL.into_iter().find(|cpu| cpu.name() == name).ok_or_else(|| {
+            let names: Vec<_> = Self::ALL.iter().map(|cpu| cpu.name()).collect();
+            format!("unknown CPU variant '{name}' (expected one of: {})", names.join(", "))
+        })
     }
 }
 
 #[derive(clap::Args)]
 pub struct QemuArgs {
     /// CPU variant: max,pauth-qarma5=on | max,pauth-qarma3=on | max,pauth-impdef=on |
-    /// max,pauth=off | cortex-a72
-    #[arg(long, default_value = "max,pauth-impdef=on", value_parser = CpuVariant::parse)]
-    pub cpu: CpuVariant,
+    /// max,pauth=off | cortex-a72 (default: max,pauth-impdef=on on virt, cortex-a72 on rpi4)
+    #[arg(long, value_parser = CpuVariant::parse)]
+    pub cpu: Option<CpuVariant>,
     #[arg(long, value_enum, default_value = "virt")]
     pub board: Board,
     #[arg(long, value_enum, default_value = "full")]
     pub variant: BuildVariant,
-    /// Exception level QEMU enters the kernel at (2 = `virtualization=on`).
-    #[arg(long, default_value = "1", value_parser = clap::value_parser!(u8).range(1..=2))]
-    pub el: u8,
-    /// GIC version on `virt`.
-    #[arg(long, default_value = "2", value_parser = clap::value_parser!(u8).range(2..=3))]
-    pub gic: u8,
+    /// Exception level QEMU enters the kernel at on virt (2 = `virtualization=on`); rpi4: 2.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub el: Option<u8>,
+    /// GIC version on virt (rpi4: the GIC-400, v2).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(2..=3))]
+    pub gic: Option<u8>,
+    #[command(flatten)]
+    pub boot_files: crate::bootfiles::BootFileArgs,
     /// Wait for a debugger on tcp::1234 (no timeout).
     #[arg(long)]
     pub gdb: bool,
@@ -96,43 +87,56 @@ pub struct Machine {
     pub gic: u8,
     /// `-icount shift=0,sleep=off`: one instruction per virtual ns, deterministic runs.
     pub icount: bool,
+    /// The device tree QEMU passes (`raspi4b` needs one for the command line to arrive).
+    pub dtb: Option<std::path::PathBuf>,
 }
 
 impl Machine {
     pub fn describe(&self) -> String {
-        format!(
-            "{} -cpu {} EL{} GICv{}",
-            self.board.name(),
-            self.cpu.name(),
-            self.el,
-            self.gic
-        )
+        format!("{} -cpu {} EL{} GICv{}", self.board.name(), self.cpu.name(), self.el, self.gic)
+    }
+
+    /// Checks the combination before anything is built or run.
+    pub fn validate(&self) -> Result<(), Failure> {
+        if self.board == Board::Rpi4 {
+            if self.cpu != CpuVariant::CortexA72 {
+                return Err(Failure::usage(format!(
+                    "board rpi4 is a Cortex-A72: --cpu {} is not possible there",
+                    self.cpu.name()
+                )));
+            }
+            if self.el != 2 || self.gic != 2 {
+                return Err(Failure::usage(
+                    "board rpi4 enters at EL2 and has a GIC-400 (v2): --el 1 and --gic 3 are virt-only",
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn command(&self, image: &build::KernelImage, bootargs: &str, gdb: bool) -> Command {
-        let mut machine = String::from("virt");
-        if self.el == 2 {
-            machine.push_str(",virtualization=on");
-        }
-        machine.push_str(&format!(",gic-version={}", self.gic));
         let mut command = Command::new("qemu-system-aarch64");
+        match self.board {
+            Board::Virt => {
+                let mut machine = String::from("virt");
+                if self.el == 2 {
+                    machine.push_str(",virtualization=on");
+                }
+                machine.push_str(&format!(",gic-version={}", self.gic));
+                command.args(["-machine", &machine, "-cpu", self.cpu.name(), "-smp", "1", "-m", "128M"]);
+            }
+            // raspi4b: four Cortex-A72 (the secondaries wait in QEMU's spin table) and 2 GiB; the
+            // raw image is loaded at 0x80000 and entered at EL2, as the firmware does.
+            Board::Rpi4 => {
+                command.args(["-machine", "raspi4b"]);
+            }
+        }
+        if let Some(dtb) = &self.dtb {
+            command.arg("-dtb").arg(dtb);
+        }
         command
-            .args([
-                "-machine",
-                &machine,
-                "-cpu",
-                self.cpu.name(),
-                "-smp",
-                "1",
-                "-m",
-                "128M",
-            ])
             .args(["-display", "none", "-monitor", "none", "-serial", "stdio"])
-            .args([
-                "-semihosting-config",
-                "enable=on,target=native",
-                "-no-reboot",
-            ])
+            .args(["-semihosting-config", "enable=on,target=native", "-no-reboot"])
             .arg("-kernel")
             .arg(&image.raw)
             .args(["-append", bootargs]);
@@ -142,10 +146,7 @@ impl Machine {
         if gdb {
             command.args(["-s", "-S"]);
         }
-        command
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         command
     }
 }
@@ -177,16 +178,13 @@ pub fn run(
     echo: bool,
 ) -> Result<RunResult, Failure> {
     ensure_installed()?;
-    let elf = std::fs::read(&image.elf)
-        .map_err(|error| Failure::usage(format!("{}: {error}", image.elf.display())))?;
+    let elf = std::fs::read(&image.elf).map_err(|error| Failure::usage(format!("{}: {error}", image.elf.display())))?;
     let start = Instant::now();
     let mut child = QemuProcess(
         machine
             .command(image, bootargs, timeout.is_none())
             .spawn()
-            .map_err(|error| {
-                Failure::usage(format!("cannot start qemu-system-aarch64: {error}"))
-            })?,
+            .map_err(|error| Failure::usage(format!("cannot start qemu-system-aarch64: {error}")))?,
     );
     let mut stdout = child.0.stdout.take().expect("piped");
     let mut stderr = child.0.stderr.take().expect("piped");
@@ -205,20 +203,29 @@ pub fn run(
         }
     });
     let mut log = KernelLog::new(&elf)?;
+    // The kernel's last line. A kernel that could not use semihosting (a panic before it read
+    // its command line on a board without it by default) parks after printing it: then the
+    // sentinel's status is the run's, as when reading a real board's serial line.
+    let mut sentinel: Option<(i32, Instant)> = None;
     let status = loop {
         while let Ok(bytes) = receiver.try_recv() {
             for line in log.feed(&bytes) {
                 if echo {
                     println!("{line}");
                 }
+                if let Some(status) = exit_sentinel(&line.text) {
+                    sentinel = Some((status, Instant::now()));
+                }
             }
         }
-        if let Some(status) = child
-            .0
-            .try_wait()
-            .map_err(|error| Failure::usage(error.to_string()))?
-        {
+        if let Some(status) = child.0.try_wait().map_err(|error| Failure::usage(error.to_string()))? {
             break Some(status.code().unwrap_or(-1));
+        }
+        if let Some((status, seen)) = sentinel {
+            if seen.elapsed() > Duration::from_secs(2) {
+                let _ = child.0.kill();
+                break Some(status);
+            }
         }
         if timeout.is_some_and(|timeout| start.elapsed() > timeout) {
             let _ = child.0.kill();
@@ -236,35 +243,38 @@ pub fn run(
     }
     drop(child);
     let stderr = stderr_reader.join().unwrap_or_default();
-    Ok(RunResult {
-        status,
-        log: log.into_lines(),
-        stderr,
-        elapsed: start.elapsed(),
-    })
+    Ok(RunResult { status, log: log.into_lines(), stderr, elapsed: start.elapsed() })
+}
+
+/// The status in the kernel's final line `tracelab: exit status N`.
+pub fn exit_sentinel(line: &str) -> Option<i32> {
+    line.strip_prefix("tracelab: exit status ")?.trim().parse().ok()
 }
 
 /// `cargo xtask qemu`: build, boot, stream the log, exit with the kernel's status.
 pub fn run_interactive(args: &QemuArgs) -> Result<u8, Failure> {
-    ensure_installed()?;
-    let image = build::kernel(args.board, args.variant)?;
-    let machine = Machine {
-        board: args.board,
-        cpu: args.cpu,
-        el: args.el,
-        gic: args.gic,
-        icount: false,
+    let (default_cpu, default_el) = match args.board {
+        Board::Virt => (CpuVariant::MaxImpdef, 1),
+        Board::Rpi4 => (CpuVariant::CortexA72, 2),
     };
-    let bootargs = format!(
-        "run=demo exit=semihosting expect-pauth={} {}",
-        args.cpu.expected_pauth(),
-        args.append
-    );
-    eprintln!(
-        "xtask: booting {} (variant {})",
-        machine.describe(),
-        args.variant.name()
-    );
+    let mut machine = Machine {
+        board: args.board,
+        cpu: args.cpu.unwrap_or(default_cpu),
+        el: args.el.unwrap_or(default_el),
+        gic: args.gic.unwrap_or(2),
+        icount: false,
+        dtb: None,
+    };
+    machine.validate()?;
+    ensure_installed()?;
+    if args.board == Board::Rpi4 {
+        let files = crate::bootfiles::get(&args.boot_files)?;
+        eprintln!("xtask: {}", files.source);
+        machine.dtb = Some(files.dtb);
+    }
+    let image = build::kernel(args.board, args.variant)?;
+    let bootargs = format!("run=demo exit=semihosting expect-pauth={} {}", machine.cpu.expected_pauth(), args.append);
+    eprintln!("xtask: booting {} (variant {})", machine.describe(), args.variant.name());
     let timeout = (!args.gdb).then(|| Duration::from_secs(args.timeout));
     let result = run(&machine, &image, bootargs.trim(), timeout, true)?;
     if !result.stderr.trim().is_empty() {
@@ -274,11 +284,7 @@ pub fn run_interactive(args: &QemuArgs) -> Result<u8, Failure> {
         Some(status) => Ok(status.clamp(0, 255) as u8),
         None => Err(Failure {
             status: 124,
-            message: format!(
-                "QEMU ({}) killed after {} s timeout",
-                machine.describe(),
-                args.timeout
-            ),
+            message: format!("QEMU ({}) killed after {} s timeout", machine.describe(), args.timeout),
         }),
     }
 }
@@ -287,22 +293,13 @@ const MIN_QEMU_MAJOR: u32 = 10;
 
 /// The installed QEMU's version (e.g. `10.0.2`), for result files.
 pub fn version() -> String {
-    installed_version()
-        .map(|(_, version)| version)
-        .unwrap_or_else(|| "unknown".into())
+    installed_version().map(|(_, version)| version).unwrap_or_else(|| "unknown".into())
 }
 
 fn installed_version() -> Option<(u32, String)> {
-    let output = Command::new("qemu-system-aarch64")
-        .arg("--version")
-        .output()
-        .ok()?;
+    let output = Command::new("qemu-system-aarch64").arg("--version").output().ok()?;
     let text = String::from_utf8_lossy(&output.stdout);
-    let version = text
-        .split_whitespace()
-        .skip_while(|word| *word != "version")
-        .nth(1)?
-        .to_string();
+    let version = text.split_whitespace().skip_while(|word| *word != "version").nth(1)?.to_string();
     let major = version.split('.').next()?.parse().ok()?;
     Some((major, version))
 }
@@ -320,10 +317,7 @@ pub fn ensure_installed() -> Result<(), Failure> {
     }
     let codename = std::fs::read_to_string("/etc/os-release")
         .ok()
-        .and_then(|text| {
-            text.lines()
-                .find_map(|line| line.strip_prefix("VERSION_CODENAME=").map(str::to_string))
-        })
+        .and_then(|text| text.lines().find_map(|line| line.strip_prefix("VERSION_CODENAME=").map(str::to_string)))
         .unwrap_or_default();
     let backports = codename == "bookworm";
     let sources = "/etc/apt/sources.list.d/tracelab-bookworm-backports.sources";
@@ -339,10 +333,7 @@ pub fn ensure_installed() -> Result<(), Failure> {
     } else {
         format!("apt-get update && {install}")
     };
-    let is_root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|output| output.stdout.trim_ascii() == b"0");
+    let is_root = Command::new("id").arg("-u").output().is_ok_and(|output| output.stdout.trim_ascii() == b"0");
     let has_apt = Command::new("apt-get").arg("--version").output().is_ok();
     if !(is_root && has_apt) {
         return Err(Failure::usage(format!(
@@ -361,8 +352,6 @@ pub fn ensure_installed() -> Result<(), Failure> {
             let _ = CHECKED.set(());
             Ok(())
         }
-        _ => Err(Failure::usage(format!(
-            "installing QEMU failed; run as root: {manual}"
-        ))),
+        _ => Err(Failure::usage(format!("installing QEMU failed; run as root: {manual}"))),
     }
 }

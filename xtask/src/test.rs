@@ -1,8 +1,9 @@
 //! `cargo xtask test`: host crate tests, then the kernel suite in QEMU over a configuration matrix.
 //!
-//! The matrix is complete: every build variant (full, prod, plain) x every CPU variant x entry
-//! at EL1 and EL2 x GICv2 and GICv3, 60 QEMU runs of well under a second each. Each kernel test
-//! counts once per configuration it ran in.
+//! The matrix on `virt` is complete: every build variant (full, prod, plain) x every CPU variant x
+//! entry at EL1 and EL2 x GICv2 and GICv3, 60 QEMU runs of well under a second each. On QEMU
+//! `raspi4b` (the Pi 4 board) every build variant runs once: Cortex-A72, EL2, GIC-400. Each kernel
+//! test counts once per configuration it ran in.
 
 use crate::Failure;
 use crate::build::{self, Board, BuildVariant};
@@ -21,6 +22,11 @@ pub struct TestArgs {
     /// Only these build variants (repeatable).
     #[arg(long = "variant", value_enum)]
     pub variants: Vec<BuildVariant>,
+    /// Only these boards (repeatable; default: virt and rpi4).
+    #[arg(long = "board", value_enum)]
+    pub boards: Vec<Board>,
+    #[command(flatten)]
+    pub boot_files: crate::bootfiles::BootFileArgs,
     /// Skip the host crate tests.
     #[arg(long)]
     pub no_host: bool,
@@ -42,30 +48,39 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
         host_tests(&mut tally)?;
     }
     qemu::ensure_installed()?;
-    let cpus = if args.cpus.is_empty() {
-        CpuVariant::ALL.to_vec()
-    } else {
-        args.cpus.clone()
-    };
-    let variants = if args.variants.is_empty() {
-        BuildVariant::ALL.to_vec()
-    } else {
-        args.variants.clone()
-    };
+    let cpus = if args.cpus.is_empty() { CpuVariant::ALL.to_vec() } else { args.cpus.clone() };
+    let variants = if args.variants.is_empty() { BuildVariant::ALL.to_vec() } else { args.variants.clone() };
     let mut timed_out = false;
+    let boards = if args.boards.is_empty() { vec![Board::Virt, Board::Rpi4] } else { args.boards.clone() };
+    let rpi4_dtb = if boards.contains(&Board::Rpi4) && cpus.contains(&CpuVariant::CortexA72) {
+        let files = crate::bootfiles::get(&args.boot_files)?;
+        eprintln!("xtask: {}", files.source);
+        Some(files.dtb)
+    } else {
+        None
+    };
     for variant in variants {
-        let image = build::kernel(Board::Virt, variant)?;
-        for &cpu in &cpus {
-            for (el, gic) in [(1, 2), (1, 3), (2, 2), (2, 3)] {
-                let machine = Machine {
-                    board: Board::Virt,
-                    cpu,
-                    el,
-                    gic,
-                    icount: false,
-                };
-                timed_out |= run_configuration(&machine, variant, &image, args, &mut tally)?;
+        if boards.contains(&Board::Virt) {
+            let image = build::kernel(Board::Virt, variant)?;
+            for &cpu in &cpus {
+                for (el, gic) in [(1, 2), (1, 3), (2, 2), (2, 3)] {
+                    let machine = Machine { board: Board::Virt, cpu, el, gic, icount: false, dtb: None };
+                    timed_out |= run_configuration(&machine, variant, &image, args, &mut tally)?;
+                }
             }
+        }
+        // QEMU raspi4b: the Pi 4's Cortex-A72, entered at EL2, GIC-400, the Pi 4 device tree.
+        if let Some(dtb) = &rpi4_dtb {
+            let image = build::kernel(Board::Rpi4, variant)?;
+            let machine = Machine {
+                board: Board::Rpi4,
+                cpu: CpuVariant::CortexA72,
+                el: 2,
+                gic: 2,
+                icount: false,
+                dtb: Some(dtb.clone()),
+            };
+            timed_out |= run_configuration(&machine, variant, &image, args, &mut tally)?;
         }
     }
     if args.filter.is_empty() {
@@ -73,10 +88,7 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
         failure_paths(&image, &mut tally)?;
         bench_harness(&build::kernel(Board::Virt, BuildVariant::Prod)?, &mut tally)?;
     }
-    println!(
-        "{} passed, {} failed, {} skipped",
-        tally.passed, tally.failed, tally.skipped
-    );
+    println!("{} passed, {} failed, {} skipped", tally.passed, tally.failed, tally.skipped);
     if timed_out {
         return Ok(124);
     }
@@ -93,18 +105,11 @@ fn host_tests(tally: &mut Tally) -> Result<(), Failure> {
         .map_err(|error| Failure::usage(format!("cannot run cargo test: {error}")))?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let mut seen = false;
-    for line in stdout
-        .lines()
-        .filter(|line| line.starts_with("test result:"))
-    {
+    for line in stdout.lines().filter(|line| line.starts_with("test result:")) {
         seen = true;
         let count = |word: &str| -> u64 {
             line.split([';', '.'])
-                .find_map(|part| {
-                    part.trim()
-                        .strip_suffix(word)
-                        .and_then(|n| n.trim().parse().ok())
-                })
+                .find_map(|part| part.trim().strip_suffix(word).and_then(|n| n.trim().parse().ok()))
                 .unwrap_or(0)
         };
         tally.passed += count("passed");
@@ -127,46 +132,18 @@ fn host_tests(tally: &mut Tally) -> Result<(), Failure> {
 /// Runs that must fail the right way: a panic and an unexpected exception end with status 3
 /// and their report, a hang is killed on timeout with the running test named.
 fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Failure> {
-    let machine = Machine {
-        board: Board::Virt,
-        cpu: CpuVariant::MaxImpdef,
-        el: 1,
-        gic: 2,
-        icount: false,
-    };
+    let machine = Machine { board: Board::Virt, cpu: CpuVariant::MaxImpdef, el: 1, gic: 2, icount: false, dtb: None };
     let checks: [(&str, &str, Option<i32>, &str); 3] = [
-        (
-            "panic",
-            "run=panic exit=semihosting",
-            Some(3),
-            "panicked at kernel/src/main.rs",
-        ),
-        (
-            "fault",
-            "run=fault exit=semihosting",
-            Some(3),
-            "unexpected synchronous exception: DataAbort",
-        ),
-        (
-            "hang",
-            "run=hang exit=semihosting",
-            None,
-            "test start: deliberate_hang",
-        ),
+        ("panic", "run=panic exit=semihosting", Some(3), "panicked at kernel/src/main.rs"),
+        ("fault", "run=fault exit=semihosting", Some(3), "unexpected synchronous exception: DataAbort"),
+        ("hang", "run=hang exit=semihosting", None, "test start: deliberate_hang"),
     ];
     for (name, bootargs, expected_status, expected_line) in checks {
         let timeout = Duration::from_secs(if expected_status.is_none() { 3 } else { 60 });
         let result = qemu::run(&machine, image, bootargs, Some(timeout), false)?;
-        let logged = result
-            .log
-            .iter()
-            .any(|line| line.text.starts_with(expected_line));
-        let sentinel_ok = expected_status.is_none_or(|status| {
-            result
-                .log
-                .iter()
-                .any(|line| line.text == format!("tracelab: exit status {status}"))
-        });
+        let logged = result.log.iter().any(|line| line.text.starts_with(expected_line));
+        let sentinel_ok = expected_status
+            .is_none_or(|status| result.log.iter().any(|line| line.text == format!("tracelab: exit status {status}")));
         let ok = result.status == expected_status && logged && sentinel_ok;
         println!(
             "failure path [{name}]: {}: status {:?} (expected {expected_status:?}), `{expected_line}` {}",
@@ -192,64 +169,30 @@ fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Fa
 fn bench_harness(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Failure> {
     let bootargs = "run=bench bench=baseline reps=1 clock=cycles icount=1 exit=semihosting";
     let mut runs = Vec::new();
-    for cpu in [
-        CpuVariant::MaxQarma5,
-        CpuVariant::MaxQarma5,
-        CpuVariant::CortexA72,
-    ] {
-        let machine = Machine {
-            board: Board::Virt,
-            cpu,
-            el: 1,
-            gic: 2,
-            icount: true,
-        };
-        let result = qemu::run(
-            &machine,
-            image,
-            bootargs,
-            Some(Duration::from_secs(120)),
-            false,
-        )?;
-        let rows: Vec<String> = result
-            .log
-            .iter()
-            .filter_map(|line| line.text.strip_prefix("bench row: ").map(str::to_string))
-            .collect();
+    for cpu in [CpuVariant::MaxQarma5, CpuVariant::MaxQarma5, CpuVariant::CortexA72] {
+        let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 2, icount: true, dtb: None };
+        let result = qemu::run(&machine, image, bootargs, Some(Duration::from_secs(120)), false)?;
+        let rows: Vec<String> =
+            result.log.iter().filter_map(|line| line.text.strip_prefix("bench row: ").map(str::to_string)).collect();
         runs.push((result.status, rows));
     }
     let per_op = |rows: &[String], case: &str| -> Option<f64> {
         rows.iter().find_map(|row| {
             let words: Vec<_> = row.split_whitespace().collect();
-            (words.get(1) == Some(&case))
-                .then(|| words.get(5)?.parse().ok())
-                .flatten()
+            (words.get(1) == Some(&case)).then(|| words.get(5)?.parse().ok()).flatten()
         })
     };
     let checks = [
-        (
-            "icount runs are identical",
-            runs[0].1 == runs[1].1 && !runs[0].1.is_empty(),
-        ),
-        (
-            "all bench runs exit 0",
-            runs.iter().all(|(status, _)| *status == Some(0)),
-        ),
-        (
-            "a call is 2 instructions",
-            per_op(&runs[0].1, "call") == Some(2.0),
-        ),
+        ("icount runs are identical", runs[0].1 == runs[1].1 && !runs[0].1.is_empty()),
+        ("all bench runs exit 0", runs.iter().all(|(status, _)| *status == Some(0))),
+        ("a call is 2 instructions", per_op(&runs[0].1, "call") == Some(2.0)),
         (
             "a PAC-signed call is 4 instructions on QARMA5 and on the A72",
-            per_op(&runs[0].1, "call-pac") == Some(4.0)
-                && per_op(&runs[2].1, "call-pac") == Some(4.0),
+            per_op(&runs[0].1, "call-pac") == Some(4.0) && per_op(&runs[2].1, "call-pac") == Some(4.0),
         ),
     ];
     for (name, ok) in checks {
-        println!(
-            "bench harness [{name}]: {}",
-            if ok { "ok" } else { "FAILED" }
-        );
+        println!("bench harness [{name}]: {}", if ok { "ok" } else { "FAILED" });
         if ok {
             tally.passed += 1;
         } else {
@@ -270,20 +213,11 @@ fn run_configuration(
     args: &TestArgs,
     tally: &mut Tally,
 ) -> Result<bool, Failure> {
-    let mut bootargs = format!(
-        "run=test exit=semihosting expect-pauth={}",
-        machine.cpu.expected_pauth()
-    );
+    let mut bootargs = format!("run=test exit=semihosting expect-pauth={}", machine.cpu.expected_pauth());
     if !args.filter.is_empty() {
         bootargs.push_str(&format!(" filter={}", args.filter));
     }
-    let result = qemu::run(
-        machine,
-        image,
-        &bootargs,
-        Some(Duration::from_secs(args.timeout)),
-        false,
-    )?;
+    let result = qemu::run(machine, image, &bootargs, Some(Duration::from_secs(args.timeout)), false)?;
     let configuration = format!("{} variant {}", machine.describe(), variant.name());
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
     let mut running = None;
@@ -304,8 +238,8 @@ fn run_configuration(
             running = None;
         } else if text.starts_with("tests done: ") {
             done = true;
-        } else if let Some(status) = text.strip_prefix("tracelab: exit status ") {
-            sentinel = status.trim().parse::<i32>().ok();
+        } else if let Some(status) = qemu::exit_sentinel(text) {
+            sentinel = Some(status);
         }
     }
     let expected_status = if failed == 0 { 0 } else { 1 };
@@ -314,25 +248,16 @@ fn run_configuration(
         None => problems.push(format!(
             "killed after {} s timeout{}",
             args.timeout,
-            running
-                .as_ref()
-                .map(|name| format!(" while running test {name}"))
-                .unwrap_or_default()
+            running.as_ref().map(|name| format!(" while running test {name}")).unwrap_or_default()
         )),
         Some(status) if status != expected_status => problems.push(format!(
             "kernel exited with status {status}{}",
-            running
-                .as_ref()
-                .map(|name| format!(" during test {name}"))
-                .unwrap_or_default()
+            running.as_ref().map(|name| format!(" during test {name}")).unwrap_or_default()
         )),
         Some(_) => {}
     }
     if result.status.is_some() && sentinel != result.status {
-        problems.push(format!(
-            "exit sentinel {sentinel:?} does not match QEMU status {:?}",
-            result.status
-        ));
+        problems.push(format!("exit sentinel {sentinel:?} does not match QEMU status {:?}", result.status));
     }
     if !done && result.status.is_some() {
         problems.push("no `tests done` line".into());
@@ -347,11 +272,7 @@ fn run_configuration(
     tally.passed += passed;
     tally.failed += failed;
     tally.skipped += skipped;
-    let verdict = if failed == 0 && problems.is_empty() {
-        "ok"
-    } else {
-        "FAILED"
-    };
+    let verdict = if failed == 0 && problems.is_empty() { "ok" } else { "FAILED" };
     println!(
         "kernel tests [{configuration}]: {verdict}: {passed} passed, {failed} failed, {skipped} skipped ({:.1} s)",
         result.elapsed.as_secs_f64()

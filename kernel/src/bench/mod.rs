@@ -64,15 +64,7 @@ impl Plan {
 
 /// Emits one result row.
 pub fn row(suite: &str, case: &str, params: &str, metric: &str, unit: &str, value: f64) {
-    defmt::info!(
-        "bench row: {=str} {=str} {=str} {=str} {=str} {=f64}",
-        suite,
-        case,
-        params,
-        metric,
-        unit,
-        value
-    );
+    defmt::info!("bench row: {=str} {=str} {=str} {=str} {=str} {=f64}", suite, case, params, metric, unit, value);
 }
 
 pub const SUITES: &[(&str, fn(&Plan))] = &[("baseline", baseline::run)];

@@ -12,15 +12,39 @@ compile_error!("select a board feature: board-qemu-virt or board-rpi4");
 mod qemu_virt;
 #[cfg(feature = "board-qemu-virt")]
 pub use qemu_virt::CONFIG;
+#[cfg(feature = "board-rpi4")]
+mod rpi4;
+#[cfg(feature = "board-rpi4")]
+pub use rpi4::CONFIG;
+
+use crate::dt::{GicRegions, Region};
+
+/// How the console's pins reach the UART, when the firmware does not route them.
+pub enum ConsolePinmux {
+    /// BCM2711 GPIO block at this physical address: GPIO14/15 to ALT0 (PL011 TXD0/RXD0).
+    Bcm2711Gpio { base: u64 },
+}
+
+/// What the kernel assumes when the loader passes no device tree.
+pub struct Fallback {
+    pub ram: Region,
+    pub gic: GicRegions,
+    pub virtual_timer_intid: u32,
+}
 
 pub struct BoardConfig {
     pub name: &'static str,
+    /// The SoC, for the banner.
+    pub soc: &'static str,
     /// Physical address the loader puts the raw image at (kernel.ld links it there).
     pub load_address: u64,
     /// PL011 used as the console from the first instruction of Rust code.
     pub console_uart: u64,
     /// The PL011's reference clock, to program 115200 baud.
     pub console_clock_hz: u32,
+    pub console_pinmux: Option<ConsolePinmux>,
     /// Whether the kernel may end a run with semihosting when the command line does not say.
     pub semihosting_by_default: bool,
+    /// Used when there is no device tree, or its memory node is empty (firmware fills it in).
+    pub fallback: Fallback,
 }

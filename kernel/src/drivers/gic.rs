@@ -6,14 +6,8 @@ use core::ptr::{read_volatile, write_volatile};
 /// An interrupt controller as the device tree describes it (virtual addresses).
 #[derive(Clone, Copy, Debug, defmt::Format)]
 pub enum GicConfig {
-    V2 {
-        distributor: u64,
-        cpu_interface: u64,
-    },
-    V3 {
-        distributor: u64,
-        redistributor: u64,
-    },
+    V2 { distributor: u64, cpu_interface: u64 },
+    V3 { distributor: u64, redistributor: u64 },
 }
 
 /// Interrupt IDs 1020-1023 are special (spurious and friends): nothing to handle, nothing to end.
@@ -59,18 +53,12 @@ impl Gic {
     /// Enables the distributor and this CPU's interface, with every priority unmasked.
     pub fn init(config: GicConfig) -> Self {
         match config {
-            GicConfig::V2 {
-                distributor,
-                cpu_interface,
-            } => {
+            GicConfig::V2 { distributor, cpu_interface } => {
                 write32(distributor + GICD_CTLR, 1);
                 write32(cpu_interface + GICC_PMR, 0xff);
                 write32(cpu_interface + GICC_CTLR, 1);
             }
-            GicConfig::V3 {
-                distributor,
-                redistributor,
-            } => {
+            GicConfig::V3 { distributor, redistributor } => {
                 // Affinity routing, group 1 enabled.
                 write32(distributor + GICD_CTLR, (1 << 4) | (1 << 1));
                 let waker = read32(redistributor + GICR_WAKER);

@@ -24,9 +24,7 @@ impl Pl011 {
     /// `base` must be the virtual address of a PL011's registers, mapped as device memory, and
     /// no other `Pl011` may exist for the same device.
     pub const unsafe fn new(base: u64) -> Self {
-        Self {
-            base: base as *mut u32,
-        }
+        Self { base: base as *mut u32 }
     }
 
     fn write_register(&mut self, offset: usize, value: u32) {

@@ -2,9 +2,7 @@
 
 pub mod sanitizer;
 
-use crate::arch::mmu::{
-    self, Attributes, KernelSpace, MapError, PAGE_SIZE, TEXT_ALIAS_OFFSET, VA_OFFSET,
-};
+use crate::arch::mmu::{self, Attributes, KernelSpace, MapError, PAGE_SIZE, TEXT_ALIAS_OFFSET, VA_OFFSET};
 use crate::drivers::gic::GicConfig;
 use crate::dt::{GicRegions, Platform, Region};
 
@@ -82,62 +80,26 @@ pub fn init(platform: &Platform) -> Result<Layout, InitError> {
     // The RAM shadow: one byte per 16, carved after the image, clear of the device tree, and
     // filled with the match-all tag through the early map before the shadow VA points at it.
     let shadow_size = align_up(ram.size / 16, PAGE_SIZE);
-    let mut shadow = Region {
-        base: align_up(pa(kernel_end), BLOCK_SIZE),
-        size: shadow_size,
-    };
+    let mut shadow = Region { base: align_up(pa(kernel_end), BLOCK_SIZE), size: shadow_size };
     if overlaps(shadow, platform.dtb) {
         shadow.base = align_up(platform.dtb.end(), BLOCK_SIZE);
     }
     let early_gib = crate::board::CONFIG.load_address >> 30;
     if shadow.end() > ram.end() || (shadow.end() - 1) >> 30 != early_gib {
-        return Err(InitError::NoRoomForShadow {
-            needed: shadow_size,
-        });
+        return Err(InitError::NoRoomForShadow { needed: shadow_size });
     }
     // SAFETY: the carve-out is RAM inside the early-mapped GiB that nothing else uses.
-    unsafe {
-        core::ptr::write_bytes(
-            (shadow.base + VA_OFFSET) as *mut u8,
-            0xff,
-            shadow_size as usize,
-        )
-    };
+    unsafe { core::ptr::write_bytes((shadow.base + VA_OFFSET) as *mut u8, 0xff, shadow_size as usize) };
 
     let mut space = KernelSpace::new()?;
     // The image, W^X, guard pages left out.
-    space.map(
-        kernel_start,
-        pa(kernel_start),
-        text_end - kernel_start,
-        Attributes::Text,
-    )?;
-    space.map(
-        text_end,
-        pa(text_end),
-        rodata_end - text_end,
-        Attributes::ReadOnly,
-    )?;
-    space.map(
-        rodata_end,
-        pa(rodata_end),
-        stack_guard - rodata_end,
-        Attributes::ReadWrite,
-    )?;
+    space.map(kernel_start, pa(kernel_start), text_end - kernel_start, Attributes::Text)?;
+    space.map(text_end, pa(text_end), rodata_end - text_end, Attributes::ReadOnly)?;
+    space.map(rodata_end, pa(rodata_end), stack_guard - rodata_end, Attributes::ReadWrite)?;
     let after_stack_guard = stack_guard + PAGE_SIZE;
-    space.map(
-        after_stack_guard,
-        pa(after_stack_guard),
-        scs_guard - after_stack_guard,
-        Attributes::ReadWrite,
-    )?;
+    space.map(after_stack_guard, pa(after_stack_guard), scs_guard - after_stack_guard, Attributes::ReadWrite)?;
     let after_scs_guard = scs_guard + PAGE_SIZE;
-    space.map(
-        after_scs_guard,
-        pa(after_scs_guard),
-        kernel_end - after_scs_guard,
-        Attributes::ReadWrite,
-    )?;
+    space.map(after_scs_guard, pa(after_scs_guard), kernel_end - after_scs_guard, Attributes::ReadWrite)?;
     // The text alias, for patching.
     space.map(
         pa(kernel_start) + TEXT_ALIAS_OFFSET,
@@ -147,18 +109,8 @@ pub fn init(platform: &Platform) -> Result<Layout, InitError> {
     )?;
     // The rest of RAM.
     let ram_end = ram.end() & !(PAGE_SIZE - 1);
-    space.map(
-        ram.base + VA_OFFSET,
-        ram.base,
-        pa(kernel_start) - ram.base,
-        Attributes::ReadWrite,
-    )?;
-    space.map(
-        kernel_end,
-        pa(kernel_end),
-        ram_end - pa(kernel_end),
-        Attributes::ReadWrite,
-    )?;
+    space.map(ram.base + VA_OFFSET, ram.base, pa(kernel_start) - ram.base, Attributes::ReadWrite)?;
+    space.map(kernel_end, pa(kernel_end), ram_end - pa(kernel_end), Attributes::ReadWrite)?;
     // Devices.
     let mut map_device = |region: Region| -> Result<u64, MapError> {
         let base = region.base & !(PAGE_SIZE - 1);
@@ -166,49 +118,22 @@ pub fn init(platform: &Platform) -> Result<Layout, InitError> {
         space.map(base + VA_OFFSET, base, size, Attributes::Device)?;
         Ok(region.base + VA_OFFSET)
     };
-    map_device(platform.console)?;
+    map_device(Region { base: crate::board::CONFIG.console_uart, size: 0x1000 })?;
     let gic = match platform.gic {
-        GicRegions::V2 {
-            distributor,
-            cpu_interface,
-        } => GicConfig::V2 {
-            distributor: map_device(distributor)?,
-            cpu_interface: map_device(cpu_interface)?,
-        },
-        GicRegions::V3 {
-            distributor,
-            redistributor,
-        } => {
+        GicRegions::V2 { distributor, cpu_interface } => {
+            GicConfig::V2 { distributor: map_device(distributor)?, cpu_interface: map_device(cpu_interface)? }
+        }
+        GicRegions::V3 { distributor, redistributor } => {
             // One CPU: its RD_base and SGI_base frames only.
-            let redistributor = Region {
-                base: redistributor.base,
-                size: redistributor.size.min(0x2_0000),
-            };
-            GicConfig::V3 {
-                distributor: map_device(distributor)?,
-                redistributor: map_device(redistributor)?,
-            }
+            let redistributor = Region { base: redistributor.base, size: redistributor.size.min(0x2_0000) };
+            GicConfig::V3 { distributor: map_device(distributor)?, redistributor: map_device(redistributor)? }
         }
     };
     // Real shadow for RAM; everything else keeps the shared match-all page.
-    space.map(
-        mmu::shadow_of(ram.base + VA_OFFSET),
-        shadow.base,
-        shadow_size,
-        Attributes::ReadWrite,
-    )?;
+    space.map(mmu::shadow_of(ram.base + VA_OFFSET), shadow.base, shadow_size, Attributes::ReadWrite)?;
     let tables_used = space.tables_used();
     space.activate();
 
     let free_base = align_up(shadow.end(), PAGE_SIZE);
-    Ok(Layout {
-        ram,
-        shadow,
-        free: Region {
-            base: free_base,
-            size: ram.end() - free_base,
-        },
-        gic,
-        tables_used,
-    })
+    Ok(Layout { ram, shadow, free: Region { base: free_base, size: ram.end() - free_base }, gic, tables_used })
 }

@@ -70,10 +70,7 @@ pub fn expect_mismatches(f: impl FnOnce()) -> (u64, Option<Mismatch>) {
     EXPECTING.store(true, Ordering::SeqCst);
     f();
     EXPECTING.store(false, Ordering::SeqCst);
-    (
-        MISMATCHES.load(Ordering::SeqCst) - before,
-        LAST.lock().take(),
-    )
+    (MISMATCHES.load(Ordering::SeqCst) - before, LAST.lock().take())
 }
 
 /// The tag the shadow holds for the granule of `address`.
@@ -135,9 +132,7 @@ extern "C" fn __hwasan_storeN(address: u64, size: u64) {
 fn return_address() -> u64 {
     let lr: u64;
     // SAFETY: reads x30 (this inlined call's caller's return address); no memory access.
-    unsafe {
-        core::arch::asm!("mov {}, x30", out(reg) lr, options(nomem, nostack, preserves_flags))
-    };
+    unsafe { core::arch::asm!("mov {}, x30", out(reg) lr, options(nomem, nostack, preserves_flags)) };
     crate::arch::cpu::strip_pac(lr)
 }
 

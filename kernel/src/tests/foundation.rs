@@ -8,46 +8,16 @@ use crate::drivers::{interrupts, timer};
 use crate::mm::sanitizer;
 
 pub const TESTS: &[Test] = &[
-    Test {
-        name: "brk_is_taken_and_returned_from",
-        run: brk_is_taken_and_returned_from,
-    },
-    Test {
-        name: "data_abort_on_guard_page_is_decoded",
-        run: data_abort_on_guard_page_is_decoded,
-    },
-    Test {
-        name: "timer_ticks_at_configured_rate",
-        run: timer_ticks_at_configured_rate,
-    },
-    Test {
-        name: "shadow_call_stack_is_used",
-        run: shadow_call_stack_is_used,
-    },
-    Test {
-        name: "pauth_matches_cpu_variant",
-        run: pauth_matches_cpu_variant,
-    },
-    Test {
-        name: "saved_lr_carries_pac_iff_pauth",
-        run: saved_lr_carries_pac_iff_pauth,
-    },
-    Test {
-        name: "tagged_pointer_dereferences_through_tbi",
-        run: tagged_pointer_dereferences_through_tbi,
-    },
-    Test {
-        name: "text_is_read_only_and_alias_patches_it",
-        run: text_is_read_only_and_alias_patches_it,
-    },
-    Test {
-        name: "rodata_is_not_writable",
-        run: rodata_is_not_writable,
-    },
-    Test {
-        name: "sanitizer_checks_run",
-        run: sanitizer_checks_run,
-    },
+    Test { name: "brk_is_taken_and_returned_from", run: brk_is_taken_and_returned_from },
+    Test { name: "data_abort_on_guard_page_is_decoded", run: data_abort_on_guard_page_is_decoded },
+    Test { name: "timer_ticks_at_configured_rate", run: timer_ticks_at_configured_rate },
+    Test { name: "shadow_call_stack_is_used", run: shadow_call_stack_is_used },
+    Test { name: "pauth_matches_cpu_variant", run: pauth_matches_cpu_variant },
+    Test { name: "saved_lr_carries_pac_iff_pauth", run: saved_lr_carries_pac_iff_pauth },
+    Test { name: "tagged_pointer_dereferences_through_tbi", run: tagged_pointer_dereferences_through_tbi },
+    Test { name: "text_is_read_only_and_alias_patches_it", run: text_is_read_only_and_alias_patches_it },
+    Test { name: "rodata_is_not_writable", run: rodata_is_not_writable },
+    Test { name: "sanitizer_checks_run", run: sanitizer_checks_run },
 ];
 
 const TEST_BRK_IMMEDIATE: u64 = exception::BRK_TEST as u64;
@@ -72,9 +42,7 @@ fn data_abort_on_guard_page_is_decoded(_: &Context) -> Outcome {
     let guard = crate::mm::boot_stack_guard() + 0x18;
     let caught = exception::catch(ExceptionClass::DataAbort, || {
         // SAFETY: the guard page is unmapped: the load faults and `catch` resumes after it.
-        unsafe {
-            core::arch::asm!("ldr {t}, [{a}]", a = in(reg) guard, t = out(reg) _, options(nostack, readonly))
-        };
+        unsafe { core::arch::asm!("ldr {t}, [{a}]", a = in(reg) guard, t = out(reg) _, options(nostack, readonly)) };
     });
     let Some(caught) = caught else {
         return Err(fail("reading the guard page did not fault"));
@@ -197,23 +165,15 @@ const MOV_W0_2: u32 = 0x5280_0040;
 fn text_is_read_only_and_alias_patches_it(_: &Context) -> Outcome {
     let target = test_patch_target as *const () as u64;
     // SAFETY: target is kernel text, readable.
-    check_eq!(
-        unsafe { core::ptr::read_volatile(target as *const u32) },
-        MOV_W0_1
-    );
+    check_eq!(unsafe { core::ptr::read_volatile(target as *const u32) }, MOV_W0_1);
     let caught = exception::catch(ExceptionClass::DataAbort, || {
         // SAFETY: the text mapping is read-only: the store faults and `catch` resumes after it.
-        unsafe {
-            core::arch::asm!("str {v:w}, [{p}]", p = in(reg) target, v = in(reg) MOV_W0_2, options(nostack))
-        };
+        unsafe { core::arch::asm!("str {v:w}, [{p}]", p = in(reg) target, v = in(reg) MOV_W0_2, options(nostack)) };
     });
     let Some(caught) = caught else {
         return Err(fail("a store to kernel text did not fault"));
     };
-    check!(matches!(
-        FaultStatus::of(caught.esr),
-        FaultStatus::Permission { .. }
-    ));
+    check!(matches!(FaultStatus::of(caught.esr), FaultStatus::Permission { .. }));
     check_eq!(caught.far, target);
     // SAFETY: test_patch_target is this test's own function; nothing else runs it concurrently.
     check_eq!(unsafe { test_patch_target() }, 1);
@@ -239,10 +199,7 @@ fn rodata_is_not_writable(_: &Context) -> Outcome {
     let Some(caught) = caught else {
         return Err(fail("a store to rodata did not fault"));
     };
-    check!(matches!(
-        FaultStatus::of(caught.esr),
-        FaultStatus::Permission { .. }
-    ));
+    check!(matches!(FaultStatus::of(caught.esr), FaultStatus::Permission { .. }));
     check_eq!(core::hint::black_box(READ_ONLY), 42);
     let _ = mmu::VA_OFFSET;
     Ok(Verdict::Passed)
@@ -273,8 +230,7 @@ fn sanitizer_checks_run(_: &Context) -> Outcome {
     let (loads, load) = sanitizer::expect_mismatches(|| {
         core::hint::black_box(instrumented_load(tagged as *const u64));
     });
-    let (stores, store) =
-        sanitizer::expect_mismatches(|| instrumented_store(tagged as *mut u32, 7));
+    let (stores, store) = sanitizer::expect_mismatches(|| instrumented_store(tagged as *mut u32, 7));
     if !sanitizer::CHECKS_COMPILED_IN {
         check_eq!(loads + stores, 0);
         return Ok(Verdict::Passed);
@@ -293,17 +249,10 @@ fn sanitizer_checks_run(_: &Context) -> Outcome {
     check!(store.write);
     // The store went through after the report (the runtime recovers when a test expects it).
     // SAFETY: TARGET is only used by this test.
-    check_eq!(
-        unsafe { core::ptr::addr_of!(TARGET).read_volatile() } & 0xffff_ffff,
-        7
-    );
+    check_eq!(unsafe { core::ptr::addr_of!(TARGET).read_volatile() } & 0xffff_ffff, 7);
     Ok(Verdict::Passed)
 }
 
 fn fail(expression: &'static str) -> super::Failure {
-    super::Failure {
-        expression,
-        file: file!(),
-        line: line!(),
-    }
+    super::Failure { expression, file: file!(), line: line!() }
 }

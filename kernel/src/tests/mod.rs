@@ -39,11 +39,7 @@ pub struct Context {
 macro_rules! check {
     ($condition:expr) => {
         if !$condition {
-            return Err($crate::tests::Failure {
-                expression: stringify!($condition),
-                file: file!(),
-                line: line!(),
-            });
+            return Err($crate::tests::Failure { expression: stringify!($condition), file: file!(), line: line!() });
         }
     };
 }
@@ -53,11 +49,7 @@ macro_rules! check_eq {
     ($left:expr, $right:expr) => {{
         let (left, right) = ($left, $right);
         if left != right {
-            defmt::error!(
-                "  left:  {=u64:#x}\n  right: {=u64:#x}",
-                left as u64,
-                right as u64
-            );
+            defmt::error!("  left:  {=u64:#x}\n  right: {=u64:#x}", left as u64, right as u64);
             return Err($crate::tests::Failure {
                 expression: concat!(stringify!($left), " == ", stringify!($right)),
                 file: file!(),
@@ -87,16 +79,9 @@ pub struct Summary {
 
 pub fn run(filter: &str, expect_pauth: Option<&'static str>) -> Summary {
     let context = Context { expect_pauth };
-    let mut summary = Summary {
-        passed: 0,
-        failed: 0,
-        skipped: 0,
-    };
+    let mut summary = Summary { passed: 0, failed: 0, skipped: 0 };
     for test in TESTS.iter().filter(|test| test.name.contains(filter)) {
-        CURRENT.store(
-            &test.name as *const &'static str as *mut _,
-            Ordering::Relaxed,
-        );
+        CURRENT.store(&test.name as *const &'static str as *mut _, Ordering::Relaxed);
         defmt::info!("test start: {=str}", test.name);
         match (test.run)(&context) {
             Ok(Verdict::Passed) => {

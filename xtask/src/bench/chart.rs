@@ -18,37 +18,23 @@ pub fn draw(path: &Path, suite: &str, rows: &[Row]) -> Result<(), Box<dyn std::e
     let rows: Vec<&Row> = rows.iter().filter(|row| row.suite == suite).collect();
     let mut labels: Vec<String> = Vec::new();
     for row in &rows {
-        let label = if row.params.is_empty() {
-            row.case.clone()
-        } else {
-            format!("{} {}", row.case, row.params_text())
-        };
+        let label =
+            if row.params.is_empty() { row.case.clone() } else { format!("{} {}", row.case, row.params_text()) };
         if !labels.contains(&label) {
             labels.push(label);
         }
     }
-    let modes: Vec<Mode> = [Mode::Icount, Mode::Wall]
-        .into_iter()
-        .filter(|&mode| rows.iter().any(|row| row.mode == mode))
-        .collect();
+    let modes: Vec<Mode> =
+        [Mode::Icount, Mode::Wall].into_iter().filter(|&mode| rows.iter().any(|row| row.mode == mode)).collect();
     let root = SVGBackend::new(path, (1100, 420 * modes.len().max(1) as u32)).into_drawing_area();
     root.fill(&WHITE)?;
     let panels = root.split_evenly((modes.len().max(1), 1));
     for (panel, mode) in panels.iter().zip(&modes) {
         let in_mode: Vec<&&Row> = rows.iter().filter(|row| row.mode == *mode).collect();
-        let unit = in_mode
-            .first()
-            .map(|row| row.unit.clone())
-            .unwrap_or_default();
+        let unit = in_mode.first().map(|row| row.unit.clone()).unwrap_or_default();
         let top = in_mode.iter().map(|row| row.median).fold(1.0_f64, f64::max) * 2.0;
         let mut chart = ChartBuilder::on(panel)
-            .caption(
-                format!(
-                    "{suite}: median per case, mode {} ({unit}, log scale)",
-                    mode.name()
-                ),
-                ("sans-serif", 18),
-            )
+            .caption(format!("{suite}: median per case, mode {} ({unit}, log scale)", mode.name()), ("sans-serif", 18))
             .margin(10)
             .x_label_area_size(40)
             .y_label_area_size(70)
@@ -82,10 +68,7 @@ pub fn draw(path: &Path, suite: &str, rows: &[Row]) -> Result<(), Box<dyn std::e
                     };
                     let index = labels.iter().position(|existing| *existing == label)? as f64;
                     let left = index + 0.1 + cpu_index as f64 * width;
-                    Some(Rectangle::new(
-                        [(left, 0.1), (left + width * 0.9, row.median.max(0.1))],
-                        color.filled(),
-                    ))
+                    Some(Rectangle::new([(left, 0.1), (left + width * 0.9, row.median.max(0.1))], color.filled()))
                 })
                 .collect();
             if bars.is_empty() {
@@ -94,9 +77,7 @@ pub fn draw(path: &Path, suite: &str, rows: &[Row]) -> Result<(), Box<dyn std::e
             chart
                 .draw_series(bars)?
                 .label(cpu.name())
-                .legend(move |(x, y)| {
-                    Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled())
-                });
+                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
         }
         chart
             .configure_series_labels()

@@ -18,19 +18,13 @@ pub struct Suite {
     pub default_variant: BuildVariant,
 }
 
-pub const SUITES: &[Suite] = &[Suite {
-    name: "baseline",
-    default_variant: BuildVariant::Prod,
-}];
+pub const SUITES: &[Suite] = &[Suite { name: "baseline", default_variant: BuildVariant::Prod }];
 
 fn parse_suite(name: &str) -> Result<&'static Suite, String> {
-    SUITES
-        .iter()
-        .find(|suite| suite.name == name)
-        .ok_or_else(|| {
-            let names: Vec<_> = SUITES.iter().map(|suite| suite.name).collect();
-            format!("unknown suite '{name}' (available: {})", names.join(", "))
-        })
+    SUITES.iter().find(|suite| suite.name == name).ok_or_else(|| {
+        let names: Vec<_> = SUITES.iter().map(|suite| suite.name).collect();
+        format!("unknown suite '{name}' (available: {})", names.join(", "))
+    })
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
@@ -94,16 +88,8 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
         ));
     }
     qemu::ensure_installed()?;
-    let suites: Vec<&Suite> = if args.suites.is_empty() {
-        SUITES.iter().collect()
-    } else {
-        args.suites.clone()
-    };
-    let cpus = if args.cpus.is_empty() {
-        CpuVariant::ALL.to_vec()
-    } else {
-        args.cpus.clone()
-    };
+    let suites: Vec<&Suite> = if args.suites.is_empty() { SUITES.iter().collect() } else { args.suites.clone() };
+    let cpus = if args.cpus.is_empty() { CpuVariant::ALL.to_vec() } else { args.cpus.clone() };
     let modes = match args.mode {
         ModeArg::Icount => vec![Mode::Icount],
         ModeArg::Wall => vec![Mode::Wall],
@@ -113,41 +99,25 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     let mut by_variant: Vec<(BuildVariant, Vec<&str>)> = Vec::new();
     for suite in &suites {
         let variant = args.variant.unwrap_or(suite.default_variant);
-        match by_variant
-            .iter_mut()
-            .find(|(existing, _)| *existing == variant)
-        {
+        match by_variant.iter_mut().find(|(existing, _)| *existing == variant) {
             Some((_, names)) => names.push(suite.name),
             None => by_variant.push((variant, vec![suite.name])),
         }
     }
-    let images = by_variant
-        .iter()
-        .map(|(variant, _)| build::kernel(args.board, *variant))
-        .collect::<Result<Vec<_>, _>>()?;
+    let images =
+        by_variant.iter().map(|(variant, _)| build::kernel(args.board, *variant)).collect::<Result<Vec<_>, _>>()?;
 
     let runs = (by_variant.len() * cpus.len() * modes.len()) as u64;
     let progress = indicatif::ProgressBar::new(runs).with_style(
-        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed} {msg}")
-            .expect("valid template"),
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed} {msg}").expect("valid template"),
     );
     let mut samples = Vec::new();
     for ((variant, names), image) in by_variant.iter().zip(&images) {
         for &cpu in &cpus {
             for &mode in &modes {
-                let machine = Machine {
-                    board: args.board,
-                    cpu,
-                    el: 1,
-                    gic: 2,
-                    icount: mode == Mode::Icount,
-                };
-                progress.set_message(format!(
-                    "{} -cpu {} {}",
-                    names.join(","),
-                    cpu.name(),
-                    mode.name()
-                ));
+                let machine =
+                    Machine { board: args.board, cpu, el: 1, gic: 2, icount: mode == Mode::Icount, dtb: None };
+                progress.set_message(format!("{} -cpu {} {}", names.join(","), cpu.name(), mode.name()));
                 let reps = if mode == Mode::Icount { 1 } else { args.reps };
                 let clock = if mode == Mode::Icount { "cycles" } else { "ns" };
                 let bootargs = format!(
@@ -155,13 +125,7 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
                     names.join(","),
                     u8::from(mode == Mode::Icount)
                 );
-                let result = qemu::run(
-                    &machine,
-                    image,
-                    &bootargs,
-                    Some(Duration::from_secs(args.timeout)),
-                    false,
-                )?;
+                let result = qemu::run(&machine, image, &bootargs, Some(Duration::from_secs(args.timeout)), false)?;
                 let failed = match result.status {
                     None => Some(format!("killed after {} s timeout", args.timeout)),
                     Some(0) => None,
@@ -175,20 +139,15 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
                     let status = if result.status.is_none() { 124 } else { 1 };
                     return Err(Failure {
                         status,
-                        message: format!(
-                            "bench run -cpu {} {}: {problem}",
-                            cpu.name(),
-                            mode.name()
-                        ),
+                        message: format!("bench run -cpu {} {}: {problem}", cpu.name(), mode.name()),
                     });
                 }
                 for line in &result.log {
                     if let Some(fields) = line.text.strip_prefix("bench row: ") {
-                        let sample =
-                            Sample::parse(fields, cpu, *variant, mode).ok_or_else(|| Failure {
-                                status: 1,
-                                message: format!("malformed bench row: {}", line.text),
-                            })?;
+                        let sample = Sample::parse(fields, cpu, *variant, mode).ok_or_else(|| Failure {
+                            status: 1,
+                            message: format!("malformed bench row: {}", line.text),
+                        })?;
                         samples.push(sample);
                     }
                 }
@@ -198,20 +157,15 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     }
     progress.finish_and_clear();
     let rows = Row::aggregate(&samples);
-    std::fs::create_dir_all(&args.out)
-        .map_err(|error| Failure::usage(format!("{}: {error}", args.out.display())))?;
+    std::fs::create_dir_all(&args.out).map_err(|error| Failure::usage(format!("{}: {error}", args.out.display())))?;
     let write = |name: &str, text: String| -> Result<PathBuf, Failure> {
         let path = args.out.join(name);
-        std::fs::write(&path, text)
-            .map_err(|error| Failure::usage(format!("{}: {error}", path.display())))?;
+        std::fs::write(&path, text).map_err(|error| Failure::usage(format!("{}: {error}", path.display())))?;
         Ok(path)
     };
     let commit = git_commit();
     let qemu_version = qemu::version();
-    write(
-        "results.json",
-        results::to_json(&commit, &qemu_version, &rows),
-    )?;
+    write("results.json", results::to_json(&commit, &qemu_version, &rows))?;
     let report = write("report.md", report::render(&commit, &qemu_version, &rows))?;
     for suite in &suites {
         let path = args.out.join(format!("{}.svg", suite.name));
@@ -219,10 +173,7 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
             .map_err(|error| Failure::usage(format!("{}: {error}", path.display())))?;
     }
     println!("{}", std::fs::read_to_string(&report).unwrap_or_default());
-    eprintln!(
-        "xtask: wrote {}/results.json, report.md and one SVG per suite",
-        args.out.display()
-    );
+    eprintln!("xtask: wrote {}/results.json, report.md and one SVG per suite", args.out.display());
     Ok(0)
 }
 

@@ -15,15 +15,8 @@ fn number(value: f64) -> String {
     }
 }
 
-fn find<'a>(
-    rows: &'a [Row],
-    suite: &str,
-    case: &str,
-    cpu: CpuVariant,
-    mode: Mode,
-) -> Option<&'a Row> {
-    rows.iter()
-        .find(|row| row.suite == suite && row.case == case && row.cpu == cpu && row.mode == mode)
+fn find<'a>(rows: &'a [Row], suite: &str, case: &str, cpu: CpuVariant, mode: Mode) -> Option<&'a Row> {
+    rows.iter().find(|row| row.suite == suite && row.case == case && row.cpu == cpu && row.mode == mode)
 }
 
 /// The paragraph that says what each mode measures, with the baseline's PAC-signed call.
@@ -49,15 +42,9 @@ fn modes_explained(rows: &[Row]) -> String {
          algorithm. Use them for ratios and for what a mechanism executes.",
     );
     if !icount.is_empty() {
-        let list: Vec<_> = icount
-            .iter()
-            .map(|(cpu, row)| format!("{} under `{}`", number(row.median), cpu.name()))
-            .collect();
-        let _ = write!(
-            text,
-            " A PAC-signed call (bl, paciasp, autiasp, ret) costs {} instructions.",
-            list.join(", ")
-        );
+        let list: Vec<_> =
+            icount.iter().map(|(cpu, row)| format!("{} under `{}`", number(row.median), cpu.name())).collect();
+        let _ = write!(text, " A PAC-signed call (bl, paciasp, autiasp, ret) costs {} instructions.", list.join(", "));
     }
     text.push('\n');
     let wall = pac(Mode::Wall);
@@ -68,25 +55,11 @@ fn modes_explained(rows: &[Row]) -> String {
          costs hundreds of ns per PAC operation under TCG.",
     );
     if !wall.is_empty() {
-        let list: Vec<_> = wall
-            .iter()
-            .map(|(cpu, row)| format!("{} ns under `{}`", number(row.median), cpu.name()))
-            .collect();
+        let list: Vec<_> =
+            wall.iter().map(|(cpu, row)| format!("{} ns under `{}`", number(row.median), cpu.name())).collect();
         let _ = write!(text, " A PAC-signed call costs {}", list.join(", "));
-        let off = find(
-            rows,
-            "baseline",
-            "call-pac",
-            CpuVariant::MaxNoPauth,
-            Mode::Wall,
-        );
-        let qarma5 = find(
-            rows,
-            "baseline",
-            "call-pac",
-            CpuVariant::MaxQarma5,
-            Mode::Wall,
-        );
+        let off = find(rows, "baseline", "call-pac", CpuVariant::MaxNoPauth, Mode::Wall);
+        let qarma5 = find(rows, "baseline", "call-pac", CpuVariant::MaxQarma5, Mode::Wall);
         if let (Some(off), Some(qarma5)) = (off, qarma5) {
             if off.median > 0.0 {
                 let _ = write!(
@@ -103,8 +76,7 @@ fn modes_explained(rows: &[Row]) -> String {
 }
 
 pub fn render(commit: &str, qemu: &str, rows: &[Row]) -> String {
-    let mut text =
-        format!("# tracelab benchmark report\n\ncommit `{commit}`, QEMU {qemu}, board `virt`.\n\n");
+    let mut text = format!("# tracelab benchmark report\n\ncommit `{commit}`, QEMU {qemu}, board `virt`.\n\n");
     text.push_str(&modes_explained(rows));
     let mut suites: Vec<&str> = Vec::new();
     for row in rows {
@@ -122,19 +94,14 @@ pub fn render(commit: &str, qemu: &str, rows: &[Row]) -> String {
             }
         }
         for (cpu, variant, mode) in tables {
-            let _ = writeln!(
-                text,
-                "### `{}`, variant `{variant}`, mode `{}`\n",
-                cpu.name(),
-                mode.name()
+            let _ = writeln!(text, "### `{}`, variant `{variant}`, mode `{}`\n", cpu.name(), mode.name());
+            text.push_str(
+                "| case | params | metric | median | min | max | n | unit |\n|---|---|---|---:|---:|---:|---:|---|\n",
             );
-            text.push_str("| case | params | metric | median | min | max | n | unit |\n|---|---|---|---:|---:|---:|---:|---|\n");
-            for row in rows.iter().filter(|row| {
-                row.suite == suite
-                    && row.cpu == cpu
-                    && row.variant.name() == variant
-                    && row.mode == mode
-            }) {
+            for row in rows
+                .iter()
+                .filter(|row| row.suite == suite && row.cpu == cpu && row.variant.name() == variant && row.mode == mode)
+            {
                 let _ = writeln!(
                     text,
                     "| {} | {} | {} | {} | {} | {} | {} | {} |",

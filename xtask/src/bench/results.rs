@@ -22,23 +22,14 @@ impl Sample {
     /// Parses `SUITE CASE PARAMS METRIC UNIT VALUE` (PARAMS: `-` or `key=value,...`).
     pub fn parse(fields: &str, cpu: CpuVariant, variant: BuildVariant, mode: Mode) -> Option<Self> {
         let mut words = fields.split_whitespace();
-        let (suite, case, params, metric, unit, value) = (
-            words.next()?,
-            words.next()?,
-            words.next()?,
-            words.next()?,
-            words.next()?,
-            words.next()?,
-        );
+        let (suite, case, params, metric, unit, value) =
+            (words.next()?, words.next()?, words.next()?, words.next()?, words.next()?, words.next()?);
         let params = if params == "-" {
             Vec::new()
         } else {
             params
                 .split(',')
-                .map(|pair| {
-                    pair.split_once('=')
-                        .map(|(key, value)| (key.to_string(), value.to_string()))
-                })
+                .map(|pair| pair.split_once('=').map(|(key, value)| (key.to_string(), value.to_string())))
                 .collect::<Option<Vec<_>>>()?
         };
         Some(Self {
@@ -110,11 +101,8 @@ impl Row {
             .map(|(mut row, mut values)| {
                 values.sort_by(f64::total_cmp);
                 let middle = values.len() / 2;
-                row.median = if values.len() % 2 == 1 {
-                    values[middle]
-                } else {
-                    (values[middle - 1] + values[middle]) / 2.0
-                };
+                row.median =
+                    if values.len() % 2 == 1 { values[middle] } else { (values[middle - 1] + values[middle]) / 2.0 };
                 row.min = values[0];
                 row.max = values[values.len() - 1];
                 row.n = values.len();
@@ -127,11 +115,7 @@ impl Row {
         if self.params.is_empty() {
             return "-".into();
         }
-        self.params
-            .iter()
-            .map(|(key, value)| format!("{key}={value}"))
-            .collect::<Vec<_>>()
-            .join(",")
+        self.params.iter().map(|(key, value)| format!("{key}={value}")).collect::<Vec<_>>().join(",")
     }
 }
 
@@ -139,11 +123,7 @@ impl Row {
 /// wall figures carry three significant decimals at most.
 fn figure(value: f64) -> Value {
     let rounded = (value * 1000.0).round() / 1000.0;
-    if rounded.fract() == 0.0 && rounded.abs() < 9.0e15 {
-        json!(rounded as i64)
-    } else {
-        json!(rounded)
-    }
+    if rounded.fract() == 0.0 && rounded.abs() < 9.0e15 { json!(rounded as i64) } else { json!(rounded) }
 }
 
 pub fn to_json(commit: &str, qemu: &str, rows: &[Row]) -> String {
@@ -154,10 +134,7 @@ pub fn to_json(commit: &str, qemu: &str, rows: &[Row]) -> String {
                 .params
                 .iter()
                 .map(|(key, value)| {
-                    let value = value
-                        .parse::<i64>()
-                        .map(Value::from)
-                        .unwrap_or_else(|_| Value::from(value.clone()));
+                    let value = value.parse::<i64>().map(Value::from).unwrap_or_else(|_| Value::from(value.clone()));
                     (key.clone(), value)
                 })
                 .collect();
@@ -186,49 +163,18 @@ mod tests {
     use super::*;
 
     fn sample(fields: &str, value_mode: Mode) -> Sample {
-        Sample::parse(
-            fields,
-            CpuVariant::MaxNoPauth,
-            BuildVariant::Prod,
-            value_mode,
-        )
-        .expect("valid row")
+        Sample::parse(fields, CpuVariant::MaxNoPauth, BuildVariant::Prod, value_mode).expect("valid row")
     }
 
     #[test]
     fn parses_rows_with_and_without_params() {
         let plain = sample("baseline call - per_op insn 2", Mode::Icount);
-        assert_eq!(
-            (plain.suite.as_str(), plain.case.as_str(), plain.value),
-            ("baseline", "call", 2.0)
-        );
+        assert_eq!((plain.suite.as_str(), plain.case.as_str(), plain.value), ("baseline", "call", 2.0));
         assert!(plain.params.is_empty());
-        let with = sample(
-            "stacktrace scs depth=16,kind=fp per_trace insn 61.5",
-            Mode::Icount,
-        );
-        assert_eq!(
-            with.params,
-            vec![("depth".into(), "16".into()), ("kind".into(), "fp".into())]
-        );
-        assert!(
-            Sample::parse(
-                "baseline call",
-                CpuVariant::MaxNoPauth,
-                BuildVariant::Prod,
-                Mode::Icount
-            )
-            .is_none()
-        );
-        assert!(
-            Sample::parse(
-                "a b c=d=e, m u 1",
-                CpuVariant::MaxNoPauth,
-                BuildVariant::Prod,
-                Mode::Icount
-            )
-            .is_none()
-        );
+        let with = sample("stacktrace scs depth=16,kind=fp per_trace insn 61.5", Mode::Icount);
+        assert_eq!(with.params, vec![("depth".into(), "16".into()), ("kind".into(), "fp".into())]);
+        assert!(Sample::parse("baseline call", CpuVariant::MaxNoPauth, BuildVariant::Prod, Mode::Icount).is_none());
+        assert!(Sample::parse("a b c=d=e, m u 1", CpuVariant::MaxNoPauth, BuildVariant::Prod, Mode::Icount).is_none());
     }
 
     #[test]
@@ -241,27 +187,20 @@ mod tests {
         let rows = Row::aggregate(&samples);
         assert_eq!(rows.len(), 2);
         let wall = &rows[0];
-        assert_eq!(
-            (wall.median, wall.min, wall.max, wall.n),
-            (4.0, 1.0, 10.0, 4)
-        );
+        assert_eq!((wall.median, wall.min, wall.max, wall.n), (4.0, 1.0, 10.0, 4));
         let icount = &rows[1];
         assert_eq!((icount.median, icount.n), (2.0, 1));
     }
 
     #[test]
     fn json_rows_carry_the_contract_fields() {
-        let rows = Row::aggregate(&[sample(
-            "stacktrace scs depth=16 per_trace insn 61",
-            Mode::Icount,
-        )]);
+        let rows = Row::aggregate(&[sample("stacktrace scs depth=16 per_trace insn 61", Mode::Icount)]);
         let document: Value = serde_json::from_str(&to_json("abc1234", "10.0.2", &rows)).unwrap();
         assert_eq!(document["schema"], 1);
         let row = &document["rows"][0];
-        for field in [
-            "suite", "case", "params", "cpu", "variant", "mode", "metric", "unit", "median", "min",
-            "max", "n",
-        ] {
+        for field in
+            ["suite", "case", "params", "cpu", "variant", "mode", "metric", "unit", "median", "min", "max", "n"]
+        {
             assert!(!row[field].is_null(), "missing {field}");
         }
         assert_eq!(row["params"]["depth"], 16);

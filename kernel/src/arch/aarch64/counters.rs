@@ -37,9 +37,7 @@ pub fn start_cycle_counter() {
 pub fn cycles() -> u64 {
     let value;
     // SAFETY: reads a counter; the barrier only orders instruction execution.
-    unsafe {
-        core::arch::asm!("isb", "mrs {}, pmccntr_el0", out(reg) value, options(nomem, nostack, preserves_flags))
-    };
+    unsafe { core::arch::asm!("isb", "mrs {}, pmccntr_el0", out(reg) value, options(nomem, nostack, preserves_flags)) };
     value
 }
 
@@ -48,8 +46,6 @@ pub fn cycles() -> u64 {
 pub fn virtual_count() -> u64 {
     let value;
     // SAFETY: reads a counter; the barrier only orders instruction execution.
-    unsafe {
-        core::arch::asm!("isb", "mrs {}, cntvct_el0", out(reg) value, options(nomem, nostack, preserves_flags))
-    };
+    unsafe { core::arch::asm!("isb", "mrs {}, cntvct_el0", out(reg) value, options(nomem, nostack, preserves_flags)) };
     value
 }

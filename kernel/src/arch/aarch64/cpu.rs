@@ -60,14 +60,25 @@ pub fn midr() -> u64 {
     MIDR_EL1.get()
 }
 
+/// The core's name from MIDR_EL1 (implementer and part number).
+pub fn core_name() -> &'static str {
+    let midr = midr();
+    match ((midr >> 24) & 0xff, (midr >> 4) & 0xfff) {
+        (0x41, 0xd03) => "Cortex-A53",
+        (0x41, 0xd07) => "Cortex-A57",
+        (0x41, 0xd08) => "Cortex-A72",
+        (0x41, 0xd0b) => "Cortex-A76",
+        (0x00, _) => "QEMU max",
+        _ => "unknown core",
+    }
+}
+
 /// Removes the PAC from a code pointer with XPACLRI, which is a hint-space NOP without PAuth.
 #[inline(always)]
 pub fn strip_pac(pointer: u64) -> u64 {
     let mut lr = pointer;
     // SAFETY: XPACLRI only rewrites x30, which is declared as an in/out operand.
-    unsafe {
-        core::arch::asm!("xpaclri", inout("x30") lr, options(nomem, nostack, preserves_flags))
-    };
+    unsafe { core::arch::asm!("xpaclri", inout("x30") lr, options(nomem, nostack, preserves_flags)) };
     lr
 }
 
@@ -76,9 +87,7 @@ pub fn strip_pac(pointer: u64) -> u64 {
 pub fn shadow_call_stack_pointer() -> u64 {
     let value;
     // SAFETY: reads x18 into another register; no memory access.
-    unsafe {
-        core::arch::asm!("mov {}, x18", out(reg) value, options(nomem, nostack, preserves_flags))
-    };
+    unsafe { core::arch::asm!("mov {}, x18", out(reg) value, options(nomem, nostack, preserves_flags)) };
     value
 }
 

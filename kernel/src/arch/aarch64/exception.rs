@@ -127,11 +127,7 @@ extern "C" fn exception_el1_sync(frame: &mut ExceptionFrame) {
     let class = ExceptionClass::of(frame.esr);
     if EXPECTED_CLASS.load(Ordering::SeqCst) == class as u64 + 1 {
         EXPECTED_CLASS.store(0, Ordering::SeqCst);
-        *CAUGHT.lock() = Some(Caught {
-            esr: frame.esr,
-            far: frame.far,
-            elr: frame.elr,
-        });
+        *CAUGHT.lock() = Some(Caught { esr: frame.esr, far: frame.far, elr: frame.elr });
         frame.elr += 4;
         return;
     }
@@ -160,16 +156,9 @@ fn report_and_exit(what: &str, frame: &ExceptionFrame) -> ! {
         frame.far,
         frame.spsr
     );
-    if matches!(
-        class,
-        ExceptionClass::DataAbort | ExceptionClass::InstructionAbort
-    ) {
+    if matches!(class, ExceptionClass::DataAbort | ExceptionClass::InstructionAbort) {
         let write = frame.esr & (1 << 6) != 0;
-        defmt::error!(
-            "  fault: {}, {=str}",
-            FaultStatus::of(frame.esr),
-            if write { "write" } else { "read" }
-        );
+        defmt::error!("  fault: {}, {=str}", FaultStatus::of(frame.esr), if write { "write" } else { "read" });
     }
     defmt::error!(
         "  x29 {=u64:#x} x30 {=u64:#x} sp {=u64:#x} x18 {=u64:#x}",

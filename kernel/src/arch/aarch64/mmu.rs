@@ -77,12 +77,7 @@ impl Descriptor {
 
     /// The early 1 GiB RWX block holding the image (identity and linear map alike).
     pub const fn early_ram_block(pa: u64) -> u64 {
-        (pa & !((1 << 30) - 1))
-            | Self::BLOCK
-            | ATTR_NORMAL
-            | Self::INNER_SHAREABLE
-            | Self::ACCESS_FLAG
-            | Self::UXN
+        (pa & !((1 << 30) - 1)) | Self::BLOCK | ATTR_NORMAL | Self::INNER_SHAREABLE | Self::ACCESS_FLAG | Self::UXN
     }
 
     /// The early 1 GiB device block holding the console.
@@ -108,15 +103,9 @@ impl Attributes {
     const fn bits(self) -> u64 {
         let common = Descriptor::ACCESS_FLAG | Descriptor::UXN;
         match self {
-            Self::Text => {
-                common | ATTR_NORMAL | Descriptor::INNER_SHAREABLE | Descriptor::AP_READ_ONLY
-            }
+            Self::Text => common | ATTR_NORMAL | Descriptor::INNER_SHAREABLE | Descriptor::AP_READ_ONLY,
             Self::ReadOnly => {
-                common
-                    | ATTR_NORMAL
-                    | Descriptor::INNER_SHAREABLE
-                    | Descriptor::AP_READ_ONLY
-                    | Descriptor::PXN
+                common | ATTR_NORMAL | Descriptor::INNER_SHAREABLE | Descriptor::AP_READ_ONLY | Descriptor::PXN
             }
             Self::ReadWrite => common | ATTR_NORMAL | Descriptor::INNER_SHAREABLE | Descriptor::PXN,
             Self::Device => common | ATTR_DEVICE | Descriptor::PXN,
@@ -160,10 +149,7 @@ pub struct KernelSpace {
 impl KernelSpace {
     /// Starts from an empty level-1 table whose shadow entries map the shared 0xFF shadow.
     pub fn new() -> Result<Self, MapError> {
-        let mut space = Self {
-            root: core::ptr::null_mut(),
-            tables_used: 0,
-        };
+        let mut space = Self { root: core::ptr::null_mut(), tables_used: 0 };
         space.root = space.alloc_table()?;
         let shared_l2 = pa_of(addr_of_mut!(SHADOW_L2) as u64) | Descriptor::TABLE;
         for va in [VA_OFFSET, TEXT_ALIAS_OFFSET] {
@@ -212,13 +198,7 @@ impl KernelSpace {
 
     /// Maps `[va, va + size)` to `[pa, pa + size)`: 2 MiB blocks where alignment allows, 4 KiB
     /// pages elsewhere. Never replaces an existing mapping.
-    pub fn map(
-        &mut self,
-        va: u64,
-        pa: u64,
-        size: u64,
-        attributes: Attributes,
-    ) -> Result<(), MapError> {
+    pub fn map(&mut self, va: u64, pa: u64, size: u64, attributes: Attributes) -> Result<(), MapError> {
         if !(va | pa | size).is_multiple_of(PAGE_SIZE) {
             return Err(MapError::Misaligned { va, pa, size });
         }
@@ -231,8 +211,7 @@ impl KernelSpace {
             let block_fits = (va | pa) % BLOCK_SIZE == 0 && size - offset >= BLOCK_SIZE;
             // SAFETY: l2_entry points into a table of this space.
             let l2_descriptor = unsafe { *l2_entry };
-            let replaceable =
-                l2_descriptor & 0b11 != Descriptor::TABLE || is_shared_shadow(l2_descriptor);
+            let replaceable = l2_descriptor & 0b11 != Descriptor::TABLE || is_shared_shadow(l2_descriptor);
             if block_fits && replaceable {
                 // SAFETY: as above; a shared shadow table is replaced, never written.
                 unsafe { *l2_entry = 0 };
@@ -304,10 +283,7 @@ impl KernelSpace {
 /// private copies or real shadow memory, never written).
 fn is_shared_shadow(descriptor: u64) -> bool {
     let pa = descriptor & Descriptor::ADDRESS_MASK;
-    let shared = [
-        addr_of_mut!(SHADOW_L2) as u64,
-        addr_of_mut!(SHADOW_L3) as u64,
-        addr_of_mut!(SHADOW_MATCH_ALL_PAGE) as u64,
-    ];
+    let shared =
+        [addr_of_mut!(SHADOW_L2) as u64, addr_of_mut!(SHADOW_L3) as u64, addr_of_mut!(SHADOW_MATCH_ALL_PAGE) as u64];
     shared.iter().any(|&va| pa_of(va) == pa)
 }

@@ -1,0 +1,27 @@
+//! Raspberry Pi 4 (BCM2711, Cortex-A72): firmware loads `kernel8.img` at 0x80000 and enters at
+//! EL2 with x0 = device tree (BCM2711 ARM Peripherals, sections 5 (GPIO), 11 (UART), 6 (GIC-400)).
+
+use super::{BoardConfig, ConsolePinmux, Fallback};
+use crate::dt::{GicRegions, Region};
+
+pub const CONFIG: BoardConfig = BoardConfig {
+    name: "rpi4",
+    soc: "BCM2711",
+    load_address: 0x0008_0000,
+    // PL011 UART0 in the "low peripheral" mode the stock firmware sets up.
+    console_uart: 0xfe20_1000,
+    // The firmware's init_uart_clock default.
+    console_clock_hz: 48_000_000,
+    console_pinmux: Some(ConsolePinmux::Bcm2711Gpio { base: 0xfe20_0000 }),
+    semihosting_by_default: false,
+    // The first RAM region the firmware reports with the default GPU split, the GIC-400 and the
+    // virtual timer PPI of bcm2711.dtsi.
+    fallback: Fallback {
+        ram: Region { base: 0, size: 0x3b40_0000 },
+        gic: GicRegions::V2 {
+            distributor: Region { base: 0xff84_1000, size: 0x1000 },
+            cpu_interface: Region { base: 0xff84_2000, size: 0x2000 },
+        },
+        virtual_timer_intid: 27,
+    },
+};
