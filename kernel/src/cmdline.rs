@@ -65,9 +65,21 @@ impl CommandLine {
                 ("exit", "semihosting") => line.semihosting = true,
                 ("exit", "park") => line.semihosting = false,
                 ("expect-pauth", name) => line.expect_pauth = Some(name),
+                _ if is_for_linux(key) => {}
                 _ => defmt::warn!("cmdline: ignoring unknown argument {=str}", word),
             }
         }
         line
     }
+}
+
+/// Words the Raspberry Pi firmware puts before `cmdline.txt` for Linux (module parameters such as
+/// `8250.nr_uarts=1`, `coherent_pool=1M`, `console=...`): not for tracelab, and not typos.
+fn is_for_linux(key: &str) -> bool {
+    key.contains('.')
+        || key.contains('_')
+        || matches!(
+            key,
+            "console" | "cma" | "root" | "rootfstype" | "rootwait" | "quiet" | "splash" | "video" | "earlycon"
+        )
 }

@@ -59,6 +59,7 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
         platform.model
     );
     defmt::info!("CPU: {=str} (MIDR {=u64:#x}), entered at EL{=u64}", cpu::core_name(), cpu::midr(), entry_el);
+    defmt::info!("Command line: {=str}", platform.bootargs);
     defmt::info!("PAuth: {=str}", cpu::PointerAuth::detect().name());
     let mte = match cpu::mte_level() {
         0 => "none",

@@ -6,8 +6,11 @@
 mod bench;
 mod bootfiles;
 mod build;
+mod flash;
 mod log;
 mod qemu;
+mod sdimage;
+mod serial;
 mod test;
 
 use clap::{Parser, Subcommand};
@@ -29,6 +32,12 @@ enum Command {
     Test(test::TestArgs),
     /// Benchmark suites in QEMU per CPU variant and mode: results.json, report.md, SVG charts.
     Bench(bench::BenchArgs),
+    /// A bootable Raspberry Pi 4 SD card image (MBR + FAT32), no root needed.
+    Sdimage(sdimage::SdImageArgs),
+    /// Write the SD card image to a removable, unmounted block device.
+    Flash(flash::FlashArgs),
+    /// Decode a board's defmt log from a serial port until its exit sentinel.
+    Monitor(serial::MonitorArgs),
 }
 
 /// An error that ends xtask with a specific exit status and a one-line message.
@@ -64,6 +73,9 @@ fn main() -> ExitCode {
         Command::Qemu(args) => qemu::run_interactive(&args),
         Command::Test(args) => test::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Sdimage(args) => sdimage::run(&args),
+        Command::Flash(args) => flash::run(&args),
+        Command::Monitor(args) => serial::monitor(&args),
     };
     match result {
         Ok(status) => ExitCode::from(status),

@@ -115,6 +115,18 @@ impl Machine {
     }
 
     fn command(&self, image: &build::KernelImage, bootargs: &str, gdb: bool) -> Command {
+        let mut command = self.machine_command();
+        command.args(["-display", "none", "-monitor", "none", "-serial", "stdio"]);
+        self.common_args(&mut command, image, bootargs);
+        if gdb {
+            command.args(["-s", "-S"]);
+        }
+        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        command
+    }
+
+    /// qemu-system-aarch64 with the machine, CPU and device tree.
+    fn machine_command(&self) -> Command {
         let mut command = Command::new("qemu-system-aarch64");
         match self.board {
             Board::Virt => {
@@ -135,7 +147,19 @@ impl Machine {
             command.arg("-dtb").arg(dtb);
         }
         command
-            .args(["-display", "none", "-monitor", "none", "-serial", "stdio"])
+    }
+
+    /// The UART on a pseudo-terminal, the monitor on stdio, the CPU stopped until `cont`.
+    fn pty_command(&self, image: &build::KernelImage, bootargs: &str) -> Command {
+        let mut command = self.machine_command();
+        command.args(["-display", "none", "-serial", "pty", "-monitor", "stdio", "-S"]);
+        self.common_args(&mut command, image, bootargs);
+        command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        command
+    }
+
+    fn common_args(&self, command: &mut Command, image: &build::KernelImage, bootargs: &str) {
+        command
             .args(["-semihosting-config", "enable=on,target=native", "-no-reboot"])
             .arg("-kernel")
             .arg(&image.raw)
@@ -143,11 +167,6 @@ impl Machine {
         if self.icount {
             command.args(["-icount", "shift=0,sleep=off"]);
         }
-        if gdb {
-            command.args(["-s", "-S"]);
-        }
-        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        command
     }
 }
 
@@ -244,6 +263,50 @@ pub fn run(
     drop(child);
     let stderr = stderr_reader.join().unwrap_or_default();
     Ok(RunResult { status, log: log.into_lines(), stderr, elapsed: start.elapsed() })
+}
+
+/// Boots `image` with its UART on a pseudo-terminal and reads the log through
+/// `serial::open`/`serial::read_run`, the path a real board's serial line takes.
+pub fn run_via_pty(
+    machine: &Machine,
+    image: &build::KernelImage,
+    bootargs: &str,
+    timeout: Duration,
+) -> Result<crate::serial::SerialRun, Failure> {
+    use std::io::{BufRead, Write};
+    ensure_installed()?;
+    let elf = std::fs::read(&image.elf).map_err(|error| Failure::usage(format!("{}: {error}", image.elf.display())))?;
+    let mut child = QemuProcess(
+        machine
+            .pty_command(image, bootargs)
+            .spawn()
+            .map_err(|error| Failure::usage(format!("cannot start qemu-system-aarch64: {error}")))?,
+    );
+    // QEMU names the pseudo-terminal on stdout (the monitor) before it runs anything.
+    let stdout = child.0.stdout.take().expect("piped");
+    let (sender, receiver) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let pty = loop {
+        let line = receiver
+            .recv_timeout(Duration::from_secs(30))
+            .map_err(|_| Failure::usage("QEMU did not name the pseudo-terminal of its serial port"))?;
+        if let Some(rest) = line.split("char device redirected to ").nth(1) {
+            break rest.split_whitespace().next().unwrap_or_default().to_string();
+        }
+    };
+    let port = crate::serial::open(std::path::Path::new(&pty), 115_200)?;
+    let mut monitor = child.0.stdin.take().expect("piped");
+    monitor.write_all(b"cont\n").map_err(|error| Failure::usage(format!("QEMU monitor: {error}")))?;
+    let run = crate::serial::read_run(port, &elf, Some(timeout), false)?;
+    let _ = monitor.write_all(b"quit\n");
+    drop(child);
+    Ok(run)
 }
 
 /// The status in the kernel's final line `tracelab: exit status N`.

@@ -83,6 +83,9 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
             timed_out |= run_configuration(&machine, variant, &image, args, &mut tally)?;
         }
     }
+    if args.filter.is_empty() && rpi4_dtb.is_some() {
+        rpi4_checks(&args.boot_files, &mut tally)?;
+    }
     if args.filter.is_empty() {
         let image = build::kernel(Board::Virt, BuildVariant::Full)?;
         failure_paths(&image, &mut tally)?;
@@ -203,6 +206,55 @@ fn bench_harness(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Fa
         }
     }
     Ok(())
+}
+
+/// The Raspberry Pi 4 paths that need no board: the SD card image (written with the real boot
+/// files, then opened and checked), and bench rows read from QEMU `raspi4b` through a
+/// pseudo-terminal, as from a real board's serial line.
+fn rpi4_checks(boot_files: &crate::bootfiles::BootFileArgs, tally: &mut Tally) -> Result<(), Failure> {
+    let image = build::kernel(Board::Rpi4, BuildVariant::Prod)?;
+    let files = crate::bootfiles::get(boot_files)?;
+    let read = |path: &std::path::Path| std::fs::read(path).map_err(|error| Failure::usage(error.to_string()));
+    let kernel = read(&image.raw)?;
+    let card = build::workspace_root().join("target/rpi4/test-sd.img");
+    std::fs::create_dir_all(card.parent().expect("has a parent")).map_err(|error| Failure::usage(error.to_string()))?;
+    let boot = vec![
+        crate::sdimage::BootFile { name: "kernel8.img", data: kernel.clone() },
+        crate::sdimage::BootFile { name: "config.txt", data: crate::sdimage::CONFIG_TXT.into() },
+        crate::sdimage::BootFile { name: "cmdline.txt", data: b"run=test\n".to_vec() },
+        crate::sdimage::BootFile { name: "start4.elf", data: read(&files.start4)? },
+        crate::sdimage::BootFile { name: "fixup4.dat", data: read(&files.fixup4)? },
+        crate::sdimage::BootFile { name: crate::bootfiles::DTB_NAME, data: read(&files.dtb)? },
+    ];
+    let written = crate::sdimage::write(&card, &boot).map_err(|error| error.to_string());
+    let verified = written.and_then(|()| crate::sdimage::verify(&card, &kernel));
+    report_check(tally, "rpi4 SD card image verifies", verified.as_ref().err());
+
+    let machine =
+        Machine { board: Board::Rpi4, cpu: CpuVariant::CortexA72, el: 2, gic: 2, icount: true, dtb: Some(files.dtb) };
+    let bootargs = "run=bench bench=baseline reps=1 clock=cycles icount=1 exit=semihosting";
+    let run = qemu::run_via_pty(&machine, &image, bootargs, Duration::from_secs(120))?;
+    let rows: Vec<_> = run.log.iter().filter_map(|line| line.text.strip_prefix("bench row: ")).collect();
+    let call = rows.iter().find(|row| row.starts_with("baseline call - per_op insn "));
+    let problem = match (run.status, call) {
+        (Some(0), Some(row)) if row.ends_with(" 2") || row.ends_with(" 2.0") => None,
+        (status, row) => Some(format!("status {status:?}, call row {row:?}, {} rows", rows.len())),
+    };
+    report_check(tally, "rpi4 bench rows through a pseudo-terminal", problem.as_ref());
+    Ok(())
+}
+
+fn report_check(tally: &mut Tally, name: &str, problem: Option<&String>) {
+    match problem {
+        None => {
+            println!("check [{name}]: ok");
+            tally.passed += 1;
+        }
+        Some(problem) => {
+            println!("check [{name}]: FAILED: {problem}");
+            tally.failed += 1;
+        }
+    }
 }
 
 /// One QEMU run of the kernel suite. Returns whether it timed out.

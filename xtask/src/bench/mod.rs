@@ -41,6 +41,8 @@ pub enum Mode {
     Icount,
     /// No icount: virtual nanoseconds that track host time (the cost of emulation).
     Wall,
+    /// A real board: PMU cycles.
+    Hardware,
 }
 
 impl Mode {
@@ -48,6 +50,7 @@ impl Mode {
         match self {
             Self::Icount => "icount",
             Self::Wall => "wall",
+            Self::Hardware => "hardware",
         }
     }
 }
@@ -73,27 +76,33 @@ pub struct BenchArgs {
     pub out: PathBuf,
     #[arg(long, value_enum, default_value = "virt")]
     pub board: Board,
-    /// Serial device of a real board (mode `hardware`).
+    /// Serial device of a real board (mode `hardware`; the board runs what its SD card's
+    /// cmdline.txt says, see `cargo xtask sdimage --run bench`).
     #[arg(long)]
     pub serial: Option<PathBuf>,
+    #[command(flatten)]
+    pub boot_files: crate::bootfiles::BootFileArgs,
     /// Seconds before one QEMU run counts as hung.
     #[arg(long, default_value = "900")]
     pub timeout: u64,
 }
 
 pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
-    if args.serial.is_some() {
-        return Err(Failure::usage(
-            "--serial reads a real board's results: it needs --board rpi4, which arrives with the Raspberry Pi 4 board",
-        ));
+    if args.serial.is_some() && args.board != Board::Rpi4 {
+        return Err(Failure::usage("--serial reads a real board's results: it needs --board rpi4"));
     }
-    qemu::ensure_installed()?;
     let suites: Vec<&Suite> = if args.suites.is_empty() { SUITES.iter().collect() } else { args.suites.clone() };
-    let cpus = if args.cpus.is_empty() { CpuVariant::ALL.to_vec() } else { args.cpus.clone() };
-    let modes = match args.mode {
-        ModeArg::Icount => vec![Mode::Icount],
-        ModeArg::Wall => vec![Mode::Wall],
-        ModeArg::Both => vec![Mode::Icount, Mode::Wall],
+    let cpus = match args.board {
+        Board::Virt if args.cpus.is_empty() => CpuVariant::ALL.to_vec(),
+        Board::Virt => args.cpus.clone(),
+        Board::Rpi4 if args.cpus.iter().all(|&cpu| cpu == CpuVariant::CortexA72) => vec![CpuVariant::CortexA72],
+        Board::Rpi4 => return Err(Failure::usage("board rpi4 is a Cortex-A72: --cpu can only be cortex-a72")),
+    };
+    let modes = match (args.board, &args.serial, args.mode) {
+        (_, Some(_), _) => vec![Mode::Hardware],
+        (_, None, ModeArg::Icount) => vec![Mode::Icount],
+        (_, None, ModeArg::Wall) => vec![Mode::Wall],
+        (_, None, ModeArg::Both) => vec![Mode::Icount, Mode::Wall],
     };
     // One kernel build per build variant, running every suite that uses it.
     let mut by_variant: Vec<(BuildVariant, Vec<&str>)> = Vec::new();
@@ -104,6 +113,20 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
             None => by_variant.push((variant, vec![suite.name])),
         }
     }
+    if args.serial.is_some() && by_variant.len() > 1 {
+        return Err(Failure::usage("a board runs one kernel: give --variant when the suites' default variants differ"));
+    }
+    let dtb = match (args.board, &args.serial) {
+        (Board::Rpi4, None) => {
+            qemu::ensure_installed()?;
+            Some(crate::bootfiles::get(&args.boot_files)?.dtb)
+        }
+        (Board::Virt, _) => {
+            qemu::ensure_installed()?;
+            None
+        }
+        (Board::Rpi4, Some(_)) => None,
+    };
     let images =
         by_variant.iter().map(|(variant, _)| build::kernel(args.board, *variant)).collect::<Result<Vec<_>, _>>()?;
 
@@ -111,38 +134,63 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     let progress = indicatif::ProgressBar::new(runs).with_style(
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed} {msg}").expect("valid template"),
     );
+    let timeout = Duration::from_secs(args.timeout);
     let mut samples = Vec::new();
     for ((variant, names), image) in by_variant.iter().zip(&images) {
         for &cpu in &cpus {
             for &mode in &modes {
+                let el = if args.board == Board::Rpi4 { 2 } else { 1 };
                 let machine =
-                    Machine { board: args.board, cpu, el: 1, gic: 2, icount: mode == Mode::Icount, dtb: None };
+                    Machine { board: args.board, cpu, el, gic: 2, icount: mode == Mode::Icount, dtb: dtb.clone() };
                 progress.set_message(format!("{} -cpu {} {}", names.join(","), cpu.name(), mode.name()));
                 let reps = if mode == Mode::Icount { 1 } else { args.reps };
-                let clock = if mode == Mode::Icount { "cycles" } else { "ns" };
+                let clock = if mode == Mode::Wall { "ns" } else { "cycles" };
                 let bootargs = format!(
                     "run=bench bench={} reps={reps} clock={clock} icount={} exit=semihosting",
                     names.join(","),
                     u8::from(mode == Mode::Icount)
                 );
-                let result = qemu::run(&machine, image, &bootargs, Some(Duration::from_secs(args.timeout)), false)?;
-                let failed = match result.status {
-                    None => Some(format!("killed after {} s timeout", args.timeout)),
+                let (status, log) = match (args.board, &args.serial) {
+                    (Board::Virt, _) => {
+                        let result = qemu::run(&machine, image, &bootargs, Some(timeout), false)?;
+                        (result.status, result.log)
+                    }
+                    // QEMU raspi4b, read through a pseudo-terminal as a real board's serial line.
+                    (Board::Rpi4, None) => {
+                        let result = qemu::run_via_pty(&machine, image, &bootargs, timeout)?;
+                        (result.status, result.log)
+                    }
+                    // The board runs what its cmdline.txt says (`cargo xtask sdimage --run bench`).
+                    (Board::Rpi4, Some(path)) => {
+                        progress.println(format!("reading {}: power on the Raspberry Pi 4", path.display()));
+                        let elf = std::fs::read(&image.elf).map_err(|error| Failure::usage(error.to_string()))?;
+                        let result =
+                            crate::serial::read_run(crate::serial::open(path, 115_200)?, &elf, Some(timeout), false)?;
+                        (result.status, result.log)
+                    }
+                };
+                let failed = match status {
+                    None => Some(format!("no exit sentinel within {} s", args.timeout)),
                     Some(0) => None,
                     Some(status) => Some(format!("kernel exited with status {status}")),
                 };
                 if let Some(problem) = failed {
                     progress.finish_and_clear();
-                    for line in &result.log {
+                    for line in &log {
                         eprintln!("  {line}");
                     }
-                    let status = if result.status.is_none() { 124 } else { 1 };
+                    let status = if status.is_none() { 124 } else { 1 };
                     return Err(Failure {
                         status,
-                        message: format!("bench run -cpu {} {}: {problem}", cpu.name(), mode.name()),
+                        message: format!(
+                            "bench run {} -cpu {} {}: {problem}",
+                            args.board.name(),
+                            cpu.name(),
+                            mode.name()
+                        ),
                     });
                 }
-                for line in &result.log {
+                for line in &log {
                     if let Some(fields) = line.text.strip_prefix("bench row: ") {
                         let sample = Sample::parse(fields, cpu, *variant, mode).ok_or_else(|| Failure {
                             status: 1,
@@ -165,8 +213,8 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     };
     let commit = git_commit();
     let qemu_version = qemu::version();
-    write("results.json", results::to_json(&commit, &qemu_version, &rows))?;
-    let report = write("report.md", report::render(&commit, &qemu_version, &rows))?;
+    write("results.json", results::to_json(&commit, &qemu_version, args.board.name(), &rows))?;
+    let report = write("report.md", report::render(&commit, &qemu_version, args.board.name(), &rows))?;
     for suite in &suites {
         let path = args.out.join(format!("{}.svg", suite.name));
         chart::draw(&path, suite.name, &rows)

@@ -71,12 +71,15 @@ fn modes_explained(rows: &[Row]) -> String {
         }
         text.push('.');
     }
-    text.push_str("\n\n");
+    text.push_str(
+        "\n- **hardware** (`--board rpi4 --serial PATH`): a real Raspberry Pi 4 (Cortex-A72), the PMU \
+         cycle counter in CPU cycles. The only mode whose figures are hardware figures.\n\n",
+    );
     text
 }
 
-pub fn render(commit: &str, qemu: &str, rows: &[Row]) -> String {
-    let mut text = format!("# tracelab benchmark report\n\ncommit `{commit}`, QEMU {qemu}, board `virt`.\n\n");
+pub fn render(commit: &str, qemu: &str, board: &str, rows: &[Row]) -> String {
+    let mut text = format!("# tracelab benchmark report\n\ncommit `{commit}`, QEMU {qemu}, board `{board}`.\n\n");
     text.push_str(&modes_explained(rows));
     let mut suites: Vec<&str> = Vec::new();
     for row in rows {

@@ -126,7 +126,9 @@ fn figure(value: f64) -> Value {
     if rounded.fract() == 0.0 && rounded.abs() < 9.0e15 { json!(rounded as i64) } else { json!(rounded) }
 }
 
-pub fn to_json(commit: &str, qemu: &str, rows: &[Row]) -> String {
+/// results.json. `board` extends the contract (virt, rpi4): QEMU `raspi4b` and `virt` rows can
+/// both say `cortex-a72` and `wall`.
+pub fn to_json(commit: &str, qemu: &str, board: &str, rows: &[Row]) -> String {
     let rows: Vec<Value> = rows
         .iter()
         .map(|row| {
@@ -154,7 +156,7 @@ pub fn to_json(commit: &str, qemu: &str, rows: &[Row]) -> String {
             })
         })
         .collect();
-    let document = json!({ "schema": 1, "commit": commit, "qemu": qemu, "rows": rows });
+    let document = json!({ "schema": 1, "commit": commit, "qemu": qemu, "board": board, "rows": rows });
     serde_json::to_string_pretty(&document).expect("JSON values serialize") + "\n"
 }
 
@@ -195,7 +197,7 @@ mod tests {
     #[test]
     fn json_rows_carry_the_contract_fields() {
         let rows = Row::aggregate(&[sample("stacktrace scs depth=16 per_trace insn 61", Mode::Icount)]);
-        let document: Value = serde_json::from_str(&to_json("abc1234", "10.0.2", &rows)).unwrap();
+        let document: Value = serde_json::from_str(&to_json("abc1234", "10.0.2", "virt", &rows)).unwrap();
         assert_eq!(document["schema"], 1);
         let row = &document["rows"][0];
         for field in
