@@ -96,10 +96,8 @@ pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
 }
 
-/// Builds the kernel for `board` in `variant`, checks its patchable entries, writes a raw image.
-pub fn kernel(board: Board, variant: BuildVariant) -> Result<KernelImage, Failure> {
-    let root = workspace_root();
-    let target_dir = root.join("target/kernel").join(board.name()).join(variant.name());
+/// Every rustc flag of a kernel build in `variant`.
+pub fn kernel_rustflags(variant: BuildVariant) -> Vec<String> {
     let mut flags = variant.rustflags().iter().map(|flag| flag.to_string()).collect::<Vec<_>>();
     // The kernel runs in the upper half but defmt's interned strings are symbols at 1..65535
     // (their addresses are the log ids): only the large code model reaches both.
@@ -107,6 +105,14 @@ pub fn kernel(board: Board, variant: BuildVariant) -> Result<KernelImage, Failur
     if variant == BuildVariant::Full {
         flags.push(format!("-Cllvm-args=-hwasan-mapping-offset={HWASAN_MAPPING_OFFSET}"));
     }
+    flags
+}
+
+/// Builds the kernel for `board` in `variant`, checks its patchable entries, writes a raw image.
+pub fn kernel(board: Board, variant: BuildVariant) -> Result<KernelImage, Failure> {
+    let root = workspace_root();
+    let target_dir = root.join("target/kernel").join(board.name()).join(variant.name());
+    let flags = kernel_rustflags(variant);
     eprintln!("xtask: building kernel ({}, variant {})", board.name(), variant.name());
     let status = Command::new(env!("CARGO"))
         .current_dir(&root)

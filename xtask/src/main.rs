@@ -7,6 +7,7 @@ mod bench;
 mod bootfiles;
 mod build;
 mod flash;
+mod lint;
 mod log;
 mod qemu;
 mod sdimage;
@@ -34,6 +35,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// A bootable Raspberry Pi 4 SD card image (MBR + FAT32), no root needed.
     Sdimage(sdimage::SdImageArgs),
+    /// rustfmt --check and clippy -D warnings on everything, the kernel for each board.
+    Lint,
     /// Write the SD card image to a removable, unmounted block device.
     Flash(flash::FlashArgs),
     /// Decode a board's defmt log from a serial port until its exit sentinel.
@@ -75,6 +78,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Sdimage(args) => sdimage::run(&args),
         Command::Flash(args) => flash::run(&args),
+        Command::Lint => lint::run(),
         Command::Monitor(args) => serial::monitor(&args),
     };
     match result {

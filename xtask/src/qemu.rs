@@ -240,11 +240,11 @@ pub fn run(
         if let Some(status) = child.0.try_wait().map_err(|error| Failure::usage(error.to_string()))? {
             break Some(status.code().unwrap_or(-1));
         }
-        if let Some((status, seen)) = sentinel {
-            if seen.elapsed() > Duration::from_secs(2) {
-                let _ = child.0.kill();
-                break Some(status);
-            }
+        if let Some((status, seen)) = sentinel
+            && seen.elapsed() > Duration::from_secs(2)
+        {
+            let _ = child.0.kill();
+            break Some(status);
         }
         if timeout.is_some_and(|timeout| start.elapsed() > timeout) {
             let _ = child.0.kill();

@@ -67,21 +67,27 @@ pub fn row(suite: &str, case: &str, params: &str, metric: &str, unit: &str, valu
     defmt::info!("bench row: {=str} {=str} {=str} {=str} {=str} {=f64}", suite, case, params, metric, unit, value);
 }
 
-pub const SUITES: &[(&str, fn(&Plan))] = &[("baseline", baseline::run)];
+/// A benchmark suite: its name on the command line and in result rows, and its cases.
+pub struct Suite {
+    pub name: &'static str,
+    pub run: fn(&Plan),
+}
+
+pub const SUITES: &[Suite] = &[Suite { name: "baseline", run: baseline::run }];
 
 /// Runs the named suites (comma-separated; empty = all).
 pub fn run(names: &str, plan: &Plan) -> Result<(), &'static str> {
     counters::start_cycle_counter();
     for name in names.split(',').filter(|name| !name.is_empty()) {
-        if !SUITES.iter().any(|(suite, _)| *suite == name) {
+        if !SUITES.iter().any(|suite| suite.name == name) {
             defmt::error!("bench: unknown suite {=str}", name);
             return Err("unknown suite");
         }
     }
-    for (suite, run) in SUITES {
-        if names.is_empty() || names.split(',').any(|name| name == *suite) {
-            defmt::info!("bench suite: {=str}", suite);
-            run(plan);
+    for suite in SUITES {
+        if names.is_empty() || names.split(',').any(|name| name == suite.name) {
+            defmt::info!("bench suite: {=str}", suite.name);
+            (suite.run)(plan);
         }
     }
     defmt::info!("bench done");

@@ -20,6 +20,7 @@ pub use rpi4::CONFIG;
 use crate::dt::{GicRegions, Region};
 
 /// How the console's pins reach the UART, when the firmware does not route them.
+#[allow(dead_code, reason = "each board uses only the variants its own hardware needs")]
 pub enum ConsolePinmux {
     /// BCM2711 GPIO block at this physical address: GPIO14/15 to ALT0 (PL011 TXD0/RXD0).
     Bcm2711Gpio { base: u64 },

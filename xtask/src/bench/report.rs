@@ -60,14 +60,14 @@ fn modes_explained(rows: &[Row]) -> String {
         let _ = write!(text, " A PAC-signed call costs {}", list.join(", "));
         let off = find(rows, "baseline", "call-pac", CpuVariant::MaxNoPauth, Mode::Wall);
         let qarma5 = find(rows, "baseline", "call-pac", CpuVariant::MaxQarma5, Mode::Wall);
-        if let (Some(off), Some(qarma5)) = (off, qarma5) {
-            if off.median > 0.0 {
-                let _ = write!(
-                    text,
-                    ": QARMA5 is {:.0}x the cost of the same call with PAuth off, though both execute the same instructions",
-                    qarma5.median / off.median
-                );
-            }
+        if let (Some(off), Some(qarma5)) = (off, qarma5)
+            && off.median > 0.0
+        {
+            let _ = write!(
+                text,
+                ": QARMA5 is {:.0}x the cost of the same call with PAuth off, though both execute the same instructions",
+                qarma5.median / off.median
+            );
         }
         text.push('.');
     }
