@@ -6,7 +6,8 @@ use core::sync::atomic::{AtomicU64, Ordering};
 #[repr(C)]
 pub struct ExceptionFrame {
     pub x: [u64; 31],
-    /// SP of the interrupted context.
+    /// SP of the interrupted context; the context resumes on this value (a probe that emulates
+    /// `stp x29, x30, [sp, #-16]!` moves it).
     pub sp: u64,
     pub elr: u64,
     pub spsr: u64,
@@ -23,6 +24,10 @@ pub struct ExceptionFrame {
 pub const BRK_TEST: u16 = 0x100;
 /// The `baseline` bench's BRK round trip: resumed at once, nothing else done.
 pub const BRK_BENCH: u16 = 0x101;
+
+/// Bytes below the interrupted SP that exception entry leaves untouched (see vectors.S): a probe
+/// may emulate stores there, and the return path stashes x0/x1 there.
+pub const STACK_GAP: usize = 256;
 
 /// `boundary[2]` of an exception frame (0 marks the final frame of a task).
 pub const BOUNDARY_KIND_EXCEPTION: u64 = 1;

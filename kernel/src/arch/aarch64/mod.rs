@@ -44,6 +44,8 @@ core::arch::global_asm!(
 core::arch::global_asm!(
     include_str!("vectors.S"),
     frame_size = const core::mem::size_of::<exception::ExceptionFrame>(),
+    gap = const exception::STACK_GAP,
+    off_sp = const core::mem::offset_of!(exception::ExceptionFrame, sp),
     off_elr = const core::mem::offset_of!(exception::ExceptionFrame, elr),
     off_esr = const core::mem::offset_of!(exception::ExceptionFrame, esr),
     off_marker = const core::mem::offset_of!(exception::ExceptionFrame, boundary),

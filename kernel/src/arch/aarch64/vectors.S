@@ -1,41 +1,24 @@
 // Exception vectors: save the interrupted context as an ExceptionFrame, call Rust, restore, eret.
 // Follows ARM ARM D1.10 (exception entry) and the vector table layout of D1.10.2.
 //
-// The frame (see exception.rs, ExceptionFrame) ends with an exception-boundary marker record
-// (0, 0, kind = 1, elr, x29) and x29 points at it while the handler runs, so a frame-pointer walk
-// that reaches it continues in the interrupted context. x18 (the shadow call stack pointer) is
-// kept: an exception from EL1 keeps using the interrupted task's shadow stack.
-// No instrumented code runs before the frame is saved; the handlers are ordinary Rust.
-
-
-
-.macro RESTORE_FRAME
-    ldp     x0, x1, [sp, #{off_elr}]
-    msr     elr_el1, x0
-    msr     spsr_el1, x1
-    ldp     x0, x1, [sp, #0 * 16]
-    ldp     x2, x3, [sp, #1 * 16]
-    ldp     x4, x5, [sp, #2 * 16]
-    ldp     x6, x7, [sp, #3 * 16]
-    ldp     x8, x9, [sp, #4 * 16]
-    ldp     x10, x11, [sp, #5 * 16]
-    ldp     x12, x13, [sp, #6 * 16]
-    ldp     x14, x15, [sp, #7 * 16]
-    ldp     x16, x17, [sp, #8 * 16]
-    ldp     x18, x19, [sp, #9 * 16]
-    ldp     x20, x21, [sp, #10 * 16]
-    ldp     x22, x23, [sp, #11 * 16]
-    ldp     x24, x25, [sp, #12 * 16]
-    ldp     x26, x27, [sp, #13 * 16]
-    ldp     x28, x29, [sp, #14 * 16]
-    ldr     x30, [sp, #15 * 16]
-    add     sp, sp, #{frame_size}
-    eret
-.endm
+// Stack layout on entry from EL1 with SP_EL1 (EL1h), growing down from the interrupted SP:
+//   [interrupted SP - {gap}, interrupted SP)   a gap the handler never touches, so that a probe
+//                                              handler can emulate a store below the interrupted
+//                                              SP (`stp x29, x30, [sp, #-16]!`) without landing
+//                                              on the frame (x86 Linux does this for its push)
+//   [frame, frame + {frame_size})              the ExceptionFrame
+// On return the context resumes on the frame's `sp`, which such an emulation may have moved:
+// x0/x1 are stashed just below the resume SP (inside the gap) and reloaded after SP is switched.
+// Contexts that run on SP_EL0 (EL1t, EL0) keep their SP in SP_EL0, saved and restored here.
+//
+// The frame ends with an exception-boundary marker record (0, 0, kind = 1, elr, x29) and x29
+// points at it while the handler runs, so a frame-pointer walk continues in the interrupted
+// context. x18 (the shadow call stack pointer) is kept: an exception from EL1 keeps using the
+// interrupted task's shadow stack. No instrumented code runs before the frame is saved.
 
 .macro VECTOR handler
     .balign 0x80
-    sub     sp, sp, #{frame_size}
+    sub     sp, sp, #({frame_size} + {gap})
     stp     x0, x1, [sp, #0 * 16]
     adrp    x1, \handler
     add     x1, x1, :lo12:\handler
@@ -46,9 +29,9 @@
 .balign 0x800
 .global exception_vectors
 exception_vectors:
-    // Current EL with SP_EL0: never used (the kernel always runs on SP_EL1).
-    VECTOR  exception_unexpected
-    VECTOR  exception_unexpected
+    // Current EL with SP_EL0 (EL1t: the probe tests' harness runs instructions this way).
+    VECTOR  exception_el1_sync
+    VECTOR  exception_el1_irq
     VECTOR  exception_unexpected
     VECTOR  exception_unexpected
     // Current EL with SP_ELx.
@@ -83,11 +66,15 @@ exception_entry:
     stp     x24, x25, [sp, #12 * 16]
     stp     x26, x27, [sp, #13 * 16]
     stp     x28, x29, [sp, #14 * 16]
-    add     x2, sp, #{frame_size}            // the interrupted SP (EL1h: just above this frame)
-    stp     x30, x2, [sp, #15 * 16]
     mrs     x2, elr_el1
     mrs     x3, spsr_el1
     stp     x2, x3, [sp, #{off_elr}]
+    // The interrupted SP: SP_EL1 above the frame and gap, or SP_EL0 (SPSR.M[0] = 0).
+    add     x4, sp, #({frame_size} + {gap})
+    mrs     x5, sp_el0
+    tst     x3, #1
+    csel    x4, x4, x5, ne
+    stp     x30, x4, [sp, #15 * 16]
     mrs     x4, esr_el1
     mrs     x5, far_el1
     stp     x4, x5, [sp, #{off_esr}]
@@ -102,4 +89,50 @@ exception_entry:
     blr     x1
     // fall through
 exception_return:
-    RESTORE_FRAME
+    ldp     x0, x1, [sp, #{off_elr}]
+    msr     elr_el1, x0
+    msr     spsr_el1, x1
+    ldr     x0, [sp, #{off_sp}]              // the SP to resume with
+    tbnz    x1, #0, 1f
+    // SP_EL0 context: SP_EL1 just drops the frame.
+    msr     sp_el0, x0
+    ldp     x0, x1, [sp, #0 * 16]
+    ldp     x2, x3, [sp, #1 * 16]
+    ldp     x4, x5, [sp, #2 * 16]
+    ldp     x6, x7, [sp, #3 * 16]
+    ldp     x8, x9, [sp, #4 * 16]
+    ldp     x10, x11, [sp, #5 * 16]
+    ldp     x12, x13, [sp, #6 * 16]
+    ldp     x14, x15, [sp, #7 * 16]
+    ldp     x16, x17, [sp, #8 * 16]
+    ldp     x18, x19, [sp, #9 * 16]
+    ldp     x20, x21, [sp, #10 * 16]
+    ldp     x22, x23, [sp, #11 * 16]
+    ldp     x24, x25, [sp, #12 * 16]
+    ldp     x26, x27, [sp, #13 * 16]
+    ldp     x28, x29, [sp, #14 * 16]
+    ldr     x30, [sp, #15 * 16]
+    add     sp, sp, #({frame_size} + {gap})
+    eret
+1:  // SP_EL1 context: resume on the frame's SP. Stash x0/x1 below it (inside the gap, clear of
+    // the frame as long as the SP moved down by at most gap - 16: probes::simulate checks this).
+    ldp     x2, x3, [sp, #0 * 16]
+    stp     x2, x3, [x0, #-16]
+    ldp     x2, x3, [sp, #1 * 16]
+    ldp     x4, x5, [sp, #2 * 16]
+    ldp     x6, x7, [sp, #3 * 16]
+    ldp     x8, x9, [sp, #4 * 16]
+    ldp     x10, x11, [sp, #5 * 16]
+    ldp     x12, x13, [sp, #6 * 16]
+    ldp     x14, x15, [sp, #7 * 16]
+    ldp     x16, x17, [sp, #8 * 16]
+    ldp     x18, x19, [sp, #9 * 16]
+    ldp     x20, x21, [sp, #10 * 16]
+    ldp     x22, x23, [sp, #11 * 16]
+    ldp     x24, x25, [sp, #12 * 16]
+    ldp     x26, x27, [sp, #13 * 16]
+    ldp     x28, x29, [sp, #14 * 16]
+    ldr     x30, [sp, #15 * 16]
+    mov     sp, x0
+    ldp     x0, x1, [sp, #-16]
+    eret

@@ -1,0 +1,78 @@
+//! The stack depot: deduplicated stack traces behind 32-bit handles.
+//!
+//! Allocation and free paths (the tag-based sanitizer, leak tracking) save a
+//! trace per object; most traces repeat, so the depot stores each distinct
+//! trace once and hands out a [`DepotHandle`] to keep in the object's
+//! metadata. No allocator: records are carved from pools the caller hands in
+//! ([`StackDepot::add_pool`]); no `alloc`, no panics on the save path.
+//!
+//! # Handle format
+//!
+//! A `u32`: bits 0..14 the record's byte offset in its pool divided by 16
+//! (records are 16-byte aligned, pools at most 256 KiB), bits 14..27 the pool
+//! index plus one (up to 8191 pools), bits 27..32 spare and always 0. So 0 is
+//! never a handle and means "no trace" / failure in raw form.
+//!
+//! # Concurrency model
+//!
+//! - **Hit path, lock-free**: hash the frames, load the bucket head (acquire),
+//!   follow the chain comparing hash, length and frames. Records are
+//!   published by a release store of the bucket head after being written, and
+//!   never change while published. Pools are read only through atomics, so
+//!   even a stale handle is memory-safe (only its answer can be wrong).
+//! - **Miss path, one spin lock**: search again, carve a record (free list
+//!   first, then the current pool), link it at the head of its bucket.
+//!   [`StackDepot::try_save`] fails with [`DepotError::Busy`] instead of
+//!   spinning, for callers that may have interrupted the lock holder.
+//! - **Capacity**: when the pools are used up, saves fail with
+//!   [`DepotError::Full`]; [`StackDepot::add_pool`] may add room at any time.
+//!
+//! # Eviction (optional, [`StackDepot::with_eviction`])
+//!
+//! As Linux 6.8: records are fixed-size (64 frames) and reference-counted.
+//! `save` returns a reference, [`StackDepot::get`] takes another,
+//! [`StackDepot::put`] drops one; a lookup takes its reference only from a
+//! non-zero count, so a record whose count reached 0 stays dead. `put` is
+//! lock-free (it pushes the dead record on a lock-free stack), so it is safe
+//! in IRQ context; the next miss path unlinks dead records.
+//!
+//! Memory is reused only when no lookup can still see it, without RCU:
+//! lookups run inside a two-phase reader gate (an epoch and two reader
+//! counters, see `reclaim.rs`); unlinked records wait for a flip of the epoch
+//! and for the previous phase's counter to read 0 after a `SeqCst` fence.
+//! The cost is two atomic read-modify-writes and a fence per lookup on
+//! evicting depots only; permanent depots skip the gate. Nothing waits for
+//! readers: records not yet free are retried at the next miss, and fresh pool
+//! memory is used meanwhile. A lookup that is preempted inside the gate holds
+//! back reuse for as long as it is off the CPU (as an RCU reader would hold
+//! back a grace period), so the kernel should save with preemption disabled;
+//! the concurrency test shows the effect with 8 threads on 2 cores.
+//!
+//! # The `kernel` feature
+//!
+//! Enables `#![feature(sanitize)]` and builds [`hash_frames`] with
+//! kernel-hwaddress off. The lookup and insert paths are left instrumented:
+//! `#[sanitize(kernel_hwaddress = "off")]` stops LLVM from inlining
+//! instrumented callees, and those paths are made of core's atomic methods,
+//! so marking them would replace each inlined check by an out-of-line call
+//! that still checks. Exempting them would need them compiled without the
+//! sanitizer, which rustc offers only per crate, and `StackDepot`'s generic
+//! code is compiled in the crate that names its sizes (the kernel).
+#![cfg_attr(not(test), no_std)]
+#![cfg_attr(feature = "kernel", feature(sanitize))]
+
+mod depot;
+mod handle;
+mod hash;
+mod reclaim;
+mod record;
+
+#[cfg(test)]
+mod tests;
+
+pub use depot::{DepotError, DepotStats, StackDepot};
+pub use handle::{DepotHandle, MAX_POOL_BYTES, MAX_POOLS, OFFSET_BITS, POOL_BITS, RECORD_ALIGN, SPARE_BITS};
+pub use hash::hash_frames;
+
+/// Most frames in one record (Linux's limit too).
+pub const MAX_FRAMES: usize = 64;

@@ -1,0 +1,105 @@
+//! A record's layout in pool memory: three header words, then the frames.
+//!
+//! Pools are `[AtomicU64]`, so every access (even through a stale handle) is
+//! a same-size atomic one: no data race is possible, only a wrong answer.
+//! Relaxed atomic loads and stores compile to plain `ldr`/`str` on arm64.
+//!
+//! | word | bits 0..32                       | bits 32..64            |
+//! |------|----------------------------------|------------------------|
+//! | 0    | next record in the bucket (raw handle) | hash             |
+//! | 1    | reference count                  | number of frames       |
+//! | 2    | link in the dying / pending / free lists (raw handle)     |
+//! | 3..  | frames                           |                        |
+
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use crate::MAX_FRAMES;
+use crate::handle::RECORD_ALIGN;
+
+/// Words before the frames.
+pub(crate) const HEADER_WORDS: usize = 3;
+/// Reference count of a record that is never freed: permanent records, and
+/// evictable ones whose count would overflow (as Linux saturates refcounts).
+pub(crate) const SATURATED: u32 = u32::MAX;
+
+/// Bytes of a record holding `frames` frames, rounded to [`RECORD_ALIGN`].
+pub(crate) const fn record_bytes(frames: usize) -> usize {
+    ((HEADER_WORDS + frames) * 8).next_multiple_of(RECORD_ALIGN)
+}
+
+/// Bytes of every record of an evicting depot (any trace fits any freed record).
+pub(crate) const EVICTABLE_RECORD_BYTES: usize = record_bytes(MAX_FRAMES);
+
+/// A record's words: at least the header, at most the header and 64 frames.
+#[derive(Clone, Copy)]
+pub(crate) struct Record<'a> {
+    words: &'a [AtomicU64],
+}
+
+impl<'a> Record<'a> {
+    /// The record starting at word `index` of `pool`, if its header fits.
+    pub(crate) fn at(pool: &'a [AtomicU64], index: usize) -> Option<Self> {
+        let end = pool.len().min(index.checked_add(HEADER_WORDS + MAX_FRAMES)?);
+        let words = pool.get(index..end)?;
+        (words.len() >= HEADER_WORDS).then_some(Self { words })
+    }
+
+    /// Raw handle of the next record in the bucket chain (0 ends it).
+    #[inline]
+    pub(crate) fn next(&self) -> u32 {
+        self.words[0].load(Ordering::Acquire) as u32
+    }
+
+    #[inline]
+    pub(crate) fn hash(&self) -> u32 {
+        (self.words[0].load(Ordering::Acquire) >> 32) as u32
+    }
+
+    /// Relinks the chain: the hash half is unchanged while the record is published.
+    #[inline]
+    pub(crate) fn set_next(&self, next: u32) {
+        let hash = u64::from(self.hash()) << 32;
+        self.words[0].store(hash | u64::from(next), Ordering::Release);
+    }
+
+    /// The frames, clamped to the pool (only a forged handle could need that).
+    #[inline]
+    pub(crate) fn frames(&self) -> impl Iterator<Item = u64> + 'a {
+        let len = ((self.words[1].load(Ordering::Acquire) >> 32) as usize).min(self.words.len() - HEADER_WORDS);
+        let words = self.words;
+        words[HEADER_WORDS..HEADER_WORDS + len].iter().map(|word| word.load(Ordering::Relaxed))
+    }
+
+    #[inline]
+    pub(crate) fn frame_count(&self) -> usize {
+        (self.words[1].load(Ordering::Acquire) >> 32) as usize
+    }
+
+    /// Whether the record holds exactly `frames`.
+    #[inline]
+    pub(crate) fn holds(&self, frames: &[u64]) -> bool {
+        self.frame_count() == frames.len() && self.frames().eq(frames.iter().copied())
+    }
+
+    /// The reference-count word (count in the low half).
+    #[inline]
+    pub(crate) fn count_word(&self) -> &'a AtomicU64 {
+        &self.words[1]
+    }
+
+    #[inline]
+    pub(crate) fn list_link(&self) -> &'a AtomicU64 {
+        &self.words[2]
+    }
+
+    /// Fills an unpublished record (the caller holds the depot lock and the
+    /// record is on no chain, or no reader can still see it).
+    pub(crate) fn write(&self, next: u32, hash: u32, count: u32, frames: &[u64]) {
+        self.words[0].store(u64::from(hash) << 32 | u64::from(next), Ordering::Relaxed);
+        self.words[1].store((frames.len() as u64) << 32 | u64::from(count), Ordering::Relaxed);
+        self.words[2].store(0, Ordering::Relaxed);
+        for (word, frame) in self.words[HEADER_WORDS..].iter().zip(frames) {
+            word.store(*frame, Ordering::Relaxed);
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! arm64 stack walkers: PAC-aware frame records and the shadow call stack.
+//!
+//! Pure logic over a [`StackMemory`] trait: the kernel implements it with
+//! plain loads, tests with synthetic (and hostile) memory images. No
+//! allocation, no `unsafe`, callable from exception context.
+//!
+//! # Two walkers, one trace
+//!
+//! - [`FrameWalker`] follows AAPCS64 frame records `{fp, lr}` from x29.
+//! - [`ShadowWalker`] copies the in-use entries of the shadow call stack
+//!   (`-Zsanitizer=shadow-call-stack`, x18), newest first.
+//!
+//! Both fill the same [`Trace`] (at most [`MAX_FRAMES`] entries, honouring
+//! [`TraceOptions::skip`] and [`TraceOptions::max_depth`] the same way) and
+//! record a [`StopReason`], so the kernel can switch mode at run time and
+//! print why a backtrace ended.
+//!
+//! # What an entry is
+//!
+//! Every address is PAC-stripped with the caller's `Fn(u64) -> u64` (XPACLRI
+//! in the kernel, [`strip_pac_va_bits`] in tests; stripping is unconditional
+//! because not every saved LR is signed). Entries from frame records and the
+//! SCS are **return addresses**, the instruction after the `BL`
+//! ([`EntryKind::ReturnAddress`]); the PC of an interrupted context is exact
+//! ([`EntryKind::ExceptionPc`]) and may be 0 (a branch to null). A symbolizer
+//! looks up `address - 1` for return addresses and `address` for exact PCs.
+//!
+//! # Frame walk invariants
+//!
+//! The caller declares its stacks as an ordered slice of [`StackRange`], e.g.
+//! `[overflow, irq, task]`: the walk may start in any of them and may move
+//! only to a stack later in the slice. Each step checks that the record
+//! address is 8-aligned, that the 16-byte record lies wholly inside one
+//! declared stack, and that within a stack each record is at a strictly
+//! higher address than the previous one. Hence:
+//!
+//! - **Termination**: at most `sum(stack sizes) / 8` steps, on any memory.
+//! - **Bounds**: the walker calls [`StackMemory::read_u64`] only for words
+//!   inside the stack of the record being read, even if other memory would be
+//!   readable.
+//!
+//! # Exception boundaries: the marker record
+//!
+//! Exception entry writes a [`FrameMarker`] on the stack and points x29 at
+//! it (the walker checks that all 40 bytes lie in one declared stack):
+//!
+//! | offset | word                                                      |
+//! |--------|-----------------------------------------------------------|
+//! | 0      | 0 (fp)                                                    |
+//! | 8      | 0 (lr)                                                    |
+//! | 16     | kind: 0 = final frame of a task, 1 = exception boundary   |
+//! | 24     | interrupted PC (ELR_EL1), for kind 1                      |
+//! | 32     | interrupted x29, for kind 1                               |
+//!
+//! Kind 0 ends the walk with [`StopReason::EndOfTask`]. Kind 1 reports the
+//! interrupted PC as an [`EntryKind::ExceptionPc`] and continues from the
+//! interrupted x29 (which must still obey the order and monotonicity rules).
+//! Any other kind is [`Corruption::UnknownMarkerKind`]. The offsets are the
+//! constants on [`FrameMarker`], for the kernel's entry code.
+//!
+//! # Shadow call stack
+//!
+//! The SCS grows up; x18 points to the next free slot; slot 0 is a task's
+//! first real entry and the last slot of the area holds [`SCS_END_MAGIC`],
+//! which is never reported. [`ShadowWalker::walk`] checks alignment and
+//! `base <= x18 <= end - 8` for each [`ShadowSegment`] and reads only
+//! `[base, x18)`. An interrupted context's segment can follow the current one
+//! (IRQ-time traces): its PC is reported first, as the frame walker does.
+//!
+//! # Where the two differ
+//!
+//! In a prologue between the SCS push and `mov x29, sp` (and in an epilogue
+//! between the `ldp` of x29 and the SCS pop) the SCS trace of an interrupted
+//! context has one extra entry; [`view_difference`] tells from the function's
+//! instructions whether a PC is in such a window.
+//!
+//! # The `kernel` feature
+//!
+//! Builds the walkers with `#[sanitize(kernel_hwaddress = "off")]`. Their hot
+//! paths avoid core helpers (`?`, iterator adapters, derived `PartialEq`)
+//! because LLVM does not inline instrumented code into uninstrumented code;
+//! checked by building for the kernel target with the sanitizer in outline
+//! mode: no `__hwasan_*` call is left in the walkers. The kernel's
+//! [`StackMemory`] implementation and strip function should be exempt too.
+#![cfg_attr(not(test), no_std)]
+#![cfg_attr(feature = "kernel", feature(sanitize))]
+
+/// `?` without the `Try` trait. With the `kernel` feature the walkers are not
+/// instrumented, and LLVM does not inline instrumented code (core's
+/// `Try::branch`, iterator adapters, derived `PartialEq`) into uninstrumented
+/// code: each such helper would stay an out-of-line, instrumented call. So the
+/// hot paths use only built-in operations and this macro.
+macro_rules! or_stop {
+    ($result:expr) => {
+        match $result {
+            Ok(value) => value,
+            Err(stop) => return stop,
+        }
+    };
+    ($result:expr, Err) => {
+        match $result {
+            Ok(value) => value,
+            Err(stop) => return Err(stop),
+        }
+    };
+}
+
+mod frame;
+mod pac;
+mod prologue;
+mod shadow;
+mod stack;
+mod trace;
+
+#[cfg(test)]
+mod tests;
+
+pub use frame::{FRAME_RECORD_SIZE, FrameMarker, FrameWalker};
+pub use pac::strip_pac_va_bits;
+pub use prologue::{SCS_POP, SCS_PUSH, ViewDifference, view_difference};
+pub use shadow::{SCS_END_MAGIC, ShadowSegment, ShadowStack, ShadowWalker};
+pub use stack::{StackKind, StackMemory, StackRange};
+pub use trace::{Corruption, EntryKind, MAX_FRAMES, StopReason, Trace, TraceEntry, TraceOptions};

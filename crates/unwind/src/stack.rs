@@ -1,0 +1,61 @@
+//! The stacks a walk may read: the memory-access trait and declared ranges.
+
+/// Read access to the memory that holds stacks.
+///
+/// The kernel implements it with plain loads (mark that implementation
+/// `#[sanitize(kernel_hwaddress = "off")]` too: stack words are not tagged
+/// objects, and the walkers are exempt for speed); tests implement
+/// it over synthetic memory images. The walkers call it only for addresses whose
+/// 8 bytes lie inside a declared stack, so an implementation may assume that but
+/// must not rely on it for memory safety: returning `None` stops the walk.
+pub trait StackMemory {
+    /// Reads the 64-bit word at `address` (8-aligned), or `None` if unreadable.
+    fn read_u64(&self, address: u64) -> Option<u64>;
+}
+
+impl<M: StackMemory + ?Sized> StackMemory for &M {
+    fn read_u64(&self, address: u64) -> Option<u64> {
+        (**self).read_u64(address)
+    }
+}
+
+/// What a declared stack is used for (informational: the walk order is the
+/// order of the declaration, not the kind).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StackKind {
+    /// A task's (thread's) kernel stack.
+    Task,
+    /// A per-CPU interrupt stack.
+    Irq,
+    /// A per-CPU stack for handling a stack overflow.
+    Overflow,
+    /// Any other stack (early boot, a test's synthetic stack...).
+    Other,
+}
+
+/// One stack: the bytes `[low, high)`; frame records live inside it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StackRange {
+    /// Lowest address of the stack (inclusive).
+    pub low: u64,
+    /// One past the highest address (exclusive): the initial stack pointer.
+    pub high: u64,
+    /// What the stack is for.
+    pub kind: StackKind,
+}
+
+impl StackRange {
+    /// A stack covering `[low, high)`. An empty or inverted range contains nothing.
+    pub const fn new(low: u64, high: u64, kind: StackKind) -> Self {
+        Self { low, high, kind }
+    }
+
+    /// Whether the `size` bytes at `address` lie wholly inside this stack
+    /// (without overflow, whatever the inputs).
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    #[inline]
+    pub const fn contains(&self, address: u64, size: u64) -> bool {
+        // `address + size <= high`, written so that nothing can overflow.
+        address >= self.low && size <= self.high && address <= self.high - size
+    }
+}
