@@ -14,6 +14,8 @@ mod drivers;
 mod dt;
 mod log;
 mod mm;
+mod stacktrace;
+mod task;
 mod tests;
 
 use arch::{cpu, mmu::VA_OFFSET};
@@ -25,6 +27,9 @@ pub const BUILD_VARIANT: &str = match option_env!("TRACELAB_VARIANT") {
     Some(variant) => variant,
     None => "unknown",
 };
+
+/// Whether the kernel is built with the shadow call stack (x18 reserved and used).
+pub const SHADOW_CALL_STACK: bool = matches!(BUILD_VARIANT.as_bytes(), b"full" | b"prod");
 
 /// How a run ends; xtask reads it as QEMU's exit status.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -39,6 +44,7 @@ static SEMIHOSTING: AtomicBool = AtomicBool::new(board::CONFIG.semihosting_by_de
 
 #[unsafe(no_mangle)]
 extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
+    task::init();
     log::init(board::CONFIG.console_uart + VA_OFFSET, board::CONFIG.console_clock_hz);
     let platform = platform(dtb_pa);
     let cmdline = cmdline::CommandLine::parse(platform.bootargs, board::CONFIG.semihosting_by_default);
@@ -47,6 +53,7 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
         Ok(layout) => layout,
         Err(error) => panic!("memory init: {:?}", defmt::Debug2Format(&error)),
     };
+    stacktrace::init_depot();
     drivers::interrupts::init(layout.gic, platform.virtual_timer_intid);
     drivers::timer::start(cmdline.hz);
 
@@ -185,5 +192,6 @@ fn panic(info: &core::panic::PanicInfo) -> ! {
     if let Some(test) = tests::current() {
         defmt::error!("  while running test {=str}", test);
     }
+    stacktrace::print_both();
     exit(ExitStatus::Panic)
 }

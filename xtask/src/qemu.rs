@@ -221,7 +221,7 @@ pub fn run(
             }
         }
     });
-    let mut log = KernelLog::new(&elf)?;
+    let mut log = KernelLog::with_symbols(&elf, &image.elf)?;
     // The kernel's last line. A kernel that could not use semihosting (a panic before it read
     // its command line on a board without it by default) parks after printing it: then the
     // sentinel's status is the run's, as when reading a real board's serial line.
@@ -275,7 +275,6 @@ pub fn run_via_pty(
 ) -> Result<crate::serial::SerialRun, Failure> {
     use std::io::{BufRead, Write};
     ensure_installed()?;
-    let elf = std::fs::read(&image.elf).map_err(|error| Failure::usage(format!("{}: {error}", image.elf.display())))?;
     let mut child = QemuProcess(
         machine
             .pty_command(image, bootargs)
@@ -303,7 +302,7 @@ pub fn run_via_pty(
     let port = crate::serial::open(std::path::Path::new(&pty), 115_200)?;
     let mut monitor = child.0.stdin.take().expect("piped");
     monitor.write_all(b"cont\n").map_err(|error| Failure::usage(format!("QEMU monitor: {error}")))?;
-    let run = crate::serial::read_run(port, &elf, Some(timeout), false)?;
+    let run = crate::serial::read_run(port, &image.elf, Some(timeout), false)?;
     let _ = monitor.write_all(b"quit\n");
     drop(child);
     Ok(run)

@@ -30,9 +30,16 @@ pub struct SerialRun {
     pub status: Option<i32>,
 }
 
-/// Decodes `port` with the kernel ELF until the sentinel, end of stream or `timeout`.
-pub fn read_run(port: std::fs::File, elf: &[u8], timeout: Option<Duration>, echo: bool) -> Result<SerialRun, Failure> {
-    let mut log = KernelLog::new(elf)?;
+/// Decodes `port` with the kernel ELF (log table and symbols) until the sentinel, end of stream
+/// or `timeout`.
+pub fn read_run(
+    port: std::fs::File,
+    elf_path: &Path,
+    timeout: Option<Duration>,
+    echo: bool,
+) -> Result<SerialRun, Failure> {
+    let elf = std::fs::read(elf_path).map_err(|error| Failure::usage(format!("{}: {error}", elf_path.display())))?;
+    let mut log = KernelLog::with_symbols(&elf, elf_path)?;
     let (sender, receiver) = std::sync::mpsc::channel::<Vec<u8>>();
     // The reader thread blocks in read(); it ends with the stream (or with the process).
     std::thread::spawn(move || {
@@ -90,10 +97,9 @@ pub fn monitor(args: &MonitorArgs) -> Result<u8, Failure> {
         Some(path) => path.clone(),
         None => crate::build::kernel(crate::build::Board::Rpi4, args.variant)?.elf,
     };
-    let elf = std::fs::read(&elf_path).map_err(|error| Failure::usage(format!("{}: {error}", elf_path.display())))?;
     let port = open(&args.serial, args.baud)?;
     eprintln!("xtask: reading {} with {}; power on the board", args.serial.display(), elf_path.display());
-    let run = read_run(port, &elf, args.timeout.map(Duration::from_secs), true)?;
+    let run = read_run(port, &elf_path, args.timeout.map(Duration::from_secs), true)?;
     match run.status {
         Some(status) => Ok(status.clamp(0, 255) as u8),
         None => Err(Failure {

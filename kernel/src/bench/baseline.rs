@@ -50,7 +50,9 @@ bench_scs_function:
     ret
 
     .section .bss.bench, "aw", @nobits
-    .balign 16
+    // Aligned like a stack slot's shadow stack (task/stacks.rs), so that exception entry's
+    // shadow-stack overflow check accepts x18 while the BRK loop runs.
+    .balign 32768
 bench_scratch_shadow_stack:
     .skip 64
 "#,

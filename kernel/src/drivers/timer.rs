@@ -37,6 +37,7 @@ pub fn ticks() -> u64 {
 /// The tick interrupt: count it and arm the next one.
 pub fn handle_tick() {
     TICKS.fetch_add(1, Ordering::Relaxed);
+    crate::task::tick();
     let next = CNTV_CVAL_EL0.get() + INTERVAL.load(Ordering::Relaxed);
     CNTV_CVAL_EL0.set(next);
 }

@@ -5,6 +5,7 @@ pub mod sanitizer;
 use crate::arch::mmu::{self, Attributes, KernelSpace, MapError, PAGE_SIZE, TEXT_ALIAS_OFFSET, VA_OFFSET};
 use crate::drivers::gic::GicConfig;
 use crate::dt::{GicRegions, Platform, Region};
+use crate::task::stacks::{SHADOW_STACK_SIZE, STACK_SIZE};
 
 const BLOCK_SIZE: u64 = 2 << 20;
 
@@ -13,7 +14,8 @@ unsafe extern "C" {
     static __text_end: u8;
     static __rodata_end: u8;
     static __boot_stack_guard: u8;
-    static __boot_scs_guard: u8;
+    static __stack_slots_start: u8;
+    static __stack_slots_end: u8;
     static __kernel_end: u8;
 }
 
@@ -64,13 +66,13 @@ fn overlaps(a: Region, b: Region) -> bool {
 /// Builds the final address space from the device tree and switches to it.
 pub fn init(platform: &Platform) -> Result<Layout, InitError> {
     // SAFETY: the linker script defines these symbols; only their addresses are used.
-    let (kernel_start, text_end, rodata_end, stack_guard, scs_guard, kernel_end) = unsafe {
+    let (kernel_start, text_end, rodata_end, slots_start, slots_end, kernel_end) = unsafe {
         (
             symbol(&__kernel_start),
             symbol(&__text_end),
             symbol(&__rodata_end),
-            symbol(&__boot_stack_guard),
-            symbol(&__boot_scs_guard),
+            symbol(&__stack_slots_start),
+            symbol(&__stack_slots_end),
             symbol(&__kernel_end),
         )
     };
@@ -95,11 +97,13 @@ pub fn init(platform: &Platform) -> Result<Layout, InitError> {
     // The image, W^X, guard pages left out.
     space.map(kernel_start, pa(kernel_start), text_end - kernel_start, Attributes::Text)?;
     space.map(text_end, pa(text_end), rodata_end - text_end, Attributes::ReadOnly)?;
-    space.map(rodata_end, pa(rodata_end), stack_guard - rodata_end, Attributes::ReadWrite)?;
-    let after_stack_guard = stack_guard + PAGE_SIZE;
-    space.map(after_stack_guard, pa(after_stack_guard), scs_guard - after_stack_guard, Attributes::ReadWrite)?;
-    let after_scs_guard = scs_guard + PAGE_SIZE;
-    space.map(after_scs_guard, pa(after_scs_guard), kernel_end - after_scs_guard, Attributes::ReadWrite)?;
+    space.map(rodata_end, pa(rodata_end), slots_start - rodata_end, Attributes::ReadWrite)?;
+    // Stack slots: the shadow call stack and the stack of each, never the guard between them.
+    for slot in crate::task::stacks::slots(slots_start, slots_end) {
+        space.map(slot.shadow_stack_base(), pa(slot.shadow_stack_base()), SHADOW_STACK_SIZE, Attributes::ReadWrite)?;
+        space.map(slot.stack_base(), pa(slot.stack_base()), STACK_SIZE, Attributes::ReadWrite)?;
+    }
+    space.map(slots_end, pa(slots_end), kernel_end - slots_end, Attributes::ReadWrite)?;
     // The text alias, for patching.
     space.map(
         pa(kernel_start) + TEXT_ALIAS_OFFSET,

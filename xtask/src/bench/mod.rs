@@ -163,9 +163,8 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
                     // The board runs what its cmdline.txt says (`cargo xtask sdimage --run bench`).
                     (Board::Rpi4, Some(path)) => {
                         progress.println(format!("reading {}: power on the Raspberry Pi 4", path.display()));
-                        let elf = std::fs::read(&image.elf).map_err(|error| Failure::usage(error.to_string()))?;
-                        let result =
-                            crate::serial::read_run(crate::serial::open(path, 115_200)?, &elf, Some(timeout), false)?;
+                        let port = crate::serial::open(path, 115_200)?;
+                        let result = crate::serial::read_run(port, &image.elf, Some(timeout), false)?;
                         (result.status, result.log)
                     }
                 };

@@ -158,14 +158,20 @@ at_el1:
     ldr     x0, =high_entry
     br      x0
 
+.global high_entry
 high_entry:
+    // The boot task's stack, topped by its final frame marker (0, 0, kind 0: end of task) so
+    // frame-pointer walks end cleanly; its shadow call stack starts empty.
     ldr     x0, =__boot_stack_top
-    mov     sp, x0
+    sub     sp, x0, #48
+    stp     xzr, xzr, [sp]
+    stp     xzr, xzr, [sp, #16]
+    str     xzr, [sp, #32]
     ldr     x18, =__boot_scs_base
     adr     x0, exception_vectors
     msr     vbar_el1, x0
     isb
-    mov     x29, xzr
+    mov     x29, sp
     mov     x30, xzr
     mov     x0, x19
     mov     x1, x20

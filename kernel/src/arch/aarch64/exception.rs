@@ -149,6 +149,56 @@ extern "C" fn exception_unexpected(frame: &mut ExceptionFrame) {
     report_and_exit("exception from an unexpected vector", frame);
 }
 
+/// The stack overflowed into its guard page (vectors.S moved to the overflow stack). Reports it
+/// with the interrupted context's backtraces and kills the task.
+#[unsafe(no_mangle)]
+extern "C" fn exception_stack_overflow(frame: &mut ExceptionFrame) -> ! {
+    // vectors.S kept the SP that did not fit in TPIDR_EL0.
+    let failed_sp: u64;
+    // SAFETY: reads a scratch system register.
+    unsafe { core::arch::asm!("mrs {}, tpidr_el0", out(reg) failed_sp, options(nomem, nostack, preserves_flags)) };
+    frame.sp = failed_sp + (core::mem::size_of::<ExceptionFrame>() + STACK_GAP) as u64;
+    report_overflow("stack overflow", crate::task::KillReason::StackOverflow, frame)
+}
+
+/// The shadow call stack reached its guard page (vectors.S switched x18 to the overflow shadow
+/// stack). Reports it and kills the task.
+#[unsafe(no_mangle)]
+extern "C" fn exception_shadow_stack_overflow(frame: &mut ExceptionFrame) -> ! {
+    report_overflow("shadow call stack overflow", crate::task::KillReason::ShadowStackOverflow, frame)
+}
+
+fn report_overflow(what: &str, reason: crate::task::KillReason, frame: &ExceptionFrame) -> ! {
+    let slot = crate::task::current_slot();
+    defmt::error!(
+        "{=str} in task {=str}: SP {=u64:#x}, x18 {=u64:#x}, at ELR {=u64:#x}, FAR {=u64:#x} (stack {=u64:#x}..{=u64:#x}, shadow stack {=u64:#x}..{=u64:#x})",
+        what,
+        crate::task::current_name(),
+        frame.sp,
+        frame.x[18],
+        frame.elr,
+        frame.far,
+        slot.stack_base(),
+        slot.stack_top(),
+        slot.shadow_stack_base(),
+        slot.shadow_stack_end()
+    );
+    crate::stacktrace::print_both_of(frame, slot);
+    record_overflow(reason);
+    crate::task::kill_current(reason)
+}
+
+/// The last overflow, for tests.
+static LAST_OVERFLOW: spin::Mutex<Option<crate::task::KillReason>> = spin::Mutex::new(None);
+
+fn record_overflow(reason: crate::task::KillReason) {
+    *LAST_OVERFLOW.lock() = Some(reason);
+}
+
+pub fn take_last_overflow() -> Option<crate::task::KillReason> {
+    LAST_OVERFLOW.lock().take()
+}
+
 fn report_and_exit(what: &str, frame: &ExceptionFrame) -> ! {
     crate::arch::aarch64::cpu::mask_interrupts();
     let class = ExceptionClass::of(frame.esr);

@@ -43,6 +43,10 @@ core::arch::global_asm!(
 
 core::arch::global_asm!(
     include_str!("vectors.S"),
+    stack_bit = const crate::task::stacks::STACK_BIT,
+    scs_check = const crate::SHADOW_CALL_STACK as u8,
+    scs_mask = const crate::task::stacks::SHADOW_STACK_MASK,
+    percpu_overflow_shadow_stack = const core::mem::offset_of!(crate::task::stacks::PerCpu, overflow_shadow_stack),
     frame_size = const core::mem::size_of::<exception::ExceptionFrame>(),
     gap = const exception::STACK_GAP,
     off_sp = const core::mem::offset_of!(exception::ExceptionFrame, sp),
@@ -55,4 +59,15 @@ core::arch::global_asm!(
 const _: () = assert!(
     crate::board::CONFIG.load_address >> 30 != crate::board::CONFIG.console_uart >> 30,
     "the early map gives RAM and the console separate 1 GiB blocks"
+);
+
+core::arch::global_asm!(
+    include_str!("context.S"),
+    frame_size = const core::mem::size_of::<exception::ExceptionFrame>(),
+    gap = const exception::STACK_GAP,
+    percpu_irq_frame = const core::mem::offset_of!(crate::task::stacks::PerCpu, irq_frame),
+    percpu_irq_stack_top = const core::mem::offset_of!(crate::task::stacks::PerCpu, irq_stack_top),
+    percpu_irq_shadow_stack = const core::mem::offset_of!(crate::task::stacks::PerCpu, irq_shadow_stack),
+    percpu_overflow_stack_top = const core::mem::offset_of!(crate::task::stacks::PerCpu, overflow_stack_top),
+    percpu_overflow_shadow_stack = const core::mem::offset_of!(crate::task::stacks::PerCpu, overflow_shadow_stack),
 );

@@ -19,6 +19,13 @@
 .macro VECTOR handler
     .balign 0x80
     sub     sp, sp, #({frame_size} + {gap})
+    // Stack overflow check (task/stacks.rs): a valid SP has bit 14 set. Swap x0 and SP to test
+    // the new SP without a free register or a store.
+    add     sp, sp, x0
+    sub     x0, sp, x0
+    tbz     x0, #{stack_bit}, stack_overflow_entry
+    sub     x0, sp, x0
+    sub     sp, sp, x0
     stp     x0, x1, [sp, #0 * 16]
     adrp    x1, \handler
     add     x1, x1, :lo12:\handler
@@ -31,12 +38,12 @@
 exception_vectors:
     // Current EL with SP_EL0 (EL1t: the probe tests' harness runs instructions this way).
     VECTOR  exception_el1_sync
-    VECTOR  exception_el1_irq
+    VECTOR  call_irq_on_irq_stack
     VECTOR  exception_unexpected
     VECTOR  exception_unexpected
     // Current EL with SP_ELx.
     VECTOR  exception_el1_sync
-    VECTOR  exception_el1_irq
+    VECTOR  call_irq_on_irq_stack
     VECTOR  exception_unexpected
     VECTOR  exception_unexpected
     // Lower EL, AArch64 (EL0 tasks arrive with a later issue).
@@ -86,6 +93,18 @@ exception_entry:
     str     x29, [x4, #32]
     mov     x29, x4
     mov     x0, sp
+.if {scs_check}
+    // Shadow call stack overflow (task/stacks.rs): in an SP_EL1 context a valid x18 has bits
+    // 12-14 clear. Continue on this CPU's overflow shadow stack (the stack itself is fine).
+    tbz     x3, #0, 2f
+    tst     x18, #{scs_mask}
+    b.eq    2f
+    mrs     x9, tpidr_el1
+    ldr     x18, [x9, #{percpu_overflow_shadow_stack}]
+    adrp    x1, exception_shadow_stack_overflow
+    add     x1, x1, :lo12:exception_shadow_stack_overflow
+2:
+.endif
     blr     x1
     // fall through
 exception_return:
