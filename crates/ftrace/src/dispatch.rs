@@ -1,0 +1,331 @@
+//! The lock-free table that the per-call path reads: sites, sets, ops.
+//!
+//! Only the [`Registry`](crate::Registry) writes it, under the kernel's
+//! lock; every field is an atomic that is changed by single stores, so the
+//! per-call path needs no lock (see "Concurrency" in the crate docs).
+
+use core::sync::atomic::{AtomicU64, Ordering};
+
+/// An acquire load for the per-call path. With the `kernel` feature it is
+/// the `atomic_load` intrinsic itself: `AtomicU64::load` is a function that
+/// LLVM will not inline into a function built with the sanitizer off, so it
+/// would be an out-of-line, instrumented call on every traced call. Always
+/// inlined, so it is instrumented or not as its caller is: every caller is
+/// built with the sanitizer off.
+#[inline(always)]
+fn load_acquire(word: &AtomicU64) -> u64 {
+    #[cfg(feature = "kernel")]
+    {
+        let pointer = word as *const AtomicU64 as *const u64;
+        // SAFETY: `AtomicU64` has the same in-memory representation as
+        // `u64`; `pointer` comes from a reference, so it is valid and
+        // aligned; and the access is atomic, exactly what `AtomicU64::load`
+        // performs.
+        unsafe { core::intrinsics::atomic_load::<u64, { core::intrinsics::AtomicOrdering::Acquire }>(pointer) }
+    }
+    #[cfg(not(feature = "kernel"))]
+    word.load(Ordering::Acquire)
+}
+
+/// A relaxed load for the per-call path (see [`load_acquire`]).
+#[inline(always)]
+fn load_relaxed(word: &AtomicU64) -> u64 {
+    #[cfg(feature = "kernel")]
+    {
+        let pointer = word as *const AtomicU64 as *const u64;
+        // SAFETY: as in `load_acquire`.
+        unsafe { core::intrinsics::atomic_load::<u64, { core::intrinsics::AtomicOrdering::Relaxed }>(pointer) }
+    }
+    #[cfg(not(feature = "kernel"))]
+    word.load(Ordering::Relaxed)
+}
+
+/// A tracer's index in the registry: `0..64 * TRACER_WORDS`.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct TracerId(pub u16);
+
+impl TracerId {
+    /// The index as a `usize`.
+    pub const fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// A set of tracers: one bit per [`TracerId`], `64 * TRACER_WORDS` bits.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct TracerSet<const TRACER_WORDS: usize> {
+    words: [u64; TRACER_WORDS],
+}
+
+impl<const TRACER_WORDS: usize> TracerSet<TRACER_WORDS> {
+    /// The empty set.
+    pub const EMPTY: Self = Self { words: [0; TRACER_WORDS] };
+
+    /// The set whose bit `64 * i + j` is bit `j` of `words[i]`.
+    pub const fn from_words(words: [u64; TRACER_WORDS]) -> Self {
+        Self { words }
+    }
+
+    /// The bits, 64 tracers per word.
+    pub const fn words(&self) -> [u64; TRACER_WORDS] {
+        self.words
+    }
+
+    /// Whether `tracer` is in the set.
+    #[inline]
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    pub fn contains(&self, tracer: TracerId) -> bool {
+        let index = tracer.0 as usize;
+        index < 64 * TRACER_WORDS && self.words[index / 64] & 1 << (index % 64) != 0
+    }
+
+    /// Adds `tracer`; ignored if it is beyond the set's capacity.
+    pub fn insert(&mut self, tracer: TracerId) {
+        let index = tracer.index();
+        if index < 64 * TRACER_WORDS {
+            self.words[index / 64] |= 1 << (index % 64);
+        }
+    }
+
+    /// Removes `tracer`.
+    pub fn remove(&mut self, tracer: TracerId) {
+        let index = tracer.index();
+        if index < 64 * TRACER_WORDS {
+            self.words[index / 64] &= !(1 << (index % 64));
+        }
+    }
+
+    /// How many tracers are in the set.
+    pub fn len(&self) -> usize {
+        self.words.iter().map(|word| word.count_ones() as usize).sum()
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.words.iter().all(|&word| word == 0)
+    }
+
+    /// The only member, if the set has exactly one.
+    pub fn single(&self) -> Option<TracerId> {
+        let mut iter = self.iter();
+        let first = iter.next()?;
+        if iter.next().is_some() { None } else { Some(first) }
+    }
+
+    /// The intersection of two sets.
+    #[inline]
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    pub fn and(mut self, other: &Self) -> Self {
+        let mut index = 0;
+        while index < TRACER_WORDS {
+            self.words[index] &= other.words[index];
+            index += 1;
+        }
+        self
+    }
+
+    /// The members in increasing order.
+    #[inline]
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    pub fn iter(&self) -> TracerSetIter<TRACER_WORDS> {
+        TracerSetIter { words: self.words, word: 0 }
+    }
+}
+
+impl<const TRACER_WORDS: usize> IntoIterator for TracerSet<TRACER_WORDS> {
+    type Item = TracerId;
+    type IntoIter = TracerSetIter<TRACER_WORDS>;
+
+    #[inline]
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+/// Iterator over a [`TracerSet`]: one `trailing_zeros` per member, one
+/// test per empty word, so walking a set costs `TRACER_WORDS + members`.
+#[derive(Clone, Debug)]
+pub struct TracerSetIter<const TRACER_WORDS: usize> {
+    words: [u64; TRACER_WORDS],
+    word: usize,
+}
+
+impl<const TRACER_WORDS: usize> Iterator for TracerSetIter<TRACER_WORDS> {
+    type Item = TracerId;
+
+    #[inline]
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    fn next(&mut self) -> Option<TracerId> {
+        while self.word < TRACER_WORDS {
+            let bits = self.words[self.word];
+            if bits != 0 {
+                self.words[self.word] = bits & (bits - 1);
+                return Some(TracerId((self.word * 64 + bits.trailing_zeros() as usize) as u16));
+            }
+            self.word += 1;
+        }
+        None
+    }
+}
+
+/// What the per-call path reads, shared between CPUs without a lock.
+///
+/// `SITES` is the capacity of the callsite table, `64 * TRACER_WORDS` the
+/// number of tracers, `VECTORS` the number of vector slots of
+/// [`Scheme::Vector`](crate::Scheme::Vector). The kernel keeps one in a
+/// static next to the locked [`Registry`](crate::Registry) that fills it:
+/// about `8 * (SITES * (1 + TRACER_WORDS) + TRACER_WORDS * (65 + VECTORS))`
+/// bytes (98 KiB for 4096 sites, 128 tracers and 64 vectors).
+pub struct DispatchTable<const SITES: usize, const TRACER_WORDS: usize, const VECTORS: usize> {
+    /// Entries `E` of the initialised table, sorted, written once by
+    /// `Registry::initialise` before any site calls the trampoline.
+    pub(crate) entries: [AtomicU64; SITES],
+    pub(crate) site_count: AtomicU64,
+    /// For each site, the tracers whose filter contains it. A tracer's bits
+    /// are set before it is published in `registered` and cleared only after
+    /// a grace period following its unregistration.
+    pub(crate) site_tracers: [[AtomicU64; TRACER_WORDS]; SITES],
+    /// The published tracers.
+    pub(crate) registered: [AtomicU64; TRACER_WORDS],
+    /// Each tracer's ops address, written before it is published.
+    pub(crate) ops: [[AtomicU64; 64]; TRACER_WORDS],
+    /// Each vector slot's tracers, written before a literal points at the
+    /// slot and not changed until a grace period after none does.
+    pub(crate) vectors: [[AtomicU64; TRACER_WORDS]; VECTORS],
+}
+
+impl<const SITES: usize, const TRACER_WORDS: usize, const VECTORS: usize> Default
+    for DispatchTable<SITES, TRACER_WORDS, VECTORS>
+{
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<const SITES: usize, const TRACER_WORDS: usize, const VECTORS: usize> DispatchTable<SITES, TRACER_WORDS, VECTORS> {
+    /// Number of tracers the table holds.
+    pub const TRACERS: usize = 64 * TRACER_WORDS;
+
+    /// An empty table, for a static.
+    pub const fn new() -> Self {
+        Self {
+            entries: [const { AtomicU64::new(0) }; SITES],
+            site_count: AtomicU64::new(0),
+            site_tracers: [const { [const { AtomicU64::new(0) }; TRACER_WORDS] }; SITES],
+            registered: [const { AtomicU64::new(0) }; TRACER_WORDS],
+            ops: [const { [const { AtomicU64::new(0) }; 64] }; TRACER_WORDS],
+            vectors: [const { [const { AtomicU64::new(0) }; TRACER_WORDS] }; VECTORS],
+        }
+    }
+
+    /// Number of sites in the table (0 before initialisation).
+    #[inline]
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    pub fn site_count(&self) -> usize {
+        let count = load_acquire(&self.site_count);
+        if count < SITES as u64 { count as usize } else { SITES }
+    }
+
+    /// The entry address `E` of `site`.
+    pub fn entry(&self, site: usize) -> Option<u64> {
+        if site < self.site_count() { Some(self.entries[site].load(Ordering::Relaxed)) } else { None }
+    }
+
+    /// The index of the site whose entry is `entry` (binary search: about
+    /// 12 loads for 4096 sites). The list function's ip-to-site step; the
+    /// trampoline's `x30` gives the entry through
+    /// [`CallSite::from_return_address`](crate::CallSite::from_return_address).
+    #[inline]
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    pub fn site_index(&self, entry: u64) -> Option<usize> {
+        let (mut low, mut high) = (0, self.site_count());
+        while low < high {
+            let middle = low + (high - low) / 2;
+            let found = load_relaxed(&self.entries[middle]);
+            if found == entry {
+                return Some(middle);
+            }
+            if found < entry {
+                low = middle + 1;
+            } else {
+                high = middle;
+            }
+        }
+        None
+    }
+
+    /// The published tracers: what the seed's list function walks.
+    #[inline]
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    pub fn registered(&self) -> TracerSet<TRACER_WORDS> {
+        let mut words = [0; TRACER_WORDS];
+        let mut index = 0;
+        while index < TRACER_WORDS {
+            words[index] = load_acquire(&self.registered[index]);
+            index += 1;
+        }
+        TracerSet { words }
+    }
+
+    /// Whether published tracer `tracer` traces `site`: two loads, O(1).
+    #[inline]
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    pub fn traces(&self, site: usize, tracer: TracerId) -> bool {
+        let index = tracer.0 as usize;
+        if site >= SITES || index >= Self::TRACERS {
+            return false;
+        }
+        let bit = 1 << (index % 64);
+        load_acquire(&self.registered[index / 64]) & bit != 0
+            && load_relaxed(&self.site_tracers[site][index / 64]) & bit != 0
+    }
+
+    /// The published tracers that trace `site`, read in `2 * TRACER_WORDS`
+    /// loads: a list function that walks this instead of every registered
+    /// tracer costs nothing per irrelevant tracer.
+    #[inline]
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    pub fn relevant(&self, site: usize) -> TracerSet<TRACER_WORDS> {
+        if site >= SITES {
+            return TracerSet::EMPTY;
+        }
+        let mut words = self.registered().words;
+        let mut index = 0;
+        while index < TRACER_WORDS {
+            words[index] &= load_relaxed(&self.site_tracers[site][index]);
+            index += 1;
+        }
+        TracerSet { words }
+    }
+
+    /// The ops address registered for `tracer` (0 if never registered).
+    #[inline]
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    pub fn ops_address(&self, tracer: TracerId) -> u64 {
+        let index = tracer.0 as usize;
+        if index >= Self::TRACERS {
+            return 0;
+        }
+        load_relaxed(&self.ops[index / 64][index % 64])
+    }
+
+    /// The tracers of vector slot `slot` that are still published: what the
+    /// kernel's vector function walks (`TRACER_WORDS + members` steps, no
+    /// site lookup). An unregistered tracer drops out at once, before the
+    /// `apply` that retargets the sites.
+    #[inline]
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    pub fn vector(&self, slot: usize) -> TracerSet<TRACER_WORDS> {
+        if slot >= VECTORS {
+            return TracerSet::EMPTY;
+        }
+        let mut words = self.registered().words;
+        let mut index = 0;
+        while index < TRACER_WORDS {
+            words[index] &= load_relaxed(&self.vectors[slot][index]);
+            index += 1;
+        }
+        TracerSet { words }
+    }
+}
