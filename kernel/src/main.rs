@@ -9,6 +9,7 @@
 mod arch;
 mod bench;
 mod board;
+mod callsites;
 mod cmdline;
 mod drivers;
 mod dt;
@@ -54,6 +55,7 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
         Err(error) => panic!("memory init: {:?}", defmt::Debug2Format(&error)),
     };
     stacktrace::init_depot();
+    callsites::init();
     drivers::interrupts::init(layout.gic, platform.virtual_timer_intid);
     drivers::timer::start(cmdline.hz);
 

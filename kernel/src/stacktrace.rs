@@ -211,3 +211,46 @@ pub fn save_stack(skip: usize) -> Result<DepotHandle, DepotError> {
     let trace = capture(mode(), TraceOptions::new(skip + 1, unwind::MAX_FRAMES));
     DEPOT.save(trace.addresses())
 }
+
+/// A capture taken by the timer tick in IRQ context (the stack-trace tests arm it).
+pub struct IrqCapture {
+    pub frame_pointer: Trace,
+    pub shadow: Trace,
+    /// The interrupted PC.
+    pub pc: u64,
+}
+
+static IRQ_CAPTURE_ARMED: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+static IRQ_CAPTURE_DONE: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+static mut IRQ_CAPTURE: IrqCapture = IrqCapture { frame_pointer: Trace::new(), shadow: Trace::new(), pc: 0 };
+
+/// Asks the next timer tick to capture both traces in IRQ context.
+pub fn arm_irq_capture() {
+    IRQ_CAPTURE_DONE.store(false, Ordering::Relaxed);
+    IRQ_CAPTURE_ARMED.store(true, Ordering::Release);
+}
+
+/// The capture, once the tick has taken it.
+pub fn take_irq_capture() -> Option<&'static IrqCapture> {
+    if !IRQ_CAPTURE_DONE.swap(false, Ordering::Acquire) {
+        return None;
+    }
+    // SAFETY: DONE was set (release) after the IRQ wrote the capture, and the IRQ writes again
+    // only after the next arm_irq_capture, which the caller does after it is done reading.
+    Some(unsafe { &*core::ptr::addr_of!(IRQ_CAPTURE) })
+}
+
+/// Called by the timer tick (IRQ context).
+pub fn on_tick() {
+    if !IRQ_CAPTURE_ARMED.swap(false, Ordering::Acquire) {
+        return;
+    }
+    let frame = stacks::this_cpu().irq_frame.load(Ordering::Relaxed);
+    // SAFETY: the tick runs inside the IRQ whose interrupted frame this is (context.S).
+    let pc = if frame.is_null() { 0 } else { unsafe { (*frame).elr } };
+    let frame_pointer = capture(Mode::FramePointer, TraceOptions::ALL);
+    let shadow = capture(Mode::ShadowCallStack, TraceOptions::ALL);
+    // SAFETY: only this IRQ path writes IRQ_CAPTURE, between arm and DONE (see take_irq_capture).
+    unsafe { *core::ptr::addr_of_mut!(IRQ_CAPTURE) = IrqCapture { frame_pointer, shadow, pc } };
+    IRQ_CAPTURE_DONE.store(true, Ordering::Release);
+}

@@ -1,5 +1,7 @@
 //! `cargo xtask test`: host crate tests, then the kernel suite in QEMU over a configuration matrix.
 //!
+//! Kernel tests run under `-icount shift=0,sleep=off`: deterministic, and timer IRQs arrive at
+//! exactly the instruction their deadline names (the IRQ-time stack-trace tests need that).
 //! The matrix on `virt` is complete: every build variant (full, prod, plain) x every CPU variant x
 //! entry at EL1 and EL2 x GICv2 and GICv3, 60 QEMU runs of well under a second each. On QEMU
 //! `raspi4b` (the Pi 4 board) every build variant runs once: Cortex-A72, EL2, GIC-400. Each kernel
@@ -64,7 +66,7 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
             let image = build::kernel(Board::Virt, variant)?;
             for &cpu in &cpus {
                 for (el, gic) in [(1, 2), (1, 3), (2, 2), (2, 3)] {
-                    let machine = Machine { board: Board::Virt, cpu, el, gic, icount: false, dtb: None };
+                    let machine = Machine { board: Board::Virt, cpu, el, gic, icount: true, dtb: None };
                     timed_out |= run_configuration(&machine, variant, &image, args, &mut tally)?;
                 }
             }
@@ -265,7 +267,9 @@ fn run_configuration(
     args: &TestArgs,
     tally: &mut Tally,
 ) -> Result<bool, Failure> {
-    let mut bootargs = format!("run=test exit=semihosting expect-pauth={}", machine.cpu.expected_pauth());
+    // A 1 kHz tick: under icount, virtual time is instructions, and every tick waited for costs
+    // its interval in instructions.
+    let mut bootargs = format!("run=test hz=1000 exit=semihosting expect-pauth={}", machine.cpu.expected_pauth());
     if !args.filter.is_empty() {
         bootargs.push_str(&format!(" filter={}", args.filter));
     }

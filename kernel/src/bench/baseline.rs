@@ -52,7 +52,7 @@ bench_scs_function:
     .section .bss.bench, "aw", @nobits
     // Aligned like a stack slot's shadow stack (task/stacks.rs), so that exception entry's
     // shadow-stack overflow check accepts x18 while the BRK loop runs.
-    .balign 32768
+    .balign 65536
 bench_scratch_shadow_stack:
     .skip 64
 "#,

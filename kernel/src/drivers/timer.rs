@@ -25,6 +25,12 @@ pub fn start(hz: u64) {
     CNTV_CTL_EL0.write(CNTV_CTL_EL0::ENABLE::SET + CNTV_CTL_EL0::IMASK::CLEAR);
 }
 
+/// Brings the next tick forward to `delay` counter ticks from now (tests that want an IRQ at a
+/// chosen point). The periodic schedule continues from there.
+pub fn fire_in(delay: u64) {
+    CNTV_CVAL_EL0.set(counter() + delay);
+}
+
 /// The configured tick rate.
 pub fn hz() -> u64 {
     HZ.load(Ordering::Relaxed)
@@ -38,6 +44,7 @@ pub fn ticks() -> u64 {
 pub fn handle_tick() {
     TICKS.fetch_add(1, Ordering::Relaxed);
     crate::task::tick();
+    crate::stacktrace::on_tick();
     let next = CNTV_CVAL_EL0.get() + INTERVAL.load(Ordering::Relaxed);
     CNTV_CVAL_EL0.set(next);
 }

@@ -218,6 +218,11 @@ fn shadow_high_water(slot: Slot) -> usize {
         .map_or(0, |index| index + 1)
 }
 
+/// The current task's shadow-stack high-water mark so far, in entries.
+pub fn shadow_high_water_now() -> usize {
+    shadow_high_water(current_slot())
+}
+
 pub fn current() -> TaskId {
     with_irqs_masked(|| TaskId(scheduler().current))
 }

@@ -1,36 +1,36 @@
 //! Stack slots: where every kernel stack and shadow call stack lives, and the per-CPU data that
 //! exception entry reads through TPIDR_EL1.
 //!
-//! A slot is 32 KiB, 32 KiB-aligned (kernel.ld):
+//! A slot is 64 KiB, 64 KiB-aligned (kernel.ld):
 //!
 //! | offset        | contents                                                   |
 //! |---------------|------------------------------------------------------------|
 //! | 0 .. 4 KiB    | shadow call stack, grows up; last slot holds SCS_END_MAGIC |
-//! | 4 .. 16 KiB   | unmapped guard (above the SCS, below the stack)            |
-//! | 16 .. 32 KiB  | stack, grows down                                          |
+//! | 4 .. 32 KiB   | unmapped guard (above the SCS, below the stack)            |
+//! | 32 .. 64 KiB  | stack, grows down                                          |
 //!
 //! The alignment makes both overflows testable from a register alone, before anything is
-//! stored (vectors.S): a valid SP has bit 14 set (it lies in the upper half of its slot), a valid
-//! x18 has bits 12-14 clear (it lies in the first 4 KiB). Slot 0 is the boot task's; each CPU
+//! stored (vectors.S): a valid SP has bit 15 set (it lies in the upper half of its slot), a valid
+//! x18 has bits 12-15 clear (it lies in the first 4 KiB). Slot 0 is the boot task's; each CPU
 //! owns an IRQ slot and an overflow slot after the task slots.
 
 use crate::arch::exception::ExceptionFrame;
 use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
-pub const SLOT_SIZE: u64 = 32 << 10;
+pub const SLOT_SIZE: u64 = 64 << 10;
 pub const SHADOW_STACK_SIZE: u64 = 4 << 10;
-pub const STACK_SIZE: u64 = 16 << 10;
+pub const STACK_SIZE: u64 = 32 << 10;
 /// Bit of a valid SP that vectors.S tests (set in the upper half of a slot).
-pub const STACK_BIT: u64 = 14;
+pub const STACK_BIT: u64 = 15;
 /// Bits of a valid x18 that vectors.S tests (all clear in the shadow call stack page).
-pub const SHADOW_STACK_MASK: u64 = (SLOT_SIZE - 1) & !(SHADOW_STACK_SIZE - 1) & ((1 << 15) - 1);
+pub const SHADOW_STACK_MASK: u64 = (SLOT_SIZE - 1) & !(SHADOW_STACK_SIZE - 1);
 
 pub const TASK_SLOTS: usize = 8;
 pub const CPUS: usize = 1;
 /// Task slots, then per CPU an IRQ slot and an overflow slot (kernel.ld reserves this many).
 pub const SLOTS: usize = TASK_SLOTS + 2 * CPUS;
 
-const _: () = assert!(SHADOW_STACK_MASK == 0x7000);
+const _: () = assert!(SHADOW_STACK_MASK == 0xf000);
 const _: () = assert!(1 << STACK_BIT == STACK_SIZE);
 
 /// One slot, by its base address.

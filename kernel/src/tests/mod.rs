@@ -6,6 +6,7 @@
 //! file and line. A test that hangs is named by its start line; one that panics by the panic.
 
 mod foundation;
+mod stacktrace;
 
 use core::sync::atomic::{AtomicPtr, Ordering};
 
@@ -60,7 +61,12 @@ macro_rules! check_eq {
 }
 pub(crate) use {check, check_eq};
 
-const TESTS: &[Test] = foundation::TESTS;
+/// A failure with a message instead of an expression.
+pub fn fail(what: &'static str) -> Failure {
+    Failure { expression: what, file: file!(), line: line!() }
+}
+
+const SUITES: &[&[Test]] = &[foundation::TESTS, stacktrace::TESTS];
 
 static CURRENT: AtomicPtr<&'static str> = AtomicPtr::new(core::ptr::null_mut());
 
@@ -80,7 +86,7 @@ pub struct Summary {
 pub fn run(filter: &str, expect_pauth: Option<&'static str>) -> Summary {
     let context = Context { expect_pauth };
     let mut summary = Summary { passed: 0, failed: 0, skipped: 0 };
-    for test in TESTS.iter().filter(|test| test.name.contains(filter)) {
+    for test in SUITES.iter().flat_map(|suite| suite.iter()).filter(|test| test.name.contains(filter)) {
         CURRENT.store(&test.name as *const &'static str as *mut _, Ordering::Relaxed);
         defmt::info!("test start: {=str}", test.name);
         match (test.run)(&context) {
@@ -105,6 +111,11 @@ pub fn run(filter: &str, expect_pauth: Option<&'static str>) -> Summary {
         }
     }
     CURRENT.store(core::ptr::null_mut(), Ordering::Relaxed);
+    defmt::info!(
+        "shadow call stack high-water mark of the test task: {=usize} of {=u64} entries",
+        crate::task::shadow_high_water_now(),
+        crate::task::stacks::SHADOW_STACK_SIZE / 8 - 1
+    );
     defmt::info!(
         "tests done: {=u32} passed, {=u32} failed, {=u32} skipped",
         summary.passed,

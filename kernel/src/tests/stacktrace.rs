@@ -1,0 +1,427 @@
+//! Tasks, overflow detection, and the frame-pointer and shadow-call-stack walkers on real stacks:
+//! random recursive call chains, IRQs at random and at known points, PAC bits, corrupted records.
+
+use super::{Context, Outcome, Test, Verdict, check};
+use crate::arch::{cpu, exception};
+use crate::stacktrace::{self, Mode};
+use crate::task::{self, KillReason, State};
+use crate::{callsites, drivers::timer};
+use core::hint::black_box;
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use unwind::{Trace, TraceOptions, ViewDifference};
+
+pub const TESTS: &[Test] = &[
+    Test { name: "tasks_are_preempted_by_the_timer", run: tasks_are_preempted_by_the_timer },
+    Test { name: "stack_overflow_kills_only_the_task", run: stack_overflow_kills_only_the_task },
+    Test { name: "shadow_stack_overflow_kills_only_the_task", run: shadow_stack_overflow_kills_only_the_task },
+    Test { name: "shadow_stack_high_water_mark", run: shadow_stack_high_water_mark },
+    Test { name: "fp_and_scs_traces_agree_on_random_chains", run: fp_and_scs_traces_agree_on_random_chains },
+    Test { name: "traces_agree_in_irqs_at_random_points", run: traces_agree_in_irqs_at_random_points },
+    Test { name: "traces_agree_in_an_irq_at_a_known_point", run: traces_agree_in_an_irq_at_a_known_point },
+    Test { name: "corrupted_frame_record_stops_the_walk", run: corrupted_frame_record_stops_the_walk },
+];
+
+fn no_scs() -> Option<Outcome> {
+    (!crate::SHADOW_CALL_STACK).then_some(Ok(Verdict::Skipped("variant plain has no shadow call stack")))
+}
+
+// --- tasks ---------------------------------------------------------------------------------
+
+static STOP: AtomicBool = AtomicBool::new(false);
+static SPINS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
+extern "C" fn spinner(index: u64) {
+    while !STOP.load(Ordering::Relaxed) {
+        SPINS[index as usize].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn tasks_are_preempted_by_the_timer(_: &Context) -> Outcome {
+    STOP.store(false, Ordering::Relaxed);
+    for spins in &SPINS {
+        spins.store(0, Ordering::Relaxed);
+    }
+    let first = task::spawn("spinner-0", spinner, 0).map_err(|_| super::fail("spawn failed"))?;
+    let second = task::spawn("spinner-1", spinner, 1).map_err(|_| super::fail("spawn failed"))?;
+    // This task never yields: the others only run if the tick preempts it.
+    let until = timer::ticks() + 20;
+    while timer::ticks() < until {
+        core::hint::spin_loop();
+    }
+    STOP.store(true, Ordering::Relaxed);
+    check!(task::join(first) == State::Exited);
+    check!(task::join(second) == State::Exited);
+    check!(SPINS[0].load(Ordering::Relaxed) > 0);
+    check!(SPINS[1].load(Ordering::Relaxed) > 0);
+    Ok(Verdict::Passed)
+}
+
+/// Recurses with a 1 KiB frame until the stack's guard page stops it.
+#[inline(never)]
+fn deep(depth: u64) -> u64 {
+    let mut frame = [depth; 128];
+    black_box(&mut frame);
+    deep(depth + 1).wrapping_add(frame[(depth % 128) as usize])
+}
+
+extern "C" fn overflow_stack(_: u64) {
+    black_box(deep(0));
+}
+
+fn stack_overflow_kills_only_the_task(_: &Context) -> Outcome {
+    let _ = exception::take_last_overflow();
+    let id = task::spawn("overflow-stack", overflow_stack, 0).map_err(|_| super::fail("spawn failed"))?;
+    check!(task::join(id) == State::Killed(KillReason::StackOverflow));
+    check!(exception::take_last_overflow() == Some(KillReason::StackOverflow));
+    // The kernel goes on: this task still runs, calls, and takes the timer tick.
+    let ticks = timer::ticks();
+    while timer::ticks() == ticks {}
+    Ok(Verdict::Passed)
+}
+
+core::arch::global_asm!(
+    r#"
+    .section .text.test_recursion, "ax"
+    // scs_recurse(n): n nested calls, each pushing its LR on the shadow call stack and a 16-byte
+    // frame record on the stack (the shadow stack fills long before the stack).
+    .global scs_recurse
+scs_recurse:
+    str     x30, [x18], #8
+    stp     x29, x30, [sp, #-16]!
+    mov     x29, sp
+    subs    x0, x0, #1
+    b.eq    1f
+    bl      scs_recurse
+1:  ldp     x29, x30, [sp], #16
+    ldr     x30, [x18, #-8]!
+    ret
+"#
+);
+
+unsafe extern "C" {
+    fn scs_recurse(depth: u64);
+}
+
+extern "C" fn recurse_task(depth: u64) {
+    // SAFETY: scs_recurse only uses its own stack frames and shadow-stack entries.
+    unsafe { scs_recurse(depth) };
+}
+
+fn shadow_stack_overflow_kills_only_the_task(_: &Context) -> Outcome {
+    if let Some(skipped) = no_scs() {
+        return skipped;
+    }
+    let _ = exception::take_last_overflow();
+    // 4 KiB of shadow stack is 511 entries: 1500 calls overflow it; their 24 KiB of frame
+    // records fit in the 32 KiB stack, and the shadow stack overflows 8 KiB in.
+    let id = task::spawn("overflow-scs", recurse_task, 1500).map_err(|_| super::fail("spawn failed"))?;
+    check!(task::join(id) == State::Killed(KillReason::ShadowStackOverflow));
+    check!(exception::take_last_overflow() == Some(KillReason::ShadowStackOverflow));
+    Ok(Verdict::Passed)
+}
+
+fn shadow_stack_high_water_mark(_: &Context) -> Outcome {
+    if let Some(skipped) = no_scs() {
+        return skipped;
+    }
+    let id = task::spawn("recurse-100", recurse_task, 100).map_err(|_| super::fail("spawn failed"))?;
+    check!(task::join(id) == State::Exited);
+    let high_water = task::shadow_high_water_of(id);
+    // 100 entries of scs_recurse plus the task entry's few.
+    check!((100..110).contains(&high_water));
+    Ok(Verdict::Passed)
+}
+
+// --- random call chains ----------------------------------------------------------------------
+
+/// What a chain does at its deepest point.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Leaf {
+    /// Capture both traces and compare them.
+    Compare,
+    /// Spin a little (IRQs land anywhere in the chain).
+    Spin,
+    /// Wait for the timer IRQ at a known instruction.
+    WaitForInterrupt,
+}
+
+struct Chain {
+    seed: u64,
+    leaf: Leaf,
+    depth: usize,
+    /// Set by a Compare leaf: Ok(whether this leaf's saved LR carried PAC bits).
+    result: Option<Result<bool, &'static str>>,
+}
+
+impl Chain {
+    fn random(&mut self) -> u64 {
+        self.seed ^= self.seed << 13;
+        self.seed ^= self.seed >> 7;
+        self.seed ^= self.seed << 17;
+        self.seed
+    }
+}
+
+#[inline(always)]
+fn next(chain: &mut Chain, depth: usize) -> u64 {
+    if depth == 0 {
+        return leaf(chain);
+    }
+    match chain.random() % 3 {
+        0 => chain_small(chain, depth - 1),
+        1 => chain_medium(chain, depth - 1),
+        _ => chain_large(chain, depth - 1),
+    }
+}
+
+#[inline(never)]
+fn chain_small(chain: &mut Chain, depth: usize) -> u64 {
+    black_box(next(chain, depth)).wrapping_add(1)
+}
+
+#[inline(never)]
+fn chain_medium(chain: &mut Chain, depth: usize) -> u64 {
+    let mut local = [depth as u64; 6];
+    black_box(&mut local);
+    black_box(next(chain, depth)).wrapping_add(local[depth % 6])
+}
+
+#[inline(never)]
+fn chain_large(chain: &mut Chain, depth: usize) -> u64 {
+    let mut local = [depth as u64; 24];
+    black_box(&mut local);
+    black_box(next(chain, depth)).wrapping_add(local[depth % 24])
+}
+
+fn is_chain_function(address: u64) -> bool {
+    let starts = [chain_small as usize as u64, chain_medium as usize as u64, chain_large as usize as u64];
+    callsites::function_containing(address).is_some_and(|(start, _)| starts.contains(&start))
+}
+
+/// A chain function or the leaf: where IRQ captures are compared.
+fn is_chain_code(address: u64) -> bool {
+    let starts =
+        [chain_small as usize as u64, chain_medium as usize as u64, chain_large as usize as u64, leaf as usize as u64];
+    callsites::function_containing(address).is_some_and(|(start, _)| starts.contains(&start))
+}
+
+#[inline(never)]
+fn leaf(chain: &mut Chain) -> u64 {
+    match chain.leaf {
+        Leaf::Compare => chain.result = Some(compare_at_leaf(chain.depth)),
+        Leaf::Spin => {
+            for _ in 0..(chain.random() % 4) {
+                core::hint::spin_loop();
+            }
+        }
+        Leaf::WaitForInterrupt => wait_here(),
+    }
+    black_box(0)
+}
+
+/// Both traces from one function; entry 0 of each is a return address into it.
+#[inline(never)]
+fn capture_both() -> (Trace, Trace) {
+    (
+        stacktrace::capture(Mode::FramePointer, TraceOptions::ALL),
+        stacktrace::capture(Mode::ShadowCallStack, TraceOptions::ALL),
+    )
+}
+
+#[inline(never)]
+fn compare_at_leaf(depth: usize) -> Result<bool, &'static str> {
+    let (fp, scs) = capture_both();
+    if fp.addresses()[1..] != scs.addresses()[1..] {
+        return Err("FP and SCS traces differ");
+    }
+    // Entry 0 returns into capture_both, 1 into this function, 2 into leaf, and the next
+    // `depth` (as far as the trace reaches) into the chain functions.
+    let in_function = |address: u64, function: u64| {
+        callsites::function_containing(address - 4).is_some_and(|(start, _)| start == function)
+    };
+    if !in_function(fp.addresses()[2], leaf as usize as u64) {
+        return Err("entry 2 does not return into leaf");
+    }
+    let chain_entries = depth.min(fp.len() - 3);
+    if !fp.addresses()[3..3 + chain_entries].iter().all(|&address| is_chain_function(address - 4)) {
+        return Err("a stripped return address is not in a chain function");
+    }
+    // The saved LR of this function's frame record: signed iff the CPU has PAuth.
+    let frame: u64;
+    // SAFETY: reads x29 of this non-leaf function.
+    unsafe { core::arch::asm!("mov {}, x29", out(reg) frame, options(nomem, nostack)) };
+    // SAFETY: x29 + 8 is this function's saved LR.
+    let saved = unsafe { core::ptr::read_volatile((frame + 8) as *const u64) };
+    Ok(cpu::strip_pac(saved) != saved)
+}
+
+fn fp_and_scs_traces_agree_on_random_chains(_: &Context) -> Outcome {
+    if let Some(skipped) = no_scs() {
+        return skipped;
+    }
+    let mut chain = Chain { seed: 0x5eed_7ace, leaf: Leaf::Compare, depth: 0, result: None };
+    let mut signed = 0;
+    for _ in 0..2000 {
+        chain.depth = 1 + (chain.random() % 100) as usize;
+        chain.result = None;
+        let depth = chain.depth;
+        black_box(next(&mut chain, depth));
+        match chain.result {
+            Some(Ok(was_signed)) => signed += u32::from(was_signed),
+            Some(Err(what)) => {
+                defmt::error!("  chain depth {=usize}: {=str}", chain.depth, what);
+                return Err(super::fail(what));
+            }
+            None => return Err(super::fail("the leaf did not run")),
+        }
+    }
+    // Saved LRs carry PAC bits under PAuth (a PAC can be all zeros by chance: 1 in 2^16 per
+    // signing, so allow a few) and never without it.
+    let has_pauth = cpu::PointerAuth::detect() != cpu::PointerAuth::None;
+    check!(if has_pauth { signed >= 1990 } else { signed == 0 });
+    Ok(Verdict::Passed)
+}
+
+/// Compares an IRQ-time capture: equal, or one frame apart where the helper says the interrupted
+/// PC is in a prologue/epilogue window.
+fn check_irq_capture(capture: &stacktrace::IrqCapture, require_agreement: bool) -> Result<bool, &'static str> {
+    let Some((start, _)) = callsites::function_containing(capture.pc) else { return Ok(false) };
+    if !is_chain_code(capture.pc) && !require_agreement {
+        return Ok(false);
+    }
+    // SAFETY: [start, pc] is kernel text of one function, readable.
+    let code = unsafe { core::slice::from_raw_parts(start as *const u32, ((capture.pc - start) / 4 + 1) as usize) };
+    let difference = unwind::view_difference(code, code.len() - 1);
+    let (fp, scs) = (capture.frame_pointer.addresses(), capture.shadow.addresses());
+    let agree = match difference {
+        ViewDifference::Agree => fp[1..] == scs[1..],
+        ViewDifference::ShadowHasExtraFrame => one_extra(scs, fp),
+        ViewDifference::FramesHaveExtraFrame => one_extra(fp, scs),
+    };
+    if !agree {
+        return Err("IRQ-time traces differ beyond the prologue/epilogue window");
+    }
+    if require_agreement && difference != ViewDifference::Agree {
+        return Err("the known point is in a prologue/epilogue window");
+    }
+    Ok(true)
+}
+
+/// `longer` is `shorter` with one entry inserted (after entry 0, which differs by call site),
+/// up to the shorter one's length (traces are capped at 64 entries).
+fn one_extra(longer: &[u64], shorter: &[u64]) -> bool {
+    let (longer, shorter) = (&longer[1..], &shorter[1..]);
+    let Some(split) = (0..shorter.len()).find(|&index| longer.get(index) != Some(&shorter[index])) else {
+        return longer.len() == shorter.len() + 1 || longer.len() == shorter.len();
+    };
+    longer.len() > split + 1 && longer[split + 1..].iter().zip(&shorter[split..]).all(|(a, b)| a == b)
+}
+
+fn traces_agree_in_irqs_at_random_points(_: &Context) -> Outcome {
+    if let Some(skipped) = no_scs() {
+        return skipped;
+    }
+    let mut chain = Chain { seed: 0x1a2b_3c4d, leaf: Leaf::Spin, depth: 0, result: None };
+    let (mut checked, mut attempts) = (0, 0);
+    while checked < 200 && attempts < 2000 {
+        attempts += 1;
+        chain.depth = 1 + (chain.random() % 100) as usize;
+        // Replay the same chain (same seed) until the tick, due at a random point of the next
+        // 100 microseconds, lands. Under `-icount` (how xtask runs the tests) QEMU delivers it at
+        // exactly that instruction; without icount TCG notices timers mostly at counter reads.
+        let (seed, depth) = (chain.seed, chain.depth);
+        let delay = chain.random() % (timer::frequency() / 10_000);
+        let deadline = timer::counter() + timer::frequency() / 10;
+        let daif = cpu::mask_interrupts();
+        stacktrace::arm_irq_capture();
+        timer::fire_in(delay);
+        cpu::restore_interrupts(daif);
+        let capture = loop {
+            chain.seed = seed;
+            black_box(next(&mut chain, depth));
+            if let Some(capture) = stacktrace::take_irq_capture() {
+                break capture;
+            }
+            check!(timer::counter() < deadline);
+        };
+        match check_irq_capture(capture, false) {
+            Ok(true) => checked += 1,
+            Ok(false) => {}
+            Err(what) => {
+                defmt::error!("  interrupted PC {=u64:#x}", capture.pc);
+                return Err(super::fail(what));
+            }
+        }
+    }
+    defmt::info!("  {=u32} IRQs landed in a chain function ({=u32} tries)", checked, attempts);
+    check!(checked >= 200);
+    Ok(Verdict::Passed)
+}
+
+/// Waits for the timer IRQ at a known instruction: the `wfi` below, after the frame is set up.
+#[inline(never)]
+fn wait_here() {
+    let daif = cpu::mask_interrupts();
+    stacktrace::arm_irq_capture();
+    timer::fire_in(timer::frequency() / 10_000);
+    // IRQs stay masked while waiting: the wfi completes when the IRQ is pending, then the IRQ
+    // is taken right after, at a known PC (the instruction after the wfi).
+    cpu::wait_for_interrupt();
+    cpu::restore_interrupts(daif);
+    black_box(daif);
+}
+
+fn traces_agree_in_an_irq_at_a_known_point(_: &Context) -> Outcome {
+    if let Some(skipped) = no_scs() {
+        return skipped;
+    }
+    let mut chain = Chain { seed: 42, leaf: Leaf::WaitForInterrupt, depth: 30, result: None };
+    black_box(next(&mut chain, 30));
+    let deadline = timer::counter() + timer::frequency() / 10;
+    let capture = loop {
+        if let Some(capture) = stacktrace::take_irq_capture() {
+            break capture;
+        }
+        check!(timer::counter() < deadline);
+    };
+    check!(callsites::function_containing(capture.pc).map(|(start, _)| start) == Some(wait_here as usize as u64));
+    check!(check_irq_capture(capture, true) == Ok(true));
+    // The interrupted part of the trace reaches through the whole chain.
+    check!(capture.frame_pointer.addresses().iter().filter(|&&address| is_chain_function(address - 4)).count() >= 25);
+    Ok(Verdict::Passed)
+}
+
+// --- corrupted records -------------------------------------------------------------------------
+
+#[inline(never)]
+fn walk_with_corrupted_record(bad_fp: u64) -> unwind::StopReason {
+    let frame: u64;
+    // SAFETY: reads x29 of this non-leaf function.
+    unsafe { core::arch::asm!("mov {}, x29", out(reg) frame, options(nomem, nostack)) };
+    // SAFETY: [x29] is this function's saved caller frame pointer; restored below before
+    // returning.
+    let saved = unsafe { core::ptr::read_volatile(frame as *const u64) };
+    // SAFETY: as above.
+    unsafe { core::ptr::write_volatile(frame as *mut u64, bad_fp) };
+    let trace = black_box(stacktrace::capture(Mode::FramePointer, TraceOptions::ALL));
+    // SAFETY: as above.
+    unsafe { core::ptr::write_volatile(frame as *mut u64, saved) };
+    trace.stop_reason()
+}
+
+fn corrupted_frame_record_stops_the_walk(_: &Context) -> Outcome {
+    use unwind::{Corruption, StopReason};
+    let corruption = |reason| match reason {
+        StopReason::Corrupt { corruption, .. } => Some(corruption),
+        _ => None,
+    };
+    check!(corruption(walk_with_corrupted_record(0x1234_5671)) == Some(Corruption::Misaligned));
+    check!(corruption(walk_with_corrupted_record(0xffff_ff80_0000_1000)) == Some(Corruption::OutsideStacks));
+    let sp: u64;
+    // SAFETY: reads SP.
+    unsafe { core::arch::asm!("mov {}, sp", out(reg) sp, options(nomem, nostack)) };
+    // A record below the current one: walks must only go up the stack.
+    check!(corruption(walk_with_corrupted_record(sp - 64)).is_some());
+    check!(walk_with_corrupted_record(0) == StopReason::NullFramePointer);
+    Ok(Verdict::Passed)
+}
