@@ -24,7 +24,8 @@ pub struct CommandLine {
     pub bench_suites: &'static str,
     pub bench_reps: u32,
     pub bench_clock: crate::bench::Clock,
-    pub bench_icount: bool,
+    /// QEMU runs with `-icount` (xtask says so): instruction-exact time.
+    pub icount: bool,
 }
 
 impl CommandLine {
@@ -38,7 +39,7 @@ impl CommandLine {
             bench_suites: "",
             bench_reps: 1,
             bench_clock: crate::bench::Clock::Cycles,
-            bench_icount: false,
+            icount: false,
         };
         for word in bootargs.split_whitespace() {
             let (key, value) = word.split_once('=').unwrap_or((word, ""));
@@ -53,7 +54,7 @@ impl CommandLine {
                 },
                 ("clock", "cycles") => line.bench_clock = crate::bench::Clock::Cycles,
                 ("clock", "ns") => line.bench_clock = crate::bench::Clock::Nanoseconds,
-                ("icount", flag) => line.bench_icount = flag == "1",
+                ("icount", flag) => line.icount = flag == "1",
                 ("run", "panic") => line.run = Run::Panic,
                 ("run", "fault") => line.run = Run::Fault,
                 ("run", "hang") => line.run = Run::Hang,

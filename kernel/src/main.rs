@@ -54,6 +54,7 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
         Ok(layout) => layout,
         Err(error) => panic!("memory init: {:?}", defmt::Debug2Format(&error)),
     };
+    arch::park::park_secondaries(board::CONFIG.secondary_spin_table);
     stacktrace::init_depot();
     callsites::init();
     drivers::interrupts::init(layout.gic, platform.virtual_timer_intid);
@@ -97,8 +98,7 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
             exit(ExitStatus::Success)
         }
         cmdline::Run::Bench => {
-            let plan =
-                bench::Plan { clock: cmdline.bench_clock, icount: cmdline.bench_icount, reps: cmdline.bench_reps };
+            let plan = bench::Plan { clock: cmdline.bench_clock, icount: cmdline.icount, reps: cmdline.bench_reps };
             match bench::run(cmdline.bench_suites, &plan) {
                 Ok(()) => exit(ExitStatus::Success),
                 Err(_) => exit(ExitStatus::TestsFailed),
@@ -118,7 +118,7 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
             }
         }
         cmdline::Run::Test => {
-            let summary = tests::run(cmdline.filter, cmdline.expect_pauth);
+            let summary = tests::run(cmdline.filter, cmdline.expect_pauth, cmdline.icount);
             exit(if summary.failed == 0 { ExitStatus::Success } else { ExitStatus::TestsFailed })
         }
     }

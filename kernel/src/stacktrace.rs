@@ -187,9 +187,9 @@ const POOL_SIZE: usize = 256 << 10;
 static mut DEPOT_POOLS: [[u8; POOL_SIZE]; 4] = [[0; POOL_SIZE]; 4];
 
 pub fn init_depot() {
-    for index in 0..4 {
-        // SAFETY: each pool is handed to the depot once, at init, and never touched again here.
-        let pool = unsafe { &mut *core::ptr::addr_of_mut!(DEPOT_POOLS[index]) };
+    // SAFETY: the pools are handed to the depot once, at init, and never touched again here.
+    let pools = unsafe { &mut *core::ptr::addr_of_mut!(DEPOT_POOLS) };
+    for pool in pools.iter_mut() {
         DEPOT.add_pool(pool).expect("the depot takes four pools");
     }
 }

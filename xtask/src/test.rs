@@ -1,7 +1,10 @@
 //! `cargo xtask test`: host crate tests, then the kernel suite in QEMU over a configuration matrix.
 //!
-//! Kernel tests run under `-icount shift=0,sleep=off`: deterministic, and timer IRQs arrive at
-//! exactly the instruction their deadline names (the IRQ-time stack-trace tests need that).
+//! Kernel tests on `virt` run under `-icount shift=0,sleep=off`: deterministic, and timer IRQs
+//! arrive at exactly the instruction their deadline names (the IRQ-time stack-trace test at
+//! random points needs that). `raspi4b` runs without icount: its four cores share the icount
+//! budget and tick delivery on CPU 0 became irregular (5 to 24 ticks in a 20-tick window); the
+//! random-point test is skipped there and says why.
 //! The matrix on `virt` is complete: every build variant (full, prod, plain) x every CPU variant x
 //! entry at EL1 and EL2 x GICv2 and GICv3, 60 QEMU runs of well under a second each. On QEMU
 //! `raspi4b` (the Pi 4 board) every build variant runs once: Cortex-A72, EL2, GIC-400. Each kernel
@@ -267,9 +270,11 @@ fn run_configuration(
     args: &TestArgs,
     tally: &mut Tally,
 ) -> Result<bool, Failure> {
-    // A 1 kHz tick: under icount, virtual time is instructions, and every tick waited for costs
-    // its interval in instructions.
-    let mut bootargs = format!("run=test hz=1000 exit=semihosting expect-pauth={}", machine.cpu.expected_pauth());
+    // Under icount virtual time is instructions and every tick waited for costs its interval in
+    // instructions: a 1 kHz tick. raspi4b runs without icount (see the module docs): 100 Hz.
+    let (hz, icount) = if machine.icount { (1000, 1) } else { (100, 0) };
+    let mut bootargs =
+        format!("run=test hz={hz} icount={icount} exit=semihosting expect-pauth={}", machine.cpu.expected_pauth());
     if !args.filter.is_empty() {
         bootargs.push_str(&format!(" filter={}", args.filter));
     }

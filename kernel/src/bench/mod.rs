@@ -6,6 +6,8 @@
 //! neither the tick nor anything else lands in it.
 
 mod baseline;
+mod depot;
+mod stacktrace;
 
 use crate::arch::{counters, cpu};
 
@@ -73,7 +75,11 @@ pub struct Suite {
     pub run: fn(&Plan),
 }
 
-pub const SUITES: &[Suite] = &[Suite { name: "baseline", run: baseline::run }];
+pub const SUITES: &[Suite] = &[
+    Suite { name: "baseline", run: baseline::run },
+    Suite { name: "stacktrace", run: stacktrace::run },
+    Suite { name: "depot", run: depot::run },
+];
 
 /// Runs the named suites (comma-separated; empty = all).
 pub fn run(names: &str, plan: &Plan) -> Result<(), &'static str> {

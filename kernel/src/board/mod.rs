@@ -46,6 +46,8 @@ pub struct BoardConfig {
     pub console_pinmux: Option<ConsolePinmux>,
     /// Whether the kernel may end a run with semihosting when the command line does not say.
     pub semihosting_by_default: bool,
+    /// Where secondary CPUs wait for a start address (physical), to be parked.
+    pub secondary_spin_table: &'static [u64],
     /// Used when there is no device tree, or its memory node is empty (firmware fills it in).
     pub fallback: Fallback,
 }

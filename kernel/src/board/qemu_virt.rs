@@ -11,6 +11,8 @@ pub const CONFIG: BoardConfig = BoardConfig {
     console_clock_hz: 24_000_000,
     console_pinmux: None,
     semihosting_by_default: true,
+    // xtask boots virt with one CPU (-smp 1); PSCI would start others.
+    secondary_spin_table: &[],
     // QEMU always passes a device tree; these are its defaults (128 MiB, GICv2, PPI 11).
     fallback: Fallback {
         ram: Region { base: 0x4000_0000, size: 128 << 20 },

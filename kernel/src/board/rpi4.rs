@@ -14,6 +14,8 @@ pub const CONFIG: BoardConfig = BoardConfig {
     console_clock_hz: 48_000_000,
     console_pinmux: Some(ConsolePinmux::Bcm2711Gpio { base: 0xfe20_0000 }),
     semihosting_by_default: false,
+    // The firmware's armstub8 (and QEMU's boot stub) spin table: core n polls 0xd8 + 8 n.
+    secondary_spin_table: &[0xe0, 0xe8, 0xf0],
     // The first RAM region the firmware reports with the default GPU split, the GIC-400 and the
     // virtual timer PPI of bcm2711.dtsi.
     fallback: Fallback {

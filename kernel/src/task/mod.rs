@@ -129,7 +129,7 @@ pub fn spawn(name: &'static str, entry: extern "C" fn(u64), argument: u64) -> Re
         context.callee_saved[0] = entry as usize as u64;
         context.callee_saved[1] = argument;
         context.fp = marker;
-        context.lr = task_trampoline as usize as u64;
+        context.lr = task_trampoline as *const () as u64;
         context.sp = marker;
         context.x18 = slot.shadow_stack_base();
         context.daif = 0; // interrupts on
@@ -223,8 +223,11 @@ pub fn shadow_high_water_now() -> usize {
     shadow_high_water(current_slot())
 }
 
+/// The running task. A plain read: `current` changes only in schedule(), and a task that reads
+/// it is, by then, the current task again.
 pub fn current() -> TaskId {
-    with_irqs_masked(|| TaskId(scheduler().current))
+    // SAFETY: a word-sized read of a field only the scheduler writes; see above.
+    TaskId(unsafe { core::ptr::addr_of!(SCHEDULER.current).read_volatile() })
 }
 
 pub fn current_name() -> &'static str {

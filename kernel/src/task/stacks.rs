@@ -51,10 +51,6 @@ impl Slot {
     pub const fn stack_top(self) -> u64 {
         self.0 + SLOT_SIZE
     }
-    /// The guard page right below the stack.
-    pub const fn stack_guard(self) -> u64 {
-        self.stack_base() - 4096
-    }
     pub fn contains_stack(self, address: u64) -> bool {
         (self.stack_base()..self.stack_top()).contains(&address)
     }
@@ -63,7 +59,7 @@ impl Slot {
 /// The slots between two linker symbols.
 pub fn slots(start: u64, end: u64) -> impl Iterator<Item = Slot> {
     assert!(
-        start % SLOT_SIZE == 0 && (end - start) == SLOTS as u64 * SLOT_SIZE,
+        start.is_multiple_of(SLOT_SIZE) && (end - start) == SLOTS as u64 * SLOT_SIZE,
         "kernel.ld reserves {} stack slots",
         SLOTS
     );

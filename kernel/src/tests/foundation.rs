@@ -70,6 +70,15 @@ fn timer_ticks_at_configured_rate(_: &Context) -> Outcome {
     let (ticks_after, deadline_after) = (timer::ticks(), CNTV_CVAL_EL0.get());
     cpu::restore_interrupts(daif);
     let ticks = ticks_after - ticks_before;
+    if !(WINDOW - 5..=WINDOW + 2).contains(&ticks) {
+        defmt::error!(
+            "  {=u64} ticks in {=u64} intervals of {=u64} counts (compare value moved {=u64})",
+            ticks,
+            WINDOW,
+            interval,
+            deadline_after - deadline_before
+        );
+    }
     check!((WINDOW - 5..=WINDOW + 2).contains(&ticks));
     // Every deadline that passed produced exactly one tick.
     check_eq!(deadline_after - deadline_before, ticks * interval);

@@ -34,6 +34,8 @@ pub struct Test {
 pub struct Context {
     /// The PAuth algorithm xtask says this CPU variant has (`expect-pauth=`), if given.
     pub expect_pauth: Option<&'static str>,
+    /// Whether QEMU runs with `-icount` (`icount=1`): timer IRQs land at exact instructions.
+    pub icount: bool,
 }
 
 /// Fails the test with the expression and location when `condition` is false.
@@ -83,8 +85,8 @@ pub struct Summary {
     pub skipped: u32,
 }
 
-pub fn run(filter: &str, expect_pauth: Option<&'static str>) -> Summary {
-    let context = Context { expect_pauth };
+pub fn run(filter: &str, expect_pauth: Option<&'static str>, icount: bool) -> Summary {
+    let context = Context { expect_pauth, icount };
     let mut summary = Summary { passed: 0, failed: 0, skipped: 0 };
     for test in SUITES.iter().flat_map(|suite| suite.iter()).filter(|test| test.name.contains(filter)) {
         CURRENT.store(&test.name as *const &'static str as *mut _, Ordering::Relaxed);

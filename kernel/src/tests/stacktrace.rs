@@ -19,6 +19,7 @@ pub const TESTS: &[Test] = &[
     Test { name: "traces_agree_in_irqs_at_random_points", run: traces_agree_in_irqs_at_random_points },
     Test { name: "traces_agree_in_an_irq_at_a_known_point", run: traces_agree_in_an_irq_at_a_known_point },
     Test { name: "corrupted_frame_record_stops_the_walk", run: corrupted_frame_record_stops_the_walk },
+    Test { name: "save_stack_switches_mode_at_run_time", run: save_stack_switches_mode_at_run_time },
 ];
 
 fn no_scs() -> Option<Outcome> {
@@ -59,6 +60,9 @@ fn tasks_are_preempted_by_the_timer(_: &Context) -> Outcome {
 /// Recurses with a 1 KiB frame until the stack's guard page stops it.
 #[inline(never)]
 fn deep(depth: u64) -> u64 {
+    if depth == u64::MAX {
+        return 0;
+    }
     let mut frame = [depth; 128];
     black_box(&mut frame);
     deep(depth + 1).wrapping_add(frame[(depth % 128) as usize])
@@ -194,14 +198,18 @@ fn chain_large(chain: &mut Chain, depth: usize) -> u64 {
 }
 
 fn is_chain_function(address: u64) -> bool {
-    let starts = [chain_small as usize as u64, chain_medium as usize as u64, chain_large as usize as u64];
+    let starts = [chain_small as *const () as u64, chain_medium as *const () as u64, chain_large as *const () as u64];
     callsites::function_containing(address).is_some_and(|(start, _)| starts.contains(&start))
 }
 
 /// A chain function or the leaf: where IRQ captures are compared.
 fn is_chain_code(address: u64) -> bool {
-    let starts =
-        [chain_small as usize as u64, chain_medium as usize as u64, chain_large as usize as u64, leaf as usize as u64];
+    let starts = [
+        chain_small as *const () as u64,
+        chain_medium as *const () as u64,
+        chain_large as *const () as u64,
+        leaf as *const () as u64,
+    ];
     callsites::function_containing(address).is_some_and(|(start, _)| starts.contains(&start))
 }
 
@@ -239,7 +247,7 @@ fn compare_at_leaf(depth: usize) -> Result<bool, &'static str> {
     let in_function = |address: u64, function: u64| {
         callsites::function_containing(address - 4).is_some_and(|(start, _)| start == function)
     };
-    if !in_function(fp.addresses()[2], leaf as usize as u64) {
+    if !in_function(fp.addresses()[2], leaf as *const () as u64) {
         return Err("entry 2 does not return into leaf");
     }
     let chain_entries = depth.min(fp.len() - 3);
@@ -317,9 +325,12 @@ fn one_extra(longer: &[u64], shorter: &[u64]) -> bool {
     longer.len() > split + 1 && longer[split + 1..].iter().zip(&shorter[split..]).all(|(a, b)| a == b)
 }
 
-fn traces_agree_in_irqs_at_random_points(_: &Context) -> Outcome {
+fn traces_agree_in_irqs_at_random_points(context: &Context) -> Outcome {
     if let Some(skipped) = no_scs() {
         return skipped;
+    }
+    if !context.icount {
+        return Ok(Verdict::Skipped("needs -icount: without it TCG takes timer IRQs at counter reads, not anywhere"));
     }
     let mut chain = Chain { seed: 0x1a2b_3c4d, leaf: Leaf::Spin, depth: 0, result: None };
     let (mut checked, mut attempts) = (0, 0);
@@ -384,7 +395,7 @@ fn traces_agree_in_an_irq_at_a_known_point(_: &Context) -> Outcome {
         }
         check!(timer::counter() < deadline);
     };
-    check!(callsites::function_containing(capture.pc).map(|(start, _)| start) == Some(wait_here as usize as u64));
+    check!(callsites::function_containing(capture.pc).map(|(start, _)| start) == Some(wait_here as *const () as u64));
     check!(check_irq_capture(capture, true) == Ok(true));
     // The interrupted part of the trace reaches through the whole chain.
     check!(capture.frame_pointer.addresses().iter().filter(|&&address| is_chain_function(address - 4)).count() >= 25);
@@ -423,5 +434,31 @@ fn corrupted_frame_record_stops_the_walk(_: &Context) -> Outcome {
     // A record below the current one: walks must only go up the stack.
     check!(corruption(walk_with_corrupted_record(sp - 64)).is_some());
     check!(walk_with_corrupted_record(0) == StopReason::NullFramePointer);
+    Ok(Verdict::Passed)
+}
+
+/// Saves this call site's stack with the given mode.
+#[inline(never)]
+fn save_here(mode: Mode) -> Result<stackdepot::DepotHandle, stackdepot::DepotError> {
+    stacktrace::set_mode(mode);
+    stacktrace::save_stack(0)
+}
+
+fn save_stack_switches_mode_at_run_time(_: &Context) -> Outcome {
+    if let Some(skipped) = no_scs() {
+        return skipped;
+    }
+    let before = stacktrace::mode();
+    let fp = save_here(Mode::FramePointer);
+    let scs = save_here(Mode::ShadowCallStack);
+    stacktrace::set_mode(before);
+    let (Ok(fp), Ok(scs)) = (fp, scs) else { return Err(super::fail("save_stack failed")) };
+    // Both walkers see the same return addresses from the same call site: one depot record.
+    check!(fp == scs);
+    let mut frames = [0u64; unwind::MAX_FRAMES];
+    let Some(saved) = stacktrace::DEPOT.fetch(fp, &mut frames) else { return Err(super::fail("fetch failed")) };
+    // Entry 0 returns into save_here's caller, this test.
+    let this_test = save_stack_switches_mode_at_run_time as *const () as u64;
+    check!(callsites::function_containing(saved[0] - 4).map(|(start, _)| start) == Some(this_test));
     Ok(Verdict::Passed)
 }

@@ -18,7 +18,11 @@ pub struct Suite {
     pub default_variant: BuildVariant,
 }
 
-pub const SUITES: &[Suite] = &[Suite { name: "baseline", default_variant: BuildVariant::Prod }];
+pub const SUITES: &[Suite] = &[
+    Suite { name: "baseline", default_variant: BuildVariant::Prod },
+    Suite { name: "stacktrace", default_variant: BuildVariant::Prod },
+    Suite { name: "depot", default_variant: BuildVariant::Prod },
+];
 
 fn parse_suite(name: &str) -> Result<&'static Suite, String> {
     SUITES.iter().find(|suite| suite.name == name).ok_or_else(|| {

@@ -4,6 +4,7 @@ pub mod counters;
 pub mod cpu;
 pub mod exception;
 pub mod mmu;
+pub mod park;
 pub mod patch;
 
 use mmu::{Descriptor, VA_OFFSET};

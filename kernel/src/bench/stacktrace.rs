@@ -1,0 +1,96 @@
+//! Suite `stacktrace`: what one stack trace costs, frame-pointer walk vs shadow-call-stack copy,
+//! with and without the stack depot, at depths 4 to 64 (BENCH.md).
+//!
+//! A recursion of `depth` frames is built, then the leaf takes N traces of exactly `depth`
+//! entries; per_trace = (that loop - the same loop without the trace) / N. With `+depot`, each
+//! trace is also saved in the depot: after the first save it is a lookup hit, as most of the
+//! allocation stacks a sanitizer saves are.
+
+use super::{Plan, row};
+use crate::stacktrace::{self, Mode};
+use core::hint::black_box;
+use unwind::TraceOptions;
+
+const DEPTHS: [usize; 5] = [4, 8, 16, 32, 64];
+const CASES: [(&str, Mode, bool); 4] = [
+    ("fp", Mode::FramePointer, false),
+    ("scs", Mode::ShadowCallStack, false),
+    ("fp+depot", Mode::FramePointer, true),
+    ("scs+depot", Mode::ShadowCallStack, true),
+];
+
+/// Recurses `remaining` more frames, then measures at the leaf.
+#[inline(never)]
+fn recurse(remaining: usize, leaf: &mut dyn FnMut()) -> usize {
+    if remaining == 0 {
+        leaf();
+        return 0;
+    }
+    black_box(recurse(remaining - 1, leaf)) + 1
+}
+
+#[inline(never)]
+fn trace_once(mode: Mode, depth: usize, depot: bool) {
+    let trace = stacktrace::capture(mode, TraceOptions::new(0, depth));
+    if depot {
+        let _ = black_box(stacktrace::DEPOT.save(trace.addresses()));
+    }
+    black_box(&trace);
+}
+
+#[inline(never)]
+fn nothing(_mode: Mode, _depth: usize, _depot: bool) {
+    black_box(());
+}
+
+pub fn run(plan: &Plan) {
+    if !crate::SHADOW_CALL_STACK {
+        defmt::warn!("bench stacktrace: variant without a shadow call stack, scs cases skipped");
+    }
+    let iterations: u64 = if plan.icount { 1_000 } else { 20_000 };
+    for _ in 0..plan.reps {
+        for depth in DEPTHS {
+            let mut params = [0u8; 16];
+            let params = format_param(&mut params, "depth", depth);
+            for (case, mode, depot) in CASES {
+                if mode == Mode::ShadowCallStack && !crate::SHADOW_CALL_STACK {
+                    continue;
+                }
+                let mut result = 0.0;
+                recurse(depth, &mut || {
+                    let body = black_box(trace_once as fn(Mode, usize, bool));
+                    let empty = black_box(nothing as fn(Mode, usize, bool));
+                    let alone = plan.measure(|| (0..iterations).for_each(|_| empty(mode, depth, depot)));
+                    let cost = plan.measure(|| (0..iterations).for_each(|_| body(mode, depth, depot)));
+                    result = (cost as f64 - alone as f64) / iterations as f64;
+                });
+                row("stacktrace", case, params, "per_trace", plan.unit(), result);
+            }
+        }
+    }
+}
+
+/// `key=value` into a small buffer (no allocator).
+pub fn format_param<'a>(buffer: &'a mut [u8; 16], key: &str, value: usize) -> &'a str {
+    let mut length = 0;
+    for &byte in key.as_bytes().iter().chain(b"=") {
+        buffer[length] = byte;
+        length += 1;
+    }
+    let mut digits = [0u8; 8];
+    let mut count = 0;
+    let mut rest = value;
+    loop {
+        digits[count] = b'0' + (rest % 10) as u8;
+        count += 1;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    for index in (0..count).rev() {
+        buffer[length] = digits[index];
+        length += 1;
+    }
+    core::str::from_utf8(&buffer[..length]).unwrap_or("?")
+}
