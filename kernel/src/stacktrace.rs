@@ -150,7 +150,9 @@ pub fn of_frame(frame: &ExceptionFrame, slot: Slot, mode: Mode) -> Trace {
             FrameWalker::new(&KernelMemory, &stacks, strip).walk_from_context(frame.elr, frame.x[29], TraceOptions::ALL)
         }
         Mode::ShadowCallStack => {
-            let segment = ShadowSegment::interrupted(shadow_stack(slot), frame.x[18], frame.elr);
+            // After a shadow-stack overflow x18 is one past the last slot: report what is there.
+            let x18 = frame.x[18].min(slot.shadow_stack_end() - 8);
+            let segment = ShadowSegment::interrupted(shadow_stack(slot), x18, frame.elr);
             ShadowWalker::new(&KernelMemory, strip).walk(&[segment], TraceOptions::ALL)
         }
     }

@@ -437,11 +437,12 @@ fn corrupted_frame_record_stops_the_walk(_: &Context) -> Outcome {
     Ok(Verdict::Passed)
 }
 
-/// Saves this call site's stack with the given mode.
+/// Saves the caller's caller's stack with the given mode (skipping the return into the caller,
+/// so that two calls from different lines of one function save the same stack).
 #[inline(never)]
 fn save_here(mode: Mode) -> Result<stackdepot::DepotHandle, stackdepot::DepotError> {
     stacktrace::set_mode(mode);
-    stacktrace::save_stack(0)
+    stacktrace::save_stack(1)
 }
 
 fn save_stack_switches_mode_at_run_time(_: &Context) -> Outcome {
@@ -454,11 +455,19 @@ fn save_stack_switches_mode_at_run_time(_: &Context) -> Outcome {
     stacktrace::set_mode(before);
     let (Ok(fp), Ok(scs)) = (fp, scs) else { return Err(super::fail("save_stack failed")) };
     // Both walkers see the same return addresses from the same call site: one depot record.
+    if fp != scs {
+        let mut frames = [0u64; unwind::MAX_FRAMES];
+        for (label, handle) in [("fp", fp), ("scs", scs)] {
+            for (index, address) in stacktrace::DEPOT.fetch(handle, &mut frames).unwrap_or(&[]).iter().enumerate() {
+                defmt::error!("  {=str} #{=usize} {=u64:#x}", label, index, address);
+            }
+        }
+    }
     check!(fp == scs);
     let mut frames = [0u64; unwind::MAX_FRAMES];
     let Some(saved) = stacktrace::DEPOT.fetch(fp, &mut frames) else { return Err(super::fail("fetch failed")) };
-    // Entry 0 returns into save_here's caller, this test.
-    let this_test = save_stack_switches_mode_at_run_time as *const () as u64;
-    check!(callsites::function_containing(saved[0] - 4).map(|(start, _)| start) == Some(this_test));
+    // Entry 0 returns into this test's caller, the test runner.
+    let runner = super::run as *const () as u64;
+    check!(callsites::function_containing(saved[0] - 4).map(|(start, _)| start) == Some(runner));
     Ok(Verdict::Passed)
 }
