@@ -14,6 +14,7 @@ mod drivers;
 mod dt;
 mod log;
 mod mm;
+mod probes;
 mod tests;
 
 use arch::{cpu, mmu::VA_OFFSET};
@@ -49,6 +50,7 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     };
     drivers::interrupts::init(layout.gic, platform.virtual_timer_intid);
     drivers::timer::start(cmdline.hz);
+    probes::init();
 
     defmt::info!(
         "tracelab {=str} (variant {=str}, board {=str}, SoC {=str}, model {=str})",
