@@ -6,6 +6,7 @@
 //! neither the tick nor anything else lands in it.
 
 mod baseline;
+mod probes;
 
 use crate::arch::{counters, cpu};
 
@@ -73,7 +74,8 @@ pub struct Suite {
     pub run: fn(&Plan),
 }
 
-pub const SUITES: &[Suite] = &[Suite { name: "baseline", run: baseline::run }];
+pub const SUITES: &[Suite] =
+    &[Suite { name: "baseline", run: baseline::run }, Suite { name: "probes", run: probes::run }];
 
 /// Runs the named suites (comma-separated; empty = all).
 pub fn run(names: &str, plan: &Plan) -> Result<(), &'static str> {

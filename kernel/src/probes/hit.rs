@@ -5,23 +5,35 @@
 //! a handler runs on this CPU (the handler, or something it calls, is probed) skips the handlers,
 //! still performs the instruction and counts a missed hit, as Linux does. The library code the
 //! hit path calls (`core`, the `probes` crate's `simulate`) cannot be placed in `.text.noprobe`;
-//! a probe there would recurse, which the `DEPTH` check turns into a report instead of a stack
+//! a probe there would recurse, which the nesting check turns into a report instead of a stack
 //! overflow.
 
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use super::{Action, Probe, Registers, lookup};
 use crate::arch::exception::ExceptionFrame;
-use probes::{Fault, Memory, SimulationConfig, simulate};
+use probes::{Fault, Memory, RegisterFile, SimulationConfig, simulate};
 
-/// A handler of some probe is running on this CPU (one CPU for now).
-static ACTIVE: AtomicBool = AtomicBool::new(false);
-/// Nesting of the hit path itself, to catch a probe on code the hit path runs through.
-static DEPTH: AtomicU32 = AtomicU32::new(0);
-/// The probe whose slot is executing, the SPSR it was hit with, and whether it is a missed hit.
-static STEPPING: AtomicPtr<Probe> = AtomicPtr::new(core::ptr::null_mut());
-static STEP_SPSR: AtomicU64 = AtomicU64::new(0);
-static STEP_MISSED: AtomicBool = AtomicBool::new(false);
+/// This CPU's hit state (one CPU for now), in one static so that the hit path materialises one
+/// address (the kernel is built with the large code model: 4 instructions per address).
+struct CpuState {
+    /// 0: no handler running; 1: a handler is running (a hit now is missed); 2: a missed hit is
+    /// being performed (a hit now means the hit path itself was probed: refused, reported).
+    /// Only ever changed by code that restores it before returning, so nested exceptions see a
+    /// consistent value without read-modify-write.
+    nesting: AtomicU32,
+    /// The probe whose slot is executing, the SPSR it was hit with, and the nesting to restore.
+    stepping: AtomicPtr<Probe>,
+    step_spsr: AtomicU64,
+    step_nesting: AtomicU32,
+}
+
+static CPU: CpuState = CpuState {
+    nesting: AtomicU32::new(0),
+    stepping: AtomicPtr::new(core::ptr::null_mut()),
+    step_spsr: AtomicU64::new(0),
+    step_nesting: AtomicU32::new(0),
+};
 
 const SPSR_SS: u64 = 1 << 21;
 const SPSR_D: u64 = 1 << 9;
@@ -53,6 +65,46 @@ fn registers(frame: &mut ExceptionFrame) -> &mut Registers {
     unsafe { &mut *(frame as *mut ExceptionFrame).cast::<Registers>() }
 }
 
+/// The saved registers as the simulator's register file, with accessors the compiler inlines
+/// into the `simulate` instantiation (the crate's own `Registers` impl is not inlinable across
+/// crates, and a call per register access was a third of a simulated hit).
+struct FrameRegisters<'a>(&'a mut Registers);
+
+impl RegisterFile for FrameRegisters<'_> {
+    #[inline(always)]
+    fn x(&self, n: u8) -> u64 {
+        self.0.x[usize::from(n) % 31]
+    }
+    #[inline(always)]
+    fn set_x(&mut self, n: u8, value: u64) {
+        self.0.x[usize::from(n) % 31] = value;
+    }
+    #[inline(always)]
+    fn sp(&self) -> u64 {
+        self.0.sp
+    }
+    #[inline(always)]
+    fn set_sp(&mut self, value: u64) {
+        self.0.sp = value;
+    }
+    #[inline(always)]
+    fn pc(&self) -> u64 {
+        self.0.pc
+    }
+    #[inline(always)]
+    fn set_pc(&mut self, value: u64) {
+        self.0.pc = value;
+    }
+    #[inline(always)]
+    fn pstate(&self) -> u64 {
+        self.0.pstate
+    }
+    #[inline(always)]
+    fn set_pstate(&mut self, value: u64) {
+        self.0.pstate = value;
+    }
+}
+
 /// Kernel memory as the simulated instruction sees it: the same kind of access it makes (one
 /// `stp` for a pair store). A faulting access is a fault in the BRK handler, which the kernel
 /// reports (it is not re-raised at the probed address).
@@ -60,16 +112,19 @@ struct KernelMemory;
 
 impl Memory for KernelMemory {
     #[unsafe(link_section = ".text.noprobe")]
+    #[inline(always)]
     fn read_u32(&mut self, address: u64) -> Result<u32, Fault> {
         // SAFETY: the probed instruction makes this access at this address with this privilege.
         Ok(unsafe { core::ptr::read_volatile(address as *const u32) })
     }
     #[unsafe(link_section = ".text.noprobe")]
+    #[inline(always)]
     fn read_u64(&mut self, address: u64) -> Result<u64, Fault> {
         // SAFETY: as above.
         Ok(unsafe { core::ptr::read_volatile(address as *const u64) })
     }
     #[unsafe(link_section = ".text.noprobe")]
+    #[inline(always)]
     fn read_pair(&mut self, address: u64) -> Result<[u64; 2], Fault> {
         let (first, second): (u64, u64);
         // SAFETY: as above; one `ldp`, as the original. Reads memory only, clobbers its outputs.
@@ -80,6 +135,7 @@ impl Memory for KernelMemory {
         Ok([first, second])
     }
     #[unsafe(link_section = ".text.noprobe")]
+    #[inline(always)]
     fn write_pair(&mut self, address: u64, values: [u64; 2]) -> Result<(), Fault> {
         // SAFETY: as above; one `stp`, so single-copy atomicity, alignment and ordering match
         // the original. Writes 16 bytes at `address`, clobbers nothing.
@@ -104,30 +160,18 @@ fn set_mdscr(bits: u64, on: bool) {
     }
 }
 
-/// Marks entry into the hit path; false (and a report) if it recursed through itself.
-#[unsafe(link_section = ".text.noprobe")]
-#[inline(always)]
-fn enter() -> bool {
-    // Depth 1: a hit; 2: a hit from a handler (missed); more: the hit path itself was probed.
-    DEPTH.fetch_add(1, Ordering::Relaxed) < 2
-}
-
-#[unsafe(link_section = ".text.noprobe")]
-#[inline(always)]
-fn leave() {
-    DEPTH.fetch_sub(1, Ordering::Relaxed);
-}
-
 /// BRK #0x004. Returns false if no probe is registered at the PC (the caller reports it).
 #[unsafe(link_section = ".text.noprobe")]
 pub fn on_brk(frame: &mut ExceptionFrame) -> bool {
     let Some(probe) = lookup(frame.elr) else {
         return false;
     };
-    if !enter() {
+    let nesting = CPU.nesting.load(Ordering::Relaxed);
+    if nesting >= 2 {
         return false;
     }
-    let missed = ACTIVE.swap(true, Ordering::Acquire);
+    CPU.nesting.store(nesting + 1, Ordering::Relaxed);
+    let missed = nesting == 1;
     if missed {
         probe.missed.fetch_add(1, Ordering::Relaxed);
     } else {
@@ -137,27 +181,23 @@ pub fn on_brk(frame: &mut ExceptionFrame) -> bool {
     match probe.action {
         Action::Simulate(simulated) => {
             let registers = registers(frame);
-            if simulate(&simulated, registers, &mut KernelMemory, &CONFIG).is_err() {
+            if simulate(&simulated, &mut FrameRegisters(registers), &mut KernelMemory, &CONFIG).is_err() {
                 // KernelMemory never returns a fault; only the SP alignment check can fail.
-                leave();
                 return false;
             }
-            if !missed {
-                if let Some(post) = probe.post {
-                    post(registers);
-                }
-                ACTIVE.store(false, Ordering::Release);
+            if !missed && let Some(post) = probe.post {
+                post(registers);
             }
+            CPU.nesting.store(nesting, Ordering::Relaxed);
         }
         Action::OutOfLine { slot, hardware_step } => {
-            if !STEPPING.load(Ordering::Relaxed).is_null() {
+            if !CPU.stepping.load(Ordering::Relaxed).is_null() {
                 // Only a handler can hit a probe here, and handlers never run mid-step.
-                leave();
                 return false;
             }
-            STEPPING.store(probe as *const Probe as *mut Probe, Ordering::Relaxed);
-            STEP_SPSR.store(frame.spsr, Ordering::Relaxed);
-            STEP_MISSED.store(missed, Ordering::Relaxed);
+            CPU.stepping.store(probe as *const Probe as *mut Probe, Ordering::Relaxed);
+            CPU.step_spsr.store(frame.spsr, Ordering::Relaxed);
+            CPU.step_nesting.store(nesting, Ordering::Relaxed);
             frame.elr = slot;
             if hardware_step {
                 // Step exactly the slot's instruction: SS set, debug unmasked, interrupts masked
@@ -168,12 +208,8 @@ pub fn on_brk(frame: &mut ExceptionFrame) -> bool {
                 frame.spsr |= SPSR_D | SPSR_A | SPSR_I | SPSR_F;
             }
         }
-        Action::Detour { .. } => {
-            leave();
-            return false;
-        }
+        Action::Detour { .. } => return false,
     }
-    leave();
     true
 }
 
@@ -191,7 +227,7 @@ pub fn on_software_step(frame: &mut ExceptionFrame) -> bool {
 
 #[unsafe(link_section = ".text.noprobe")]
 fn finish_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
-    let probe = STEPPING.load(Ordering::Relaxed);
+    let probe = CPU.stepping.load(Ordering::Relaxed);
     if probe.is_null() {
         return false;
     }
@@ -207,17 +243,18 @@ fn finish_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
     if hardware_step {
         set_mdscr(MDSCR_KDE | MDSCR_SS, false);
     }
-    let saved = STEP_SPSR.load(Ordering::Relaxed);
+    let saved = CPU.step_spsr.load(Ordering::Relaxed);
     let restored = SPSR_D | SPSR_A | SPSR_I | SPSR_F | SPSR_SS;
     frame.spsr = (frame.spsr & !restored) | (saved & restored);
     frame.elr = probe.address + 4;
-    STEPPING.store(core::ptr::null_mut(), Ordering::Relaxed);
-    if !STEP_MISSED.load(Ordering::Relaxed) {
-        if let Some(post) = probe.post {
-            post(registers(frame));
-        }
-        ACTIVE.store(false, Ordering::Release);
+    CPU.stepping.store(core::ptr::null_mut(), Ordering::Relaxed);
+    let nesting = CPU.step_nesting.load(Ordering::Relaxed);
+    if nesting == 0
+        && let Some(post) = probe.post
+    {
+        post(registers(frame));
     }
+    CPU.nesting.store(nesting, Ordering::Relaxed);
     true
 }
 
@@ -226,11 +263,12 @@ fn finish_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
 /// NZCV are restored into the context; changes to sp and pc are ignored.
 #[unsafe(link_section = ".text.noprobe")]
 pub extern "C" fn detour_entry(probe: &Probe, registers: &mut Registers) {
-    if ACTIVE.swap(true, Ordering::Acquire) {
+    if CPU.nesting.load(Ordering::Relaxed) != 0 {
         probe.missed.fetch_add(1, Ordering::Relaxed);
         return;
     }
+    CPU.nesting.store(1, Ordering::Relaxed);
     probe.hits.fetch_add(1, Ordering::Relaxed);
     (probe.pre)(registers);
-    ACTIVE.store(false, Ordering::Release);
+    CPU.nesting.store(0, Ordering::Relaxed);
 }

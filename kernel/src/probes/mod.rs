@@ -149,7 +149,6 @@ enum Action {
 pub struct Probe {
     address: u64,
     original: u32,
-    method: Method,
     action: Action,
     pre: Handler,
     post: Option<Handler>,
@@ -286,7 +285,6 @@ pub fn register(address: u64, method: Method, pre: Handler, post: Option<Handler
     let probe = Probe {
         address,
         original,
-        method,
         action,
         pre,
         post,
@@ -378,11 +376,6 @@ fn unpublish(address: u64) {
 /// Hits and missed (re-entrant) hits of the probe at `address`.
 pub fn counts(address: u64) -> Option<(u64, u64)> {
     lookup(address).map(|probe| (probe.hits.load(Ordering::Relaxed), probe.missed.load(Ordering::Relaxed)))
-}
-
-/// The method of the probe at `address`.
-pub fn method(address: u64) -> Option<Method> {
-    lookup(address).map(|probe| probe.method)
 }
 
 /// The start of the slot area (for the no-probe checks in the tests).

@@ -18,7 +18,10 @@ pub struct Suite {
     pub default_variant: BuildVariant,
 }
 
-pub const SUITES: &[Suite] = &[Suite { name: "baseline", default_variant: BuildVariant::Prod }];
+pub const SUITES: &[Suite] = &[
+    Suite { name: "baseline", default_variant: BuildVariant::Prod },
+    Suite { name: "probes", default_variant: BuildVariant::Prod },
+];
 
 fn parse_suite(name: &str) -> Result<&'static Suite, String> {
     SUITES.iter().find(|suite| suite.name == name).ok_or_else(|| {
@@ -57,7 +60,7 @@ impl Mode {
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// Suites to run (default: all): baseline
+    /// Suites to run (default: all): baseline, probes
     #[arg(value_parser = parse_suite)]
     pub suites: Vec<&'static Suite>,
     /// CPU variants (repeatable; default: all five).

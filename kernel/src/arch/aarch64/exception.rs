@@ -136,11 +136,11 @@ extern "C" fn exception_el1_sync(frame: &mut ExceptionFrame) {
     let ec = frame.esr >> 26;
     if ec == ExceptionClass::Brk as u64 {
         let handled = match (frame.esr & 0xffff) as u16 {
+            BRK_KPROBE => crate::probes::on_brk(frame),
             BRK_BENCH => {
                 frame.elr += 4;
                 true
             }
-            BRK_KPROBE => crate::probes::on_brk(frame),
             BRK_KPROBE_STEP => crate::probes::on_step_brk(frame),
             BRK_HARNESS_ENTER | BRK_HARNESS_CAPTURE => crate::tests::probe_harness_brk(frame),
             _ => false,
