@@ -102,7 +102,13 @@ pub fn run(plan: &Plan) {
                 let probed = measure(plan, bench_probe_loop_call, iterations, target);
                 let hits = HITS.load(Ordering::Relaxed);
                 if kprobes::unregister(target).is_err() || hits != iterations {
-                    defmt::error!("bench probes: {=str} {}: {=u64} hits for {=u64} calls", name, method, hits, iterations);
+                    defmt::error!(
+                        "bench probes: {=str} {}: {=u64} hits for {=u64} calls",
+                        name,
+                        method,
+                        hits,
+                        iterations
+                    );
                     continue;
                 }
                 let params = heapless_name("method=", method.name());

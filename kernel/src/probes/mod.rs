@@ -22,15 +22,15 @@ mod refuse;
 mod slots;
 
 use core::cell::UnsafeCell;
-use core::mem::MaybeUninit;
 use core::fmt;
+use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use crate::arch::exception::{BRK_KPROBE, STACK_GAP};
 use crate::arch::patch;
 pub use hit::{on_brk, on_software_step, on_step_brk};
-pub use probes::{Indexing, Registers};
 use probes::{Classification, Insn, RejectReason, Simulated, classify, encode_brk};
+pub use probes::{Indexing, Registers};
 
 /// A handler: sees (and may change) the probed context's registers. `pc` is the probed address
 /// in a pre-handler and the next PC in a post-handler. Changing `pc` or `sp` is not supported.
@@ -111,9 +111,13 @@ impl ProbeError {
             Self::InsideExclusiveSequence => "inside an LDXR/STXR sequence (the trap clears the exclusive monitor)",
             Self::NoProbe(region) => region,
             Self::FtraceCallsite => "patchable function entry: owned by ftrace",
-            Self::NeedsOriginalPc => "instruction reads or writes the PC: cannot run out of line (use simulate or detour)",
+            Self::NeedsOriginalPc => {
+                "instruction reads or writes the PC: cannot run out of line (use simulate or detour)"
+            }
             Self::NotSimulated => "instruction is stepped, not simulated, by crates/probes",
-            Self::StackBeyondGap => "simulated SP-based access could reach below SP - (STACK_GAP - 16): the exception frame",
+            Self::StackBeyondGap => {
+                "simulated SP-based access could reach below SP - (STACK_GAP - 16): the exception frame"
+            }
             Self::DetourBlrX30 => "detour cannot rewrite BLR X30 (no free register for the return address)",
             Self::DetourPostHandler => "detour runs handlers before the instruction only: no post-handler",
             Self::OutOfBranchRange => "branch beyond +-128 MiB between probe, trampoline and target",
@@ -139,9 +143,14 @@ impl defmt::Format for ProbeError {
 enum Action {
     Simulate(Simulated),
     /// Run `[insn, BRK #0x006]` at `slot`, with hardware single-step if `hardware_step`.
-    OutOfLine { slot: u64, hardware_step: bool },
+    OutOfLine {
+        slot: u64,
+        hardware_step: bool,
+    },
     /// The probed word is `B trampoline`; hits never trap.
-    Detour { trampoline: u64 },
+    Detour {
+        trampoline: u64,
+    },
 }
 
 /// One registered probe. Written only under [`REGISTRY`] while unpublished; read lock-free by
@@ -177,7 +186,7 @@ fn record_pointer(record: usize) -> *mut Probe {
 /// Open-addressed PC -> probe table: null = empty, `TOMBSTONE` = removed.
 const TABLE_SIZE: usize = 256;
 static TABLE: [AtomicPtr<Probe>; TABLE_SIZE] = [const { AtomicPtr::new(core::ptr::null_mut()) }; TABLE_SIZE];
-const TOMBSTONE: *mut Probe = 1 as *mut Probe;
+const TOMBSTONE: *mut Probe = core::ptr::dangling_mut::<Probe>();
 
 /// Registration state: which records and slot chunks are taken.
 struct Registry {
@@ -282,16 +291,8 @@ pub fn register(address: u64, method: Method, pre: Handler, post: Option<Handler
             Action::Detour { trampoline }
         }
     };
-    let probe = Probe {
-        address,
-        original,
-        action,
-        pre,
-        post,
-        chunk,
-        hits: AtomicU64::new(0),
-        missed: AtomicU64::new(0),
-    };
+    let probe =
+        Probe { address, original, action, pre, post, chunk, hits: AtomicU64::new(0), missed: AtomicU64::new(0) };
     // SAFETY: the record is free (its bit is clear) and unpublished; we hold the lock.
     unsafe { record_pointer(record).write(probe) };
     registry.records_used |= 1 << record;
@@ -414,11 +415,7 @@ fn check_stack_gap(simulated: &Simulated) -> Result<(), ProbeError> {
         }
         Simulated::AddSubImmediate { rd, rn, immediate, subtract, set_flags: false, .. } if rd.number() == 31 => {
             let moves_down = if subtract { immediate as i64 } else { -(immediate as i64) };
-            if rn.number() != 31 || moves_down > SIMULATE_SP_REACH {
-                Err(ProbeError::StackBeyondGap)
-            } else {
-                Ok(())
-            }
+            if rn.number() != 31 || moves_down > SIMULATE_SP_REACH { Err(ProbeError::StackBeyondGap) } else { Ok(()) }
         }
         _ => Ok(()),
     }

@@ -68,7 +68,7 @@ pub fn clear(chunk: u64) {
 
 /// Bytes the trampoline reserves below SP: x0..x30, sp, pc, pstate (the `Registers` layout).
 const SAVE_AREA: u32 = 34 * 8;
-const _: () = assert!(SAVE_AREA as usize == core::mem::size_of::<probes::Registers>() && SAVE_AREA % 16 == 0);
+const _: () = assert!(SAVE_AREA as usize == core::mem::size_of::<probes::Registers>() && SAVE_AREA.is_multiple_of(16));
 
 /// Literal pool position (words from the chunk start), 8-aligned.
 const LITERALS: usize = 112;
@@ -226,7 +226,7 @@ pub fn write_detour(
             if rt != 31 {
                 asm.load_literal(rt, target(offset));
                 asm.emit(match size {
-                    LiteralSize::Word => 0xb940_0000 | (rt << 5) | rt,       // LDR Wt, [Xt]
+                    LiteralSize::Word => 0xb940_0000 | (rt << 5) | rt, // LDR Wt, [Xt]
                     LiteralSize::Doubleword => 0xf940_0000 | (rt << 5) | rt, // LDR Xt, [Xt]
                     LiteralSize::SignedWord => 0xb980_0000 | (rt << 5) | rt, // LDRSW Xt, [Xt]
                 });

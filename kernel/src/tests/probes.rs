@@ -267,7 +267,13 @@ fn encode(class: Class, rng: &mut Rng) -> u32 {
                 (true, true) => rng.below(31) as i64,
                 (false, _) => rng.below(128) as i64 - 64,
             };
-            0xa800_0000 | (indexing << 23) | (u32::from(load) << 22) | (field(imm7, 7) << 15) | (rt2 << 10) | (rn << 5) | rt
+            0xa800_0000
+                | (indexing << 23)
+                | (u32::from(load) << 22)
+                | (field(imm7, 7) << 15)
+                | (rt2 << 10)
+                | (rn << 5)
+                | rt
         }
         Class::PushFrame => 0xa9bf_7bfd,
         Class::Move => 0xaa00_03e0 | (rng.register(&[]) << 16) | rd,
@@ -276,13 +282,20 @@ fn encode(class: Class, rng: &mut Rng) -> u32 {
             let rn = if rng.below(3) == 0 { 31 } else { rng.register(&[]) };
             // SP as destination only from SP with a small immediate (no large SP moves).
             let to_sp = set_flags == 0 && rn == 31 && rng.below(2) == 0;
-            let (rd, shift, immediate) =
-                if to_sp { (31, 0, rng.below(15) as u32 * 16) } else { (rd, rng.below(2) as u32, rng.below(4096) as u32) };
+            let (rd, shift, immediate) = if to_sp {
+                (31, 0, rng.below(15) as u32 * 16)
+            } else {
+                (rd, rng.below(2) as u32, rng.below(4096) as u32)
+            };
             0x9100_0000 | (subtract << 30) | (set_flags << 29) | (shift << 22) | (immediate << 10) | (rn << 5) | rd
         }
         Class::Adr => {
             let immediate = rng.next() as i64;
-            0x1000_0000 | ((rng.below(2) as u32) << 31) | (field(immediate, 2) << 29) | (field(immediate >> 2, 19) << 5) | rd
+            0x1000_0000
+                | ((rng.below(2) as u32) << 31)
+                | (field(immediate, 2) << 29)
+                | (field(immediate >> 2, 19) << 5)
+                | rd
         }
         Class::LoadLiteral => {
             let opcode = [0x1800_0000, 0x5800_0000, 0x9800_0000][rng.below(3) as usize];
@@ -497,10 +510,21 @@ fn probes_match_unprobed_execution(_: &Context) -> Outcome {
             let seeds: [u64; STATES] = core::array::from_fn(|_| rng.next());
             let expected: [Observed; STATES] = core::array::from_fn(|state| run_state(class, word, seeds[state], data));
             for method in Method::ALL {
-                let result = kprobes::register(at, method, count_pre, Some(count_post as kprobes::Handler).filter(|_| method != Method::Detour));
+                let result = kprobes::register(
+                    at,
+                    method,
+                    count_pre,
+                    (method != Method::Detour).then_some(count_post as kprobes::Handler),
+                );
                 if let Some(error) = expected_error(class, method) {
                     if result != Err(error) {
-                        defmt::error!("  {=str} {=u32:#x} {}: expected a refusal, got {}", name, word, method, result.err());
+                        defmt::error!(
+                            "  {=str} {=u32:#x} {}: expected a refusal, got {}",
+                            name,
+                            word,
+                            method,
+                            result.err()
+                        );
                         return Err(fail("refusal as expected"));
                     }
                     continue;
@@ -539,7 +563,12 @@ fn report_difference(name: &str, word: u32, method: Method, expected: &Observed,
     let (e, p) = (registers_words(&expected.registers), registers_words(&probed.registers));
     for index in 0..34 {
         if e[index] != p[index] {
-            defmt::error!("    word {=usize} (x0..x30, sp, pc, nzcv): {=u64:#x} unprobed, {=u64:#x} probed", index, e[index], p[index]);
+            defmt::error!(
+                "    word {=usize} (x0..x30, sp, pc, nzcv): {=u64:#x} unprobed, {=u64:#x} probed",
+                index,
+                e[index],
+                p[index]
+            );
         }
     }
     if expected.memory_hash != probed.memory_hash {
