@@ -5,7 +5,7 @@
 //! It is written through the text alias (`arch::patch`), never executed writable. Encodings are
 //! the Arm ARM's (DDI 0487) C6.2 entries of the instructions named beside each.
 
-use probes::{Classification, IndirectBranch, Insn, LiteralSize, Simulated, encode_b, encode_brk};
+use probes::{Classification, IndirectBranch, LiteralSize, Simulated, encode_b, encode_brk};
 
 use super::ProbeError;
 use crate::arch::exception::BRK_KPROBE_STEP;
@@ -235,7 +235,6 @@ pub fn write_detour(
         }
     }
     debug_assert!(asm.length <= LITERALS && LITERALS + 2 * asm.literals <= CHUNK_WORDS);
-    let _ = Insn(original);
     let used = LITERALS + 2 * asm.literals;
     write(base, &asm.code[..asm.length]);
     write(base + 4 * LITERALS as u64, &asm.code[LITERALS..used]);
