@@ -27,6 +27,7 @@ pub fn init(base: u64, clock_hz: u32) {
     *CONSOLE.lock() = Some(uart);
 }
 
+#[unsafe(link_section = ".text.noprobe")]
 fn write_console(bytes: &[u8]) {
     // Interrupts are masked while a record is written, so this lock is never contended on one CPU;
     // a nested record (exception during logging) forces it rather than deadlocking.
@@ -55,6 +56,7 @@ struct Logger;
 // SAFETY: acquire/release bracket every record with interrupts masked on the only CPU; nested
 // records (exceptions while logging) are handled by closing the interrupted frame first.
 unsafe impl defmt::Logger for Logger {
+    #[unsafe(link_section = ".text.noprobe")]
     fn acquire() {
         let daif = cpu::mask_interrupts();
         if NESTING.fetch_add(1, Ordering::Acquire) == 0 {
@@ -69,6 +71,7 @@ unsafe impl defmt::Logger for Logger {
 
     unsafe fn flush() {}
 
+    #[unsafe(link_section = ".text.noprobe")]
     unsafe fn release() {
         // SAFETY: called after acquire, with interrupts masked.
         unsafe { (*core::ptr::addr_of_mut!(ENCODER)).end_frame(write_console) };
@@ -78,6 +81,7 @@ unsafe impl defmt::Logger for Logger {
         }
     }
 
+    #[unsafe(link_section = ".text.noprobe")]
     unsafe fn write(bytes: &[u8]) {
         // SAFETY: called between acquire and release, with interrupts masked.
         unsafe { (*core::ptr::addr_of_mut!(ENCODER)).write(bytes, write_console) }

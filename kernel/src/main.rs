@@ -15,6 +15,7 @@ mod drivers;
 mod dt;
 mod log;
 mod mm;
+mod probes;
 mod stacktrace;
 mod task;
 mod tests;
@@ -59,6 +60,7 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     callsites::init();
     drivers::interrupts::init(layout.gic, platform.virtual_timer_intid);
     drivers::timer::start(cmdline.hz);
+    probes::init();
 
     defmt::info!(
         "tracelab {=str} (variant {=str}, board {=str}, SoC {=str}, model {=str})",

@@ -7,6 +7,7 @@
 
 mod baseline;
 mod depot;
+mod probes;
 mod stacktrace;
 
 use crate::arch::{counters, cpu};
@@ -79,6 +80,7 @@ pub const SUITES: &[Suite] = &[
     Suite { name: "baseline", run: baseline::run },
     Suite { name: "stacktrace", run: stacktrace::run },
     Suite { name: "depot", run: depot::run },
+    Suite { name: "probes", run: probes::run },
 ];
 
 /// Runs the named suites (comma-separated; empty = all).

@@ -89,6 +89,7 @@ fn memory_tag(address: u64) -> u8 {
 /// Checks an access of `size` bytes whose size is not a power of two up to 16 (the compiler
 /// calls these with AAPCS for such accesses, e.g. block copies of arrays).
 #[sanitize(kernel_hwaddress = "off")]
+#[unsafe(link_section = ".text.sanitizer")]
 fn check_range(address: u64, size: u64, write: bool, return_address: u64) {
     let pointer_tag = (address >> 56) as u8;
     if pointer_tag == MATCH_ALL_TAG || size == 0 {
@@ -118,12 +119,14 @@ const MATCH_ALL_TAG: u8 = 0xff;
 
 #[unsafe(no_mangle)]
 #[sanitize(kernel_hwaddress = "off")]
+#[unsafe(link_section = ".text.sanitizer")]
 extern "C" fn __hwasan_loadN(address: u64, size: u64) {
     check_range(address, size, false, return_address());
 }
 
 #[unsafe(no_mangle)]
 #[sanitize(kernel_hwaddress = "off")]
+#[unsafe(link_section = ".text.sanitizer")]
 extern "C" fn __hwasan_storeN(address: u64, size: u64) {
     check_range(address, size, true, return_address());
 }
@@ -138,6 +141,7 @@ fn return_address() -> u64 {
 
 #[unsafe(no_mangle)]
 #[sanitize(kernel_hwaddress = "off")]
+#[unsafe(link_section = ".text.sanitizer")]
 extern "C" fn sanitizer_tag_mismatch(address: u64, info: u64, return_address: u64) {
     let memory_tag = memory_tag(address);
     record(Mismatch {
@@ -152,6 +156,7 @@ extern "C" fn sanitizer_tag_mismatch(address: u64, info: u64, return_address: u6
 
 /// Counts a mismatch; returns to the access when a test expects it, else reports and stops.
 #[sanitize(kernel_hwaddress = "off")]
+#[unsafe(link_section = ".text.sanitizer")]
 fn record(mismatch: Mismatch) {
     MISMATCHES.fetch_add(1, Ordering::SeqCst);
     if EXPECTING.load(Ordering::SeqCst) {

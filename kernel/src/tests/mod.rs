@@ -6,6 +6,7 @@
 //! file and line. A test that hangs is named by its start line; one that panics by the panic.
 
 mod foundation;
+mod probes;
 mod stacktrace;
 
 use core::sync::atomic::{AtomicPtr, Ordering};
@@ -68,7 +69,14 @@ pub fn fail(what: &'static str) -> Failure {
     Failure { expression: what, file: file!(), line: line!() }
 }
 
-const SUITES: &[&[Test]] = &[foundation::TESTS, stacktrace::TESTS];
+/// Every test, in order.
+const TESTS: &[&[Test]] = &[foundation::TESTS, stacktrace::TESTS, probes::TESTS];
+
+/// The probe tests' harness BRKs, dispatched from the synchronous exception handler.
+#[unsafe(link_section = ".text.noprobe")]
+pub fn probe_harness_brk(frame: &mut crate::arch::exception::ExceptionFrame) -> bool {
+    probes::on_brk(frame)
+}
 
 static CURRENT: AtomicPtr<&'static str> = AtomicPtr::new(core::ptr::null_mut());
 
@@ -88,7 +96,7 @@ pub struct Summary {
 pub fn run(filter: &str, expect_pauth: Option<&'static str>, icount: bool) -> Summary {
     let context = Context { expect_pauth, icount };
     let mut summary = Summary { passed: 0, failed: 0, skipped: 0 };
-    for test in SUITES.iter().flat_map(|suite| suite.iter()).filter(|test| test.name.contains(filter)) {
+    for test in TESTS.iter().flat_map(|tests| tests.iter()).filter(|test| test.name.contains(filter)) {
         CURRENT.store(&test.name as *const &'static str as *mut _, Ordering::Relaxed);
         defmt::info!("test start: {=str}", test.name);
         match (test.run)(&context) {

@@ -22,6 +22,7 @@ pub const SUITES: &[Suite] = &[
     Suite { name: "baseline", default_variant: BuildVariant::Prod },
     Suite { name: "stacktrace", default_variant: BuildVariant::Prod },
     Suite { name: "depot", default_variant: BuildVariant::Prod },
+    Suite { name: "probes", default_variant: BuildVariant::Prod },
 ];
 
 fn parse_suite(name: &str) -> Result<&'static Suite, String> {
@@ -61,7 +62,7 @@ impl Mode {
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// Suites to run (default: all): baseline
+    /// Suites to run (default: all): baseline, probes
     #[arg(value_parser = parse_suite)]
     pub suites: Vec<&'static Suite>,
     /// CPU variants (repeatable; default: all five).

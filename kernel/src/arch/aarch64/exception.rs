@@ -24,6 +24,13 @@ pub struct ExceptionFrame {
 pub const BRK_TEST: u16 = 0x100;
 /// The `baseline` bench's BRK round trip: resumed at once, nothing else done.
 pub const BRK_BENCH: u16 = 0x101;
+/// A kernel probe (Linux's value): the probed instruction was replaced by this BRK.
+pub const BRK_KPROBE: u16 = 0x004;
+/// After the instruction in a probe's out-of-line slot (Linux's kprobe step value).
+pub const BRK_KPROBE_STEP: u16 = 0x006;
+/// The probe tests' harness: enter a randomized EL1t context / capture it on a landing pad.
+pub const BRK_HARNESS_ENTER: u16 = 0x110;
+pub const BRK_HARNESS_CAPTURE: u16 = 0x111;
 
 /// Bytes below the interrupted SP that exception entry leaves untouched (see vectors.S): a probe
 /// may emulate stores there, and the return path stashes x0/x1 there.
@@ -124,9 +131,24 @@ pub fn catch(class: ExceptionClass, f: impl FnOnce()) -> Option<Caught> {
 }
 
 #[unsafe(no_mangle)]
+#[unsafe(link_section = ".text.noprobe")]
 extern "C" fn exception_el1_sync(frame: &mut ExceptionFrame) {
-    if frame.esr >> 26 == ExceptionClass::Brk as u64 && frame.esr & 0xffff == BRK_BENCH as u64 {
-        frame.elr += 4;
+    let ec = frame.esr >> 26;
+    if ec == ExceptionClass::Brk as u64 {
+        let handled = match (frame.esr & 0xffff) as u16 {
+            BRK_KPROBE => crate::probes::on_brk(frame),
+            BRK_BENCH => {
+                frame.elr += 4;
+                true
+            }
+            BRK_KPROBE_STEP => crate::probes::on_step_brk(frame),
+            BRK_HARNESS_ENTER | BRK_HARNESS_CAPTURE => crate::tests::probe_harness_brk(frame),
+            _ => false,
+        };
+        if handled {
+            return;
+        }
+    } else if ec == ExceptionClass::SoftwareStep as u64 && crate::probes::on_software_step(frame) {
         return;
     }
     let class = ExceptionClass::of(frame.esr);
@@ -139,12 +161,28 @@ extern "C" fn exception_el1_sync(frame: &mut ExceptionFrame) {
     report_and_exit("unexpected synchronous exception", frame);
 }
 
+/// The vector table's address (for the probe tests' no-probe checks).
+pub fn vectors_address() -> u64 {
+    unsafe extern "C" {
+        static exception_vectors: u32;
+    }
+    // SAFETY: only the address of the asm-defined table is taken.
+    unsafe { &exception_vectors as *const u32 as u64 }
+}
+
+/// The synchronous exception handler's address (for the probe tests' no-probe checks).
+pub fn sync_handler_address() -> u64 {
+    exception_el1_sync as *const () as u64
+}
+
 #[unsafe(no_mangle)]
+#[unsafe(link_section = ".text.noprobe")]
 extern "C" fn exception_el1_irq(_frame: &mut ExceptionFrame) {
     crate::drivers::interrupts::handle_irq();
 }
 
 #[unsafe(no_mangle)]
+#[unsafe(link_section = ".text.noprobe")]
 extern "C" fn exception_unexpected(frame: &mut ExceptionFrame) {
     report_and_exit("exception from an unexpected vector", frame);
 }
@@ -199,6 +237,7 @@ pub fn take_last_overflow() -> Option<crate::task::KillReason> {
     LAST_OVERFLOW.lock().take()
 }
 
+#[unsafe(link_section = ".text.noprobe")]
 fn report_and_exit(what: &str, frame: &ExceptionFrame) -> ! {
     crate::arch::aarch64::cpu::mask_interrupts();
     let class = ExceptionClass::of(frame.esr);

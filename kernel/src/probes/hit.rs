@@ -1,0 +1,274 @@
+//! The probe hit path: BRK #0x004, the step back (BRK #0x006 or a software-step exception) and
+//! the detour entry. Follows ARM ARM D2.12 (software step) and Linux's kprobes re-entrancy rule.
+//!
+//! Everything here is in `.text.noprobe` (refused as a probe address). Re-entrancy: a hit while
+//! a handler runs on this CPU (the handler, or something it calls, is probed) skips the handlers,
+//! still performs the instruction and counts a missed hit, as Linux does. The library code the
+//! hit path calls (`core`, the `probes` crate's `simulate`) cannot be placed in `.text.noprobe`;
+//! a probe there would recurse, which the nesting check turns into a report instead of a stack
+//! overflow.
+
+use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+
+use super::{Action, Probe, Registers, lookup};
+use crate::arch::exception::ExceptionFrame;
+use probes::{Fault, Memory, RegisterFile, SimulationConfig, simulate};
+
+/// This CPU's hit state (one CPU for now), in one static so that the hit path materialises one
+/// address (the kernel is built with the large code model: 4 instructions per address).
+struct CpuState {
+    /// 0: no handler running; 1: a handler is running (a hit now is missed); 2: a missed hit is
+    /// being performed (a hit now means the hit path itself was probed: refused, reported).
+    /// Only ever changed by code that restores it before returning, so nested exceptions see a
+    /// consistent value without read-modify-write.
+    nesting: AtomicU32,
+    /// The probe whose slot is executing, the SPSR it was hit with, and the nesting to restore.
+    stepping: AtomicPtr<Probe>,
+    step_spsr: AtomicU64,
+    step_nesting: AtomicU32,
+}
+
+static CPU: CpuState = CpuState {
+    nesting: AtomicU32::new(0),
+    stepping: AtomicPtr::new(core::ptr::null_mut()),
+    step_spsr: AtomicU64::new(0),
+    step_nesting: AtomicU32::new(0),
+};
+
+const SPSR_SS: u64 = 1 << 21;
+const SPSR_D: u64 = 1 << 9;
+const SPSR_A: u64 = 1 << 8;
+const SPSR_I: u64 = 1 << 7;
+const SPSR_F: u64 = 1 << 6;
+const MDSCR_KDE: u64 = 1 << 13;
+const MDSCR_SS: u64 = 1 << 0;
+
+/// What the simulator needs to know about EL1: SCTLR_EL1.SA is set (arch/aarch64/mod.rs), and
+/// TCR_EL1.TBI0/TBI1 apply to instruction addresses (TBID0/1 are clear).
+const CONFIG: SimulationConfig =
+    SimulationConfig { sp_alignment_check: true, guarded_page: false, instruction_tbi: [true, true] };
+
+const _: () = {
+    use core::mem::offset_of;
+    assert!(offset_of!(ExceptionFrame, x) == offset_of!(Registers, x));
+    assert!(offset_of!(ExceptionFrame, sp) == offset_of!(Registers, sp));
+    assert!(offset_of!(ExceptionFrame, elr) == offset_of!(Registers, pc));
+    assert!(offset_of!(ExceptionFrame, spsr) == offset_of!(Registers, pstate));
+};
+
+/// The frame's first 34 words, as the `probes` crate's register file (same layout, checked
+/// above). Changes go straight into what the exception return restores.
+#[inline(always)]
+fn registers(frame: &mut ExceptionFrame) -> &mut Registers {
+    // SAFETY: both are repr(C) with x[31], sp, pc/elr, pstate/spsr at the same offsets, and the
+    // frame is larger; the borrow of the frame is handed on.
+    unsafe { &mut *(frame as *mut ExceptionFrame).cast::<Registers>() }
+}
+
+/// The saved registers as the simulator's register file, with accessors the compiler inlines
+/// into the `simulate` instantiation (the crate's own `Registers` impl is not inlinable across
+/// crates, and a call per register access was a third of a simulated hit).
+struct FrameRegisters<'a>(&'a mut Registers);
+
+impl RegisterFile for FrameRegisters<'_> {
+    #[inline(always)]
+    fn x(&self, n: u8) -> u64 {
+        self.0.x[usize::from(n) % 31]
+    }
+    #[inline(always)]
+    fn set_x(&mut self, n: u8, value: u64) {
+        self.0.x[usize::from(n) % 31] = value;
+    }
+    #[inline(always)]
+    fn sp(&self) -> u64 {
+        self.0.sp
+    }
+    #[inline(always)]
+    fn set_sp(&mut self, value: u64) {
+        self.0.sp = value;
+    }
+    #[inline(always)]
+    fn pc(&self) -> u64 {
+        self.0.pc
+    }
+    #[inline(always)]
+    fn set_pc(&mut self, value: u64) {
+        self.0.pc = value;
+    }
+    #[inline(always)]
+    fn pstate(&self) -> u64 {
+        self.0.pstate
+    }
+    #[inline(always)]
+    fn set_pstate(&mut self, value: u64) {
+        self.0.pstate = value;
+    }
+}
+
+/// Kernel memory as the simulated instruction sees it: the same kind of access it makes (one
+/// `stp` for a pair store). A faulting access is a fault in the BRK handler, which the kernel
+/// reports (it is not re-raised at the probed address).
+struct KernelMemory;
+
+impl Memory for KernelMemory {
+    #[unsafe(link_section = ".text.noprobe")]
+    #[inline(always)]
+    fn read_u32(&mut self, address: u64) -> Result<u32, Fault> {
+        // SAFETY: the probed instruction makes this access at this address with this privilege.
+        Ok(unsafe { core::ptr::read_volatile(address as *const u32) })
+    }
+    #[unsafe(link_section = ".text.noprobe")]
+    #[inline(always)]
+    fn read_u64(&mut self, address: u64) -> Result<u64, Fault> {
+        // SAFETY: as above.
+        Ok(unsafe { core::ptr::read_volatile(address as *const u64) })
+    }
+    #[unsafe(link_section = ".text.noprobe")]
+    #[inline(always)]
+    fn read_pair(&mut self, address: u64) -> Result<[u64; 2], Fault> {
+        let (first, second): (u64, u64);
+        // SAFETY: as above; one `ldp`, as the original. Reads memory only, clobbers its outputs.
+        unsafe {
+            core::arch::asm!("ldp {a}, {b}, [{p}]", p = in(reg) address, a = out(reg) first, b = out(reg) second,
+                options(nostack, readonly, preserves_flags))
+        };
+        Ok([first, second])
+    }
+    #[unsafe(link_section = ".text.noprobe")]
+    #[inline(always)]
+    fn write_pair(&mut self, address: u64, values: [u64; 2]) -> Result<(), Fault> {
+        // SAFETY: as above; one `stp`, so single-copy atomicity, alignment and ordering match
+        // the original. Writes 16 bytes at `address`, clobbers nothing.
+        unsafe {
+            core::arch::asm!("stp {a}, {b}, [{p}]", p = in(reg) address, a = in(reg) values[0], b = in(reg) values[1],
+                options(nostack, preserves_flags))
+        };
+        Ok(())
+    }
+}
+
+#[unsafe(link_section = ".text.noprobe")]
+#[inline(never)]
+fn set_mdscr(bits: u64, on: bool) {
+    let mut mdscr: u64;
+    // SAFETY: read-modify-write of MDSCR_EL1's KDE/SS bits; PSTATE.D is set in the handler, so
+    // no debug exception is taken until the exception return. No memory is touched.
+    unsafe {
+        core::arch::asm!("mrs {m}, mdscr_el1", m = out(reg) mdscr, options(nomem, nostack, preserves_flags));
+        mdscr = if on { mdscr | bits } else { mdscr & !bits };
+        core::arch::asm!("msr mdscr_el1, {m}", "isb", m = in(reg) mdscr, options(nomem, nostack, preserves_flags));
+    }
+}
+
+/// BRK #0x004. Returns false if no probe is registered at the PC (the caller reports it).
+#[unsafe(link_section = ".text.noprobe")]
+pub fn on_brk(frame: &mut ExceptionFrame) -> bool {
+    let Some(probe) = lookup(frame.elr) else {
+        return false;
+    };
+    let nesting = CPU.nesting.load(Ordering::Relaxed);
+    if nesting >= 2 {
+        return false;
+    }
+    CPU.nesting.store(nesting + 1, Ordering::Relaxed);
+    let missed = nesting == 1;
+    if missed {
+        probe.missed.fetch_add(1, Ordering::Relaxed);
+    } else {
+        probe.hits.fetch_add(1, Ordering::Relaxed);
+        (probe.pre)(registers(frame));
+    }
+    match probe.action {
+        Action::Simulate(simulated) => {
+            let registers = registers(frame);
+            if simulate(&simulated, &mut FrameRegisters(registers), &mut KernelMemory, &CONFIG).is_err() {
+                // KernelMemory never returns a fault; only the SP alignment check can fail.
+                return false;
+            }
+            if !missed && let Some(post) = probe.post {
+                post(registers);
+            }
+            CPU.nesting.store(nesting, Ordering::Relaxed);
+        }
+        Action::OutOfLine { slot, hardware_step } => {
+            if !CPU.stepping.load(Ordering::Relaxed).is_null() {
+                // Only a handler can hit a probe here, and handlers never run mid-step.
+                return false;
+            }
+            CPU.stepping.store(probe as *const Probe as *mut Probe, Ordering::Relaxed);
+            CPU.step_spsr.store(frame.spsr, Ordering::Relaxed);
+            CPU.step_nesting.store(nesting, Ordering::Relaxed);
+            frame.elr = slot;
+            if hardware_step {
+                // Step exactly the slot's instruction: SS set, debug unmasked, interrupts masked
+                // (otherwise the step would land in the IRQ vector).
+                frame.spsr = (frame.spsr | SPSR_SS | SPSR_I | SPSR_F) & !SPSR_D;
+                set_mdscr(MDSCR_KDE | MDSCR_SS, true);
+            } else {
+                frame.spsr |= SPSR_D | SPSR_A | SPSR_I | SPSR_F;
+            }
+        }
+        Action::Detour { .. } => return false,
+    }
+    true
+}
+
+/// BRK #0x006 after a slot's instruction (brk-step). False if no slot is being executed there.
+#[unsafe(link_section = ".text.noprobe")]
+pub fn on_step_brk(frame: &mut ExceptionFrame) -> bool {
+    finish_step(frame, false)
+}
+
+/// A software-step exception (EC 0x33) after a slot's instruction (single-step).
+#[unsafe(link_section = ".text.noprobe")]
+pub fn on_software_step(frame: &mut ExceptionFrame) -> bool {
+    finish_step(frame, true)
+}
+
+#[unsafe(link_section = ".text.noprobe")]
+fn finish_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
+    let probe = CPU.stepping.load(Ordering::Relaxed);
+    if probe.is_null() {
+        return false;
+    }
+    // SAFETY: STEPPING points at a published probe from BRK until here (unregistering a probe
+    // whose slot is executing cannot happen on this CPU in between).
+    let probe = unsafe { &*probe };
+    let Action::OutOfLine { slot, hardware_step: stepped } = probe.action else {
+        return false;
+    };
+    if stepped != hardware_step || frame.elr != slot + 4 {
+        return false;
+    }
+    if hardware_step {
+        set_mdscr(MDSCR_KDE | MDSCR_SS, false);
+    }
+    let saved = CPU.step_spsr.load(Ordering::Relaxed);
+    let restored = SPSR_D | SPSR_A | SPSR_I | SPSR_F | SPSR_SS;
+    frame.spsr = (frame.spsr & !restored) | (saved & restored);
+    frame.elr = probe.address + 4;
+    CPU.stepping.store(core::ptr::null_mut(), Ordering::Relaxed);
+    let nesting = CPU.step_nesting.load(Ordering::Relaxed);
+    if nesting == 0
+        && let Some(post) = probe.post
+    {
+        post(registers(frame));
+    }
+    CPU.nesting.store(nesting, Ordering::Relaxed);
+    true
+}
+
+/// Called by a detour trampoline with the probe and the registers it saved (x0..x30, the SP
+/// before the trampoline, pc = the probed address, pstate = NZCV only). Changes to x0..x30 and
+/// NZCV are restored into the context; changes to sp and pc are ignored.
+#[unsafe(link_section = ".text.noprobe")]
+pub extern "C" fn detour_entry(probe: &Probe, registers: &mut Registers) {
+    if CPU.nesting.load(Ordering::Relaxed) != 0 {
+        probe.missed.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    CPU.nesting.store(1, Ordering::Relaxed);
+    probe.hits.fetch_add(1, Ordering::Relaxed);
+    (probe.pre)(registers);
+    CPU.nesting.store(0, Ordering::Relaxed);
+}
