@@ -16,6 +16,25 @@
 // context. x18 (the shadow call stack pointer) is kept: an exception from EL1 keeps using the
 // interrupted task's shadow stack. No instrumented code runs before the frame is saved.
 
+// Reloads x2..x30 from the frame at SP (both return paths).
+.macro RESTORE_X2_TO_X30
+    ldp     x2, x3, [sp, #1 * 16]
+    ldp     x4, x5, [sp, #2 * 16]
+    ldp     x6, x7, [sp, #3 * 16]
+    ldp     x8, x9, [sp, #4 * 16]
+    ldp     x10, x11, [sp, #5 * 16]
+    ldp     x12, x13, [sp, #6 * 16]
+    ldp     x14, x15, [sp, #7 * 16]
+    ldp     x16, x17, [sp, #8 * 16]
+    ldp     x18, x19, [sp, #9 * 16]
+    ldp     x20, x21, [sp, #10 * 16]
+    ldp     x22, x23, [sp, #11 * 16]
+    ldp     x24, x25, [sp, #12 * 16]
+    ldp     x26, x27, [sp, #13 * 16]
+    ldp     x28, x29, [sp, #14 * 16]
+    ldr     x30, [sp, #15 * 16]
+.endm
+
 .macro VECTOR handler
     .balign 0x80
     sub     sp, sp, #({frame_size} + {gap})
@@ -116,42 +135,14 @@ exception_return:
     // SP_EL0 context: SP_EL1 just drops the frame.
     msr     sp_el0, x0
     ldp     x0, x1, [sp, #0 * 16]
-    ldp     x2, x3, [sp, #1 * 16]
-    ldp     x4, x5, [sp, #2 * 16]
-    ldp     x6, x7, [sp, #3 * 16]
-    ldp     x8, x9, [sp, #4 * 16]
-    ldp     x10, x11, [sp, #5 * 16]
-    ldp     x12, x13, [sp, #6 * 16]
-    ldp     x14, x15, [sp, #7 * 16]
-    ldp     x16, x17, [sp, #8 * 16]
-    ldp     x18, x19, [sp, #9 * 16]
-    ldp     x20, x21, [sp, #10 * 16]
-    ldp     x22, x23, [sp, #11 * 16]
-    ldp     x24, x25, [sp, #12 * 16]
-    ldp     x26, x27, [sp, #13 * 16]
-    ldp     x28, x29, [sp, #14 * 16]
-    ldr     x30, [sp, #15 * 16]
+    RESTORE_X2_TO_X30
     add     sp, sp, #({frame_size} + {gap})
     eret
 1:  // SP_EL1 context: resume on the frame's SP. Stash x0/x1 below it (inside the gap, clear of
     // the frame as long as the SP moved down by at most gap - 16: probes::simulate checks this).
     ldp     x2, x3, [sp, #0 * 16]
     stp     x2, x3, [x0, #-16]
-    ldp     x2, x3, [sp, #1 * 16]
-    ldp     x4, x5, [sp, #2 * 16]
-    ldp     x6, x7, [sp, #3 * 16]
-    ldp     x8, x9, [sp, #4 * 16]
-    ldp     x10, x11, [sp, #5 * 16]
-    ldp     x12, x13, [sp, #6 * 16]
-    ldp     x14, x15, [sp, #7 * 16]
-    ldp     x16, x17, [sp, #8 * 16]
-    ldp     x18, x19, [sp, #9 * 16]
-    ldp     x20, x21, [sp, #10 * 16]
-    ldp     x22, x23, [sp, #11 * 16]
-    ldp     x24, x25, [sp, #12 * 16]
-    ldp     x26, x27, [sp, #13 * 16]
-    ldp     x28, x29, [sp, #14 * 16]
-    ldr     x30, [sp, #15 * 16]
+    RESTORE_X2_TO_X30
     mov     sp, x0
     ldp     x0, x1, [sp, #-16]
     eret
