@@ -231,7 +231,10 @@ pub fn current() -> TaskId {
 }
 
 pub fn current_name() -> &'static str {
-    with_irqs_masked(|| scheduler().tasks[scheduler().current].name)
+    with_irqs_masked(|| {
+        let scheduler = scheduler();
+        scheduler.tasks[scheduler.current].name
+    })
 }
 
 pub fn state(id: TaskId) -> State {
