@@ -193,7 +193,11 @@ pub fn register_where(ops: &'static Ops, mut filter: impl FnMut(u64) -> bool) ->
             registry.apply(&mut KernelPatcher)?;
             return Err(Error::NoMatch);
         }
-        registry.apply(&mut KernelPatcher)?;
+        let applied = registry.apply(&mut KernelPatcher)?;
+        // Frees the vector slots this apply retired (a site moving from set {A, B} to
+        // {A, B, C}): without it, registering many tracers one by one would run out of slots.
+        grace_period();
+        registry.grace_period_elapsed(applied.generation);
         Ok(tracer)
     })
 }

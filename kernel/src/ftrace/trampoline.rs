@@ -23,6 +23,8 @@
 use core::mem::offset_of;
 use core::sync::atomic::{AtomicU64, Ordering};
 
+use ::ftrace::TracerId;
+
 use super::{TABLE, VECTORS};
 use crate::task::stacks::CPUS;
 
@@ -188,12 +190,21 @@ unsafe extern "C" fn list_func(ip: u64, parent_ip: u64, _: &Ops, regs: &mut Regs
 }
 
 /// A vector slot's function: every tracer of the slot's set, no site lookup, no irrelevant
-/// tracer looked at.
+/// tracer looked at. Plain index loops over the set's words (one `rbit; clz` and one
+/// `bits & (bits - 1)` per member): the hot loop of the `vector` scheme.
 #[sanitize(kernel_hwaddress = "off")]
 unsafe extern "C" fn vector_func(ip: u64, parent_ip: u64, ops: &Ops, regs: &mut Regs) {
-    for tracer in TABLE.vector(ops.private as usize) {
-        let ops = TABLE.ops_address(tracer) as *const Ops;
-        // SAFETY: as in `list_func`.
-        unsafe { ((*ops).func)(ip, parent_ip, &*ops, regs) };
+    let set = TABLE.vector(ops.private as usize).words();
+    let mut word = 0;
+    while word < set.len() {
+        let mut bits = set[word];
+        while bits != 0 {
+            let tracer = TracerId((word * 64) as u16 + bits.trailing_zeros() as u16);
+            bits &= bits - 1;
+            let ops = TABLE.ops_address(tracer) as *const Ops;
+            // SAFETY: as in `list_func`.
+            unsafe { ((*ops).func)(ip, parent_ip, &*ops, regs) };
+        }
+        word += 1;
     }
 }
