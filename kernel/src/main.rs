@@ -85,7 +85,9 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     defmt::info!("Timer: {=u64} Hz counter, {=u64} Hz tick", drivers::timer::frequency(), cmdline.hz);
     defmt::info!("GIC: v{=u8}", drivers::interrupts::gic_version());
     match traceable {
-        Ok(traceable) => defmt::info!("ftrace: {=usize} of {=usize} callsites traceable", traceable, callsites::entries().len()),
+        Ok(traceable) => {
+            defmt::info!("ftrace: {=usize} of {=usize} callsites traceable", traceable, callsites::entries().len())
+        }
         Err(error) => defmt::error!("ftrace: init failed: {}", error),
     }
     defmt::info!(
@@ -99,7 +101,8 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
         layout.tables_used
     );
     cpu::enable_interrupts();
-    let boot_tracer = cmdline.ftrace.and_then(|pattern| ftrace::tracers::trace_from_boot(pattern, cmdline.ftrace_scheme));
+    let boot_tracer =
+        cmdline.ftrace.and_then(|pattern| ftrace::tracers::trace_from_boot(pattern, cmdline.ftrace_scheme));
 
     match cmdline.run {
         cmdline::Run::Demo => {

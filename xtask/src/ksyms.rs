@@ -44,7 +44,11 @@ pub fn embed(elf: &mut [u8]) -> Result<usize, Failure> {
     if table.len() > section.len() {
         return Err(Failure {
             status: 1,
-            message: format!("symbol table needs {} bytes, .ksyms holds {}: grow it in kernel.ld", table.len(), section.len()),
+            message: format!(
+                "symbol table needs {} bytes, .ksyms holds {}: grow it in kernel.ld",
+                table.len(),
+                section.len()
+            ),
         });
     }
     section[..table.len()].copy_from_slice(&table);

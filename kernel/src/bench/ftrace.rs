@@ -16,7 +16,8 @@ const CALLS: u64 = 100_000;
 /// The seed's table.
 const PAIRS: [(usize, usize); 13] =
     [(0, 0), (0, 1), (0, 2), (0, 10), (0, 100), (1, 1), (1, 2), (1, 10), (1, 100), (1, 0), (2, 0), (10, 0), (100, 0)];
-const SCHEMES: [(Scheme, &str); 3] = [(Scheme::List, "list"), (Scheme::CallOps, "call-ops"), (Scheme::Vector, "vector")];
+const SCHEMES: [(Scheme, &str); 3] =
+    [(Scheme::List, "list"), (Scheme::CallOps, "call-ops"), (Scheme::Vector, "vector")];
 
 static COUNTERS: [Counter; 101] = [const { Counter::new() }; 101];
 
@@ -76,7 +77,11 @@ fn measure(plan: &Plan, relevant: usize, irrelevant: usize) -> Option<u64> {
     let counted = COUNTERS[..relevant + irrelevant].iter().map(Counter::hits);
     let expected = (0..relevant + irrelevant).map(|index| if index < relevant { CALLS } else { 0 });
     if !counted.eq(expected) {
-        defmt::error!("bench ftrace: R={=usize} I={=usize}: counters disagree with the calls made", relevant, irrelevant);
+        defmt::error!(
+            "bench ftrace: R={=usize} I={=usize}: counters disagree with the calls made",
+            relevant,
+            irrelevant
+        );
         return None;
     }
     cost

@@ -30,13 +30,13 @@
 //! (which would then need a barrier between taking the guard and loading the literal).
 
 mod symbols;
-mod trampoline;
 pub mod tracers;
+mod trampoline;
 
 use core::fmt;
 
-use ftrace::{Config, DispatchTable, Registry, TextPatcher, TracerId, VectorOps, glob_match};
 pub use ftrace::{Applied, Scheme};
+use ftrace::{Config, DispatchTable, Registry, TextPatcher, TracerId, VectorOps, glob_match};
 pub use symbols::Symbols;
 pub use trampoline::{Ops, Regs};
 
@@ -157,9 +157,10 @@ pub fn init() -> Result<usize, Error> {
         scheme: Scheme::CallOps,
     };
     let daif = cpu::mask_interrupts();
-    let result = REGISTRY.lock().initialise(callsites::entries().iter().copied(), config, &mut KernelPatcher, |entry| {
-        !is_notrace(entry, &symbols)
-    });
+    let result =
+        REGISTRY.lock().initialise(callsites::entries().iter().copied(), config, &mut KernelPatcher, |entry| {
+            !is_notrace(entry, &symbols)
+        });
     cpu::restore_interrupts(daif);
     Ok(result?)
 }

@@ -57,7 +57,11 @@ fn traced_eight(a: u64, b: u64, c: u64, d: u64, e: u64, f: u64, g: u64, h: u64) 
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
 fn traced_ten(a: u64, b: u64, c: u64, d: u64, e: u64, f: u64, g: u64, h: u64, i: u64, j: u64) -> u64 {
-    black_box(a) ^ b.rotate_left(1) ^ c.rotate_left(2) ^ d.rotate_left(3) ^ e.rotate_left(4)
+    black_box(a)
+        ^ b.rotate_left(1)
+        ^ c.rotate_left(2)
+        ^ d.rotate_left(3)
+        ^ e.rotate_left(4)
         ^ f.rotate_left(5)
         ^ g.rotate_left(6)
         ^ h.rotate_left(7)
