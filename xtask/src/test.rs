@@ -339,7 +339,7 @@ fn run_configuration(
     if !done && result.status.is_some() {
         problems.push("no `tests done` line".into());
     }
-    if passed + failed == 0 {
+    if passed + failed + skipped == 0 {
         problems.push("no test ran".into());
     }
     // Tracing from boot must have traced something and stopped cleanly at the end.
