@@ -44,13 +44,15 @@ pub struct HijackedReturn {
     pub shadow_slot: u64,
     /// The real return address (x30 at entry, before the prologue signs it).
     pub real: u64,
-    /// The owner's word (which probe; its data).
+    /// The owner's word (which probe).
     pub cookie: u64,
+    /// The owner's per-instance data (e.g. what an entry handler wants its return handler to see).
+    pub data: u64,
 }
 
 impl HijackedReturn {
     /// An all-zero entry (for array initialisers).
-    pub const EMPTY: Self = Self { entry_sp: 0, shadow_slot: 0, real: 0, cookie: 0 };
+    pub const EMPTY: Self = Self { entry_sp: 0, shadow_slot: 0, real: 0, cookie: 0, data: 0 };
 }
 
 /// What a walker asks when it reads a hijacked return address.

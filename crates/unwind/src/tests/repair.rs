@@ -15,7 +15,7 @@ const fn code(n: u64) -> u64 {
 }
 
 fn hijack(entry_sp: u64, shadow_slot: u64, real: u64) -> HijackedReturn {
-    HijackedReturn { entry_sp, shadow_slot, real, cookie: 0 }
+    HijackedReturn { entry_sp, shadow_slot, real, cookie: 0, data: 0 }
 }
 
 struct Repair<'a>(&'a ReturnStack<8>);
