@@ -7,6 +7,7 @@
 
 mod baseline;
 mod depot;
+mod kretprobes;
 mod probes;
 mod stacktrace;
 
