@@ -9,12 +9,13 @@
 
 use crate::arch::cpu;
 use crate::arch::exception::ExceptionFrame;
+use crate::probes::kretprobe::Repair;
 use crate::task::stacks::{self, Slot};
 use core::sync::atomic::{AtomicU8, Ordering};
 use stackdepot::{DepotError, DepotHandle, StackDepot};
-use crate::probes::kretprobe::Repair;
 use unwind::{
-    FrameWalker, ReturnRepair, ShadowSegment, ShadowStack, ShadowWalker, StackKind, StackMemory, StackRange, Trace, TraceOptions,
+    FrameWalker, ReturnRepair, ShadowSegment, ShadowStack, ShadowWalker, StackKind, StackMemory, StackRange, Trace,
+    TraceOptions,
 };
 
 /// Which walker.
@@ -116,7 +117,9 @@ pub fn capture(mode: Mode, options: TraceOptions) -> Trace {
         Mode::FramePointer => {
             let mut buffer = [StackRange::new(0, 0, StackKind::Task); 3];
             let stacks = declared_stacks(place, &mut buffer);
-            FrameWalker::new(&KernelMemory, stacks, strip).with_repair(&Repair).walk_from_frame(frame_pointer(), options)
+            FrameWalker::new(&KernelMemory, stacks, strip)
+                .with_repair(&Repair)
+                .walk_from_frame(frame_pointer(), options)
         }
         Mode::ShadowCallStack => {
             // The newest entry is this function's own return address (its caller): the same

@@ -125,8 +125,8 @@ mod tests;
 
 pub use frame::{FRAME_RECORD_SIZE, FrameMarker, FrameWalker};
 pub use pac::strip_pac_va_bits;
-pub use repair::{HijackedReturn, ReturnRepair, ReturnStack, ReturnStackFull};
 pub use prologue::{SCS_POP, SCS_PUSH, ViewDifference, view_difference};
+pub use repair::{HijackedReturn, ReturnRepair, ReturnStack, ReturnStackFull};
 pub use shadow::{SCS_END_MAGIC, ShadowSegment, ShadowStack, ShadowWalker};
 pub use stack::{StackKind, StackMemory, StackRange};
 pub use trace::{Corruption, EntryKind, MAX_FRAMES, StopReason, Trace, TraceEntry, TraceOptions};

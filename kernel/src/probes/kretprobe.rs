@@ -174,11 +174,7 @@ pub fn trampoline() -> u64 {
 
 /// Where a kretprobe on `function` attaches: after its patchable-entry NOPs, if it has them.
 pub fn attach_address(function: u64) -> u64 {
-    if refuse::patchable_entries().contains(&function.wrapping_sub(8)) {
-        function + 8
-    } else {
-        function
-    }
+    if refuse::patchable_entries().contains(&function.wrapping_sub(8)) { function + 8 } else { function }
 }
 
 /// Registers a kretprobe on the function at `function` (its symbol), entered through a probe of

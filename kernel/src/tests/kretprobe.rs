@@ -245,9 +245,7 @@ fn kretprobe_on_asm_targets_every_method(_: &Context) -> Outcome {
     }
     // A `ret` cannot run out of line: the entry probe says so.
     let ret = bench_probe_target_ret as *const () as u64;
-    check!(
-        kretprobe::register(ret, Method::SingleStep, None, log_and_add_1000, 1) == Err(ProbeError::NeedsOriginalPc)
-    );
+    check!(kretprobe::register(ret, Method::SingleStep, None, log_and_add_1000, 1) == Err(ProbeError::NeedsOriginalPc));
     check!(kretprobe::counts(ret).is_none());
     check!(kretprobe::unregister(ret) == Err(ProbeError::NotRegistered));
     Ok(Verdict::Passed)

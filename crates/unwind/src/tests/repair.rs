@@ -2,8 +2,8 @@
 
 use super::{SyntheticMemory, sign, strip};
 use crate::{
-    FrameMarker, FrameWalker, HijackedReturn, ReturnRepair, ReturnStack, ReturnStackFull, SCS_END_MAGIC,
-    ShadowSegment, ShadowStack, ShadowWalker, StackKind, StackRange, TraceOptions,
+    FrameMarker, FrameWalker, HijackedReturn, ReturnRepair, ReturnStack, ReturnStackFull, SCS_END_MAGIC, ShadowSegment,
+    ShadowStack, ShadowWalker, StackKind, StackRange, TraceOptions,
 };
 
 const TASK: StackRange = StackRange::new(0x4010_0000, 0x4010_4000, StackKind::Task);
