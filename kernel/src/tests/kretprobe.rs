@@ -16,6 +16,7 @@ pub const TESTS: &[Test] = &[
     Test { name: "kretprobe_recursion_returns_in_order", run: kretprobe_recursion_returns_in_order },
     Test { name: "kretprobe_pool_exhaustion_is_missed", run: kretprobe_pool_exhaustion_is_missed },
     Test { name: "kretprobe_nesting_and_handler_hits", run: kretprobe_nesting_and_handler_hits },
+    Test { name: "kretprobe_unregistered_while_hijacked", run: kretprobe_unregistered_while_hijacked },
     Test { name: "kretprobe_fp_trace_shows_real_callers", run: kretprobe_fp_trace_shows_real_callers },
     Test { name: "kretprobe_scs_trace_shows_real_callers", run: kretprobe_scs_trace_shows_real_callers },
 ];
@@ -391,6 +392,34 @@ fn kretprobe_nesting_and_handler_hits(_: &Context) -> Outcome {
         check!(outer_counts == Some((1, 0)));
     }
     check!(methods_run >= 2);
+    Ok(Verdict::Passed)
+}
+
+/// Unregisters its own kretprobe while its return is hijacked.
+#[inline(never)]
+extern "C" fn unregisters_itself(a: u64, _: u64) -> u64 {
+    let unregistered = kretprobe::unregister(function_address(unregisters_itself)).is_ok();
+    sum(a, u64::from(unregistered))
+}
+
+fn kretprobe_unregistered_while_hijacked(_: &Context) -> Outcome {
+    let target = function_address(unregisters_itself);
+    let mut methods_run = 0;
+    for method in Method::ALL {
+        if !register_rust(target, method, Some(remember_x0), log_and_add_1000, 1)? {
+            continue;
+        }
+        methods_run += 1;
+        clear_log();
+        let result = call_checked(target, 5, 0);
+        // Back at the real caller, without the handler (+1: the body's unregister succeeded).
+        check_eq!(result.value, 6);
+        check_eq!(result.changed, 0);
+        check_eq!(logged(), 0);
+        check!(kretprobe::counts(target).is_none());
+        check_eq!(kretprobe::outstanding(), 0);
+    }
+    check!(methods_run >= 3);
     Ok(Verdict::Passed)
 }
 
