@@ -4,15 +4,18 @@
 //! Glue between crates/unwind (the walkers), the stack slots (task/stacks.rs: which stacks are
 //! declared to the walker, in the order a walk may move between them) and crates/stackdepot.
 //! Every address is a return address (the instruction after the BL), PAC-stripped with XPACLRI;
-//! an interrupted context's PC is exact. xtask symbolizes lines of the form `  fp #N 0x...`.
+//! an interrupted context's PC is exact. Returns hijacked by kretprobes show their real address
+//! (`probes::kretprobe::Repair`). xtask symbolizes lines of the form `  fp #N 0x...`.
 
 use crate::arch::cpu;
 use crate::arch::exception::ExceptionFrame;
+use crate::probes::kretprobe::Repair;
 use crate::task::stacks::{self, Slot};
 use core::sync::atomic::{AtomicU8, Ordering};
 use stackdepot::{DepotError, DepotHandle, StackDepot};
 use unwind::{
-    FrameWalker, ShadowSegment, ShadowStack, ShadowWalker, StackKind, StackMemory, StackRange, Trace, TraceOptions,
+    FrameWalker, ReturnRepair, ShadowSegment, ShadowStack, ShadowWalker, StackKind, StackMemory, StackRange, Trace,
+    TraceOptions,
 };
 
 /// Which walker.
@@ -114,7 +117,9 @@ pub fn capture(mode: Mode, options: TraceOptions) -> Trace {
         Mode::FramePointer => {
             let mut buffer = [StackRange::new(0, 0, StackKind::Task); 3];
             let stacks = declared_stacks(place, &mut buffer);
-            FrameWalker::new(&KernelMemory, stacks, strip).walk_from_frame(frame_pointer(), options)
+            FrameWalker::new(&KernelMemory, stacks, strip)
+                .with_repair(&Repair)
+                .walk_from_frame(frame_pointer(), options)
         }
         Mode::ShadowCallStack => {
             // The newest entry is this function's own return address (its caller): the same
@@ -136,7 +141,7 @@ pub fn capture(mode: Mode, options: TraceOptions) -> Trace {
                     ShadowSegment::interrupted(shadow_stack(crate::task::current_slot()), frame.x[18], frame.elr);
                 count = 2;
             }
-            ShadowWalker::new(&KernelMemory, strip).walk(&segments[..count], options)
+            ShadowWalker::new(&KernelMemory, strip).with_repair(&Repair).walk(&segments[..count], options)
         }
     }
 }
@@ -144,16 +149,22 @@ pub fn capture(mode: Mode, options: TraceOptions) -> Trace {
 /// Traces of an interrupted context, from its saved frame (for reports): FP from its x29 and
 /// PC; SCS from its x18 and PC.
 pub fn of_frame(frame: &ExceptionFrame, slot: Slot, mode: Mode) -> Trace {
+    // Hijacked returns are known for the running task only.
+    let repair = (slot == crate::task::current_slot()).then_some(&Repair as &dyn ReturnRepair);
     match mode {
         Mode::FramePointer => {
             let stacks = [stack_range(slot, StackKind::Task)];
-            FrameWalker::new(&KernelMemory, &stacks, strip).walk_from_context(frame.elr, frame.x[29], TraceOptions::ALL)
+            let walker = FrameWalker::new(&KernelMemory, &stacks, strip);
+            let walker = if let Some(repair) = repair { walker.with_repair(repair) } else { walker };
+            walker.walk_from_context(frame.elr, frame.x[29], TraceOptions::ALL)
         }
         Mode::ShadowCallStack => {
             // After a shadow-stack overflow x18 is one past the last slot: report what is there.
             let x18 = frame.x[18].min(slot.shadow_stack_end() - 8);
             let segment = ShadowSegment::interrupted(shadow_stack(slot), x18, frame.elr);
-            ShadowWalker::new(&KernelMemory, strip).walk(&[segment], TraceOptions::ALL)
+            let walker = ShadowWalker::new(&KernelMemory, strip);
+            let walker = if let Some(repair) = repair { walker.with_repair(repair) } else { walker };
+            walker.walk(&[segment], TraceOptions::ALL)
         }
     }
 }

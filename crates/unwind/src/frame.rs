@@ -2,6 +2,7 @@
 
 use core::mem::offset_of;
 
+use crate::repair::{ReturnRepair, repaired};
 use crate::stack::{StackMemory, StackRange};
 use crate::trace::{Corruption, EntryKind, StopReason, Trace, TraceBuilder, TraceOptions};
 
@@ -68,6 +69,7 @@ pub struct FrameWalker<'a, M: ?Sized, S> {
     memory: &'a M,
     stacks: &'a [StackRange],
     strip: S,
+    repair: Option<&'a dyn ReturnRepair>,
 }
 
 /// Where the walk is: the stack it is in and the last record it read there.
@@ -84,7 +86,13 @@ where
 {
     /// A walker over `memory` limited to `stacks` (ordered, see the type docs).
     pub fn new(memory: &'a M, stacks: &'a [StackRange], strip: S) -> Self {
-        Self { memory, stacks, strip }
+        Self { memory, stacks, strip, repair: None }
+    }
+
+    /// Reports the real return address where a record holds `repair`'s trampoline.
+    pub fn with_repair(mut self, repair: &'a dyn ReturnRepair) -> Self {
+        self.repair = Some(repair);
+        self
     }
 
     /// Walks from the frame record at `fp` (x29 of the function whose callers
@@ -133,7 +141,7 @@ where
                 or_stop!(builder.push((self.strip)(pc), EntryKind::ExceptionPc));
                 fp = interrupted_fp;
             } else {
-                let return_address = (self.strip)(lr);
+                let return_address = repaired(self.repair, (self.strip)(lr), Some(fp), 0);
                 if return_address == 0 {
                     return StopReason::Corrupt { address: fp, corruption: Corruption::ZeroReturnAddress };
                 }

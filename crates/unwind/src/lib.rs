@@ -74,6 +74,13 @@
 //! context has one extra entry; [`view_difference`] tells from the function's
 //! instructions whether a PC is in such a window.
 //!
+//! # Hijacked returns
+//!
+//! Return probes replace a function's return address by a trampoline. Given a
+//! [`ReturnRepair`] (`with_repair`), both walkers report the real return
+//! address instead, matched by the frame record's address or the shadow-stack
+//! slot; [`ReturnStack`] is the return-instance stack that answers it.
+//!
 //! # The `kernel` feature
 //!
 //! Builds the walkers with `#[sanitize(kernel_hwaddress = "off")]`. Their hot
@@ -108,6 +115,7 @@ macro_rules! or_stop {
 mod frame;
 mod pac;
 mod prologue;
+mod repair;
 mod shadow;
 mod stack;
 mod trace;
@@ -118,6 +126,7 @@ mod tests;
 pub use frame::{FRAME_RECORD_SIZE, FrameMarker, FrameWalker};
 pub use pac::strip_pac_va_bits;
 pub use prologue::{SCS_POP, SCS_PUSH, ViewDifference, view_difference};
+pub use repair::{HijackedReturn, ReturnRepair, ReturnStack, ReturnStackFull};
 pub use shadow::{SCS_END_MAGIC, ShadowSegment, ShadowStack, ShadowWalker};
 pub use stack::{StackKind, StackMemory, StackRange};
 pub use trace::{Corruption, EntryKind, MAX_FRAMES, StopReason, Trace, TraceEntry, TraceOptions};

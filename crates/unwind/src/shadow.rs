@@ -1,5 +1,6 @@
 //! The shadow-call-stack walker: copies in-use SCS entries, newest first.
 
+use crate::repair::{ReturnRepair, repaired};
 use crate::stack::StackMemory;
 use crate::trace::{Corruption, EntryKind, StopReason, Trace, TraceBuilder, TraceOptions};
 
@@ -62,6 +63,7 @@ impl ShadowSegment {
 pub struct ShadowWalker<'a, M: ?Sized, S> {
     memory: &'a M,
     strip: S,
+    repair: Option<&'a dyn ReturnRepair>,
 }
 
 impl<'a, M, S> ShadowWalker<'a, M, S>
@@ -71,7 +73,13 @@ where
 {
     /// A walker over `memory`; `strip` removes PACs (the SCS holds signed LRs).
     pub fn new(memory: &'a M, strip: S) -> Self {
-        Self { memory, strip }
+        Self { memory, strip, repair: None }
+    }
+
+    /// Reports the real return address where a slot holds `repair`'s trampoline.
+    pub fn with_repair(mut self, repair: &'a dyn ReturnRepair) -> Self {
+        self.repair = Some(repair);
+        self
     }
 
     /// Copies the segments' entries, newest first: the first segment is the
@@ -125,7 +133,8 @@ where
                     return Err(StopReason::Corrupt { address: slot, corruption: Corruption::EndMagicInUse });
                 }
                 Some(signed) => {
-                    or_stop!(builder.push((self.strip)(signed), EntryKind::ReturnAddress), Err);
+                    let address = repaired(self.repair, (self.strip)(signed), None, slot);
+                    or_stop!(builder.push(address, EntryKind::ReturnAddress), Err);
                 }
             }
         }

@@ -8,6 +8,7 @@
 mod baseline;
 mod depot;
 mod ftrace;
+mod kretprobes;
 mod probes;
 mod stacktrace;
 

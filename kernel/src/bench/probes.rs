@@ -54,11 +54,11 @@ bench_probe_target_ret:
 );
 
 unsafe extern "C" {
-    fn bench_probe_target_nop();
-    fn bench_probe_target_push();
-    fn bench_probe_target_ret();
+    pub(super) fn bench_probe_target_nop();
+    pub(super) fn bench_probe_target_push();
+    pub(super) fn bench_probe_target_ret();
     fn bench_probe_loop_alone(iterations: u64, target: u64);
-    fn bench_probe_loop_call(iterations: u64, target: u64);
+    pub(super) fn bench_probe_loop_call(iterations: u64, target: u64);
 }
 
 static HITS: AtomicU64 = AtomicU64::new(0);
@@ -67,9 +67,9 @@ fn count_hit(_: &mut Registers) {
     HITS.fetch_add(1, Ordering::Relaxed);
 }
 
-type Loop = unsafe extern "C" fn(u64, u64);
+pub(super) type Loop = unsafe extern "C" fn(u64, u64);
 
-fn measure(plan: &Plan, body: Loop, iterations: u64, target: u64) -> u64 {
+pub(super) fn measure(plan: &Plan, body: Loop, iterations: u64, target: u64) -> u64 {
     // The same indirect call for every case, its target loaded before the window opens.
     let body = core::hint::black_box(body);
     // SAFETY: the loops call `target`, one of the asm targets above (probed or not), which only
@@ -120,10 +120,11 @@ pub fn run(plan: &Plan) {
             }
         }
     }
+    super::kretprobes::run(plan);
 }
 
 /// `prefix` + `suffix` in a small stack buffer (no allocator in the kernel yet).
-fn heapless_name(prefix: &str, suffix: &str) -> Name {
+pub(super) fn heapless_name(prefix: &str, suffix: &str) -> Name {
     let mut name = Name { bytes: [0; 32], length: 0 };
     for &byte in prefix.as_bytes().iter().chain(suffix.as_bytes()).take(32) {
         name.bytes[name.length] = byte;
@@ -132,13 +133,13 @@ fn heapless_name(prefix: &str, suffix: &str) -> Name {
     name
 }
 
-struct Name {
+pub(super) struct Name {
     bytes: [u8; 32],
     length: usize,
 }
 
 impl Name {
-    fn as_str(&self) -> &str {
+    pub(super) fn as_str(&self) -> &str {
         core::str::from_utf8(&self.bytes[..self.length]).unwrap_or("?")
     }
 }

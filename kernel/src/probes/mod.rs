@@ -18,6 +18,7 @@
 //! probe may not be placed on, and why, is in `refuse.rs` and [`ProbeError`].
 
 mod hit;
+pub mod kretprobe;
 mod refuse;
 mod slots;
 

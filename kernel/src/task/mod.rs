@@ -117,6 +117,7 @@ pub fn spawn(name: &'static str, entry: extern "C" fn(u64), argument: u64) -> Re
             .find(|&index| !matches!(scheduler.tasks[index].state, State::Runnable))
             .ok_or(SpawnError::NoFreeSlot)?;
         let slot = stacks::slot(index);
+        crate::probes::kretprobe::forget_task(index);
         // A clean shadow stack (its high-water mark is read from it) with its end marker.
         // SAFETY: the slot's shadow-stack page is mapped and belongs to no live task.
         unsafe { core::ptr::write_bytes(slot.shadow_stack_base() as *mut u8, 0, SHADOW_STACK_SIZE as usize) };

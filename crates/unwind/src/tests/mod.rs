@@ -3,6 +3,7 @@
 mod frame_walk;
 mod prologue;
 mod property;
+mod repair;
 mod shadow_walk;
 
 use std::cell::RefCell;

@@ -1,0 +1,379 @@
+//! Kernel return probes: a handler at a function's return, installed at its entry.
+//!
+//! # Where it attaches
+//!
+//! A kretprobe is a kernel probe (any [`Method`]) on the function's first instruction that is
+//! not a patchable-function-entry NOP: `symbol + 8` where the function has a
+//! `__patchable_function_entries` record (the `full` and `prod` builds: `nop; nop; <symbol>:
+//! nop; nop; paciasp; str x30, [x18], #8; stp x29, x30, ...`), else `symbol` (the `plain` build,
+//! asm functions). The NOPs belong to ftrace. At that instruction x30 is the caller's return
+//! address, not yet signed by `paciasp` nor pushed to the shadow call stack, so a trampoline
+//! address put there is what the prologue signs and pushes, and what `autiasp` and the SCS pop
+//! give back at the return: PAC authentication and the SCS stay balanced. `paciasp` is stepped,
+//! not simulated (`crates/probes`), so `Method::Simulate` refuses Rust functions of the
+//! pac-ret builds (`ProbeError::NotSimulated`); single-step, brk-step and detour perform it.
+//!
+//! # The hot path
+//!
+//! Entry (the probe's pre-handler, IRQs masked): find the kretprobe by PC, run the optional
+//! entry handler, push a [`HijackedReturn`] `{entry SP, x18, real x30}` on the context's
+//! [`ReturnStack`] (the task's, or this CPU's IRQ context's) and set x30 to
+//! `kretprobe_trampoline`. A full stack, `max_active` instances already live, or a hit from a
+//! return handler counts a missed hit (Linux's `nmissed`) and leaves the return alone.
+//!
+//! Return: the function's `ret` lands in `kretprobe_trampoline` (asm, `.text.noprobe`) with SP
+//! and x18 as at entry. It pushes x30 (the trampoline) on the SCS again and a frame record
+//! `{x29, trampoline}`, so both walkers meet the hijacked address where the function's own
+//! record and slot were, saves x0..x30 as [`Registers`] and calls [`kretprobe_return`]. That
+//! drops abandoned instances (below SP), takes the top one (whose entry SP is SP), runs the
+//! return handler (x0..x7: the return value, changeable; x30 and pc: the real return address),
+//! writes the real address into the trampoline's record and SCS slot, pops, and returns; the
+//! trampoline restores x0..x8, takes x30 = the real address and returns there. Callee-saved
+//! registers are preserved by the call itself, x18 and SP by the trampoline's balanced pushes.
+//!
+//! # Unwinding
+//!
+//! [`Repair`] answers the walkers (`crates/unwind`, `ReturnRepair`): a frame record holding the
+//! trampoline belongs to the newest instance whose entry SP is above the record, an SCS slot to
+//! the instance that recorded it; so traces taken in a probed function or in a return handler
+//! show the real callers.
+
+use core::cell::UnsafeCell;
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+use super::{Method, ProbeError, Registers, refuse};
+use crate::arch::cpu;
+use crate::task::stacks::{self, TASK_SLOTS};
+use unwind::{HijackedReturn, ReturnRepair, ReturnStack};
+
+/// Runs at the probed function's entry: may look at (and change) the registers, and store one
+/// word for the return handler. Returning false leaves this return alone (not a miss).
+pub type EntryHandler = fn(&mut Registers, &mut u64) -> bool;
+/// Runs at the return: x0..x7 hold the return value (changes take effect), x30 and pc the real
+/// return address; the word is what the entry handler stored (0 without one).
+pub type ReturnHandler = fn(&mut Registers, u64);
+
+/// Kretprobe records.
+const MAX_KRETPROBES: usize = 16;
+/// Hijacked returns per context (task or IRQ) at a time.
+pub const INSTANCES_PER_CONTEXT: usize = 64;
+
+struct Kretprobe {
+    /// The function's symbol; 0: the record is free.
+    function: AtomicU64,
+    /// The probed (attach) address.
+    address: AtomicU64,
+    /// Set while registered: a return after unregistering still returns, without the handler.
+    live: AtomicBool,
+    handlers: UnsafeCell<(Option<EntryHandler>, ReturnHandler)>,
+    max_active: AtomicU32,
+    active: AtomicU32,
+    hits: AtomicU64,
+    missed: AtomicU64,
+}
+
+fn no_handler(_: &mut Registers, _: u64) {}
+
+struct Records([Kretprobe; MAX_KRETPROBES]);
+
+// SAFETY: `handlers` is written only under REGISTER while the record is not live and no instance
+// of it is outstanding (checked), and read by the hit path only while `live` (Acquire) or for an
+// outstanding instance, both after the Release store that published it. One CPU.
+unsafe impl Sync for Records {}
+
+static RECORDS: Records = Records(
+    [const {
+        Kretprobe {
+            function: AtomicU64::new(0),
+            address: AtomicU64::new(0),
+            live: AtomicBool::new(false),
+            handlers: UnsafeCell::new((None, no_handler)),
+            max_active: AtomicU32::new(0),
+            active: AtomicU32::new(0),
+            hits: AtomicU64::new(0),
+            missed: AtomicU64::new(0),
+        }
+    }; MAX_KRETPROBES],
+);
+
+static REGISTER: spin::Mutex<()> = spin::Mutex::new(());
+
+/// The return-instance stacks: one per task slot, then this CPU's IRQ context.
+struct Contexts([UnsafeCell<ReturnStack<INSTANCES_PER_CONTEXT>>; TASK_SLOTS + 1]);
+
+// SAFETY: a context's stack is changed only by code running in that context with IRQs masked
+// (entry, return, task start), and read by walkers running in that context or in an IRQ that
+// interrupted it; pushes write the entry before the length. One CPU.
+unsafe impl Sync for Contexts {}
+
+static CONTEXTS: Contexts = Contexts([const { UnsafeCell::new(ReturnStack::new()) }; TASK_SLOTS + 1]);
+
+/// Set while a return handler runs (IRQs masked): kretprobe hits then are missed.
+static IN_RETURN_HANDLER: AtomicBool = AtomicBool::new(false);
+
+core::arch::global_asm!(
+    r#"
+    .section .text.noprobe, "ax"
+    .balign 16
+    .global kretprobe_trampoline
+kretprobe_trampoline:
+    // Reached by a probed function's `ret`: x30 = this address, SP and x18 as at its entry.
+    .if {scs}
+    str     x30, [x18], #8
+    .endif
+    stp     x29, x30, [sp, #-16]!
+    sub     sp, sp, #{save}
+    stp     x0, x1, [sp, #0]
+    stp     x2, x3, [sp, #16]
+    stp     x4, x5, [sp, #32]
+    stp     x6, x7, [sp, #48]
+    stp     x8, x9, [sp, #64]
+    stp     x10, x11, [sp, #80]
+    stp     x12, x13, [sp, #96]
+    stp     x14, x15, [sp, #112]
+    stp     x16, x17, [sp, #128]
+    stp     x18, x19, [sp, #144]
+    stp     x20, x21, [sp, #160]
+    stp     x22, x23, [sp, #176]
+    stp     x24, x25, [sp, #192]
+    stp     x26, x27, [sp, #208]
+    stp     x28, x29, [sp, #224]
+    add     x29, sp, #{save}
+    add     x9, sp, #({save} + 16)
+    stp     x30, x9, [sp, #240]
+    mrs     x10, nzcv
+    stp     x30, x10, [sp, #256]
+    mov     x0, sp
+    bl      kretprobe_return
+    ldp     x0, x1, [sp, #0]
+    ldp     x2, x3, [sp, #16]
+    ldp     x4, x5, [sp, #32]
+    ldp     x6, x7, [sp, #48]
+    ldr     x8, [sp, #64]
+    ldr     x30, [sp, #240]
+    add     sp, sp, #{save}
+    ldr     x29, [sp], #16
+    .if {scs}
+    sub     x18, x18, #8
+    .endif
+    ret
+"#,
+    scs = const crate::SHADOW_CALL_STACK as u8,
+    save = const core::mem::size_of::<Registers>(),
+);
+
+unsafe extern "C" {
+    static kretprobe_trampoline: u32;
+}
+
+/// The address a hijacked function returns to.
+pub fn trampoline() -> u64 {
+    // SAFETY: only the address of the asm-defined symbol is taken.
+    unsafe { &kretprobe_trampoline as *const u32 as u64 }
+}
+
+/// Where a kretprobe on `function` attaches: after its patchable-entry NOPs, if it has them.
+pub fn attach_address(function: u64) -> u64 {
+    if refuse::patchable_entries().contains(&function.wrapping_sub(8)) { function + 8 } else { function }
+}
+
+/// Registers a kretprobe on the function at `function` (its symbol), entered through a probe of
+/// `method`, with at most `max_active` returns hijacked at a time (more are missed; 0 misses
+/// them all).
+pub fn register(
+    function: u64,
+    method: Method,
+    entry: Option<EntryHandler>,
+    handler: ReturnHandler,
+    max_active: u32,
+) -> Result<(), ProbeError> {
+    let _guard = REGISTER.lock();
+    if RECORDS.0.iter().any(|record| record.function.load(Ordering::Relaxed) == function) {
+        return Err(ProbeError::AlreadyRegistered);
+    }
+    let Some(record) = RECORDS
+        .0
+        .iter()
+        .find(|record| record.function.load(Ordering::Relaxed) == 0 && record.active.load(Ordering::Relaxed) == 0)
+    else {
+        return Err(ProbeError::NoSpace);
+    };
+    let address = attach_address(function);
+    // SAFETY: the record is free and has no outstanding instance; we hold REGISTER (see Records).
+    unsafe { *record.handlers.get() = (entry, handler) };
+    record.max_active.store(max_active, Ordering::Relaxed);
+    record.hits.store(0, Ordering::Relaxed);
+    record.missed.store(0, Ordering::Relaxed);
+    record.address.store(address, Ordering::Relaxed);
+    record.function.store(function, Ordering::Relaxed);
+    record.live.store(true, Ordering::Release);
+    if let Err(error) = super::register(address, method, on_entry, None) {
+        record.live.store(false, Ordering::Relaxed);
+        record.function.store(0, Ordering::Relaxed);
+        return Err(error);
+    }
+    Ok(())
+}
+
+/// Unregisters the kretprobe on `function`. Returns already hijacked still go back to their
+/// callers, without the handler.
+pub fn unregister(function: u64) -> Result<(), ProbeError> {
+    let _guard = REGISTER.lock();
+    let record = find(function).ok_or(ProbeError::NotRegistered)?;
+    super::unregister(record.address.load(Ordering::Relaxed))?;
+    record.live.store(false, Ordering::Release);
+    record.function.store(0, Ordering::Relaxed);
+    Ok(())
+}
+
+fn find(function: u64) -> Option<&'static Kretprobe> {
+    RECORDS.0.iter().find(|record| function != 0 && record.function.load(Ordering::Relaxed) == function)
+}
+
+/// Hits (returns hijacked) and missed hits of the kretprobe on `function`.
+pub fn counts(function: u64) -> Option<(u64, u64)> {
+    find(function).map(|record| (record.hits.load(Ordering::Relaxed), record.missed.load(Ordering::Relaxed)))
+}
+
+/// Hijacked returns outstanding in the current context (for the tests).
+pub fn outstanding() -> usize {
+    let sp: u64;
+    // SAFETY: reads SP.
+    unsafe { core::arch::asm!("mov {}, sp", out(reg) sp, options(nomem, nostack, preserves_flags)) };
+    // SAFETY: read in the context that owns the stack (see Contexts).
+    unsafe { (*context_stack(sp)).len() }
+}
+
+/// A new task starts in task slot `index`: its context has no hijacked returns.
+pub fn forget_task(index: usize) {
+    let daif = cpu::mask_interrupts();
+    // SAFETY: the slot belongs to no running context (spawn is choosing it), IRQs are masked.
+    let stack = unsafe { &mut *CONTEXTS.0[index].get() };
+    while let Some(instance) = stack.pop() {
+        release(&instance);
+    }
+    cpu::restore_interrupts(daif);
+}
+
+/// The return-instance stack of the context running on `sp`.
+#[unsafe(link_section = ".text.noprobe")]
+#[inline(always)]
+fn context_stack(sp: u64) -> *mut ReturnStack<INSTANCES_PER_CONTEXT> {
+    let index = if stacks::irq_slot(0).contains_stack(sp) { TASK_SLOTS } else { crate::task::current().0 };
+    CONTEXTS.0[index].get()
+}
+
+#[unsafe(link_section = ".text.noprobe")]
+fn release(instance: &HijackedReturn) {
+    if let Some(record) = RECORDS.0.get(instance.cookie as usize) {
+        record.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The pre-handler of every kretprobe's entry probe.
+#[unsafe(link_section = ".text.noprobe")]
+fn on_entry(registers: &mut Registers) {
+    let daif = cpu::mask_interrupts();
+    hijack(registers);
+    cpu::restore_interrupts(daif);
+}
+
+#[unsafe(link_section = ".text.noprobe")]
+fn hijack(registers: &mut Registers) {
+    let Some(index) = RECORDS.0.iter().position(|record| {
+        record.live.load(Ordering::Acquire) && record.address.load(Ordering::Relaxed) == registers.pc
+    }) else {
+        return;
+    };
+    let record = &RECORDS.0[index];
+    // SAFETY: IRQs are masked and this is the context that owns the stack (see Contexts).
+    let stack = unsafe { &mut *context_stack(registers.sp) };
+    stack.drop_abandoned(registers.sp, release);
+    if IN_RETURN_HANDLER.load(Ordering::Relaxed)
+        || stack.len() >= INSTANCES_PER_CONTEXT
+        || record.active.load(Ordering::Relaxed) >= record.max_active.load(Ordering::Relaxed)
+    {
+        record.missed.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    // SAFETY: the record is live (Acquire above), its handlers published (see Records).
+    let (entry, _) = unsafe { *record.handlers.get() };
+    let mut data = 0;
+    if let Some(entry) = entry
+        && !entry(registers, &mut data)
+    {
+        return;
+    }
+    let instance = HijackedReturn {
+        entry_sp: registers.sp,
+        shadow_slot: registers.x[18],
+        real: registers.x[30],
+        cookie: index as u64,
+        data,
+    };
+    if stack.push(instance).is_err() {
+        record.missed.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    record.active.fetch_add(1, Ordering::Relaxed);
+    record.hits.fetch_add(1, Ordering::Relaxed);
+    registers.x[30] = trampoline();
+}
+
+/// Called by `kretprobe_trampoline` with the registers at the hijacked return (sp: the SP the
+/// function returned with; x30 and pc: the trampoline until set here to the real address).
+#[unsafe(no_mangle)]
+#[unsafe(link_section = ".text.noprobe")]
+extern "C" fn kretprobe_return(registers: &mut Registers) {
+    let daif = cpu::mask_interrupts();
+    // SAFETY: IRQs are masked and this is the context that owns the stack (see Contexts).
+    let stack = unsafe { &mut *context_stack(registers.sp) };
+    stack.drop_abandoned(registers.sp, release);
+    let Some(instance) = stack.top_at(registers.sp) else {
+        panic!("kretprobe trampoline reached at SP {:#x} with no hijacked return there", registers.sp);
+    };
+    registers.x[30] = instance.real;
+    registers.pc = instance.real;
+    if let Some(record) = RECORDS.0.get(instance.cookie as usize)
+        && record.live.load(Ordering::Acquire)
+    {
+        // SAFETY: the record has an outstanding instance, so its handlers stay as published.
+        let (_, handler) = unsafe { *record.handlers.get() };
+        IN_RETURN_HANDLER.store(true, Ordering::Relaxed);
+        handler(registers, instance.data);
+        IN_RETURN_HANDLER.store(false, Ordering::Relaxed);
+    }
+    // The trampoline's record and SCS slot get the real address before the instance goes, so a
+    // walk never meets a trampoline address without its instance.
+    // SAFETY: the trampoline pushed its frame record {x29, x30} just below the entry SP, on the
+    // stack this code runs on.
+    unsafe { core::ptr::write_volatile((registers.sp - 8) as *mut u64, instance.real) };
+    if crate::SHADOW_CALL_STACK {
+        // SAFETY: the trampoline pushed x30 at x18 = the slot recorded at entry (SCS builds).
+        unsafe { core::ptr::write_volatile(instance.shadow_slot as *mut u64, instance.real) };
+    }
+    stack.pop();
+    release(&instance);
+    cpu::restore_interrupts(daif);
+}
+
+/// What the walkers ask about hijacked returns (`stacktrace.rs`).
+pub struct Repair;
+
+impl ReturnRepair for Repair {
+    fn trampoline(&self) -> u64 {
+        trampoline()
+    }
+
+    fn frame_return(&self, record: u64) -> Option<u64> {
+        // SAFETY: read from the context that owns the stack or an IRQ above it (see Contexts).
+        unsafe { (*context_stack(record)).frame_return(record, trampoline()) }
+    }
+
+    fn shadow_return(&self, slot: u64) -> Option<u64> {
+        let irq = CONTEXTS.0[TASK_SLOTS].get();
+        let task = CONTEXTS.0[crate::task::current().0].get();
+        // SAFETY: as above.
+        unsafe { (*task).shadow_return(slot, trampoline()).or_else(|| (*irq).shadow_return(slot, trampoline())) }
+    }
+}
