@@ -2,7 +2,8 @@
 //!
 //! `run=demo|test|panic|fault|hang` (the last three exercise the failure paths), `filter=SUBSTRING` (tests), `hz=N` (tick rate), `exit=semihosting|park`,
 //! `expect-pauth=QARMA5|QARMA3|IMPDEF|none` (what xtask knows the CPU variant has);
-//! benchmarks: `run=bench bench=SUITE,... reps=N clock=cycles|ns icount=0|1`.
+//! benchmarks: `run=bench bench=SUITE,... reps=N clock=cycles|ns icount=0|1`; the sanitizer
+//! heap: `tag-seed=N` (decimal or 0x-hex: the tag generator's seed), `kasan=panic|recover`.
 
 #[derive(Clone, Copy, PartialEq, Eq, defmt::Format)]
 pub enum Run {
@@ -26,6 +27,10 @@ pub struct CommandLine {
     pub bench_clock: crate::bench::Clock,
     /// QEMU runs with `-icount` (xtask says so): instruction-exact time.
     pub icount: bool,
+    /// Seed of the heap's tag generator (`tag-seed=`): the same seed gives the same tags.
+    pub tag_seed: u32,
+    /// Continue after a KASAN report instead of stopping (`kasan=recover`).
+    pub kasan_recover: bool,
 }
 
 impl CommandLine {
@@ -40,6 +45,8 @@ impl CommandLine {
             bench_reps: 1,
             bench_clock: crate::bench::Clock::Cycles,
             icount: false,
+            tag_seed: crate::mm::tags::DEFAULT_SEED,
+            kasan_recover: false,
         };
         for word in bootargs.split_whitespace() {
             let (key, value) = word.split_once('=').unwrap_or((word, ""));
@@ -59,6 +66,12 @@ impl CommandLine {
                 ("run", "fault") => line.run = Run::Fault,
                 ("run", "hang") => line.run = Run::Hang,
                 ("filter", filter) => line.filter = filter,
+                ("tag-seed", seed) => match parse_u32(seed) {
+                    Some(seed) => line.tag_seed = seed,
+                    None => defmt::warn!("cmdline: tag-seed={=str} is not a 32-bit number", seed),
+                },
+                ("kasan", "panic") => line.kasan_recover = false,
+                ("kasan", "recover") => line.kasan_recover = true,
                 ("hz", hz) => match hz.parse::<u64>() {
                     Ok(hz) if (1..=10_000).contains(&hz) => line.hz = hz,
                     _ => defmt::warn!("cmdline: hz={=str} is not in 1..=10000, keeping {=u64}", hz, line.hz),
@@ -71,6 +84,14 @@ impl CommandLine {
             }
         }
         line
+    }
+}
+
+/// A decimal or `0x`-prefixed hexadecimal u32.
+fn parse_u32(text: &str) -> Option<u32> {
+    match text.strip_prefix("0x") {
+        Some(hex) => u32::from_str_radix(hex, 16).ok(),
+        None => text.parse().ok(),
     }
 }
 

@@ -6,6 +6,8 @@
 #![no_main]
 #![feature(sanitize)]
 
+extern crate alloc;
+
 mod arch;
 mod bench;
 mod board;
@@ -57,6 +59,8 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     };
     arch::park::park_secondaries(board::CONFIG.secondary_spin_table);
     stacktrace::init_depot();
+    mm::heap::init(layout.free.base + VA_OFFSET, layout.free.size, cmdline.tag_seed);
+    mm::kasan_report::set_recover(cmdline.kasan_recover);
     callsites::init();
     drivers::interrupts::init(layout.gic, platform.virtual_timer_intid);
     drivers::timer::start(cmdline.hz);
