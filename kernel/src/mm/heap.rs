@@ -31,8 +31,9 @@
 //!
 //! # Stacks, locks and interrupts
 //!
-//! The stack of each alloc and free is collected outside the lock, in the mode chosen at run
-//! time ([`set_stacks`]: none, fp, scs, each with or without the depot; `-no-depot` collects the
+//! The stack of each alloc and free is collected outside the lock (`collect_stack`: a frame
+//! record walk or a shadow-call-stack copy of the current task's stack, as Linux's SW_TAGS
+//! saves them), in the mode chosen at run time ([`set_stacks`]: none, fp, scs, each with or without the depot; `-no-depot` collects the
 //! trace and drops it, which is the seed's "saving to stack depot commented out"). The lock
 //! covers the backing allocator, the header and the ring, and is taken with IRQs masked, so an
 //! interrupt can never spin on a lock its own CPU holds. The heap refuses IRQ context (panics):
@@ -57,7 +58,6 @@ use crate::stacktrace::{self, Mode};
 use buddy_system_allocator::Heap;
 use core::alloc::{GlobalAlloc, Layout};
 use core::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use unwind::TraceOptions;
 
 /// Largest block: 2^(ORDER-1) bytes.
 const ORDER: usize = 28;
@@ -214,20 +214,84 @@ fn assert_not_in_irq() {
     assert!(!crate::task::stacks::irq_slot(0).contains_stack(sp), "the heap is not for IRQ context");
 }
 
-/// Collects the caller's caller's stack in the current mode; the raw depot handle or 0.
+/// Collects the stack of allocate/free's caller in the current mode; the raw depot handle or 0.
+///
+/// The heap runs in task context only, so its walks are the short task-only forms of
+/// stacktrace.rs's: the frame-pointer walk follows x29 records inside the current task's stack,
+/// the shadow-call-stack copy reads the task's shadow stack from x18 down to its base. Both give
+/// return addresses newest first, PAC-stripped; the first (into allocate/free) is skipped.
 #[inline(never)]
 #[sanitize(kernel_hwaddress = "off")]
 fn collect_stack() -> u32 {
     let Some((mode, depot)) = stacks().walker() else {
         return 0;
     };
-    // Skip collect_stack's caller (allocate/free): the trace starts at the heap's user.
-    let trace = stacktrace::capture(mode, TraceOptions::new(2, unwind::MAX_FRAMES));
+    let mut frames = [0u64; unwind::MAX_FRAMES];
+    let count = match mode {
+        Mode::FramePointer => walk_frame_records(&mut frames),
+        Mode::ShadowCallStack => copy_shadow_stack(&mut frames),
+    };
+    let frames = &frames[..count];
     if !depot {
-        core::hint::black_box(&trace);
+        core::hint::black_box(frames);
         return 0;
     }
-    stacktrace::DEPOT.save(trace.addresses()).map_or(0, |handle| handle.to_raw())
+    stacktrace::DEPOT.save(frames).map_or(0, |handle| handle.to_raw())
+}
+
+/// Return addresses from this function's caller's frame record outward (the frame walk).
+#[inline(always)]
+fn walk_frame_records(frames: &mut [u64; unwind::MAX_FRAMES]) -> usize {
+    let slot = crate::task::current_slot();
+    let (low, high) = (slot.stack_base(), slot.stack_top());
+    let mut fp: u64;
+    // SAFETY: reads x29.
+    unsafe { core::arch::asm!("mov {}, x29", out(reg) fp, options(nomem, nostack, preserves_flags)) };
+    let mut count = 0;
+    let mut skip = 1;
+    while count < frames.len() && fp >= low && fp + 16 <= high && fp % 8 == 0 {
+        let (next, lr): (u64, u64);
+        // SAFETY: fp lies inside the current task's (mapped) stack, checked above; asm loads are
+        // not instrumented.
+        unsafe {
+            core::arch::asm!("ldp {n}, {l}, [{f}]", f = in(reg) fp, n = out(reg) next, l = out(reg) lr, options(nostack, readonly, preserves_flags))
+        };
+        if lr == 0 {
+            break;
+        }
+        if skip > 0 {
+            skip -= 1;
+        } else {
+            frames[count] = cpu::strip_pac(lr);
+            count += 1;
+        }
+        // Frame records move strictly up the stack.
+        if next <= fp {
+            break;
+        }
+        fp = next;
+    }
+    count
+}
+
+/// The task's shadow call stack, newest entry first (the shadow-call-stack copy).
+#[inline(always)]
+fn copy_shadow_stack(frames: &mut [u64; unwind::MAX_FRAMES]) -> usize {
+    let base = crate::task::current_slot().shadow_stack_base();
+    let mut pointer = cpu::shadow_call_stack_pointer();
+    // The newest entry is collect_stack's own return address (into allocate/free).
+    pointer = pointer.saturating_sub(8);
+    let mut count = 0;
+    while count < frames.len() && pointer > base {
+        pointer -= 8;
+        let lr: u64;
+        // SAFETY: base < pointer < x18: used entries of the current task's shadow stack,
+        // mapped; asm loads are not instrumented.
+        unsafe { core::arch::asm!("ldr {l}, [{p}]", p = in(reg) pointer, l = out(reg) lr, options(nostack, readonly, preserves_flags)) };
+        frames[count] = cpu::strip_pac(lr);
+        count += 1;
+    }
+    count
 }
 
 fn current_task() -> u16 {
