@@ -131,9 +131,30 @@ macro_rules! subsystems {
 }
 
 subsystems!(
-    init_memory, init_irq, init_timers, init_sched, init_rcu, init_workqueues, init_vfs, init_dcache, init_inodes,
-    init_block, init_net, init_sockets, init_tty, init_console, init_pci, init_usb, init_input, init_crypto,
-    init_security, init_audit, init_modules, init_kobjects, init_sysfs, init_procfs,
+    init_memory,
+    init_irq,
+    init_timers,
+    init_sched,
+    init_rcu,
+    init_workqueues,
+    init_vfs,
+    init_dcache,
+    init_inodes,
+    init_block,
+    init_net,
+    init_sockets,
+    init_tty,
+    init_console,
+    init_pci,
+    init_usb,
+    init_input,
+    init_crypto,
+    init_security,
+    init_audit,
+    init_modules,
+    init_kobjects,
+    init_sysfs,
+    init_procfs,
 );
 
 /// One boot: each subsystem in turn allocates a batch from its depth, until ALLOCATIONS.

@@ -136,7 +136,11 @@ struct State {
 
 static STATE: spin::Mutex<State> = spin::Mutex::new(State {
     backing: Heap::new(),
-    ring: Ring { entries: [RingEntry { pointer: 0, size: 0, stack: 0, task: 0, offset: 0, order: 0, freed: false }; RING_ENTRIES], next: 0 },
+    ring: Ring {
+        entries: [RingEntry { pointer: 0, size: 0, stack: 0, task: 0, offset: 0, order: 0, freed: false };
+            RING_ENTRIES],
+        next: 0,
+    },
 });
 static HEAP_START: AtomicU64 = AtomicU64::new(0);
 static HEAP_END: AtomicU64 = AtomicU64::new(0);
@@ -153,8 +157,13 @@ pub enum Stacks {
 }
 
 impl Stacks {
-    pub const ALL: [Self; 5] =
-        [Self::None, Self::FramePointer, Self::FramePointerNoDepot, Self::ShadowCallStack, Self::ShadowCallStackNoDepot];
+    pub const ALL: [Self; 5] = [
+        Self::None,
+        Self::FramePointer,
+        Self::FramePointerNoDepot,
+        Self::ShadowCallStack,
+        Self::ShadowCallStackNoDepot,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -287,7 +296,9 @@ fn copy_shadow_stack(frames: &mut [u64; unwind::MAX_FRAMES]) -> usize {
         let lr: u64;
         // SAFETY: base < pointer < x18: used entries of the current task's shadow stack,
         // mapped; asm loads are not instrumented.
-        unsafe { core::arch::asm!("ldr {l}, [{p}]", p = in(reg) pointer, l = out(reg) lr, options(nostack, readonly, preserves_flags)) };
+        unsafe {
+            core::arch::asm!("ldr {l}, [{p}]", p = in(reg) pointer, l = out(reg) lr, options(nostack, readonly, preserves_flags))
+        };
         frames[count] = cpu::strip_pac(lr);
         count += 1;
     }
@@ -336,7 +347,15 @@ pub fn allocate(size: usize, align: usize) -> Option<u64> {
         // SAFETY: the header granule lies in the block just allocated (offset >= 16).
         unsafe { ((object - GRANULE) as *mut Header).write(header) };
         let pointer = tags::with_tag(object, tag);
-        let entry = RingEntry { pointer, size: size as u32, stack, task: current_task(), offset: offset as u16, order, freed: false };
+        let entry = RingEntry {
+            pointer,
+            size: size as u32,
+            stack,
+            task: current_task(),
+            offset: offset as u16,
+            order,
+            freed: false,
+        };
         state.ring.push(entry);
         Some((block, tag))
     })?;
@@ -367,7 +386,8 @@ fn check_free(state: &State, pointer: u64) -> Result<Header, BadFree> {
     if super::sanitizer::memory_tag(address) != tag {
         // Freed already? The ring remembers recent frees, the header the rest (its magic
         // survives the buddy allocator's free-list link, which overwrites the first word only).
-        let freed_in_ring = state.ring.newest_first().find(|entry| entry.pointer == pointer).is_some_and(|entry| entry.freed);
+        let freed_in_ring =
+            state.ring.newest_first().find(|entry| entry.pointer == pointer).is_some_and(|entry| entry.freed);
         let freed_header = header.magic == FREED_MAGIC ^ address && header.tag == tag;
         return Err(if freed_in_ring || freed_header { BadFree::Double } else { BadFree::Invalid });
     }
@@ -415,6 +435,8 @@ pub fn free(pointer: u64) {
             BadFree::Invalid => BugType::InvalidFree,
         };
         kasan_report::report_bad_free(bug, pointer);
+        // Not a tail call: the report finds the free's caller after this function's frame.
+        core::hint::black_box(pointer);
     }
 }
 
@@ -497,8 +519,11 @@ pub fn find_object(address: u64) -> Option<(RingEntry, Option<RingEntry>)> {
             .map(|(_, entry)| entry)
     };
     let found = *same_tag().find(|entry| entry.block_contains(untagged)).or_else(nearest)?;
-    let allocation =
-        if found.freed { same_tag().find(|entry| entry.pointer == found.pointer && !entry.freed).copied() } else { None };
+    let allocation = if found.freed {
+        same_tag().find(|entry| entry.pointer == found.pointer && !entry.freed).copied()
+    } else {
+        None
+    };
     Some((found, allocation))
 }
 

@@ -139,7 +139,9 @@ pub fn report_bad_free(bug: BugType, pointer: u64) {
     let mut entries = trace.entries().map(|entry| entry.address);
     let pc = entries
         .by_ref()
-        .find(|&address| crate::callsites::function_containing(address).is_some_and(|(start, _)| start == free_function))
+        .find(|&address| {
+            crate::callsites::function_containing(address).is_some_and(|(start, _)| start == free_function)
+        })
         .and_then(|_| entries.next())
         .unwrap_or(0);
     let report = Report {

@@ -103,14 +103,7 @@ fn check_range(address: u64, size: u64, write: bool, return_address: u64) -> boo
     let mut granule = untagged & !15;
     while granule < untagged + size {
         if memory_tag(granule) != pointer_tag {
-            record(Mismatch {
-                address,
-                size,
-                write,
-                pointer_tag,
-                memory_tag: memory_tag(granule),
-                return_address,
-            });
+            record(Mismatch { address, size, write, pointer_tag, memory_tag: memory_tag(granule), return_address });
             return true;
         }
         granule += 16;
@@ -155,7 +148,8 @@ fn untag(address: u64) -> u64 {
 #[unsafe(link_section = ".text.sanitizer")]
 unsafe extern "C" fn __hwasan_memcpy(destination: *mut u8, source: *const u8, count: usize) -> *mut u8 {
     let from = return_address();
-    let _ = check_range(source as u64, count as u64, false, from) || check_range(destination as u64, count as u64, true, from);
+    let _ = check_range(source as u64, count as u64, false, from)
+        || check_range(destination as u64, count as u64, true, from);
     // SAFETY: the compiler calls this in place of memcpy, with memcpy's contract.
     unsafe { memcpy(untag(destination as u64) as *mut u8, untag(source as u64) as *const u8, count) };
     destination
@@ -166,7 +160,8 @@ unsafe extern "C" fn __hwasan_memcpy(destination: *mut u8, source: *const u8, co
 #[unsafe(link_section = ".text.sanitizer")]
 unsafe extern "C" fn __hwasan_memmove(destination: *mut u8, source: *const u8, count: usize) -> *mut u8 {
     let from = return_address();
-    let _ = check_range(source as u64, count as u64, false, from) || check_range(destination as u64, count as u64, true, from);
+    let _ = check_range(source as u64, count as u64, false, from)
+        || check_range(destination as u64, count as u64, true, from);
     // SAFETY: the compiler calls this in place of memmove, with memmove's contract.
     unsafe { memmove(untag(destination as u64) as *mut u8, untag(source as u64) as *const u8, count) };
     destination

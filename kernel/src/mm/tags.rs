@@ -79,12 +79,16 @@ pub fn set_memory_tag(address: u64, size: u64, tag: u8) {
     let count = size / 16;
     while offset + 8 <= count {
         // SAFETY: heap addresses are RAM, whose shadow is mapped read-write (mm::init).
-        unsafe { core::arch::asm!("str {v}, [{a}]", a = in(reg) first + offset, v = in(reg) word, options(nostack, preserves_flags)) };
+        unsafe {
+            core::arch::asm!("str {v}, [{a}]", a = in(reg) first + offset, v = in(reg) word, options(nostack, preserves_flags))
+        };
         offset += 8;
     }
     while offset < count {
         // SAFETY: as above.
-        unsafe { core::arch::asm!("strb {v:w}, [{a}]", a = in(reg) first + offset, v = in(reg) tag as u32, options(nostack, preserves_flags)) };
+        unsafe {
+            core::arch::asm!("strb {v:w}, [{a}]", a = in(reg) first + offset, v = in(reg) tag as u32, options(nostack, preserves_flags))
+        };
         offset += 1;
     }
 }

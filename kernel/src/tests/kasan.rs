@@ -386,7 +386,8 @@ fn kasan_double_free(_: &Context) -> Outcome {
 fn kasan_invalid_free(_: &Context) -> Outcome {
     static NOT_HEAP: u64 = 0;
     let object = allocate(64);
-    let other_tag = if tags::tag_of(object) == tags::LAST_OBJECT_TAG { tags::FIRST_OBJECT_TAG } else { tags::tag_of(object) + 1 };
+    let other_tag =
+        if tags::tag_of(object) == tags::LAST_OBJECT_TAG { tags::FIRST_OBJECT_TAG } else { tags::tag_of(object) + 1 };
     for bad in [object + 16, tags::with_tag(object, other_tag), &NOT_HEAP as *const u64 as u64, object + 1] {
         let (count, report) = kasan_report::recording(|| heap::free(bad));
         check_eq!(count, 1);
@@ -512,7 +513,8 @@ fn kasan_stack_modes(_: &Context) -> Outcome {
         heap::set_stacks(mode);
         let object = allocate(24);
         heap::free(object);
-        let (Some(allocated), Some(freed)) = (heap::newest_entry(object, false), heap::newest_entry(object, true)) else {
+        let (Some(allocated), Some(freed)) = (heap::newest_entry(object, false), heap::newest_entry(object, true))
+        else {
             result = Err(fail("no ring entries for the object"));
             break;
         };
