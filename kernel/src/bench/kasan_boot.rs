@@ -9,7 +9,9 @@
 //! freed when it is reused, so frees come in mixed order and lifetimes vary. The same sequence
 //! runs for every case; the heap's stack mode is the only difference:
 //! `no-stacks`, `fp` (frame-pointer unwind + depot), `fp-no-depot` (unwind only), `scs` (shadow
-//! call stack copy + depot), `scs-no-depot`. Each case runs once unmeasured first, so the depot
+//! call stack copy + depot), `scs-no-depot`; and `fp-unwinder`, `scs-unwinder`: the same with
+//! stacktrace.rs's general walkers (the kernel's unwinder) instead of the heap's task-only
+//! loops, with the depot. Each case runs once unmeasured first, so the depot
 //! already holds the workload's stacks (steady state: saves are lookup hits, as most are in a
 //! running kernel) and one case's new records are not charged to another.
 //!

@@ -154,15 +154,21 @@ pub enum Stacks {
     FramePointerNoDepot,
     ShadowCallStack,
     ShadowCallStackNoDepot,
+    /// The general walkers of stacktrace.rs (IRQ and overflow stacks, PAC stripping through
+    /// the unwind crate's checks) instead of the heap's task-only loops, with the depot.
+    FramePointerUnwinder,
+    ShadowCallStackUnwinder,
 }
 
 impl Stacks {
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 7] = [
         Self::None,
         Self::FramePointer,
         Self::FramePointerNoDepot,
         Self::ShadowCallStack,
         Self::ShadowCallStackNoDepot,
+        Self::FramePointerUnwinder,
+        Self::ShadowCallStackUnwinder,
     ];
 
     pub fn name(self) -> &'static str {
@@ -172,16 +178,21 @@ impl Stacks {
             Self::FramePointerNoDepot => "fp-no-depot",
             Self::ShadowCallStack => "scs",
             Self::ShadowCallStackNoDepot => "scs-no-depot",
+            Self::FramePointerUnwinder => "fp-unwinder",
+            Self::ShadowCallStackUnwinder => "scs-unwinder",
         }
     }
 
-    fn walker(self) -> Option<(Mode, bool)> {
+    /// Which walk, whether to save in the depot, whether through stacktrace.rs.
+    fn walker(self) -> Option<(Mode, bool, bool)> {
         match self {
             Self::None => None,
-            Self::FramePointer => Some((Mode::FramePointer, true)),
-            Self::FramePointerNoDepot => Some((Mode::FramePointer, false)),
-            Self::ShadowCallStack => Some((Mode::ShadowCallStack, true)),
-            Self::ShadowCallStackNoDepot => Some((Mode::ShadowCallStack, false)),
+            Self::FramePointer => Some((Mode::FramePointer, true, false)),
+            Self::FramePointerNoDepot => Some((Mode::FramePointer, false, false)),
+            Self::ShadowCallStack => Some((Mode::ShadowCallStack, true, false)),
+            Self::ShadowCallStackNoDepot => Some((Mode::ShadowCallStack, false, false)),
+            Self::FramePointerUnwinder => Some((Mode::FramePointer, true, true)),
+            Self::ShadowCallStackUnwinder => Some((Mode::ShadowCallStack, true, true)),
         }
     }
 }
@@ -232,15 +243,24 @@ fn assert_not_in_irq() {
 #[inline(never)]
 #[sanitize(kernel_hwaddress = "off")]
 fn collect_stack() -> u32 {
-    let Some((mode, depot)) = stacks().walker() else {
+    let Some((mode, depot, general)) = stacks().walker() else {
         return 0;
     };
-    let mut frames = [0u64; unwind::MAX_FRAMES];
+    if general {
+        // Skip this function and allocate/free, as the loops below do.
+        let trace = stacktrace::capture(mode, unwind::TraceOptions::new(2, unwind::MAX_FRAMES));
+        return stacktrace::DEPOT.save(trace.addresses()).map_or(0, |handle| handle.to_raw());
+    }
+    // Not zeroed: a memset of 512 bytes would cost more than the walk (and core's memset is
+    // instrumented). The walks write entries 0..count, and only those are read.
+    let mut buffer = core::mem::MaybeUninit::<[u64; unwind::MAX_FRAMES]>::uninit();
+    let base = buffer.as_mut_ptr() as *mut u64;
     let count = match mode {
-        Mode::FramePointer => walk_frame_records(&mut frames),
-        Mode::ShadowCallStack => copy_shadow_stack(&mut frames),
+        Mode::FramePointer => walk_frame_records(base),
+        Mode::ShadowCallStack => copy_shadow_stack(base),
     };
-    let frames = &frames[..count];
+    // SAFETY: the walk initialised entries 0..count (count <= MAX_FRAMES) of the buffer.
+    let frames = unsafe { core::slice::from_raw_parts(base, count) };
     if !depot {
         core::hint::black_box(frames);
         return 0;
@@ -248,9 +268,10 @@ fn collect_stack() -> u32 {
     stacktrace::DEPOT.save(frames).map_or(0, |handle| handle.to_raw())
 }
 
-/// Return addresses from this function's caller's frame record outward (the frame walk).
+/// Return addresses from this function's caller's frame record outward (the frame walk), into
+/// `frames[0..count]` (room for MAX_FRAMES); returns count.
 #[inline(always)]
-fn walk_frame_records(frames: &mut [u64; unwind::MAX_FRAMES]) -> usize {
+fn walk_frame_records(frames: *mut u64) -> usize {
     let slot = crate::task::current_slot();
     let (low, high) = (slot.stack_base(), slot.stack_top());
     let mut fp: u64;
@@ -258,7 +279,7 @@ fn walk_frame_records(frames: &mut [u64; unwind::MAX_FRAMES]) -> usize {
     unsafe { core::arch::asm!("mov {}, x29", out(reg) fp, options(nomem, nostack, preserves_flags)) };
     let mut count = 0;
     let mut skip = 1;
-    while count < frames.len() && fp >= low && fp + 16 <= high && fp % 8 == 0 {
+    while count < unwind::MAX_FRAMES && fp >= low && fp + 16 <= high && fp % 8 == 0 {
         let (next, lr): (u64, u64);
         // SAFETY: fp lies inside the current task's (mapped) stack, checked above; asm loads are
         // not instrumented.
@@ -271,7 +292,8 @@ fn walk_frame_records(frames: &mut [u64; unwind::MAX_FRAMES]) -> usize {
         if skip > 0 {
             skip -= 1;
         } else {
-            frames[count] = cpu::strip_pac(lr);
+            // SAFETY: count < MAX_FRAMES, the caller's buffer size.
+            unsafe { frames.add(count).write(cpu::strip_pac(lr)) };
             count += 1;
         }
         // Frame records move strictly up the stack.
@@ -283,15 +305,16 @@ fn walk_frame_records(frames: &mut [u64; unwind::MAX_FRAMES]) -> usize {
     count
 }
 
-/// The task's shadow call stack, newest entry first (the shadow-call-stack copy).
+/// The task's shadow call stack, newest entry first (the shadow-call-stack copy), into
+/// `frames[0..count]` (room for MAX_FRAMES); returns count.
 #[inline(always)]
-fn copy_shadow_stack(frames: &mut [u64; unwind::MAX_FRAMES]) -> usize {
+fn copy_shadow_stack(frames: *mut u64) -> usize {
     let base = crate::task::current_slot().shadow_stack_base();
     let mut pointer = cpu::shadow_call_stack_pointer();
     // The newest entry is collect_stack's own return address (into allocate/free).
     pointer = pointer.saturating_sub(8);
     let mut count = 0;
-    while count < frames.len() && pointer > base {
+    while count < unwind::MAX_FRAMES && pointer > base {
         pointer -= 8;
         let lr: u64;
         // SAFETY: base < pointer < x18: used entries of the current task's shadow stack,
@@ -299,7 +322,8 @@ fn copy_shadow_stack(frames: &mut [u64; unwind::MAX_FRAMES]) -> usize {
         unsafe {
             core::arch::asm!("ldr {l}, [{p}]", p = in(reg) pointer, l = out(reg) lr, options(nostack, readonly, preserves_flags))
         };
-        frames[count] = cpu::strip_pac(lr);
+        // SAFETY: count < MAX_FRAMES, the caller's buffer size.
+        unsafe { frames.add(count).write(cpu::strip_pac(lr)) };
         count += 1;
     }
     count
