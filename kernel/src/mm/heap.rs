@@ -279,7 +279,7 @@ fn walk_frame_records(frames: *mut u64) -> usize {
     unsafe { core::arch::asm!("mov {}, x29", out(reg) fp, options(nomem, nostack, preserves_flags)) };
     let mut count = 0;
     let mut skip = 1;
-    while count < unwind::MAX_FRAMES && fp >= low && fp + 16 <= high && fp % 8 == 0 {
+    while count < unwind::MAX_FRAMES && fp >= low && fp + 16 <= high && fp.is_multiple_of(8) {
         let (next, lr): (u64, u64);
         // SAFETY: fp lies inside the current task's (mapped) stack, checked above; asm loads are
         // not instrumented.
@@ -402,7 +402,7 @@ fn check_free(state: &State, pointer: u64) -> Result<Header, BadFree> {
     let tag = tags::tag_of(pointer);
     let address = tags::untagged(pointer);
     let (start, end) = range();
-    if !tags::is_object_tag(tag) || address % GRANULE != 0 || address < start + GRANULE || address >= end {
+    if !tags::is_object_tag(tag) || !address.is_multiple_of(GRANULE) || address < start + GRANULE || address >= end {
         return Err(BadFree::Invalid);
     }
     // SAFETY: address - 16 lies in the heap (checked above), mapped RAM; an untagged read.
