@@ -1,6 +1,6 @@
 //! The kernel command line (`/chosen/bootargs`): what to run and how.
 //!
-//! `run=demo|test|panic|fault|hang` (the last three exercise the failure paths), `filter=SUBSTRING` (tests), `hz=N` (tick rate), `exit=semihosting|park`,
+//! `run=demo|test|panic|fault|hang|use-after-free` (the last four exercise the failure paths), `filter=SUBSTRING` (tests), `hz=N` (tick rate), `exit=semihosting|park`,
 //! `expect-pauth=QARMA5|QARMA3|IMPDEF|none` (what xtask knows the CPU variant has);
 //! benchmarks: `run=bench bench=SUITE,... reps=N clock=cycles|ns icount=0|1`; the sanitizer
 //! heap: `tag-seed=N` (decimal or 0x-hex: the tag generator's seed), `kasan=panic|recover`.
@@ -14,6 +14,8 @@ pub enum Run {
     Panic,
     Fault,
     Hang,
+    /// A deliberate use-after-free outside any test: the sanitizer's report stops the kernel.
+    UseAfterFree,
 }
 
 pub struct CommandLine {
@@ -65,6 +67,7 @@ impl CommandLine {
                 ("run", "panic") => line.run = Run::Panic,
                 ("run", "fault") => line.run = Run::Fault,
                 ("run", "hang") => line.run = Run::Hang,
+                ("run", "use-after-free") => line.run = Run::UseAfterFree,
                 ("filter", filter) => line.filter = filter,
                 ("tag-seed", seed) => match parse_u32(seed) {
                     Some(seed) => line.tag_seed = seed,

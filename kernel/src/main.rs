@@ -117,6 +117,16 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
             unsafe { core::ptr::read_volatile(mm::boot_stack_guard() as *const u64) };
             unreachable!("the guard page was readable")
         }
+        cmdline::Run::UseAfterFree => {
+            let object = alloc::boxed::Box::new(0x5a_u64);
+            let address = &*object as *const u64;
+            drop(object);
+            // SAFETY: deliberately reads freed heap memory (still mapped RAM) to check that the
+            // sanitizer reports it and stops the kernel (panic mode, the default).
+            let value = unsafe { core::ptr::read_volatile(address) };
+            defmt::error!("use-after-free not caught (read {=u64:#x}): no sanitizer checks in this build", value);
+            exit(ExitStatus::TestsFailed)
+        }
         cmdline::Run::Hang => {
             defmt::info!("test start: deliberate_hang");
             loop {

@@ -18,6 +18,7 @@ use alloc::vec::Vec;
 use core::hint::black_box;
 
 pub const TESTS: &[Test] = &[
+    Test { name: "kasan_tag_generator", run: kasan_tag_generator },
     Test { name: "kasan_heap_tags_objects", run: kasan_heap_tags_objects },
     Test { name: "kasan_heap_no_false_positives", run: kasan_heap_no_false_positives },
     Test { name: "kasan_oob_right_small", run: kasan_oob_right_small },
@@ -119,6 +120,27 @@ fn expect_report(expect: Expect, bug: impl FnOnce()) -> Result<Report, Failure> 
 
 fn site(function: fn(&Context) -> Outcome) -> u64 {
     function as usize as u64
+}
+
+fn kasan_tag_generator(_: &Context) -> Outcome {
+    let draw = |seed: u32| {
+        tags::seed(seed);
+        core::array::from_fn::<u8, 64, _>(|_| tags::next())
+    };
+    // The same seed gives the same tags (reproducible runs), another seed others.
+    check!(draw(0x1234) == draw(0x1234));
+    check!(draw(0x1234) != draw(0x4321));
+    // Every draw is an object tag, and every object tag comes up.
+    tags::seed(7);
+    let mut seen = [false; 256];
+    for _ in 0..20_000 {
+        let tag = tags::next();
+        check!(tags::is_object_tag(tag));
+        seen[tag as usize] = true;
+    }
+    check!((tags::FIRST_OBJECT_TAG..=tags::LAST_OBJECT_TAG).all(|tag| seen[tag as usize]));
+    check_eq!(seen.iter().filter(|seen| **seen).count(), 238);
+    Ok(Verdict::Passed)
 }
 
 fn kasan_heap_tags_objects(_: &Context) -> Outcome {
