@@ -2,7 +2,8 @@
 //!
 //! `run=demo|test|panic|fault|hang|use-after-free` (the last four exercise the failure paths), `filter=SUBSTRING` (tests), `hz=N` (tick rate), `exit=semihosting|park`,
 //! `expect-pauth=QARMA5|QARMA3|IMPDEF|none` (what xtask knows the CPU variant has);
-//! benchmarks: `run=bench bench=SUITE,... reps=N clock=cycles|ns icount=0|1`; the sanitizer
+//! benchmarks: `run=bench bench=SUITE,... reps=N clock=cycles|ns icount=0|1`;
+//! function tracing from boot: `ftrace=PATTERN ftrace-scheme=list|call-ops|vector`; the sanitizer
 //! heap: `tag-seed=N` (decimal or 0x-hex: the tag generator's seed), `kasan=panic|recover`.
 
 #[derive(Clone, Copy, PartialEq, Eq, defmt::Format)]
@@ -29,6 +30,11 @@ pub struct CommandLine {
     pub bench_clock: crate::bench::Clock,
     /// QEMU runs with `-icount` (xtask says so): instruction-exact time.
     pub icount: bool,
+    /// `ftrace=PATTERN`: the function tracer on every function matching PATTERN from boot to
+    /// the end of the run, then its last records dumped.
+    pub ftrace: Option<&'static str>,
+    /// `ftrace-scheme=list|call-ops|vector`: the dispatch scheme (default call-ops).
+    pub ftrace_scheme: crate::ftrace::Scheme,
     /// Seed of the heap's tag generator (`tag-seed=`): the same seed gives the same tags.
     pub tag_seed: u32,
     /// Continue after a KASAN report instead of stopping (`kasan=recover`).
@@ -47,6 +53,8 @@ impl CommandLine {
             bench_reps: 1,
             bench_clock: crate::bench::Clock::Cycles,
             icount: false,
+            ftrace: None,
+            ftrace_scheme: crate::ftrace::Scheme::CallOps,
             tag_seed: crate::mm::tags::DEFAULT_SEED,
             kasan_recover: false,
         };
@@ -82,6 +90,10 @@ impl CommandLine {
                 ("exit", "semihosting") => line.semihosting = true,
                 ("exit", "park") => line.semihosting = false,
                 ("expect-pauth", name) => line.expect_pauth = Some(name),
+                ("ftrace", pattern) => line.ftrace = Some(pattern),
+                ("ftrace-scheme", "list") => line.ftrace_scheme = crate::ftrace::Scheme::List,
+                ("ftrace-scheme", "call-ops") => line.ftrace_scheme = crate::ftrace::Scheme::CallOps,
+                ("ftrace-scheme", "vector") => line.ftrace_scheme = crate::ftrace::Scheme::Vector,
                 _ if is_for_linux(key) => {}
                 _ => defmt::warn!("cmdline: ignoring unknown argument {=str}", word),
             }
