@@ -1,9 +1,10 @@
 //! The kernel command line (`/chosen/bootargs`): what to run and how.
 //!
-//! `run=demo|test|panic|fault|hang` (the last three exercise the failure paths), `filter=SUBSTRING` (tests), `hz=N` (tick rate), `exit=semihosting|park`,
+//! `run=demo|test|panic|fault|hang|use-after-free` (the last four exercise the failure paths), `filter=SUBSTRING` (tests), `hz=N` (tick rate), `exit=semihosting|park`,
 //! `expect-pauth=QARMA5|QARMA3|IMPDEF|none` (what xtask knows the CPU variant has);
 //! benchmarks: `run=bench bench=SUITE,... reps=N clock=cycles|ns icount=0|1`;
-//! function tracing from boot: `ftrace=PATTERN ftrace-scheme=list|call-ops|vector`.
+//! function tracing from boot: `ftrace=PATTERN ftrace-scheme=list|call-ops|vector`; the sanitizer
+//! heap: `tag-seed=N` (decimal or 0x-hex: the tag generator's seed), `kasan=panic|recover`.
 
 #[derive(Clone, Copy, PartialEq, Eq, defmt::Format)]
 pub enum Run {
@@ -14,6 +15,8 @@ pub enum Run {
     Panic,
     Fault,
     Hang,
+    /// A deliberate use-after-free outside any test: the sanitizer's report stops the kernel.
+    UseAfterFree,
 }
 
 pub struct CommandLine {
@@ -32,6 +35,10 @@ pub struct CommandLine {
     pub ftrace: Option<&'static str>,
     /// `ftrace-scheme=list|call-ops|vector`: the dispatch scheme (default call-ops).
     pub ftrace_scheme: crate::ftrace::Scheme,
+    /// Seed of the heap's tag generator (`tag-seed=`): the same seed gives the same tags.
+    pub tag_seed: u32,
+    /// Continue after a KASAN report instead of stopping (`kasan=recover`).
+    pub kasan_recover: bool,
 }
 
 impl CommandLine {
@@ -48,6 +55,8 @@ impl CommandLine {
             icount: false,
             ftrace: None,
             ftrace_scheme: crate::ftrace::Scheme::CallOps,
+            tag_seed: crate::mm::tags::DEFAULT_SEED,
+            kasan_recover: false,
         };
         for word in bootargs.split_whitespace() {
             let (key, value) = word.split_once('=').unwrap_or((word, ""));
@@ -66,7 +75,14 @@ impl CommandLine {
                 ("run", "panic") => line.run = Run::Panic,
                 ("run", "fault") => line.run = Run::Fault,
                 ("run", "hang") => line.run = Run::Hang,
+                ("run", "use-after-free") => line.run = Run::UseAfterFree,
                 ("filter", filter) => line.filter = filter,
+                ("tag-seed", seed) => match parse_u32(seed) {
+                    Some(seed) => line.tag_seed = seed,
+                    None => defmt::warn!("cmdline: tag-seed={=str} is not a 32-bit number", seed),
+                },
+                ("kasan", "panic") => line.kasan_recover = false,
+                ("kasan", "recover") => line.kasan_recover = true,
                 ("hz", hz) => match hz.parse::<u64>() {
                     Ok(hz) if (1..=10_000).contains(&hz) => line.hz = hz,
                     _ => defmt::warn!("cmdline: hz={=str} is not in 1..=10000, keeping {=u64}", hz, line.hz),
@@ -83,6 +99,14 @@ impl CommandLine {
             }
         }
         line
+    }
+}
+
+/// A decimal or `0x`-prefixed hexadecimal u32.
+fn parse_u32(text: &str) -> Option<u32> {
+    match text.strip_prefix("0x") {
+        Some(hex) => u32::from_str_radix(hex, 16).ok(),
+        None => text.parse().ok(),
     }
 }
 

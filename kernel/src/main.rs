@@ -6,6 +6,8 @@
 #![no_main]
 #![feature(sanitize)]
 
+extern crate alloc;
+
 mod arch;
 mod bench;
 mod board;
@@ -58,6 +60,8 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     };
     arch::park::park_secondaries(board::CONFIG.secondary_spin_table);
     stacktrace::init_depot();
+    mm::heap::init(layout.free.base + VA_OFFSET, layout.free.size, cmdline.tag_seed);
+    mm::kasan_report::set_recover(cmdline.kasan_recover);
     callsites::init();
     drivers::interrupts::init(layout.gic, platform.virtual_timer_intid);
     drivers::timer::start(cmdline.hz);
@@ -125,6 +129,16 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
             // check that an unexpected exception is reported and ends the run.
             unsafe { core::ptr::read_volatile(mm::boot_stack_guard() as *const u64) };
             unreachable!("the guard page was readable")
+        }
+        cmdline::Run::UseAfterFree => {
+            let object = alloc::boxed::Box::new(0x5a_u64);
+            let address = &*object as *const u64;
+            drop(object);
+            // SAFETY: deliberately reads freed heap memory (still mapped RAM) to check that the
+            // sanitizer reports it and stops the kernel (panic mode, the default).
+            let value = unsafe { core::ptr::read_volatile(address) };
+            defmt::error!("use-after-free not caught (read {=u64:#x}): no sanitizer checks in this build", value);
+            exit(ExitStatus::TestsFailed)
         }
         cmdline::Run::Hang => {
             defmt::info!("test start: deliberate_hang");

@@ -56,6 +56,9 @@ impl BuildVariant {
                     "-Cllvm-args=-hwasan-inline-fast-path-checks=0",
                     "-Cllvm-args=-hwasan-use-short-granules=0",
                     "-Cllvm-args=-hwasan-instrument-stack=0",
+                    // memcpy/memmove/memset become calls to __hwasan_mem*, which check the
+                    // whole range once (mm/sanitizer.rs) before doing the operation.
+                    "-Cllvm-args=-hwasan-kernel-mem-intrinsic-prefix=1",
                 ],
             ]
             .concat(),

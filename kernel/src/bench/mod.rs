@@ -8,6 +8,7 @@
 mod baseline;
 mod depot;
 mod ftrace;
+mod kasan_boot;
 mod kretprobes;
 mod probes;
 mod stacktrace;
@@ -84,6 +85,7 @@ pub const SUITES: &[Suite] = &[
     Suite { name: "depot", run: depot::run },
     Suite { name: "probes", run: probes::run },
     Suite { name: "ftrace", run: ftrace::run },
+    Suite { name: "kasan-boot", run: kasan_boot::run },
 ];
 
 /// Runs the named suites (comma-separated; empty = all).

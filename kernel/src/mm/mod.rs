@@ -1,6 +1,10 @@
-//! Memory: the final kernel address space, and the sanitizer shadow that backs RAM.
+//! Memory: the final kernel address space, the sanitizer shadow that backs RAM, and the
+//! sanitizer heap (heap.rs) on the free RAM after it.
 
+pub mod heap;
+pub mod kasan_report;
 pub mod sanitizer;
+pub mod tags;
 
 use crate::arch::mmu::{self, Attributes, KernelSpace, MapError, PAGE_SIZE, TEXT_ALIAS_OFFSET, VA_OFFSET};
 use crate::drivers::gic::GicConfig;

@@ -5,8 +5,9 @@
 //! outline scheme (see xtask's build variants): each load/store first calls a check thunk that
 //! compares the pointer's top byte with the shadow byte of its granule. Untagged kernel pointers
 //! carry 0xFF, the match-all tag, and the shadow of everything but future heap objects holds 0xFF.
-//! Tagged allocation and KASAN-style reports arrive with the sanitizer heap; this runtime counts
-//! mismatches, lets tests provoke them, and otherwise reports one and stops the kernel.
+//! This runtime decodes each mismatch (address, size, read/write, tags), counts it, lets tests
+//! provoke it, and hands it to the KASAN-style report (mm/kasan_report.rs). Memory intrinsics
+//! and odd-sized accesses are checked over their whole range here (`check_range`).
 
 use crate::arch::mmu;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -75,7 +76,7 @@ pub fn expect_mismatches(f: impl FnOnce()) -> (u64, Option<Mismatch>) {
 
 /// The tag the shadow holds for the granule of `address`.
 #[sanitize(kernel_hwaddress = "off")]
-fn memory_tag(address: u64) -> u8 {
+pub fn memory_tag(address: u64) -> u8 {
     let tag: u8;
     // SAFETY: every address instrumented code can touch has a mapped shadow byte (mm::init).
     // An asm load: a generic core function (read_volatile) would be instrumented itself and
@@ -86,32 +87,28 @@ fn memory_tag(address: u64) -> u8 {
     tag
 }
 
-/// Checks an access of `size` bytes whose size is not a power of two up to 16 (the compiler
-/// calls these with AAPCS for such accesses, e.g. block copies of arrays).
+/// Checks an access of `size` bytes at once: accesses whose size is not a power of two up to 16
+/// (the compiler calls these with AAPCS, e.g. block copies of arrays) and the memory
+/// intrinsics. A mismatch anywhere in the range is reported as the whole access (its start and
+/// size, as KASAN does), with the memory tag of the first mismatching granule. Whether it
+/// mismatched.
 #[sanitize(kernel_hwaddress = "off")]
 #[unsafe(link_section = ".text.sanitizer")]
-fn check_range(address: u64, size: u64, write: bool, return_address: u64) {
+fn check_range(address: u64, size: u64, write: bool, return_address: u64) -> bool {
     let pointer_tag = (address >> 56) as u8;
     if pointer_tag == MATCH_ALL_TAG || size == 0 {
-        return;
+        return false;
     }
     let untagged = address | (0xff << 56);
     let mut granule = untagged & !15;
     while granule < untagged + size {
         if memory_tag(granule) != pointer_tag {
-            let bad = (address & (0xff << 56)) | (granule.max(untagged) & !(0xff << 56));
-            record(Mismatch {
-                address: bad,
-                size,
-                write,
-                pointer_tag,
-                memory_tag: memory_tag(granule),
-                return_address,
-            });
-            return;
+            record(Mismatch { address, size, write, pointer_tag, memory_tag: memory_tag(granule), return_address });
+            return true;
         }
         granule += 16;
     }
+    false
 }
 
 /// The tag of an untagged kernel pointer, which matches any memory tag.
@@ -121,14 +118,63 @@ const MATCH_ALL_TAG: u8 = 0xff;
 #[sanitize(kernel_hwaddress = "off")]
 #[unsafe(link_section = ".text.sanitizer")]
 extern "C" fn __hwasan_loadN(address: u64, size: u64) {
-    check_range(address, size, false, return_address());
+    let _ = check_range(address, size, false, return_address());
 }
 
 #[unsafe(no_mangle)]
 #[sanitize(kernel_hwaddress = "off")]
 #[unsafe(link_section = ".text.sanitizer")]
 extern "C" fn __hwasan_storeN(address: u64, size: u64) {
-    check_range(address, size, true, return_address());
+    let _ = check_range(address, size, true, return_address());
+}
+
+// The memory intrinsics of instrumented code (`-hwasan-kernel-mem-intrinsic-prefix=1` turns
+// llvm.memcpy/memmove/memset into these): the whole range is checked once, then the operation
+// runs on untagged pointers, so that core's (instrumented) memcpy does not report each word of
+// a range already reported.
+unsafe extern "C" {
+    fn memcpy(destination: *mut u8, source: *const u8, count: usize) -> *mut u8;
+    fn memmove(destination: *mut u8, source: *const u8, count: usize) -> *mut u8;
+    fn memset(destination: *mut u8, byte: i32, count: usize) -> *mut u8;
+}
+
+/// `address` with the match-all tag, unless it is a low (TTBR0, tag 0x00) address.
+fn untag(address: u64) -> u64 {
+    if address >> 56 == 0 { address } else { address | (0xff << 56) }
+}
+
+#[unsafe(no_mangle)]
+#[sanitize(kernel_hwaddress = "off")]
+#[unsafe(link_section = ".text.sanitizer")]
+unsafe extern "C" fn __hwasan_memcpy(destination: *mut u8, source: *const u8, count: usize) -> *mut u8 {
+    let from = return_address();
+    let _ = check_range(source as u64, count as u64, false, from)
+        || check_range(destination as u64, count as u64, true, from);
+    // SAFETY: the compiler calls this in place of memcpy, with memcpy's contract.
+    unsafe { memcpy(untag(destination as u64) as *mut u8, untag(source as u64) as *const u8, count) };
+    destination
+}
+
+#[unsafe(no_mangle)]
+#[sanitize(kernel_hwaddress = "off")]
+#[unsafe(link_section = ".text.sanitizer")]
+unsafe extern "C" fn __hwasan_memmove(destination: *mut u8, source: *const u8, count: usize) -> *mut u8 {
+    let from = return_address();
+    let _ = check_range(source as u64, count as u64, false, from)
+        || check_range(destination as u64, count as u64, true, from);
+    // SAFETY: the compiler calls this in place of memmove, with memmove's contract.
+    unsafe { memmove(untag(destination as u64) as *mut u8, untag(source as u64) as *const u8, count) };
+    destination
+}
+
+#[unsafe(no_mangle)]
+#[sanitize(kernel_hwaddress = "off")]
+#[unsafe(link_section = ".text.sanitizer")]
+unsafe extern "C" fn __hwasan_memset(destination: *mut u8, byte: i32, count: usize) -> *mut u8 {
+    let _ = check_range(destination as u64, count as u64, true, return_address());
+    // SAFETY: the compiler calls this in place of memset, with memset's contract.
+    unsafe { memset(untag(destination as u64) as *mut u8, byte, count) };
+    destination
 }
 
 #[inline(always)]
@@ -154,23 +200,15 @@ extern "C" fn sanitizer_tag_mismatch(address: u64, info: u64, return_address: u6
     });
 }
 
-/// Counts a mismatch; returns to the access when a test expects it, else reports and stops.
+/// Counts a mismatch and reports it (mm/kasan_report.rs); returns to the access when a test
+/// expects it or the kernel runs in recover mode, else the report stops the kernel.
 #[sanitize(kernel_hwaddress = "off")]
 #[unsafe(link_section = ".text.sanitizer")]
 fn record(mismatch: Mismatch) {
     MISMATCHES.fetch_add(1, Ordering::SeqCst);
-    if EXPECTING.load(Ordering::SeqCst) {
+    let expected = EXPECTING.load(Ordering::SeqCst);
+    if expected {
         *LAST.lock() = Some(mismatch);
-        return;
     }
-    defmt::error!(
-        "sanitizer: tag mismatch: {=str} of {=u64} bytes at {=u64:#x} (pointer tag {=u8:#x}, memory tag {=u8:#x}) from {=u64:#x}",
-        if mismatch.write { "write" } else { "read" },
-        mismatch.size,
-        mismatch.address,
-        mismatch.pointer_tag,
-        mismatch.memory_tag,
-        mismatch.return_address
-    );
-    crate::exit(crate::ExitStatus::Panic);
+    super::kasan_report::report_mismatch(&mismatch, expected);
 }

@@ -7,6 +7,7 @@
 
 mod foundation;
 mod ftrace;
+mod kasan;
 mod kretprobe;
 mod probes;
 mod stacktrace;
@@ -72,7 +73,8 @@ pub fn fail(what: &'static str) -> Failure {
 }
 
 /// Every test, in order.
-const TESTS: &[&[Test]] = &[foundation::TESTS, stacktrace::TESTS, probes::TESTS, ftrace::TESTS, kretprobe::TESTS];
+const TESTS: &[&[Test]] =
+    &[foundation::TESTS, stacktrace::TESTS, probes::TESTS, ftrace::TESTS, kretprobe::TESTS, kasan::TESTS];
 
 /// The probe tests' harness BRKs, dispatched from the synchronous exception handler.
 #[unsafe(link_section = ".text.noprobe")]

@@ -24,6 +24,7 @@ pub const SUITES: &[Suite] = &[
     Suite { name: "depot", default_variant: BuildVariant::Prod },
     Suite { name: "probes", default_variant: BuildVariant::Prod },
     Suite { name: "ftrace", default_variant: BuildVariant::Prod },
+    Suite { name: "kasan-boot", default_variant: BuildVariant::Full },
 ];
 
 fn parse_suite(name: &str) -> Result<&'static Suite, String> {

@@ -1,0 +1,226 @@
+//! Suite `kasan-boot` (seed 000): what collecting alloc/free stacks costs a tag-based sanitizer
+//! kernel that allocates the way a booting kernel does.
+//!
+//! The workload: 24 distinct "subsystem init" functions, each reached through a recursion of
+//! its own depth (3 to 26 frames) and allocating from its own call site, so the stacks differ in
+//! site and depth. Sizes follow a fixed pseudo-random sequence skewed to small objects (16 B to
+//! 4 KiB, some odd sizes); every object is written and read back whole through instrumented
+//! 8-byte accesses; objects go into a table of 256 live slots and a slot's previous object is
+//! freed when it is reused, so frees come in mixed order and lifetimes vary. The same sequence
+//! runs for every case; the heap's stack mode is the only difference:
+//! `no-stacks`, `fp` (frame-pointer unwind + depot), `fp-no-depot` (unwind only), `scs` (shadow
+//! call stack copy + depot), `scs-no-depot`; and `fp-unwinder`, `scs-unwinder`: the same with
+//! stacktrace.rs's general walkers (the kernel's unwinder) instead of the heap's task-only
+//! loops, with the depot. Each case runs once unmeasured first, so the depot
+//! already holds the workload's stacks (steady state: saves are lookup hits, as most are in a
+//! running kernel) and one case's new records are not charged to another.
+//!
+//! Rows: `total` per case, `overhead_pct` relative to `no-stacks`; the allocator's share of the
+//! `no-stacks` total (`allocator_pct`: alloc and free calls timed one by one); the depot after
+//! the workload (`records`, `bytes`, `hash_collisions`, case `depot`).
+
+use super::{Plan, row};
+use crate::arch::counters;
+use crate::mm::heap::{self, Stacks};
+use crate::mm::tags;
+use core::hint::black_box;
+
+/// Allocations per run.
+const ALLOCATIONS: usize = 3000;
+const LIVE_SLOTS: usize = 256;
+
+/// The deterministic sequence of sizes and slots.
+struct Sequence(u32);
+
+impl Sequence {
+    fn next(&mut self) -> u32 {
+        self.0 = self.0.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+        self.0 >> 8
+    }
+
+    fn size(&mut self) -> usize {
+        let random = self.next();
+        let size = match random % 16 {
+            0..=7 => 16 + random as usize % 112,
+            8..=12 => 128 + random as usize % 384,
+            13..=14 => 512 + random as usize % 1536,
+            _ => 2048 + random as usize % 2048,
+        };
+        if random & 0x100 != 0 { size } else { size & !15 }
+    }
+}
+
+/// What a run does with its objects, and the time spent in the allocator when `timed`.
+struct Workload {
+    live: [u64; LIVE_SLOTS],
+    sequence: Sequence,
+    timed: bool,
+    allocator: u64,
+}
+
+impl Workload {
+    fn new(timed: bool) -> Self {
+        Self { live: [0; LIVE_SLOTS], sequence: Sequence(0x6b61_7361), timed, allocator: 0 }
+    }
+
+    fn timed<R>(&mut self, f: impl FnOnce() -> R) -> R {
+        if !self.timed {
+            return f();
+        }
+        let start = counters::cycles();
+        let result = f();
+        self.allocator += counters::cycles() - start;
+        result
+    }
+
+    /// Allocates, fills and checks one object; stores it in a slot, freeing the slot's old one.
+    #[inline(never)]
+    fn allocate_here(&mut self) {
+        let size = self.sequence.size();
+        let slot = self.sequence.next() as usize % LIVE_SLOTS;
+        let object = self.timed(|| heap::allocate(size, 16)).expect("the bench heap has room");
+        let words = size / 8;
+        for index in 0..words {
+            // SAFETY: object has size bytes; words * 8 <= size. Instrumented stores.
+            unsafe { ((object as *mut u64).add(index)).write_volatile(index as u64) };
+        }
+        let mut sum = 0;
+        for index in 0..words {
+            // SAFETY: as above; instrumented loads.
+            sum += unsafe { ((object as *const u64).add(index)).read_volatile() };
+        }
+        black_box(sum);
+        let old = core::mem::replace(&mut self.live[slot], object);
+        if old != 0 {
+            self.timed(|| heap::free(old));
+        }
+    }
+
+    fn free_all(&mut self) {
+        for slot in 0..LIVE_SLOTS {
+            let old = core::mem::replace(&mut self.live[slot], 0);
+            if old != 0 {
+                self.timed(|| heap::free(old));
+            }
+        }
+    }
+}
+
+/// Recurses `depth` frames, then allocates `count` objects from the caller's site.
+#[inline(never)]
+fn descend(depth: usize, count: usize, workload: &mut Workload, site: fn(&mut Workload)) {
+    if depth == 0 {
+        for _ in 0..count {
+            site(workload);
+        }
+        return;
+    }
+    descend(depth - 1, count, black_box(workload), site);
+    black_box(());
+}
+
+macro_rules! subsystems {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[inline(never)]
+            fn $name(workload: &mut Workload) {
+                workload.allocate_here();
+                black_box(());
+            }
+        )*
+        const SUBSYSTEMS: &[fn(&mut Workload)] = &[$($name),*];
+    };
+}
+
+subsystems!(
+    init_memory,
+    init_irq,
+    init_timers,
+    init_sched,
+    init_rcu,
+    init_workqueues,
+    init_vfs,
+    init_dcache,
+    init_inodes,
+    init_block,
+    init_net,
+    init_sockets,
+    init_tty,
+    init_console,
+    init_pci,
+    init_usb,
+    init_input,
+    init_crypto,
+    init_security,
+    init_audit,
+    init_modules,
+    init_kobjects,
+    init_sysfs,
+    init_procfs,
+);
+
+/// One boot: each subsystem in turn allocates a batch from its depth, until ALLOCATIONS.
+#[inline(never)]
+fn boot(workload: &mut Workload) {
+    let mut done = 0;
+    let mut round = 0;
+    while done < ALLOCATIONS {
+        for (index, subsystem) in SUBSYSTEMS.iter().enumerate() {
+            let count = 1 + (index + round) % 5;
+            let depth = 3 + index;
+            descend(depth, count, workload, *subsystem);
+            done += count;
+        }
+        round += 1;
+    }
+    workload.free_all();
+}
+
+pub fn run(plan: &Plan) {
+    if !crate::SHADOW_CALL_STACK {
+        defmt::warn!("bench kasan-boot: this build has no shadow call stack; run it on `full`");
+        return;
+    }
+    if !crate::mm::sanitizer::CHECKS_COMPILED_IN {
+        defmt::warn!("bench kasan-boot: build without tag checks (not `full`): figures are not a sanitizer kernel's");
+    }
+    let saved = heap::stacks();
+    for _ in 0..plan.reps {
+        let mut no_stacks = 0.0;
+        for mode in Stacks::ALL {
+            heap::set_stacks(mode);
+            boot(&mut Workload::new(false));
+            let total = plan.measure(|| boot(&mut Workload::new(false))) as f64;
+            if mode == Stacks::None {
+                no_stacks = total;
+            }
+            row("kasan-boot", mode.name(), "-", "total", plan.unit(), total);
+            let overhead = if no_stacks > 0.0 { (total - no_stacks) * 100.0 / no_stacks } else { 0.0 };
+            row("kasan-boot", mode.name(), "-", "overhead_pct", "percent", overhead);
+        }
+        // The allocator's share of a no-stacks boot (alloc and free calls timed one by one).
+        heap::set_stacks(Stacks::None);
+        // Timed on the cycle counter in every mode, as the calls inside are.
+        let mut workload = Workload::new(true);
+        let daif = crate::arch::cpu::mask_interrupts();
+        let start = counters::cycles();
+        boot(&mut workload);
+        let total = (counters::cycles() - start) as f64;
+        crate::arch::cpu::restore_interrupts(daif);
+        let share = if total > 0.0 { workload.allocator as f64 * 100.0 / total } else { 0.0 };
+        row("kasan-boot", "no-stacks", "-", "allocator_pct", "percent", share);
+    }
+    heap::set_stacks(saved);
+    let stats = crate::stacktrace::DEPOT.stats();
+    row("kasan-boot", "depot", "-", "records", "records", stats.records as f64);
+    row("kasan-boot", "depot", "-", "bytes", "bytes", stats.bytes as f64);
+    row("kasan-boot", "depot", "-", "hash_collisions", "records", stats.collisions as f64);
+    let (user, blocks) = heap::usage();
+    defmt::info!(
+        "bench kasan-boot: heap after the runs: {=usize} bytes requested, {=usize} in blocks; object tags {=u8}..{=u8}",
+        user,
+        blocks,
+        tags::FIRST_OBJECT_TAG,
+        tags::LAST_OBJECT_TAG
+    );
+}

@@ -1,0 +1,588 @@
+//! The sanitizer heap: the kernel's global allocator, a tag layer over a buddy allocator.
+//!
+//! # Layout of a block
+//!
+//! `buddy_system_allocator` hands out power-of-two blocks. The tag layer puts one header granule
+//! (16 bytes) at the start of each block and the object after it (at `max(16, align)`), its
+//! size rounded up to 16:
+//!
+//! ```text
+//! block:  [ header | object, 16-byte granules ... | slack up to the power of two ]
+//! tags:     0xFE     T T T T ...                    0xFE
+//! ```
+//!
+//! The object's tag T comes from the per-CPU generator (mm/tags.rs) and is written to the shadow
+//! of each of its granules and to the pointer's top byte. The header and the slack keep the
+//! "invalid" tag 0xFE, so an access just left or right of an object always mismatches (a
+//! redzone that Linux's SW_TAGS does not have: there, neighbours differ only by tag, 1/238
+//! collisions). Free re-tags the object 0xFE. The backing allocator only ever sees untagged
+//! (0xFF, match-all) pointers, so its own instrumented accesses to free blocks pass.
+//!
+//! # Metadata: header and stack ring
+//!
+//! The header holds what the free path needs (requested size, block order, offset, tag and a
+//! live/freed magic) and is the only way to recognise the start of a live object. Stacks live
+//! apart, in a stack ring as in Linux's tag-based KASAN: every allocation and free appends
+//! {tagged pointer, size, depot handle, task, alloc/free} to a ring of `RING_ENTRIES`; a report
+//! searches it backward, newest first, for the object the faulting pointer's tag belongs to.
+//! The header's first word is overwritten by the buddy allocator's free-list link once the block
+//! is free; the ring is not, so a use-after-free report still names both stacks (until the ring
+//! wraps).
+//!
+//! # Stacks, locks and interrupts
+//!
+//! The stack of each alloc and free is collected outside the lock (`collect_stack`: a frame
+//! record walk or a shadow-call-stack copy of the current task's stack, as Linux's SW_TAGS
+//! saves them), in the mode chosen at run time ([`set_stacks`]: none, fp, scs, each with or without the depot; `-no-depot` collects the
+//! trace and drops it, which is the seed's "saving to stack depot commented out"). The lock
+//! covers the backing allocator, the header and the ring, and is taken with IRQs masked, so an
+//! interrupt can never spin on a lock its own CPU holds. The heap refuses IRQ context (panics):
+//! the tick path never allocates, which also keeps the depot's miss-path spin lock out of IRQs.
+//!
+//! # Hot path
+//!
+//! alloc: collect stack -> mask IRQs, lock, buddy alloc, draw a tag, header, ring entry, unlock
+//! -> tag the object's shadow (one byte per granule). free: collect stack -> mask, lock, check
+//! the pointer (tag vs shadow, header magic), re-tag 0xFE, ring entry, buddy free -> unlock.
+//!
+//! # Build variants
+//!
+//! Tags are assigned in every build: the shadow exists in all of them, and the free-path checks
+//! (double free, invalid free) need them. Only `full` has compiler-inserted access checks; in
+//! `prod` and `plain` the tags in pointers are ignored by the MMU (TBI) and by everything else.
+
+use super::kasan_report::{self, BugType};
+use super::tags::{self, INVALID};
+use crate::arch::cpu;
+use crate::stacktrace::{self, Mode};
+use buddy_system_allocator::Heap;
+use core::alloc::{GlobalAlloc, Layout};
+use core::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+
+/// Largest block: 2^(ORDER-1) bytes.
+const ORDER: usize = 28;
+const GRANULE: u64 = 16;
+/// The heap's size, taken from the start of free RAM.
+pub const HEAP_SIZE: u64 = 16 << 20;
+/// Entries in the stack ring (each 24 bytes).
+pub const RING_ENTRIES: usize = 8192;
+
+const LIVE_MAGIC: u64 = 0x4c49_5645_0000_0000;
+const FREED_MAGIC: u64 = 0x4652_4545_0000_0000;
+
+/// The header granule before each object.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Header {
+    /// Requested size in bytes.
+    size: u32,
+    /// Object address - block address.
+    offset: u16,
+    /// log2 of the block size.
+    order: u8,
+    tag: u8,
+    /// LIVE_MAGIC or FREED_MAGIC, xor the object's untagged address.
+    magic: u64,
+}
+
+/// One allocation or free in the stack ring.
+#[derive(Clone, Copy, Default)]
+pub struct RingEntry {
+    /// The object's tagged address.
+    pub pointer: u64,
+    pub size: u32,
+    /// Raw depot handle of the stack (0: not saved).
+    pub stack: u32,
+    pub task: u16,
+    /// Object address - block address.
+    pub offset: u16,
+    pub order: u8,
+    pub freed: bool,
+}
+
+impl RingEntry {
+    fn block_start(&self) -> u64 {
+        tags::untagged(self.pointer) - self.offset as u64
+    }
+
+    fn block_contains(&self, address: u64) -> bool {
+        (self.block_start()..self.block_start() + (1 << self.order)).contains(&address)
+    }
+}
+
+struct Ring {
+    entries: [RingEntry; RING_ENTRIES],
+    /// Total entries ever written; the newest is at (next - 1) % RING_ENTRIES.
+    next: u64,
+}
+
+impl Ring {
+    fn push(&mut self, entry: RingEntry) {
+        self.entries[(self.next % RING_ENTRIES as u64) as usize] = entry;
+        self.next += 1;
+    }
+
+    /// Entries newest first.
+    fn newest_first(&self) -> impl Iterator<Item = &RingEntry> {
+        let count = self.next.min(RING_ENTRIES as u64);
+        (1..=count).map(move |back| &self.entries[((self.next - back) % RING_ENTRIES as u64) as usize])
+    }
+}
+
+struct State {
+    backing: Heap<ORDER>,
+    ring: Ring,
+}
+
+static STATE: spin::Mutex<State> = spin::Mutex::new(State {
+    backing: Heap::new(),
+    ring: Ring {
+        entries: [RingEntry { pointer: 0, size: 0, stack: 0, task: 0, offset: 0, order: 0, freed: false };
+            RING_ENTRIES],
+        next: 0,
+    },
+});
+static HEAP_START: AtomicU64 = AtomicU64::new(0);
+static HEAP_END: AtomicU64 = AtomicU64::new(0);
+
+/// How alloc and free collect their stacks (switchable at run time).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, defmt::Format)]
+#[repr(u8)]
+pub enum Stacks {
+    None,
+    FramePointer,
+    FramePointerNoDepot,
+    ShadowCallStack,
+    ShadowCallStackNoDepot,
+    /// The general walkers of stacktrace.rs (IRQ and overflow stacks, PAC stripping through
+    /// the unwind crate's checks) instead of the heap's task-only loops, with the depot.
+    FramePointerUnwinder,
+    ShadowCallStackUnwinder,
+}
+
+impl Stacks {
+    pub const ALL: [Self; 7] = [
+        Self::None,
+        Self::FramePointer,
+        Self::FramePointerNoDepot,
+        Self::ShadowCallStack,
+        Self::ShadowCallStackNoDepot,
+        Self::FramePointerUnwinder,
+        Self::ShadowCallStackUnwinder,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "no-stacks",
+            Self::FramePointer => "fp",
+            Self::FramePointerNoDepot => "fp-no-depot",
+            Self::ShadowCallStack => "scs",
+            Self::ShadowCallStackNoDepot => "scs-no-depot",
+            Self::FramePointerUnwinder => "fp-unwinder",
+            Self::ShadowCallStackUnwinder => "scs-unwinder",
+        }
+    }
+
+    /// Which walk, whether to save in the depot, whether through stacktrace.rs.
+    fn walker(self) -> Option<(Mode, bool, bool)> {
+        match self {
+            Self::None => None,
+            Self::FramePointer => Some((Mode::FramePointer, true, false)),
+            Self::FramePointerNoDepot => Some((Mode::FramePointer, false, false)),
+            Self::ShadowCallStack => Some((Mode::ShadowCallStack, true, false)),
+            Self::ShadowCallStackNoDepot => Some((Mode::ShadowCallStack, false, false)),
+            Self::FramePointerUnwinder => Some((Mode::FramePointer, true, true)),
+            Self::ShadowCallStackUnwinder => Some((Mode::ShadowCallStack, true, true)),
+        }
+    }
+}
+
+static STACKS: AtomicU8 = AtomicU8::new(Stacks::FramePointer as u8);
+
+pub fn set_stacks(stacks: Stacks) {
+    STACKS.store(stacks as u8, Ordering::Relaxed);
+}
+
+pub fn stacks() -> Stacks {
+    Stacks::ALL.into_iter().find(|mode| *mode as u8 == STACKS.load(Ordering::Relaxed)).unwrap_or(Stacks::None)
+}
+
+/// Gives the heap its memory (the first HEAP_SIZE bytes of `free`, a kernel VA range) and seeds
+/// the tag generator. Free memory is tagged invalid.
+#[sanitize(kernel_hwaddress = "off")]
+pub fn init(free_base: u64, free_size: u64, tag_seed: u32) {
+    let size = free_size.min(HEAP_SIZE) & !(crate::arch::mmu::PAGE_SIZE - 1);
+    assert!(size > 0, "no free RAM for the heap");
+    tags::seed(tag_seed);
+    tags::set_memory_tag(free_base, size, INVALID);
+    // SAFETY: [free_base, +size) is mapped RAM that nothing else uses (mm::Layout.free), given
+    // to the heap once.
+    unsafe { STATE.lock().backing.init(free_base as usize, size as usize) };
+    HEAP_START.store(free_base, Ordering::Relaxed);
+    HEAP_END.store(free_base + size, Ordering::Relaxed);
+}
+
+/// The heap's address range (untagged).
+pub fn range() -> (u64, u64) {
+    (HEAP_START.load(Ordering::Relaxed), HEAP_END.load(Ordering::Relaxed))
+}
+
+fn assert_not_in_irq() {
+    let sp: u64;
+    // SAFETY: reads SP.
+    unsafe { core::arch::asm!("mov {}, sp", out(reg) sp, options(nomem, nostack, preserves_flags)) };
+    assert!(!crate::task::stacks::irq_slot(0).contains_stack(sp), "the heap is not for IRQ context");
+}
+
+/// Collects the stack of allocate/free's caller in the current mode; the raw depot handle or 0.
+///
+/// The heap runs in task context only, so its walks are the short task-only forms of
+/// stacktrace.rs's: the frame-pointer walk follows x29 records inside the current task's stack,
+/// the shadow-call-stack copy reads the task's shadow stack from x18 down to its base. Both give
+/// return addresses newest first, PAC-stripped; the first (into allocate/free) is skipped.
+#[inline(never)]
+#[sanitize(kernel_hwaddress = "off")]
+fn collect_stack() -> u32 {
+    let Some((mode, depot, general)) = stacks().walker() else {
+        return 0;
+    };
+    if general {
+        // Skip this function and allocate/free, as the loops below do.
+        let trace = stacktrace::capture(mode, unwind::TraceOptions::new(2, unwind::MAX_FRAMES));
+        return stacktrace::DEPOT.save(trace.addresses()).map_or(0, |handle| handle.to_raw());
+    }
+    // Not zeroed: a memset of 512 bytes would cost more than the walk (and core's memset is
+    // instrumented). The walks write entries 0..count, and only those are read.
+    let mut buffer = core::mem::MaybeUninit::<[u64; unwind::MAX_FRAMES]>::uninit();
+    let base = buffer.as_mut_ptr() as *mut u64;
+    let count = match mode {
+        Mode::FramePointer => walk_frame_records(base),
+        Mode::ShadowCallStack => copy_shadow_stack(base),
+    };
+    // SAFETY: the walk initialised entries 0..count (count <= MAX_FRAMES) of the buffer.
+    let frames = unsafe { core::slice::from_raw_parts(base, count) };
+    if !depot {
+        core::hint::black_box(frames);
+        return 0;
+    }
+    stacktrace::DEPOT.save(frames).map_or(0, |handle| handle.to_raw())
+}
+
+/// Return addresses from this function's caller's frame record outward (the frame walk), into
+/// `frames[0..count]` (room for MAX_FRAMES); returns count.
+#[inline(always)]
+fn walk_frame_records(frames: *mut u64) -> usize {
+    let slot = crate::task::current_slot();
+    let (low, high) = (slot.stack_base(), slot.stack_top());
+    let mut fp: u64;
+    // SAFETY: reads x29.
+    unsafe { core::arch::asm!("mov {}, x29", out(reg) fp, options(nomem, nostack, preserves_flags)) };
+    let mut count = 0;
+    let mut skip = 1;
+    while count < unwind::MAX_FRAMES && fp >= low && fp + 16 <= high && fp.is_multiple_of(8) {
+        let (next, lr): (u64, u64);
+        // SAFETY: fp lies inside the current task's (mapped) stack, checked above; asm loads are
+        // not instrumented.
+        unsafe {
+            core::arch::asm!("ldp {n}, {l}, [{f}]", f = in(reg) fp, n = out(reg) next, l = out(reg) lr, options(nostack, readonly, preserves_flags))
+        };
+        if lr == 0 {
+            break;
+        }
+        if skip > 0 {
+            skip -= 1;
+        } else {
+            // SAFETY: count < MAX_FRAMES, the caller's buffer size.
+            unsafe { frames.add(count).write(cpu::strip_pac(lr)) };
+            count += 1;
+        }
+        // Frame records move strictly up the stack.
+        if next <= fp {
+            break;
+        }
+        fp = next;
+    }
+    count
+}
+
+/// The task's shadow call stack, newest entry first (the shadow-call-stack copy), into
+/// `frames[0..count]` (room for MAX_FRAMES); returns count.
+#[inline(always)]
+fn copy_shadow_stack(frames: *mut u64) -> usize {
+    let base = crate::task::current_slot().shadow_stack_base();
+    let mut pointer = cpu::shadow_call_stack_pointer();
+    // The newest entry is collect_stack's own return address (into allocate/free).
+    pointer = pointer.saturating_sub(8);
+    let mut count = 0;
+    while count < unwind::MAX_FRAMES && pointer > base {
+        pointer -= 8;
+        let lr: u64;
+        // SAFETY: base < pointer < x18: used entries of the current task's shadow stack,
+        // mapped; asm loads are not instrumented.
+        unsafe {
+            core::arch::asm!("ldr {l}, [{p}]", p = in(reg) pointer, l = out(reg) lr, options(nostack, readonly, preserves_flags))
+        };
+        // SAFETY: count < MAX_FRAMES, the caller's buffer size.
+        unsafe { frames.add(count).write(cpu::strip_pac(lr)) };
+        count += 1;
+    }
+    count
+}
+
+fn current_task() -> u16 {
+    crate::task::current().0 as u16
+}
+
+fn round_up(value: u64, to: u64) -> u64 {
+    (value + to - 1) & !(to - 1)
+}
+
+/// Runs `f` on the locked state with IRQs masked.
+#[sanitize(kernel_hwaddress = "off")]
+fn locked<R>(f: impl FnOnce(&mut State) -> R) -> R {
+    let daif = cpu::mask_interrupts();
+    let result = f(&mut STATE.lock());
+    cpu::restore_interrupts(daif);
+    result
+}
+
+/// Allocates `size` bytes aligned to `align` (at least 16); the tagged pointer, or None when the
+/// heap is exhausted.
+#[inline(never)]
+#[sanitize(kernel_hwaddress = "off")]
+pub fn allocate(size: usize, align: usize) -> Option<u64> {
+    assert_not_in_irq();
+    let stack = collect_stack();
+    let size = size as u64;
+    let align = (align as u64).max(GRANULE);
+    let rounded = round_up(size.max(1), GRANULE);
+    let offset = align.max(GRANULE);
+    if size > u32::MAX as u64 || offset > u16::MAX as u64 {
+        return None;
+    }
+    let block_size = (offset + rounded).next_power_of_two().max(align);
+    let layout = Layout::from_size_align(block_size as usize, align as usize).ok()?;
+    let (block, tag) = locked(|state| {
+        let block = state.backing.alloc(layout).ok()?.as_ptr() as u64;
+        let tag = tags::next();
+        let object = block + offset;
+        let order = block_size.trailing_zeros() as u8;
+        let header = Header { size: size as u32, offset: offset as u16, order, tag, magic: LIVE_MAGIC ^ object };
+        // SAFETY: the header granule lies in the block just allocated (offset >= 16).
+        unsafe { ((object - GRANULE) as *mut Header).write(header) };
+        let pointer = tags::with_tag(object, tag);
+        let entry = RingEntry {
+            pointer,
+            size: size as u32,
+            stack,
+            task: current_task(),
+            offset: offset as u16,
+            order,
+            freed: false,
+        };
+        state.ring.push(entry);
+        Some((block, tag))
+    })?;
+    // The block is ours: tag the object outside the lock (the rest of the block is already
+    // invalid: blocks are tagged 0xFE while free).
+    tags::set_memory_tag(block + offset, rounded, tag);
+    Some(tags::with_tag(block + offset, tag))
+}
+
+/// Why a free was refused.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum BadFree {
+    Double,
+    Invalid,
+}
+
+/// Checks that `pointer` is the start of a live object with its tag; its header if so.
+#[sanitize(kernel_hwaddress = "off")]
+fn check_free(state: &State, pointer: u64) -> Result<Header, BadFree> {
+    let tag = tags::tag_of(pointer);
+    let address = tags::untagged(pointer);
+    let (start, end) = range();
+    if !tags::is_object_tag(tag) || !address.is_multiple_of(GRANULE) || address < start + GRANULE || address >= end {
+        return Err(BadFree::Invalid);
+    }
+    // SAFETY: address - 16 lies in the heap (checked above), mapped RAM; an untagged read.
+    let header = unsafe { ((address - GRANULE) as *const Header).read() };
+    if super::sanitizer::memory_tag(address) != tag {
+        // Freed already? The ring remembers recent frees, the header the rest (its magic
+        // survives the buddy allocator's free-list link, which overwrites the first word only).
+        let freed_in_ring =
+            state.ring.newest_first().find(|entry| entry.pointer == pointer).is_some_and(|entry| entry.freed);
+        let freed_header = header.magic == FREED_MAGIC ^ address && header.tag == tag;
+        return Err(if freed_in_ring || freed_header { BadFree::Double } else { BadFree::Invalid });
+    }
+    let header_is_invalid_granule = super::sanitizer::memory_tag(address - GRANULE) == INVALID;
+    if !header_is_invalid_granule || header.magic != LIVE_MAGIC ^ address || header.tag != tag {
+        return Err(BadFree::Invalid);
+    }
+    Ok(header)
+}
+
+/// Frees the object at `pointer` (as returned by [`allocate`]). A pointer that is not the start
+/// of a live object with its tag is reported (double free or invalid free) and left alone.
+#[inline(never)]
+#[sanitize(kernel_hwaddress = "off")]
+pub fn free(pointer: u64) {
+    assert_not_in_irq();
+    let stack = collect_stack();
+    let verdict = locked(|state| {
+        let header = check_free(state, pointer)?;
+        let object = tags::untagged(pointer);
+        let rounded = round_up((header.size as u64).max(1), GRANULE);
+        tags::set_memory_tag(object, rounded, INVALID);
+        let block = object - header.offset as u64;
+        let freed = Header { magic: FREED_MAGIC ^ object, ..header };
+        // SAFETY: the header granule of a live object (checked), still ours until dealloc.
+        unsafe { ((object - GRANULE) as *mut Header).write(freed) };
+        let entry = RingEntry {
+            pointer,
+            size: header.size,
+            stack,
+            task: current_task(),
+            offset: header.offset,
+            order: header.order,
+            freed: true,
+        };
+        state.ring.push(entry);
+        let layout = Layout::from_size_align(1 << header.order, GRANULE as usize).expect("a power of two");
+        // SAFETY: block and layout are those of the live allocation the header describes.
+        unsafe { state.backing.dealloc(core::ptr::NonNull::new(block as *mut u8).expect("heap block"), layout) };
+        Ok(())
+    });
+    if let Err(bad) = verdict {
+        let bug = match bad {
+            BadFree::Double => BugType::DoubleFree,
+            BadFree::Invalid => BugType::InvalidFree,
+        };
+        kasan_report::report_bad_free(bug, pointer);
+        // Not a tail call: the report finds the free's caller after this function's frame.
+        core::hint::black_box(pointer);
+    }
+}
+
+/// Resizes the object at `pointer` to `new_size`, in place when it fits in its block (the tag
+/// stays, granules past the new size become invalid), else by moving it.
+#[sanitize(kernel_hwaddress = "off")]
+pub fn reallocate(pointer: u64, align: usize, new_size: usize) -> Option<u64> {
+    assert_not_in_irq();
+    let stack = collect_stack();
+    let in_place = locked(|state| {
+        let header = check_free(state, pointer).ok()?;
+        let new_rounded = round_up((new_size as u64).max(1), GRANULE);
+        if new_size as u64 > u32::MAX as u64 || header.offset as u64 + new_rounded > 1 << header.order {
+            return None;
+        }
+        let object = tags::untagged(pointer);
+        let old_rounded = round_up((header.size as u64).max(1), GRANULE);
+        if new_rounded > old_rounded {
+            tags::set_memory_tag(object + old_rounded, new_rounded - old_rounded, header.tag);
+        } else {
+            tags::set_memory_tag(object + new_rounded, old_rounded - new_rounded, INVALID);
+        }
+        let resized = Header { size: new_size as u32, ..header };
+        // SAFETY: the header granule of a live object (checked).
+        unsafe { ((object - GRANULE) as *mut Header).write(resized) };
+        let entry = RingEntry {
+            pointer,
+            size: new_size as u32,
+            stack,
+            task: current_task(),
+            offset: header.offset,
+            order: header.order,
+            freed: false,
+        };
+        state.ring.push(entry);
+        Some(())
+    });
+    if in_place.is_some() {
+        return Some(pointer);
+    }
+    let old_size = locked(|state| check_free(state, pointer).map(|header| header.size as usize));
+    let Ok(old_size) = old_size else {
+        // Not a live object: free() reports it.
+        free(pointer);
+        return None;
+    };
+    let new = allocate(new_size, align)?;
+    // SAFETY: both are live objects of at least min(old, new) bytes; untagged copies (the
+    // sizes are the heap's own, not the caller's).
+    unsafe {
+        core::ptr::copy_nonoverlapping(
+            tags::untagged(pointer) as *const u8,
+            tags::untagged(new) as *mut u8,
+            old_size.min(new_size),
+        )
+    };
+    free(pointer);
+    Some(new)
+}
+
+/// What the ring knows about the object a faulting pointer meant: its newest entry whose block
+/// holds the address and whose tag is the pointer's, else the nearest same-tag object within a
+/// page; plus the allocation entry before it when that entry is a free.
+#[sanitize(kernel_hwaddress = "off")]
+pub fn find_object(address: u64) -> Option<(RingEntry, Option<RingEntry>)> {
+    let tag = tags::tag_of(address);
+    let untagged = tags::untagged(address);
+    let state = STATE.try_lock()?;
+    let same_tag = || state.ring.newest_first().filter(|entry| tags::tag_of(entry.pointer) == tag);
+    let distance = |entry: &RingEntry| {
+        let start = tags::untagged(entry.pointer);
+        let end = start + entry.size as u64;
+        if untagged < start { start - untagged } else { untagged.saturating_sub(end) }
+    };
+    let nearest = || {
+        same_tag()
+            .enumerate()
+            .filter(|(_, entry)| distance(entry) < 4096)
+            .min_by_key(|(newness, entry)| (distance(entry), *newness))
+            .map(|(_, entry)| entry)
+    };
+    let found = *same_tag().find(|entry| entry.block_contains(untagged)).or_else(nearest)?;
+    let allocation = if found.freed {
+        same_tag().find(|entry| entry.pointer == found.pointer && !entry.freed).copied()
+    } else {
+        None
+    };
+    Some((found, allocation))
+}
+
+/// The newest ring entries about `pointer` (tests read the stacks recorded for an object).
+#[sanitize(kernel_hwaddress = "off")]
+pub fn newest_entry(pointer: u64, freed: bool) -> Option<RingEntry> {
+    locked(|state| state.ring.newest_first().find(|entry| entry.pointer == pointer && entry.freed == freed).copied())
+}
+
+/// Backing allocator statistics: bytes requested by users, bytes in allocated blocks.
+pub fn usage() -> (usize, usize) {
+    locked(|state| (state.backing.stats_alloc_user(), state.backing.stats_alloc_actual()))
+}
+
+/// The kernel's global allocator.
+pub struct SanitizerHeap;
+
+// SAFETY: allocate returns blocks of at least layout.size() bytes aligned to layout.align(),
+// owned by the caller until free; free and reallocate accept only live objects.
+unsafe impl GlobalAlloc for SanitizerHeap {
+    #[sanitize(kernel_hwaddress = "off")]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        allocate(layout.size(), layout.align()).map_or(core::ptr::null_mut(), |pointer| pointer as *mut u8)
+    }
+
+    #[sanitize(kernel_hwaddress = "off")]
+    unsafe fn dealloc(&self, pointer: *mut u8, _layout: Layout) {
+        free(pointer as u64)
+    }
+
+    #[sanitize(kernel_hwaddress = "off")]
+    unsafe fn realloc(&self, pointer: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        reallocate(pointer as u64, layout.align(), new_size).map_or(core::ptr::null_mut(), |pointer| pointer as *mut u8)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: SanitizerHeap = SanitizerHeap;

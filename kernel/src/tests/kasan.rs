@@ -1,0 +1,603 @@
+//! The sanitizer heap's bug corpus, modelled on Linux's KASAN unit tests (kasan_test_c.c): each
+//! case provokes one bug in recover mode and checks the report (bug type, access size,
+//! direction, and that the alloc and free stacks name the function that allocated and freed).
+//!
+//! Access checks exist only in the `full` build: the corpus skips elsewhere. The free-path checks
+//! (double and invalid free) belong to the allocator and run in every build. Cases that SW_TAGS
+//! cannot catch (an overflow inside the last granule, a tag collision) are checked as not caught.
+//! Recover mode lets each bad access happen: bad writes land only in a block's slack, its header
+//! or freed memory at offsets that are never the buddy allocator's free-list links.
+
+use super::{Context, Failure, Outcome, Test, Verdict, check, check_eq, fail};
+use crate::mm::heap::{self, Stacks};
+use crate::mm::kasan_report::{self, BugType, Report};
+use crate::mm::{sanitizer, tags};
+use alloc::boxed::Box;
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::hint::black_box;
+
+pub const TESTS: &[Test] = &[
+    Test { name: "kasan_tag_generator", run: kasan_tag_generator },
+    Test { name: "kasan_heap_tags_objects", run: kasan_heap_tags_objects },
+    Test { name: "kasan_heap_no_false_positives", run: kasan_heap_no_false_positives },
+    Test { name: "kasan_oob_right_small", run: kasan_oob_right_small },
+    Test { name: "kasan_oob_left_small", run: kasan_oob_left_small },
+    Test { name: "kasan_oob_right_large", run: kasan_oob_right_large },
+    Test { name: "kasan_oob_left_large", run: kasan_oob_left_large },
+    Test { name: "kasan_oob_right_page", run: kasan_oob_right_page },
+    Test { name: "kasan_oob_left_page", run: kasan_oob_left_page },
+    Test { name: "kasan_realloc_grow_oob", run: kasan_realloc_grow_oob },
+    Test { name: "kasan_realloc_shrink_oob", run: kasan_realloc_shrink_oob },
+    Test { name: "kasan_realloc_moved_uaf", run: kasan_realloc_moved_uaf },
+    Test { name: "kasan_uaf_read", run: kasan_uaf_read },
+    Test { name: "kasan_uaf_write", run: kasan_uaf_write },
+    Test { name: "kasan_uaf_after_reuse", run: kasan_uaf_after_reuse },
+    Test { name: "kasan_double_free", run: kasan_double_free },
+    Test { name: "kasan_invalid_free", run: kasan_invalid_free },
+    Test { name: "kasan_memset_oob", run: kasan_memset_oob },
+    Test { name: "kasan_memcpy_oob", run: kasan_memcpy_oob },
+    Test { name: "kasan_memmove_oob", run: kasan_memmove_oob },
+    Test { name: "kasan_box_oob_and_uaf", run: kasan_box_oob_and_uaf },
+    Test { name: "kasan_vec_oob_and_uaf", run: kasan_vec_oob_and_uaf },
+    Test { name: "kasan_string_oob_and_uaf", run: kasan_string_oob_and_uaf },
+    Test { name: "kasan_stack_modes", run: kasan_stack_modes },
+    Test { name: "kasan_not_caught_inside_last_granule", run: kasan_not_caught_inside_last_granule },
+    Test { name: "kasan_not_caught_tag_collision", run: kasan_not_caught_tag_collision },
+];
+
+const NO_CHECKS: &str = "no compiler tag checks in this build (only `full` has kernel-hwaddress)";
+
+/// An instrumented access of each kind (the `full` build puts a tag check in each).
+#[inline(never)]
+fn read_u8(address: u64) -> u8 {
+    // SAFETY: tests pass addresses of heap memory (RAM, mapped), possibly past an object or
+    // freed: exactly what the sanitizer must catch; the value read is not trusted.
+    unsafe { (address as *const u8).read_volatile() }
+}
+
+#[inline(never)]
+fn write_u8(address: u64, value: u8) {
+    // SAFETY: as in read_u8; the heap memory written is owned by the test or free.
+    unsafe { (address as *mut u8).write_volatile(value) }
+}
+
+#[inline(never)]
+fn read_u64(address: u64) -> u64 {
+    // SAFETY: as in read_u8.
+    unsafe { (address as *const u64).read_volatile() }
+}
+
+#[inline(never)]
+fn write_u64(address: u64, value: u64) {
+    // SAFETY: as in write_u8.
+    unsafe { (address as *mut u64).write_volatile(value) }
+}
+
+fn allocate(size: usize) -> u64 {
+    heap::allocate(size, 16).expect("the heap has room")
+}
+
+/// Whether a saved stack names `function` (one of its frames lies in it).
+fn names(stack: u32, function: u64) -> bool {
+    let mut buffer = [0; stackdepot::MAX_FRAMES];
+    kasan_report::saved_frames(stack, &mut buffer)
+        .iter()
+        .any(|&address| crate::callsites::function_containing(address).is_some_and(|(start, _)| start == function))
+}
+
+/// What a case expects to be reported.
+struct Expect {
+    bug: BugType,
+    size: u64,
+    write: bool,
+    /// The function that allocated (and freed, for use-after-free and double free).
+    site: u64,
+}
+
+/// Runs `bug` in recover mode and checks that it caused exactly the expected report.
+fn expect_report(expect: Expect, bug: impl FnOnce()) -> Result<Report, Failure> {
+    let (count, report) = kasan_report::recording(bug);
+    check_eq!(count, 1);
+    let Some(report) = report else {
+        return Err(fail("no report recorded"));
+    };
+    check!(report.bug == expect.bug);
+    check_eq!(report.size, expect.size);
+    check!(report.write == expect.write);
+    let Some(object) = report.object else {
+        return Err(fail("the report names no object"));
+    };
+    check!(object.alloc_task.is_some());
+    check!(names(object.alloc_stack, expect.site));
+    let freed = matches!(expect.bug, BugType::UseAfterFree | BugType::DoubleFree);
+    check!(object.free_task.is_some() == freed);
+    if freed {
+        check!(names(object.free_stack, expect.site));
+    }
+    Ok(report)
+}
+
+fn site(function: fn(&Context) -> Outcome) -> u64 {
+    function as usize as u64
+}
+
+fn kasan_tag_generator(_: &Context) -> Outcome {
+    let draw = |seed: u32| {
+        tags::seed(seed);
+        core::array::from_fn::<u8, 64, _>(|_| tags::next())
+    };
+    // The same seed gives the same tags (reproducible runs), another seed others.
+    check!(draw(0x1234) == draw(0x1234));
+    check!(draw(0x1234) != draw(0x4321));
+    // Every draw is an object tag, and every object tag comes up.
+    tags::seed(7);
+    let mut seen = [false; 256];
+    for _ in 0..20_000 {
+        let tag = tags::next();
+        check!(tags::is_object_tag(tag));
+        seen[tag as usize] = true;
+    }
+    check!((tags::FIRST_OBJECT_TAG..=tags::LAST_OBJECT_TAG).all(|tag| seen[tag as usize]));
+    check_eq!(seen.iter().filter(|seen| **seen).count(), 238);
+    Ok(Verdict::Passed)
+}
+
+fn kasan_heap_tags_objects(_: &Context) -> Outcome {
+    let mut objects = [0u64; 32];
+    for (index, object) in objects.iter_mut().enumerate() {
+        *object = allocate(1 + index * 37);
+        let tag = tags::tag_of(*object);
+        check!(tags::is_object_tag(tag));
+        check_eq!(*object % 16, 0);
+        // Every granule of the object carries its tag, the header granule before it does not.
+        let untagged = tags::untagged(*object);
+        for granule in (0..(1 + index as u64 * 37)).step_by(16) {
+            check_eq!(sanitizer::memory_tag(untagged + granule), tag);
+        }
+        check_eq!(sanitizer::memory_tag(untagged - 16), tags::INVALID);
+    }
+    for object in objects {
+        heap::free(object);
+        check_eq!(sanitizer::memory_tag(tags::untagged(object)), tags::INVALID);
+    }
+    // Tags vary (238 values; 32 objects all alike would mean a broken generator).
+    check!(objects.iter().any(|object| tags::tag_of(*object) != tags::tag_of(objects[0])));
+    Ok(Verdict::Passed)
+}
+
+fn kasan_heap_no_false_positives(_: &Context) -> Outcome {
+    let (count, _) = kasan_report::recording(|| {
+        let mut numbers: Vec<u64> = Vec::new();
+        for value in 0..1000 {
+            numbers.push(value * value);
+        }
+        let mut text = String::new();
+        for word in ["tag", "based", "sanitizer", "heap"] {
+            text.push_str(word);
+            text.push(' ');
+        }
+        let boxed: Box<[u8]> = numbers.iter().map(|value| *value as u8).collect();
+        let mut copy = numbers.clone();
+        copy.reverse();
+        copy.truncate(10);
+        copy.shrink_to_fit();
+        black_box((numbers.iter().sum::<u64>(), text.len(), boxed.len(), copy[9]));
+    });
+    check_eq!(count, 0);
+    Ok(Verdict::Passed)
+}
+
+fn kasan_oob_right_small(_: &Context) -> Outcome {
+    if !sanitizer::CHECKS_COMPILED_IN {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    // 96 bytes in a 128-byte block: the bad write lands in the block's slack (recover mode
+    // lets it happen, so a corpus write must never hit another object or the free lists).
+    let object = allocate(96);
+    let expect = Expect { bug: BugType::OutOfBounds, size: 1, write: true, site: site(kasan_oob_right_small) };
+    let report = expect_report(expect, || write_u8(object + 96, 0x5a))?;
+    check_eq!(report.address, object + 96);
+    check_eq!(report.pointer_tag, tags::tag_of(object));
+    check_eq!(report.memory_tag, tags::INVALID);
+    heap::free(object);
+    Ok(Verdict::Passed)
+}
+
+fn kasan_oob_left_small(_: &Context) -> Outcome {
+    if !sanitizer::CHECKS_COMPILED_IN {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    let object = allocate(15);
+    let expect = Expect { bug: BugType::OutOfBounds, size: 1, write: false, site: site(kasan_oob_left_small) };
+    let report = expect_report(expect, || {
+        black_box(read_u8(object - 1));
+    })?;
+    check_eq!(report.address, object - 1);
+    heap::free(object);
+    Ok(Verdict::Passed)
+}
+
+fn kasan_oob_right_large(_: &Context) -> Outcome {
+    if !sanitizer::CHECKS_COMPILED_IN {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    let object = allocate(40_000);
+    let expect = Expect { bug: BugType::OutOfBounds, size: 8, write: false, site: site(kasan_oob_right_large) };
+    expect_report(expect, || {
+        black_box(read_u64(object + 40_000));
+    })?;
+    heap::free(object);
+    Ok(Verdict::Passed)
+}
+
+fn kasan_oob_left_large(_: &Context) -> Outcome {
+    if !sanitizer::CHECKS_COMPILED_IN {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    let object = allocate(40_000);
+    let expect = Expect { bug: BugType::OutOfBounds, size: 8, write: false, site: site(kasan_oob_left_large) };
+    expect_report(expect, || {
+        black_box(read_u64(object - 8));
+    })?;
+    heap::free(object);
+    Ok(Verdict::Passed)
+}
+
+fn kasan_oob_right_page(_: &Context) -> Outcome {
+    if !sanitizer::CHECKS_COMPILED_IN {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    let object = heap::allocate(4096, 4096).expect("the heap has room");
+    check_eq!(object % 4096, 0);
+    let expect = Expect { bug: BugType::OutOfBounds, size: 1, write: false, site: site(kasan_oob_right_page) };
+    expect_report(expect, || {
+        black_box(read_u8(object + 4096));
+    })?;
+    heap::free(object);
+    Ok(Verdict::Passed)
+}
+
+fn kasan_oob_left_page(_: &Context) -> Outcome {
+    if !sanitizer::CHECKS_COMPILED_IN {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    let object = heap::allocate(4096, 4096).expect("the heap has room");
+    let expect = Expect { bug: BugType::OutOfBounds, size: 8, write: false, site: site(kasan_oob_left_page) };
+    expect_report(expect, || {
+        black_box(read_u64(object - 8));
+    })?;
+    heap::free(object);
+    Ok(Verdict::Passed)
+}
+
+fn kasan_realloc_grow_oob(_: &Context) -> Outcome {
+    if !sanitizer::CHECKS_COMPILED_IN {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    let object = allocate(192);
+    let grown = heap::reallocate(object, 16, 224).expect("the heap has room");
+    check_eq!(grown, object);
+    // The last byte of the new size is fine, the next one (block slack) is not.
+    let (count, _) = kasan_report::recording(|| write_u8(grown + 223, 1));
+    check_eq!(count, 0);
+    let expect = Expect { bug: BugType::OutOfBounds, size: 1, write: true, site: site(kasan_realloc_grow_oob) };
+    expect_report(expect, || write_u8(grown + 224, 1))?;
+    heap::free(grown);
+    Ok(Verdict::Passed)
+}
+
+fn kasan_realloc_shrink_oob(_: &Context) -> Outcome {
+    if !sanitizer::CHECKS_COMPILED_IN {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    let object = allocate(240);
+    let shrunk = heap::reallocate(object, 16, 192).expect("the heap has room");
+    let (count, _) = kasan_report::recording(|| {
+        black_box(read_u8(shrunk + 191));
+    });
+    check_eq!(count, 0);
+    let expect = Expect { bug: BugType::OutOfBounds, size: 1, write: false, site: site(kasan_realloc_shrink_oob) };
+    let report = expect_report(expect, || {
+        black_box(read_u8(shrunk + 192));
+    })?;
+    check_eq!(report.object.map_or(0, |object| object.size), 192);
+    heap::free(shrunk);
+    Ok(Verdict::Passed)
+}
+
+fn kasan_realloc_moved_uaf(_: &Context) -> Outcome {
+    if !sanitizer::CHECKS_COMPILED_IN {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    // Growing past the block moves the object: the old pointer is freed.
+    let object = allocate(32);
+    write_u64(object, 0x1234);
+    let moved = heap::reallocate(object, 16, 1000).expect("the heap has room");
+    check!(tags::untagged(moved) != tags::untagged(object));
+    check_eq!(read_u64(moved), 0x1234);
+    let expect = Expect { bug: BugType::UseAfterFree, size: 8, write: false, site: site(kasan_realloc_moved_uaf) };
+    expect_report(expect, || {
+        black_box(read_u64(object));
+    })?;
+    heap::free(moved);
+    Ok(Verdict::Passed)
+}
+
+fn kasan_uaf_read(_: &Context) -> Outcome {
+    if !sanitizer::CHECKS_COMPILED_IN {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    let object = allocate(64);
+    heap::free(object);
+    let expect = Expect { bug: BugType::UseAfterFree, size: 8, write: false, site: site(kasan_uaf_read) };
+    let report = expect_report(expect, || {
+        black_box(read_u64(object + 8));
+    })?;
+    check_eq!(report.object.map_or(0, |object| object.address), object);
+    Ok(Verdict::Passed)
+}
+
+fn kasan_uaf_write(_: &Context) -> Outcome {
+    if !sanitizer::CHECKS_COMPILED_IN {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    let object = allocate(20);
+    heap::free(object);
+    let expect = Expect { bug: BugType::UseAfterFree, size: 1, write: true, site: site(kasan_uaf_write) };
+    expect_report(expect, || write_u8(object + 19, 7))?;
+    Ok(Verdict::Passed)
+}
+
+fn kasan_uaf_after_reuse(_: &Context) -> Outcome {
+    if !sanitizer::CHECKS_COMPILED_IN {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    let stale = allocate(64);
+    heap::free(stale);
+    // The buddy allocator hands the same block out again; make sure the new object's tag
+    // differs from the stale pointer's (else the access would be a tag collision, 1 in 238).
+    let mut reused = allocate(64);
+    let mut tries = 0;
+    while tags::tag_of(reused) == tags::tag_of(stale) && tries < 8 {
+        heap::free(reused);
+        reused = allocate(64);
+        tries += 1;
+    }
+    check_eq!(tags::untagged(reused), tags::untagged(stale));
+    check!(tags::tag_of(reused) != tags::tag_of(stale));
+    let expect = Expect { bug: BugType::UseAfterFree, size: 8, write: false, site: site(kasan_uaf_after_reuse) };
+    let report = expect_report(expect, || {
+        black_box(read_u64(stale));
+    })?;
+    check_eq!(report.memory_tag, tags::tag_of(reused));
+    check_eq!(report.object.map_or(0, |object| object.address), stale);
+    heap::free(reused);
+    Ok(Verdict::Passed)
+}
+
+fn kasan_double_free(_: &Context) -> Outcome {
+    let object = allocate(48);
+    heap::free(object);
+    let (count, report) = kasan_report::recording(|| heap::free(object));
+    check_eq!(count, 1);
+    let Some(report) = report else {
+        return Err(fail("no report recorded"));
+    };
+    check!(report.bug == BugType::DoubleFree);
+    check_eq!(report.address, object);
+    // Stacks need frame pointers and the function table (builds `full` and `prod`).
+    if crate::SHADOW_CALL_STACK {
+        let Some(freed) = report.object else {
+            return Err(fail("the report names no object"));
+        };
+        check!(names(freed.alloc_stack, site(kasan_double_free)));
+        check!(names(freed.free_stack, site(kasan_double_free)));
+        // The faulting pc is the free's caller, not the heap's own code.
+        let free_function = heap::free as fn(u64) as usize as u64;
+        check!(report.pc != 0);
+        check!(crate::callsites::function_containing(report.pc).is_some_and(|(start, _)| start != free_function));
+    }
+    // The heap is intact: the block is handed out again.
+    let again = allocate(48);
+    check_eq!(tags::untagged(again), tags::untagged(object));
+    heap::free(again);
+    Ok(Verdict::Passed)
+}
+
+fn kasan_invalid_free(_: &Context) -> Outcome {
+    static NOT_HEAP: u64 = 0;
+    let object = allocate(64);
+    let other_tag =
+        if tags::tag_of(object) == tags::LAST_OBJECT_TAG { tags::FIRST_OBJECT_TAG } else { tags::tag_of(object) + 1 };
+    for bad in [object + 16, tags::with_tag(object, other_tag), &NOT_HEAP as *const u64 as u64, object + 1] {
+        let (count, report) = kasan_report::recording(|| heap::free(bad));
+        check_eq!(count, 1);
+        check!(report.is_some_and(|report| report.bug == BugType::InvalidFree && report.address == bad));
+    }
+    // None of them freed the object: it is still live and its real free works.
+    check_eq!(sanitizer::memory_tag(tags::untagged(object)), tags::tag_of(object));
+    let (count, _) = kasan_report::recording(|| heap::free(object));
+    check_eq!(count, 0);
+    Ok(Verdict::Passed)
+}
+
+fn kasan_memset_oob(_: &Context) -> Outcome {
+    if !sanitizer::CHECKS_COMPILED_IN {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    let object = allocate(64);
+    let expect = Expect { bug: BugType::OutOfBounds, size: 32, write: true, site: site(kasan_memset_oob) };
+    let report = expect_report(expect, || {
+        // SAFETY: deliberately straddles the object's end (the granules after it are heap
+        // memory, mapped): the sanitizer must report it.
+        unsafe { core::ptr::write_bytes((object + 48) as *mut u8, 0xaa, black_box(32)) }
+    })?;
+    check_eq!(report.address, object + 48);
+    heap::free(object);
+    Ok(Verdict::Passed)
+}
+
+fn kasan_memcpy_oob(_: &Context) -> Outcome {
+    if !sanitizer::CHECKS_COMPILED_IN {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    let object = allocate(64);
+    let mut destination = [0u8; 64];
+    let expect = Expect { bug: BugType::OutOfBounds, size: 40, write: false, site: site(kasan_memcpy_oob) };
+    let report = expect_report(expect, || {
+        // SAFETY: the source deliberately straddles the object's end (see kasan_memset_oob).
+        unsafe { core::ptr::copy_nonoverlapping((object + 32) as *const u8, destination.as_mut_ptr(), black_box(40)) }
+    })?;
+    check_eq!(report.address, object + 32);
+    black_box(&destination);
+    heap::free(object);
+    Ok(Verdict::Passed)
+}
+
+fn kasan_memmove_oob(_: &Context) -> Outcome {
+    if !sanitizer::CHECKS_COMPILED_IN {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    let object = allocate(64);
+    let expect = Expect { bug: BugType::OutOfBounds, size: 32, write: true, site: site(kasan_memmove_oob) };
+    let report = expect_report(expect, || {
+        // SAFETY: the overlapping destination deliberately straddles the object's end.
+        unsafe { core::ptr::copy(object as *const u8, (object + 40) as *mut u8, black_box(32)) }
+    })?;
+    check_eq!(report.address, object + 40);
+    heap::free(object);
+    Ok(Verdict::Passed)
+}
+
+fn kasan_box_oob_and_uaf(_: &Context) -> Outcome {
+    if !sanitizer::CHECKS_COMPILED_IN {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    let boxed = Box::new([7u64; 4]);
+    let address = &*boxed as *const [u64; 4] as u64;
+    check!(tags::is_object_tag(tags::tag_of(address)));
+    let site = site(kasan_box_oob_and_uaf);
+    expect_report(Expect { bug: BugType::OutOfBounds, size: 8, write: false, site }, || {
+        black_box(read_u64(address + 32));
+    })?;
+    drop(black_box(boxed));
+    expect_report(Expect { bug: BugType::UseAfterFree, size: 8, write: false, site }, || {
+        black_box(read_u64(address));
+    })?;
+    Ok(Verdict::Passed)
+}
+
+fn kasan_vec_oob_and_uaf(_: &Context) -> Outcome {
+    if !sanitizer::CHECKS_COMPILED_IN {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    let mut numbers: Vec<u32> = Vec::with_capacity(12);
+    numbers.extend(0..12);
+    let address = numbers.as_ptr() as u64;
+    let site = site(kasan_vec_oob_and_uaf);
+    // 12 u32 = 48 bytes, a whole number of granules: the 13th element is out of bounds.
+    expect_report(Expect { bug: BugType::OutOfBounds, size: 1, write: false, site }, || {
+        black_box(read_u8(address + 48));
+    })?;
+    drop(black_box(numbers));
+    expect_report(Expect { bug: BugType::UseAfterFree, size: 1, write: false, site }, || {
+        black_box(read_u8(address + 4));
+    })?;
+    Ok(Verdict::Passed)
+}
+
+fn kasan_string_oob_and_uaf(_: &Context) -> Outcome {
+    if !sanitizer::CHECKS_COMPILED_IN {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    let mut text = String::with_capacity(32);
+    text.push_str("a tag-based sanitizer heap");
+    let address = text.as_ptr() as u64;
+    let site = site(kasan_string_oob_and_uaf);
+    expect_report(Expect { bug: BugType::OutOfBounds, size: 1, write: false, site }, || {
+        black_box(read_u8(address + 32));
+    })?;
+    drop(black_box(text));
+    expect_report(Expect { bug: BugType::UseAfterFree, size: 1, write: false, site }, || {
+        black_box(read_u8(address));
+    })?;
+    Ok(Verdict::Passed)
+}
+
+fn kasan_stack_modes(_: &Context) -> Outcome {
+    if !crate::SHADOW_CALL_STACK {
+        return Ok(Verdict::Skipped("stacks need frame pointers and the shadow call stack (builds full, prod)"));
+    }
+    let site = site(kasan_stack_modes);
+    let mut result = Ok(Verdict::Passed);
+    for mode in Stacks::ALL {
+        heap::set_stacks(mode);
+        let object = allocate(24);
+        heap::free(object);
+        let (Some(allocated), Some(freed)) = (heap::newest_entry(object, false), heap::newest_entry(object, true))
+        else {
+            result = Err(fail("no ring entries for the object"));
+            break;
+        };
+        let depot = !matches!(mode, Stacks::None | Stacks::FramePointerNoDepot | Stacks::ShadowCallStackNoDepot);
+        let saved = allocated.stack != 0 && freed.stack != 0;
+        let named = names(allocated.stack, site) && names(freed.stack, site);
+        if saved != depot || (depot && !named) {
+            defmt::error!("  stack mode {=str}: saved {=bool}, names the test {=bool}", mode.name(), saved, named);
+            result = Err(fail("stacks not saved as the mode says"));
+            break;
+        }
+    }
+    heap::set_stacks(Stacks::FramePointer);
+    result
+}
+
+fn kasan_not_caught_inside_last_granule(_: &Context) -> Outcome {
+    if !sanitizer::CHECKS_COMPILED_IN {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    // 13 bytes occupy one granule; bytes 13-15 carry the object's tag too (no short granules).
+    let object = allocate(13);
+    let (count, _) = kasan_report::recording(|| {
+        for offset in 13..16 {
+            write_u8(object + offset, 1);
+        }
+    });
+    check_eq!(count, 0);
+    // The next granule is caught.
+    let (count, _) = kasan_report::recording(|| {
+        black_box(read_u8(object + 16));
+    });
+    check_eq!(count, 1);
+    heap::free(object);
+    Ok(Verdict::Passed)
+}
+
+fn kasan_not_caught_tag_collision(_: &Context) -> Outcome {
+    if !sanitizer::CHECKS_COMPILED_IN {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    // Allocate until an object gets the first one's tag: a pointer to the first object that
+    // strays into the other is then not caught.
+    let first = allocate(32);
+    let mut held = Vec::new();
+    let twin = loop {
+        let candidate = allocate(32);
+        if tags::tag_of(candidate) == tags::tag_of(first) {
+            break candidate;
+        }
+        held.push(candidate);
+        if held.len() > 4000 {
+            return Err(fail("no tag collision in 4000 allocations"));
+        }
+    };
+    let stray = first.wrapping_add(tags::untagged(twin).wrapping_sub(tags::untagged(first)));
+    check_eq!(stray, twin);
+    let (count, _) = kasan_report::recording(|| write_u64(stray, 1));
+    check_eq!(count, 0);
+    for object in held.into_iter().chain([first, twin]) {
+        heap::free(object);
+    }
+    Ok(Verdict::Passed)
+}
