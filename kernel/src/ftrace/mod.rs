@@ -65,6 +65,8 @@ const NO_TRACE: &[&str] = &[
     "__defmt_*",
     "*kernel::drivers::pl011::*",
     "*kernel::mm::sanitizer::*",
+    "*kernel::mm::kasan_report::*",
+    "*kernel::mm::tags::*",
     "*kernel::arch::aarch64::exception::*",
     "*kernel::arch::aarch64::patch::*",
     "*kernel::probes::*",
