@@ -97,6 +97,9 @@ pub struct PerCpu {
     pub irq_frame: AtomicPtr<ExceptionFrame>,
     /// IRQs handled, for tests.
     pub irqs: AtomicU64,
+    /// The running user task's kernel shadow-call-stack pointer: written by every return to EL0,
+    /// loaded into x18 by every entry from EL0 (vectors.S).
+    pub user_kernel_x18: AtomicU64,
 }
 
 static PER_CPU: [PerCpu; CPUS] = [const {
@@ -107,6 +110,7 @@ static PER_CPU: [PerCpu; CPUS] = [const {
         overflow_shadow_stack: AtomicU64::new(0),
         irq_frame: AtomicPtr::new(core::ptr::null_mut()),
         irqs: AtomicU64::new(0),
+        user_kernel_x18: AtomicU64::new(0),
     }
 }; CPUS];
 

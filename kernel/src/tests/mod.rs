@@ -8,6 +8,7 @@
 mod foundation;
 mod probes;
 mod stacktrace;
+mod user;
 
 use core::sync::atomic::{AtomicPtr, Ordering};
 
@@ -70,7 +71,7 @@ pub fn fail(what: &'static str) -> Failure {
 }
 
 /// Every test, in order.
-const TESTS: &[&[Test]] = &[foundation::TESTS, stacktrace::TESTS, probes::TESTS];
+const TESTS: &[&[Test]] = &[foundation::TESTS, stacktrace::TESTS, probes::TESTS, user::TESTS];
 
 /// The probe tests' harness BRKs, dispatched from the synchronous exception handler.
 #[unsafe(link_section = ".text.noprobe")]
