@@ -269,9 +269,7 @@ fn register_masked(
         (Method::SingleStep | Method::BrkStep, Classification::Simulate(simulated)) if !runs_anywhere(&simulated) => {
             return Err(UprobeError::NeedsOriginalPc);
         }
-        (Method::SingleStep | Method::BrkStep, _) => {
-            Action::OutOfLine { hardware_step: method == Method::SingleStep }
-        }
+        (Method::SingleStep | Method::BrkStep, _) => Action::OutOfLine { hardware_step: method == Method::SingleStep },
         (Method::Detour, Classification::Simulate(simulated))
             if !runs_anywhere(&simulated)
                 && !matches!(
@@ -549,7 +547,8 @@ pub fn attributed_pc(elr: u64) -> u64 {
     }
     let offset = elr.wrapping_sub(USER_XOL + DETOUR_OFFSET);
     let index = (offset / 16) as usize;
-    if offset % 16 == 4 && index < MAX_UPROBES
+    if offset % 16 == 4
+        && index < MAX_UPROBES
         && let Some(probe) = uprobes()[index]
         && matches!(probe.action, Action::Detour)
     {

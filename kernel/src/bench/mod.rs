@@ -9,6 +9,7 @@ mod baseline;
 mod depot;
 mod probes;
 mod stacktrace;
+mod uprobes;
 
 use crate::arch::{counters, cpu};
 

@@ -120,6 +120,7 @@ pub fn run(plan: &Plan) {
             }
         }
     }
+    super::uprobes::run(plan);
 }
 
 /// `prefix` + `suffix` in a small stack buffer (no allocator in the kernel yet).

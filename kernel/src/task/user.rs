@@ -87,9 +87,9 @@ struct Space {
 
 const EMPTY_PAGE: Page = Page([0; 512]);
 
-static mut SPACES: [Space; TASK_SLOTS] =
-    [const { Space { l1: EMPTY_PAGE, l2: EMPTY_PAGE, l3: EMPTY_PAGE, xol: EMPTY_PAGE, stack: [EMPTY_PAGE; STACK_PAGES] } };
-        TASK_SLOTS];
+static mut SPACES: [Space; TASK_SLOTS] = [const {
+    Space { l1: EMPTY_PAGE, l2: EMPTY_PAGE, l3: EMPTY_PAGE, xol: EMPTY_PAGE, stack: [EMPTY_PAGE; STACK_PAGES] }
+}; TASK_SLOTS];
 
 /// TTBR0's table while a kernel task runs: nothing mapped.
 static EMPTY_L1: Page = EMPTY_PAGE;

@@ -308,8 +308,14 @@ fn uprobe_methods_match_unprobed_run(_: &Context) -> Outcome {
                 let counts = uprobes::counts(target);
                 check!(uprobes::unregister(target).is_ok());
                 if probed != Ok(unprobed) {
-                    defmt::error!("  {=str} {} uretprobe={=bool}: {=u64:#x} vs {=u64:#x}", name, method, uretprobe,
-                        probed.unwrap_or(0), unprobed);
+                    defmt::error!(
+                        "  {=str} {} uretprobe={=bool}: {=u64:#x} vs {=u64:#x}",
+                        name,
+                        method,
+                        uretprobe,
+                        probed.unwrap_or(0),
+                        unprobed
+                    );
                     return Err(super::fail("probed run differs from the unprobed run"));
                 }
                 check_eq!(HITS.load(Ordering::Relaxed), 3);
