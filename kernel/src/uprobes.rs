@@ -35,8 +35,8 @@ use crate::probes::{Method, Registers};
 use crate::task::stacks::TASK_SLOTS;
 use crate::task::user::{self, USER_XOL, UserFault};
 use probes::{
-    Classification, Exception, Fault, IndirectBranch, Insn, Memory, RejectReason, Simulated, SimulationConfig,
-    classify, encode_b, encode_brk, simulate,
+    Classification, Exception, Fault, IndirectBranch, Insn, Memory, RegisterFile, RejectReason, Simulated,
+    SimulationConfig, classify, encode_b, encode_brk, simulate,
 };
 
 /// A handler: sees (and may change) the user registers; `pc` is the probed address (for a return
@@ -345,12 +345,53 @@ fn registers(frame: &mut ExceptionFrame) -> &mut Registers {
     unsafe { &mut *(frame as *mut ExceptionFrame).cast::<Registers>() }
 }
 
+/// The saved user registers as the simulator's register file, with accessors the compiler
+/// inlines into the `simulate` instantiation (as kprobes' hit path does: the crate's own
+/// `Registers` impl is not inlinable across crates).
+struct FrameRegisters<'a>(&'a mut Registers);
+
+impl RegisterFile for FrameRegisters<'_> {
+    #[inline(always)]
+    fn x(&self, n: u8) -> u64 {
+        self.0.x[usize::from(n) % 31]
+    }
+    #[inline(always)]
+    fn set_x(&mut self, n: u8, value: u64) {
+        self.0.x[usize::from(n) % 31] = value;
+    }
+    #[inline(always)]
+    fn sp(&self) -> u64 {
+        self.0.sp
+    }
+    #[inline(always)]
+    fn set_sp(&mut self, value: u64) {
+        self.0.sp = value;
+    }
+    #[inline(always)]
+    fn pc(&self) -> u64 {
+        self.0.pc
+    }
+    #[inline(always)]
+    fn set_pc(&mut self, value: u64) {
+        self.0.pc = value;
+    }
+    #[inline(always)]
+    fn pstate(&self) -> u64 {
+        self.0.pstate
+    }
+    #[inline(always)]
+    fn set_pstate(&mut self, value: u64) {
+        self.0.pstate = value;
+    }
+}
+
 /// User memory as the probed EL0 instruction sees it; remembers the ESR of a fault.
 struct UserMemory {
     esr: u64,
 }
 
 impl Memory for UserMemory {
+    #[inline(always)]
     fn read_u32(&mut self, address: u64) -> Result<u32, Fault> {
         match user::load_u32(address) {
             Ok(value) => Ok(value),
@@ -360,6 +401,7 @@ impl Memory for UserMemory {
             }
         }
     }
+    #[inline(always)]
     fn read_u64(&mut self, address: u64) -> Result<u64, Fault> {
         match user::load_u64(address) {
             Ok(value) => Ok(value),
@@ -369,6 +411,7 @@ impl Memory for UserMemory {
             }
         }
     }
+    #[inline(always)]
     fn write_pair(&mut self, address: u64, values: [u64; 2]) -> Result<(), Fault> {
         match user::store_pair(address, values) {
             Ok(()) => Ok(()),
@@ -444,7 +487,7 @@ fn on_brk(frame: &mut ExceptionFrame) -> bool {
     match probe.action {
         Action::Simulate(simulated) => {
             let mut memory = UserMemory { esr: 0 };
-            match simulate(&simulated, registers(frame), &mut memory, &USER_CONFIG) {
+            match simulate(&simulated, &mut FrameRegisters(registers(frame)), &mut memory, &USER_CONFIG) {
                 Ok(()) => {}
                 Err(Exception::DataAbort(fault)) => user::kill_with_fault(UserFault {
                     esr: user::lower_el_data_abort(memory.esr),
