@@ -17,11 +17,11 @@ use crate::uprobes::{self, UprobeError};
 pub const TESTS: &[Test] = &[
     Test { name: "user syscalls, TLS and yield", run: user_syscalls_tls_and_yield },
     Test { name: "user faults kill the task with ESR, FAR and PC", run: user_faults_kill_the_task },
-    Test { name: "uprobe methods match the unprobed run", run: uprobe_methods_match_unprobed_run },
-    Test { name: "uprobe stack faults match the unprobed store", run: uprobe_stack_faults_match_unprobed_store },
-    Test { name: "uprobe handler sees user registers (PAN on where present)", run: uprobe_handler_sees_registers },
-    Test { name: "uprobe uretprobe recursion and nesting", run: uretprobe_recursion_and_nesting },
-    Test { name: "uprobe refusals say why", run: uprobe_refusals_say_why },
+    Test { name: "user uprobe methods match the unprobed run", run: uprobe_methods_match_unprobed_run },
+    Test { name: "user uprobe stack faults match the unprobed store", run: uprobe_stack_faults_match_unprobed_store },
+    Test { name: "user uprobe handler sees user registers (PAN on where present)", run: uprobe_handler_sees_registers },
+    Test { name: "user uprobe uretprobe recursion and nesting", run: uretprobe_recursion_and_nesting },
+    Test { name: "user uprobe refusals say why", run: uprobe_refusals_say_why },
 ];
 
 core::arch::global_asm!(
