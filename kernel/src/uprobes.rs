@@ -478,16 +478,19 @@ fn on_brk(frame: &mut ExceptionFrame) -> bool {
     let Some(index) = lookup(frame.elr) else {
         return false;
     };
-    let probe = uprobes()[index].expect("looked up");
+    // By reference: a copy of the record (or of its `Simulated`) is a memcpy call per hit.
+    let Some(probe) = &uprobes()[index] else {
+        return false;
+    };
     HITS[index].fetch_add(1, Ordering::Relaxed);
     (probe.handler)(registers(frame));
     if probe.return_handler.is_some() {
         hijack_return(frame, index);
     }
-    match probe.action {
+    match &probe.action {
         Action::Simulate(simulated) => {
             let mut memory = UserMemory { esr: 0 };
-            match simulate(&simulated, &mut FrameRegisters(registers(frame)), &mut memory, &USER_CONFIG) {
+            match simulate(simulated, &mut FrameRegisters(registers(frame)), &mut memory, &USER_CONFIG) {
                 Ok(()) => {}
                 Err(Exception::DataAbort(fault)) => user::kill_with_fault(UserFault {
                     esr: user::lower_el_data_abort(memory.esr),
@@ -501,7 +504,7 @@ fn on_brk(frame: &mut ExceptionFrame) -> bool {
                 }),
             }
         }
-        Action::OutOfLine { hardware_step } => {
+        &Action::OutOfLine { hardware_step } => {
             *step() = (index, frame.spsr, hardware_step);
             frame.elr = USER_XOL + slot_offset(index);
             // IRQs stay masked for the one instruction, so the step state is per CPU.
@@ -522,7 +525,7 @@ fn finish_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
     if index == usize::MAX || stepped != hardware_step || frame.elr != USER_XOL + slot_offset(index) + 4 {
         return false;
     }
-    let Some(probe) = uprobes()[index] else {
+    let Some(probe) = &uprobes()[index] else {
         return false;
     };
     if hardware_step {
@@ -542,7 +545,7 @@ fn on_detour(frame: &mut ExceptionFrame) -> bool {
     if !offset.is_multiple_of(16) || index >= MAX_UPROBES {
         return false;
     }
-    let Some(probe) = uprobes()[index] else {
+    let Some(probe) = &uprobes()[index] else {
         return false;
     };
     HITS[index].fetch_add(1, Ordering::Relaxed);
@@ -566,7 +569,7 @@ fn on_return(frame: &mut ExceptionFrame) -> bool {
     let (return_address, index) = stack.instances[stack.depth];
     frame.elr = return_address;
     RETURNS[index].fetch_add(1, Ordering::Relaxed);
-    if let Some(probe) = uprobes()[index]
+    if let Some(probe) = &uprobes()[index]
         && let Some(handler) = probe.return_handler
     {
         handler(registers(frame));
@@ -584,7 +587,7 @@ pub fn attributed_pc(elr: u64) -> u64 {
             set_mdscr_ss(false);
         }
         *step() = (usize::MAX, 0, false);
-        if let Some(probe) = uprobes()[index] {
+        if let Some(probe) = &uprobes()[index] {
             return probe.address;
         }
     }
@@ -592,7 +595,7 @@ pub fn attributed_pc(elr: u64) -> u64 {
     let index = (offset / 16) as usize;
     if offset % 16 == 4
         && index < MAX_UPROBES
-        && let Some(probe) = uprobes()[index]
+        && let Some(probe) = &uprobes()[index]
         && matches!(probe.action, Action::Detour)
     {
         return probe.address;
