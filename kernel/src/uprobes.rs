@@ -98,7 +98,13 @@ impl defmt::Format for UprobeError {
 #[derive(Clone, Copy)]
 enum Action {
     Simulate(Simulated),
-    OutOfLine { hardware_step: bool },
+    /// `stp x29, x30, [sp, #-16]!`, the frame push that starts most functions, performed
+    /// directly (as Linux's `simulate_stp_fp_lr_sp_64` of the 2024 uprobes series): the same
+    /// result as `crates/probes`' simulation of it, without its general decode.
+    SimulateFramePush,
+    OutOfLine {
+        hardware_step: bool,
+    },
     Detour,
 }
 
@@ -169,7 +175,7 @@ fn xol_words(index: usize, probe: &Uprobe) -> Result<(u64, [u32; 3]), UprobeErro
             let back = encode_b(trampoline + 8, probe.address + 4).map_err(|_| UprobeError::OutOfBranchRange)?;
             Ok((detour_offset(index), [SVC_DETOUR, probe.original, back.0]))
         }
-        Action::Simulate(_) => Ok((slot_offset(index), [encode_brk(BRK_UPROBE_STEP).0; 3])),
+        Action::Simulate(_) | Action::SimulateFramePush => Ok((slot_offset(index), [encode_brk(BRK_UPROBE_STEP).0; 3])),
     }
 }
 
@@ -230,6 +236,15 @@ fn runs_anywhere(simulated: &Simulated) -> bool {
     )
 }
 
+/// `stp x29, x30, [sp, #-16]!`.
+fn is_frame_push(simulated: &Simulated) -> bool {
+    matches!(
+        simulated,
+        Simulated::LoadStorePair { load: false, rt, rt2, rn, offset: -16, indexing: probes::Indexing::PreIndex }
+            if rt.number() == 29 && rt2.number() == 30 && rn.number() == 31
+    )
+}
+
 /// Registers a uprobe at user text `address` (a user VA); with `return_handler`, a uretprobe
 /// on the function starting there.
 pub fn register(
@@ -264,6 +279,9 @@ fn register_masked(
     let classification = classify(Insn(original));
     let action = match (method, classification) {
         (_, Classification::Reject(reason)) => return Err(UprobeError::Rejected(reason)),
+        (Method::Simulate, Classification::Simulate(simulated)) if is_frame_push(&simulated) => {
+            Action::SimulateFramePush
+        }
         (Method::Simulate, Classification::Simulate(simulated)) => Action::Simulate(simulated),
         (Method::Simulate, _) => return Err(UprobeError::NotSimulated),
         (Method::SingleStep | Method::BrkStep, Classification::Simulate(simulated)) if !runs_anywhere(&simulated) => {
@@ -428,6 +446,7 @@ const USER_CONFIG: SimulationConfig =
     SimulationConfig { sp_alignment_check: false, guarded_page: false, instruction_tbi: [true, true] };
 
 const SPSR_SS: u64 = 1 << 21;
+const SPSR_BTYPE: u64 = 3 << 10;
 const SPSR_I: u64 = 1 << 7;
 const SPSR_F: u64 = 1 << 6;
 const MDSCR_SS: u64 = 1;
@@ -503,6 +522,19 @@ fn on_brk(frame: &mut ExceptionFrame) -> bool {
                     pc: probe.address,
                 }),
             }
+        }
+        Action::SimulateFramePush => {
+            let address = frame.sp.wrapping_sub(16);
+            if let Err(esr) = user::store_pair(address, [frame.x[29], frame.x[30]]) {
+                user::kill_with_fault(UserFault {
+                    esr: user::lower_el_data_abort(esr),
+                    far: address,
+                    pc: probe.address,
+                });
+            }
+            frame.sp = address;
+            frame.elr += 4;
+            frame.spsr &= !SPSR_BTYPE;
         }
         &Action::OutOfLine { hardware_step } => {
             *step() = (index, frame.spsr, hardware_step);
