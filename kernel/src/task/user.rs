@@ -19,8 +19,10 @@
 //! (the uprobe simulator reaches user memory with LDTR/STTR, which act as EL0 accesses). Kernel
 //! tasks run with TTBR0 on an empty table (EPD0 is cleared once, by `init`).
 //!
-//! PAC keys: user tasks run with the kernel's APIA key (the user code here is plain asm without
-//! PAC instructions); per-task keys are not switched yet.
+//! PAC keys: where the CPU has PAuth, every user task gets its own APIA key at spawn. The
+//! exception vectors load it on every return to EL0 and restore the kernel's key on every entry
+//! from EL0 (two MSRs each way, plus an ISB on entry before the kernel's next PACIASP). The
+//! other keys (IB, DA, DB, GA) are not used by the kernel and are not switched.
 //!
 //! Syscalls: `SVC #0`, number in x8, arguments in x0.., result in x0 (`Syscall`). Any other
 //! synchronous exception from EL0 that no uprobe claims is a user fault: it is reported (ESR,
@@ -111,10 +113,12 @@ struct UserTask {
     spsr: u64,
     exit_code: Option<u64>,
     fault: Option<UserFault>,
+    apia: [u64; 2],
 }
 
 static mut USERS: [UserTask; TASK_SLOTS] =
-    [UserTask { active: false, entry: 0, arguments: [0; 3], spsr: 0, exit_code: None, fault: None }; TASK_SLOTS];
+    [UserTask { active: false, entry: 0, arguments: [0; 3], spsr: 0, exit_code: None, fault: None, apia: [0; 2] };
+        TASK_SLOTS];
 
 fn users() -> &'static mut [UserTask; TASK_SLOTS] {
     // SAFETY: callers run with IRQs masked (exception handlers, the scheduler, `spawn`) or read
@@ -149,6 +153,19 @@ pub fn pan_enabled() -> bool {
 pub fn init() {
     if INITIALISED.swap(true, Ordering::SeqCst) {
         return;
+    }
+    if crate::arch::cpu::PointerAuth::detect() != crate::arch::cpu::PointerAuth::None {
+        let (low, high): (u64, u64);
+        // SAFETY: reads the APIA key registers, which exist on this CPU (PAuth detected; boot.S
+        // loaded the kernel's key there).
+        unsafe {
+            core::arch::asm!("mrs {l}, S3_0_C2_C1_0", "mrs {h}, S3_0_C2_C1_1", l = out(reg) low, h = out(reg) high,
+                options(nomem, nostack, preserves_flags))
+        };
+        let cpu = super::stacks::this_cpu();
+        cpu.kernel_apia[0].store(low, Ordering::Relaxed);
+        cpu.kernel_apia[1].store(high, Ordering::Relaxed);
+        cpu.pauth_keys.store(1, Ordering::Relaxed);
     }
     let has_pan = cpu_has_pan();
     HAS_PAN.store(has_pan, Ordering::Relaxed);
@@ -256,12 +273,24 @@ pub fn spawn(name: &'static str, entry: u64, arguments: [u64; 3], options: Optio
     build_space(id.0, options);
     crate::uprobes::on_new_user_task(id.0);
     let spsr = if options.irqs_masked { 0x3c0 } else { 0 };
-    users()[id.0] = UserTask { active: true, entry, arguments, spsr, exit_code: None, fault: None };
+    users()[id.0] =
+        UserTask { active: true, entry, arguments, spsr, exit_code: None, fault: None, apia: new_key(id.0) };
     if options.irqs_masked {
         scheduler().tasks[id.0].context.daif = 0x3c0;
     }
     cpu::restore_interrupts(daif);
     Ok(id)
+}
+
+/// A fresh APIA key: the virtual count and the slot, mixed (splitmix64).
+fn new_key(slot: usize) -> [u64; 2] {
+    let mix = |mut z: u64| {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let seed = crate::arch::counters::virtual_count() ^ ((slot as u64) << 56);
+    [mix(seed.wrapping_add(0x9e37_79b9_7f4a_7c15)), mix(seed.wrapping_add(0x3c6e_f372_fe94_f82a))]
 }
 
 fn asid(slot: usize) -> u64 {
@@ -310,7 +339,13 @@ pub(super) fn switch_address_space(next: usize) {
     if !INITIALISED.load(Ordering::Relaxed) {
         return;
     }
-    let ttbr0 = if users()[next].active {
+    let user = &users()[next];
+    if user.active {
+        let cpu = super::stacks::this_cpu();
+        cpu.user_apia[0].store(user.apia[0], Ordering::Relaxed);
+        cpu.user_apia[1].store(user.apia[1], Ordering::Relaxed);
+    }
+    let ttbr0 = if user.active {
         pa_of(core::ptr::addr_of!(space(next).l1) as u64) | asid(next) << 48
     } else {
         pa_of(core::ptr::addr_of!(EMPTY_L1) as u64)

@@ -17,6 +17,7 @@ use crate::uprobes::{self, UprobeError};
 pub const TESTS: &[Test] = &[
     Test { name: "user syscalls, TLS and yield", run: user_syscalls_tls_and_yield },
     Test { name: "user faults kill the task with ESR, FAR and PC", run: user_faults_kill_the_task },
+    Test { name: "user tasks sign with their own PAC key", run: user_tasks_sign_with_their_own_key },
     Test { name: "user uprobe methods match the unprobed run", run: uprobe_methods_match_unprobed_run },
     Test { name: "user uprobe stack faults match the unprobed store", run: uprobe_stack_faults_match_unprobed_store },
     Test { name: "user uprobe handler sees user registers (PAN on where present)", run: uprobe_handler_sees_registers },
@@ -57,6 +58,23 @@ user_prog_tls:
     cmn     x0, #38
     b.ne    9f
     eor     x0, x19, #1
+    mov     x8, #0
+    svc     #0
+9:  mov     x0, #0xbad
+    mov     x8, #0
+    svc     #0
+
+// x0 = pointer, x1 = modifier: exit(PACIA(x0, x1)) if AUTIA gives the pointer back, else 0xbad.
+// (Encoded: assemblers want FEAT_PAuth enabled for the mnemonics.)
+    .global user_prog_pac
+user_prog_pac:
+    mov     x19, x0
+    .inst   0xdac10020                       // pacia x0, x1
+    mov     x20, x0
+    .inst   0xdac11020                       // autia x0, x1
+    cmp     x0, x19
+    b.ne    9f
+    mov     x0, x20
     mov     x8, #0
     svc     #0
 9:  mov     x0, #0xbad
@@ -195,6 +213,7 @@ user_outer:
 unsafe extern "C" {
     static user_prog_tls: u32;
     static user_prog_fault: u32;
+    static user_prog_pac: u32;
     static user_prog_fault_load: u32;
     static user_prog_fault_store: u32;
     static user_prog_diff: u32;
@@ -246,6 +265,38 @@ fn user_syscalls_tls_and_yield(_: &Context) -> Outcome {
         check_eq!(user::exit_code(id).unwrap_or(0), magic ^ 1);
         check!(user::fault(id).is_none());
     }
+    Ok(Verdict::Passed)
+}
+
+fn user_tasks_sign_with_their_own_key(_: &Context) -> Outcome {
+    if crate::arch::cpu::PointerAuth::detect() == crate::arch::cpu::PointerAuth::None {
+        return Ok(Verdict::Skipped("no PAuth on this CPU"));
+    }
+    let (pointer, modifier) = (USER_TEXT + 0x40, 0x1234_5678u64);
+    let kernel_signed: u64;
+    // SAFETY: PACIA of a value in a register with the kernel's key (the CPU has PAuth): no memory.
+    unsafe {
+        core::arch::asm!(".inst 0xdac10020", inout("x0") pointer => kernel_signed, in("x1") modifier,
+            options(nomem, nostack, preserves_flags))
+    };
+    let entry = at(unsafe { &user_prog_pac });
+    let first = run(entry, [pointer, modifier, 0]).map_err(|_| super::fail("user PAC program faulted"))?;
+    let second = run(entry, [pointer, modifier, 0]).map_err(|_| super::fail("user PAC program faulted"))?;
+    // Each signed (and authenticated) with a key of its own: neither the kernel's nor each other's.
+    check!(first != 0xbad && second != 0xbad);
+    check!(first != pointer && second != pointer);
+    check!(first != kernel_signed);
+    check!(second != kernel_signed);
+    check!(first != second);
+    // The kernel's own PAC-signed returns still authenticate after the switches (this function
+    // returns through them), and its key still signs as before.
+    let again: u64;
+    // SAFETY: as above.
+    unsafe {
+        core::arch::asm!(".inst 0xdac10020", inout("x0") pointer => again, in("x1") modifier,
+            options(nomem, nostack, preserves_flags))
+    };
+    check_eq!(again, kernel_signed);
     Ok(Verdict::Passed)
 }
 

@@ -12,7 +12,8 @@
 // Contexts that run on SP_EL0 (EL1t, EL0) keep their SP in SP_EL0, saved and restored here.
 // From EL0 (task/user.rs) the frame also holds the user's TPIDR_EL0 (the stack-overflow path uses
 // that register as scratch), x18 is switched to the task's kernel shadow call stack (kept in the
-// per-CPU data by the last return to EL0), and the boundary marker is a final one (kind 0), so
+// per-CPU data by the last return to EL0), the APIA key is switched between the task's and the
+// kernel's where the CPU has PAuth, and the boundary marker is a final one (kind 0), so
 // no unwinder follows the user's x29.
 //
 // The frame ends with an exception-boundary marker record (0, 0, kind = 1, elr, x29) and x29
@@ -118,6 +119,13 @@ exception_entry:
     str     x4, [sp, #{off_tpidr_el0}]
     mrs     x4, tpidr_el1
     ldr     x18, [x4, #{percpu_user_kernel_x18}]
+    // The kernel's APIA key back (user tasks have their own), before any PACIASP runs.
+    ldr     x6, [x4, #{percpu_pauth_keys}]
+    cbz     x6, 3f
+    ldp     x6, x7, [x4, #{percpu_kernel_apia}]
+    msr     S3_0_C2_C1_0, x6                 // APIAKeyLo_EL1
+    msr     S3_0_C2_C1_1, x7                 // APIAKeyHi_EL1
+    isb
 3:  add     x4, sp, #{off_marker}
     stp     xzr, xzr, [x4]
     stp     x5, x2, [x4, #16]
@@ -154,6 +162,12 @@ exception_return:
     msr     tpidr_el0, x0
     mrs     x0, tpidr_el1
     str     x18, [x0, #{percpu_user_kernel_x18}]
+    // The task's own APIA key; ERET synchronises the change.
+    ldr     x1, [x0, #{percpu_pauth_keys}]
+    cbz     x1, 2f
+    ldp     x2, x3, [x0, #{percpu_user_apia}]
+    msr     S3_0_C2_C1_0, x2                 // APIAKeyLo_EL1
+    msr     S3_0_C2_C1_1, x3                 // APIAKeyHi_EL1
 2:  ldp     x0, x1, [sp, #0 * 16]
     RESTORE_X2_TO_X30
     add     sp, sp, #({frame_size} + {gap})
