@@ -9,6 +9,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use super::{Context, Outcome, Test, Verdict, check, check_eq};
 use crate::arch::exception::{self, ExceptionClass, FaultStatus};
+use crate::drivers::timer;
 use crate::probes::{Method, Registers};
 use crate::task::user::{self, ENOSYS, Options, USER_STACK_BASE, USER_STACK_TOP, USER_TEXT, UserFault};
 use crate::task::{self, KillReason, State};
@@ -29,8 +30,9 @@ core::arch::global_asm!(
     r#"
     .section .text.user, "ax"
     .balign 16
-// x0 = TLS value, x1 = rounds: TPIDR_EL0 must survive yields; the counter must advance; an
-// unknown syscall returns -ENOSYS. exit(x0 ^ 1), or exit(0xbad).
+// x0 = TLS value, x1 = rounds, x2 = spin time (counter units): TPIDR_EL0 must survive yields
+// and preemption; the counter must advance; an unknown syscall returns -ENOSYS.
+// exit(x0 ^ 1), or exit(0xbad).
     .global user_prog_tls
 user_prog_tls:
     msr     tpidr_el0, x0
@@ -53,6 +55,16 @@ user_prog_tls:
     svc     #0
     cmp     x0, x21
     b.ls    9f
+    // Spin x2 counter units without yielding: only the tick's IRQ from EL0 switches tasks.
+    mov     x8, #2
+    svc     #0
+    add     x21, x0, x2
+5:  mrs     x9, tpidr_el0
+    cmp     x9, x19
+    b.ne    9f
+    mrs     x10, cntvct_el0
+    cmp     x10, x21
+    b.lo    5b
     mov     x8, #99
     svc     #0
     cmn     x0, #38
@@ -255,9 +267,12 @@ fn user_syscalls_tls_and_yield(_: &Context) -> Outcome {
     let entry = at(unsafe { &user_prog_tls });
     // Two tasks, each with its own TPIDR_EL0, yielding to each other 20 times.
     let magics = [0x1111_2222_3333_4444u64, 0x5555_6666_7777_8888];
+    // Then each spins for 4 ticks without yielding, so the timer IRQ preempts it at EL0.
+    let spin = 4 * timer::frequency() / timer::hz();
+    let ticks_before = timer::ticks();
     let mut ids = [task::TaskId(0); 2];
     for (id, magic) in ids.iter_mut().zip(magics) {
-        *id = user::spawn("user-tls", entry, [magic, 20, 0], Options::DEFAULT)
+        *id = user::spawn("user-tls", entry, [magic, 20, spin], Options::DEFAULT)
             .map_err(|_| super::fail("spawn failed"))?;
     }
     for (id, magic) in ids.into_iter().zip(magics) {
@@ -265,6 +280,7 @@ fn user_syscalls_tls_and_yield(_: &Context) -> Outcome {
         check_eq!(user::exit_code(id).unwrap_or(0), magic ^ 1);
         check!(user::fault(id).is_none());
     }
+    check!(timer::ticks() - ticks_before >= 4);
     Ok(Verdict::Passed)
 }
 
