@@ -101,14 +101,13 @@ fn measure(plan: &Plan, body: u64, iterations: u64, target: u64) -> Option<u64> 
 
 pub fn run(plan: &Plan) {
     let iterations: u64 = if plan.icount { 10_000 } else { 20_000 };
-    // SAFETY: only the addresses of the asm symbols are taken.
-    let address = |symbol: &u32| user::user_address(symbol as *const u32 as u64);
-    let (alone, call) = (address(unsafe { &user_bench_loop_alone }), address(unsafe { &user_bench_loop_call }));
+    let address = |symbol: *const u32| user::user_address(symbol as u64);
+    let (alone, call) = (address(&raw const user_bench_loop_alone), address(&raw const user_bench_loop_call));
     let targets: [(&str, u64, &[Method]); 3] = [
-        ("nop", address(unsafe { &user_bench_target_nop }), &Method::ALL),
-        ("push", address(unsafe { &user_bench_target_push }), &Method::ALL),
+        ("nop", address(&raw const user_bench_target_nop), &Method::ALL),
+        ("push", address(&raw const user_bench_target_push), &Method::ALL),
         // A `ret` cannot run out of line: simulate and detour only.
-        ("ret", address(unsafe { &user_bench_target_ret }), &[Method::Simulate, Method::Detour]),
+        ("ret", address(&raw const user_bench_target_ret), &[Method::Simulate, Method::Detour]),
     ];
     let unit = plan.unit();
     for _ in 0..plan.reps {

@@ -241,8 +241,8 @@ unsafe extern "C" {
 }
 
 /// The user VA of a `.text.user` symbol.
-fn at(symbol: &u32) -> u64 {
-    user::user_address(symbol as *const u32 as u64)
+fn at(symbol: *const u32) -> u64 {
+    user::user_address(symbol as u64)
 }
 
 static HITS: AtomicU64 = AtomicU64::new(0);
@@ -262,9 +262,9 @@ fn run(entry: u64, arguments: [u64; 3]) -> Result<u64, UserFault> {
 
 fn user_syscalls_tls_and_yield(_: &Context) -> Outcome {
     check_eq!(ENOSYS, -38i64 as u64);
-    // SAFETY (for every `at(unsafe { &symbol })` in this file): only the address of an asm
+    // SAFETY (for every `at(&raw const symbol)` in this file): only the address of an asm
     // symbol is taken.
-    let entry = at(unsafe { &user_prog_tls });
+    let entry = at(&raw const user_prog_tls);
     // Two tasks, each with its own TPIDR_EL0, yielding to each other 20 times.
     let magics = [0x1111_2222_3333_4444u64, 0x5555_6666_7777_8888];
     // Then each spins for 4 ticks without yielding, so the timer IRQ preempts it at EL0.
@@ -295,7 +295,7 @@ fn user_tasks_sign_with_their_own_key(_: &Context) -> Outcome {
         core::arch::asm!(".inst 0xdac10020", inout("x0") pointer => kernel_signed, in("x1") modifier,
             options(nomem, nostack, preserves_flags))
     };
-    let entry = at(unsafe { &user_prog_pac });
+    let entry = at(&raw const user_prog_pac);
     let first = run(entry, [pointer, modifier, 0]).map_err(|_| super::fail("user PAC program faulted"))?;
     let second = run(entry, [pointer, modifier, 0]).map_err(|_| super::fail("user PAC program faulted"))?;
     // Each signed (and authenticated) with a key of its own: neither the kernel's nor each other's.
@@ -317,11 +317,11 @@ fn user_tasks_sign_with_their_own_key(_: &Context) -> Outcome {
 }
 
 fn user_faults_kill_the_task(_: &Context) -> Outcome {
-    let entry = at(unsafe { &user_prog_fault });
+    let entry = at(&raw const user_prog_fault);
     let kernel_address = &HITS as *const AtomicU64 as u64;
     // (address, kind, class, fault status, write, pc)
-    let load_pc = at(unsafe { &user_prog_fault_load });
-    let store_pc = at(unsafe { &user_prog_fault_store });
+    let load_pc = at(&raw const user_prog_fault_load);
+    let store_pc = at(&raw const user_prog_fault_store);
     let cases: [(u64, u64, ExceptionClass, bool, u64); 4] = [
         (0x1000, 0, ExceptionClass::DataAbortLowerEl, false, load_pc),
         (kernel_address, 0, ExceptionClass::DataAbortLowerEl, false, load_pc),
@@ -349,15 +349,15 @@ fn user_faults_kill_the_task(_: &Context) -> Outcome {
 /// Targets and the methods that apply to their first instruction.
 fn targets() -> [(&'static str, u64, &'static [Method]); 4] {
     [
-        ("nop", at(unsafe { &user_test_nop }), &Method::ALL),
-        ("push", at(unsafe { &user_test_push }), &Method::ALL),
-        ("ret", at(unsafe { &user_test_ret }), &[Method::Simulate, Method::Detour]),
-        ("mul", at(unsafe { &user_test_mul }), &[Method::SingleStep, Method::BrkStep, Method::Detour]),
+        ("nop", at(&raw const user_test_nop), &Method::ALL),
+        ("push", at(&raw const user_test_push), &Method::ALL),
+        ("ret", at(&raw const user_test_ret), &[Method::Simulate, Method::Detour]),
+        ("mul", at(&raw const user_test_mul), &[Method::SingleStep, Method::BrkStep, Method::Detour]),
     ]
 }
 
 fn uprobe_methods_match_unprobed_run(_: &Context) -> Outcome {
-    let program = at(unsafe { &user_prog_diff });
+    let program = at(&raw const user_prog_diff);
     for (name, target, methods) in targets() {
         for uretprobe in [false, true] {
             // A uretprobe changes the return address the target pushes: leave the stack out.
@@ -395,8 +395,8 @@ fn uprobe_methods_match_unprobed_run(_: &Context) -> Outcome {
 }
 
 fn uprobe_stack_faults_match_unprobed_store(_: &Context) -> Outcome {
-    let program = at(unsafe { &user_prog_stack_fault });
-    let target = at(unsafe { &user_test_push });
+    let program = at(&raw const user_prog_stack_fault);
+    let target = at(&raw const user_test_push);
     // `stp x29, x30, [sp, #-16]!` with SP 16 bytes into the unmapped lowest stack page... so the
     // store lands at USER_STACK_BASE, which is not mapped.
     let sp = USER_STACK_BASE + 16;
@@ -439,8 +439,8 @@ fn inspect_and_change(registers: &mut Registers) {
 }
 
 fn uprobe_handler_sees_registers(_: &Context) -> Outcome {
-    let program = at(unsafe { &user_prog_call });
-    let target = at(unsafe { &user_test_push });
+    let program = at(&raw const user_prog_call);
+    let target = at(&raw const user_test_push);
     for method in Method::ALL {
         *SEEN.lock() = [0; 4];
         check!(uprobes::register(target, method, inspect_and_change, None).is_ok());
@@ -471,9 +471,9 @@ fn record_return(registers: &mut Registers) {
 }
 
 fn uretprobe_recursion_and_nesting(_: &Context) -> Outcome {
-    let program = at(unsafe { &user_prog_call });
-    let recurse = at(unsafe { &user_recurse });
-    let outer = at(unsafe { &user_outer });
+    let program = at(&raw const user_prog_call);
+    let recurse = at(&raw const user_recurse);
+    let outer = at(&raw const user_outer);
     check!(run(program, [outer, 5, 0]) == Ok(115));
     for method in Method::ALL {
         *RETURN_VALUES.lock() = ([0; 8], 0);
@@ -497,20 +497,20 @@ fn uretprobe_recursion_and_nesting(_: &Context) -> Outcome {
 }
 
 fn uprobe_refusals_say_why(_: &Context) -> Outcome {
-    let push = at(unsafe { &user_test_push });
+    let push = at(&raw const user_test_push);
     let kernel = uprobe_refusals_say_why as *const () as u64;
     check!(uprobes::register(kernel, Method::Simulate, count_hit, None) == Err(UprobeError::NotUserText));
     check!(uprobes::register(push + 2, Method::Simulate, count_hit, None) == Err(UprobeError::Misaligned));
     check!(
-        uprobes::register(at(unsafe { &user_test_mul }), Method::Simulate, count_hit, None)
+        uprobes::register(at(&raw const user_test_mul), Method::Simulate, count_hit, None)
             == Err(UprobeError::NotSimulated)
     );
     check!(
-        uprobes::register(at(unsafe { &user_test_ret }), Method::SingleStep, count_hit, None)
+        uprobes::register(at(&raw const user_test_ret), Method::SingleStep, count_hit, None)
             == Err(UprobeError::NeedsOriginalPc)
     );
     check!(matches!(
-        uprobes::register(at(unsafe { &user_test_svc }), Method::BrkStep, count_hit, None),
+        uprobes::register(at(&raw const user_test_svc), Method::BrkStep, count_hit, None),
         Err(UprobeError::Rejected(_))
     ));
     check!(uprobes::register(push, Method::Simulate, count_hit, None).is_ok());

@@ -149,9 +149,9 @@ extern "C" fn exception_el1_sync(frame: &mut ExceptionFrame) {
         if handled {
             return;
         }
-    } else if ec == ExceptionClass::SoftwareStep as u64 && crate::probes::on_software_step(frame) {
-        return;
-    } else if ec == ExceptionClass::DataAbort as u64 && crate::task::user::fixup_user_access(frame) {
+    } else if (ec == ExceptionClass::SoftwareStep as u64 && crate::probes::on_software_step(frame))
+        || (ec == ExceptionClass::DataAbort as u64 && crate::task::user::fixup_user_access(frame))
+    {
         return;
     }
     let class = ExceptionClass::of(frame.esr);
