@@ -2,7 +2,8 @@
 //!
 //! `run=demo|test|panic|fault|hang` (the last three exercise the failure paths), `filter=SUBSTRING` (tests), `hz=N` (tick rate), `exit=semihosting|park`,
 //! `expect-pauth=QARMA5|QARMA3|IMPDEF|none` (what xtask knows the CPU variant has);
-//! benchmarks: `run=bench bench=SUITE,... reps=N clock=cycles|ns icount=0|1`.
+//! benchmarks: `run=bench bench=SUITE,... reps=N clock=cycles|ns icount=0|1`;
+//! function tracing from boot: `ftrace=PATTERN ftrace-scheme=list|call-ops|vector`.
 
 #[derive(Clone, Copy, PartialEq, Eq, defmt::Format)]
 pub enum Run {
@@ -26,6 +27,11 @@ pub struct CommandLine {
     pub bench_clock: crate::bench::Clock,
     /// QEMU runs with `-icount` (xtask says so): instruction-exact time.
     pub icount: bool,
+    /// `ftrace=PATTERN`: the function tracer on every function matching PATTERN from boot to
+    /// the end of the run, then its last records dumped.
+    pub ftrace: Option<&'static str>,
+    /// `ftrace-scheme=list|call-ops|vector`: the dispatch scheme (default call-ops).
+    pub ftrace_scheme: crate::ftrace::Scheme,
 }
 
 impl CommandLine {
@@ -40,6 +46,8 @@ impl CommandLine {
             bench_reps: 1,
             bench_clock: crate::bench::Clock::Cycles,
             icount: false,
+            ftrace: None,
+            ftrace_scheme: crate::ftrace::Scheme::CallOps,
         };
         for word in bootargs.split_whitespace() {
             let (key, value) = word.split_once('=').unwrap_or((word, ""));
@@ -66,6 +74,10 @@ impl CommandLine {
                 ("exit", "semihosting") => line.semihosting = true,
                 ("exit", "park") => line.semihosting = false,
                 ("expect-pauth", name) => line.expect_pauth = Some(name),
+                ("ftrace", pattern) => line.ftrace = Some(pattern),
+                ("ftrace-scheme", "list") => line.ftrace_scheme = crate::ftrace::Scheme::List,
+                ("ftrace-scheme", "call-ops") => line.ftrace_scheme = crate::ftrace::Scheme::CallOps,
+                ("ftrace-scheme", "vector") => line.ftrace_scheme = crate::ftrace::Scheme::Vector,
                 _ if is_for_linux(key) => {}
                 _ => defmt::warn!("cmdline: ignoring unknown argument {=str}", word),
             }

@@ -13,6 +13,7 @@ mod callsites;
 mod cmdline;
 mod drivers;
 mod dt;
+mod ftrace;
 mod log;
 mod mm;
 mod probes;
@@ -63,6 +64,7 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     drivers::timer::start(cmdline.hz);
     probes::init();
     task::user::init();
+    let traceable = ftrace::init();
 
     defmt::info!(
         "tracelab {=str} (variant {=str}, board {=str}, SoC {=str}, model {=str})",
@@ -84,6 +86,12 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     defmt::info!("TBI: kernel (TTBR1) and user (TTBR0) top bytes ignored");
     defmt::info!("Timer: {=u64} Hz counter, {=u64} Hz tick", drivers::timer::frequency(), cmdline.hz);
     defmt::info!("GIC: v{=u8}", drivers::interrupts::gic_version());
+    match traceable {
+        Ok(traceable) => {
+            defmt::info!("ftrace: {=usize} of {=usize} callsites traceable", traceable, callsites::entries().len())
+        }
+        Err(error) => defmt::error!("ftrace: init failed: {}", error),
+    }
     defmt::info!(
         "Memory: RAM {=u64:#x}..{=u64:#x} ({=u64} MiB), shadow {=u64:#x}..{=u64:#x}, free {=u64} MiB, {=usize} page tables",
         layout.ram.base,
@@ -95,10 +103,15 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
         layout.tables_used
     );
     cpu::enable_interrupts();
+    let boot_tracer =
+        cmdline.ftrace.and_then(|pattern| ftrace::tracers::trace_from_boot(pattern, cmdline.ftrace_scheme));
 
     match cmdline.run {
         cmdline::Run::Demo => {
             defmt::info!("demo: nothing else to show yet; `cargo xtask test` runs the kernel tests");
+            if let Some(tracer) = boot_tracer {
+                ftrace::tracers::stop_boot_trace(tracer);
+            }
             exit(ExitStatus::Success)
         }
         cmdline::Run::Bench => {
@@ -123,6 +136,9 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
         }
         cmdline::Run::Test => {
             let summary = tests::run(cmdline.filter, cmdline.expect_pauth, cmdline.icount);
+            if let Some(tracer) = boot_tracer {
+                ftrace::tracers::stop_boot_trace(tracer);
+            }
             exit(if summary.failed == 0 { ExitStatus::Success } else { ExitStatus::TestsFailed })
         }
     }

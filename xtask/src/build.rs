@@ -131,7 +131,11 @@ pub fn kernel(board: Board, variant: BuildVariant) -> Result<KernelImage, Failur
         return Err(Failure { status: 1, message: format!("kernel build failed (variant {})", variant.name()) });
     }
     let elf = target_dir.join(KERNEL_TARGET).join("release/kernel");
-    let data = std::fs::read(&elf).map_err(|error| Failure::usage(format!("{}: {error}", elf.display())))?;
+    let mut data = std::fs::read(&elf).map_err(|error| Failure::usage(format!("{}: {error}", elf.display())))?;
+    // The symbol table goes into the linked image (ELF and raw alike), so cargo's incremental
+    // output is rewritten in place: idempotent, the section is refilled from the symbols.
+    crate::ksyms::embed(&mut data)?;
+    std::fs::write(&elf, &data).map_err(|error| Failure::usage(format!("{}: {error}", elf.display())))?;
     let file = object::File::parse(&*data).map_err(|error| Failure::usage(format!("{}: {error}", elf.display())))?;
     if variant != BuildVariant::Plain {
         check_patchable_entries(&file)?;

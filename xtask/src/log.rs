@@ -69,8 +69,20 @@ impl Symbolizer {
         }
     }
 
-    /// Appends the symbol to a backtrace line.
+    /// Appends the symbol to a backtrace line, or `function <- caller` to a function-tracer
+    /// record (`ftrace #N t=TICKS ip=0x.. parent=0x..`).
     fn annotate(&self, text: &str) -> Option<String> {
+        if let Some(record) = text.strip_prefix("ftrace #") {
+            let field = |name: &str| {
+                let value = record.split_whitespace().find_map(|word| word.strip_prefix(name))?;
+                u64::from_str_radix(value.strip_prefix("0x")?, 16).ok()
+            };
+            let (ip, parent) = (field("ip=")?, field("parent=")?);
+            let function = self.describe_return_address(ip + 4)?;
+            let function = function.split(" (").next().unwrap_or(&function);
+            let caller = self.describe_return_address(parent).unwrap_or_else(|| "?".into());
+            return Some(format!("{text} {function} <- {caller}"));
+        }
         let mut words = text.split_whitespace();
         let label = words.next()?;
         let index = words.next()?;

@@ -7,6 +7,7 @@ mod bench;
 mod bootfiles;
 mod build;
 mod flash;
+mod ksyms;
 mod lint;
 mod log;
 mod qemu;

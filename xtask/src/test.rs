@@ -70,8 +70,15 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
             for &cpu in &cpus {
                 for (el, gic) in [(1, 2), (1, 3), (2, 2), (2, 3)] {
                     let machine = Machine { board: Board::Virt, cpu, el, gic, icount: true, dtb: None };
-                    timed_out |= run_configuration(&machine, variant, &image, args, &mut tally)?;
+                    timed_out |= run_configuration(&machine, variant, &image, args, "", &mut tally)?;
                 }
+            }
+            // The whole suite again with the function tracer on every traceable function, from
+            // boot to the end (ftrace: "tracing `*` does not hang the kernel").
+            if variant != BuildVariant::Plain {
+                let cpu = if cpus.contains(&CpuVariant::MaxQarma3) { CpuVariant::MaxQarma3 } else { cpus[0] };
+                let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 3, icount: true, dtb: None };
+                timed_out |= run_configuration(&machine, variant, &image, args, "ftrace=*", &mut tally)?;
             }
         }
         // QEMU raspi4b: the Pi 4's Cortex-A72, entered at EL2, GIC-400, the Pi 4 device tree.
@@ -85,7 +92,7 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
                 icount: false,
                 dtb: Some(dtb.clone()),
             };
-            timed_out |= run_configuration(&machine, variant, &image, args, &mut tally)?;
+            timed_out |= run_configuration(&machine, variant, &image, args, "", &mut tally)?;
         }
     }
     if args.filter.is_empty() && rpi4_dtb.is_some() {
@@ -268,6 +275,7 @@ fn run_configuration(
     variant: BuildVariant,
     image: &build::KernelImage,
     args: &TestArgs,
+    extra_bootargs: &str,
     tally: &mut Tally,
 ) -> Result<bool, Failure> {
     // Under icount virtual time is instructions and every tick waited for costs its interval in
@@ -278,8 +286,16 @@ fn run_configuration(
     if !args.filter.is_empty() {
         bootargs.push_str(&format!(" filter={}", args.filter));
     }
+    if !extra_bootargs.is_empty() {
+        bootargs.push_str(&format!(" {extra_bootargs}"));
+    }
     let result = qemu::run(machine, image, &bootargs, Some(Duration::from_secs(args.timeout)), false)?;
-    let configuration = format!("{} variant {}", machine.describe(), variant.name());
+    let configuration = format!(
+        "{} variant {}{}{extra_bootargs}",
+        machine.describe(),
+        variant.name(),
+        if extra_bootargs.is_empty() { "" } else { " " }
+    );
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
     let mut running = None;
     let mut done = false;
@@ -323,8 +339,18 @@ fn run_configuration(
     if !done && result.status.is_some() {
         problems.push("no `tests done` line".into());
     }
-    if passed + failed == 0 {
+    if passed + failed + skipped == 0 {
         problems.push("no test ran".into());
+    }
+    // Tracing from boot must have traced something and stopped cleanly at the end.
+    let traced = |line: &crate::log::LogLine| {
+        line.text
+            .strip_prefix("ftrace: ")
+            .and_then(|rest| rest.split_once(" calls recorded"))
+            .is_some_and(|(count, _)| count.parse::<u64>().is_ok_and(|count| count > 0))
+    };
+    if extra_bootargs.contains("ftrace=") && result.status.is_some() && !result.log.iter().any(traced) {
+        problems.push("ftrace= given but no `ftrace: N calls recorded` line with N > 0".into());
     }
     // A run that died counts the test it was in as failed (and the run itself if none was).
     if !problems.is_empty() && (running.is_some() || failed == 0) {

@@ -7,6 +7,7 @@
 
 mod baseline;
 mod depot;
+mod ftrace;
 mod probes;
 mod stacktrace;
 mod uprobes;
@@ -82,6 +83,7 @@ pub const SUITES: &[Suite] = &[
     Suite { name: "stacktrace", run: stacktrace::run },
     Suite { name: "depot", run: depot::run },
     Suite { name: "probes", run: probes::run },
+    Suite { name: "ftrace", run: ftrace::run },
 ];
 
 /// Runs the named suites (comma-separated; empty = all).

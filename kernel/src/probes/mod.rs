@@ -31,6 +31,7 @@ use crate::arch::patch;
 pub use hit::{on_brk, on_software_step, on_step_brk};
 use probes::{Classification, Insn, RejectReason, Simulated, classify, encode_brk};
 pub use probes::{Indexing, Registers};
+pub use refuse::is_noprobe;
 
 /// A handler: sees (and may change) the probed context's registers. `pc` is the probed address
 /// in a pre-handler and the next PC in a post-handler. Changing `pc` or `sp` is not supported.

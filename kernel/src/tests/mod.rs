@@ -6,6 +6,7 @@
 //! file and line. A test that hangs is named by its start line; one that panics by the panic.
 
 mod foundation;
+mod ftrace;
 mod probes;
 mod stacktrace;
 mod user;
@@ -71,7 +72,7 @@ pub fn fail(what: &'static str) -> Failure {
 }
 
 /// Every test, in order.
-const TESTS: &[&[Test]] = &[foundation::TESTS, stacktrace::TESTS, probes::TESTS, user::TESTS];
+const TESTS: &[&[Test]] = &[foundation::TESTS, stacktrace::TESTS, probes::TESTS, ftrace::TESTS, user::TESTS];
 
 /// The probe tests' harness BRKs, dispatched from the synchronous exception handler.
 #[unsafe(link_section = ".text.noprobe")]

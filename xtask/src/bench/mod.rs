@@ -23,6 +23,7 @@ pub const SUITES: &[Suite] = &[
     Suite { name: "stacktrace", default_variant: BuildVariant::Prod },
     Suite { name: "depot", default_variant: BuildVariant::Prod },
     Suite { name: "probes", default_variant: BuildVariant::Prod },
+    Suite { name: "ftrace", default_variant: BuildVariant::Prod },
 ];
 
 fn parse_suite(name: &str) -> Result<&'static Suite, String> {

@@ -29,3 +29,25 @@ pub unsafe fn write_instruction(pc: u64, instruction: u32) {
         );
     }
 }
+
+/// Replaces the 64-bit literal at kernel text address `address` (a callsite's ops pointer) with
+/// one single-copy-atomic store, ordered after every earlier store: a CPU that loads it sees the
+/// old or the new value, never half of each, and whatever was published before it.
+///
+/// # Safety
+/// `address` must be an 8-aligned address in kernel text that holds data, not instructions
+/// that may execute.
+pub unsafe fn write_literal(address: u64, value: u64) {
+    let alias = address - VA_OFFSET + TEXT_ALIAS_OFFSET;
+    // SAFETY: the caller guarantees an aligned literal in kernel text; its alias is mapped
+    // writable. Data reads through the executable mapping see the store (PIPT data caches).
+    unsafe {
+        core::arch::asm!(
+            "dmb ish",
+            "str {value}, [{alias}]",
+            alias = in(reg) alias,
+            value = in(reg) value,
+            options(nostack, preserves_flags),
+        );
+    }
+}

@@ -1,0 +1,139 @@
+//! Suite `ftrace` (seed 002): 100,000 calls to a trivial traced function with R relevant and I
+//! irrelevant counting tracers, for the seed's (R, I) pairs, under each dispatch scheme.
+//!
+//! A relevant tracer traces the target; an irrelevant one traces another function that the
+//! loop never calls. `per_call` is the loop's cost per call (loop + call + tracing, as the
+//! seed's "Total"); `overhead` is `per_call` minus that scheme's (0, 0) figure. Every relevant
+//! counter must have counted every call, or the row is not emitted.
+
+use core::fmt::Write;
+use core::hint::black_box;
+
+use super::{Plan, row};
+use crate::ftrace::{self, Scheme, tracers::Counter};
+
+const CALLS: u64 = 100_000;
+/// The seed's table.
+const PAIRS: [(usize, usize); 13] =
+    [(0, 0), (0, 1), (0, 2), (0, 10), (0, 100), (1, 1), (1, 2), (1, 10), (1, 100), (1, 0), (2, 0), (10, 0), (100, 0)];
+const SCHEMES: [(Scheme, &str); 3] =
+    [(Scheme::List, "list"), (Scheme::CallOps, "call-ops"), (Scheme::Vector, "vector")];
+
+static COUNTERS: [Counter; 101] = [const { Counter::new() }; 101];
+
+/// The traced function: an ordinary Rust function with its patchable entry.
+#[inline(never)]
+fn target(x: u64) -> u64 {
+    x.wrapping_add(1)
+}
+
+/// What the irrelevant tracers trace (never called while measuring).
+#[inline(never)]
+fn elsewhere(x: u64) -> u64 {
+    x.wrapping_sub(1)
+}
+
+#[inline(never)]
+fn call_loop(function: fn(u64) -> u64, calls: u64) -> u64 {
+    let mut value = 0;
+    for _ in 0..calls {
+        value = function(value);
+    }
+    value
+}
+
+fn register(counters: &'static [Counter], function: u64, tracers: &mut [Option<::ftrace::TracerId>]) -> bool {
+    for (counter, slot) in counters.iter().zip(tracers) {
+        counter.reset();
+        match ftrace::register_where(&counter.ops, |entry| entry + 8 == function) {
+            Ok(tracer) => *slot = Some(tracer),
+            Err(error) => {
+                defmt::error!("bench ftrace: register: {}", error);
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// One (scheme, R, I) measurement; `None` if a tracer could not be set up or miscounted.
+fn measure(plan: &Plan, relevant: usize, irrelevant: usize) -> Option<u64> {
+    let (target_address, elsewhere_address) = (target as *const () as u64, elsewhere as *const () as u64);
+    let mut tracers = [None; 101];
+    let (relevant_counters, others) = COUNTERS.split_at(relevant);
+    let ok = register(relevant_counters, target_address, &mut tracers[..relevant])
+        && register(&others[..irrelevant], elsewhere_address, &mut tracers[relevant..relevant + irrelevant]);
+    let function = black_box(target as fn(u64) -> u64);
+    let cost = ok.then(|| {
+        plan.measure(|| {
+            black_box(call_loop(function, CALLS));
+        })
+    });
+    for tracer in tracers.into_iter().flatten() {
+        if let Err(error) = ftrace::unregister(tracer) {
+            defmt::error!("bench ftrace: unregister: {}", error);
+        }
+    }
+    let counted = COUNTERS[..relevant + irrelevant].iter().map(Counter::hits);
+    let expected = (0..relevant + irrelevant).map(|index| if index < relevant { CALLS } else { 0 });
+    if !counted.eq(expected) {
+        defmt::error!(
+            "bench ftrace: R={=usize} I={=usize}: counters disagree with the calls made",
+            relevant,
+            irrelevant
+        );
+        return None;
+    }
+    cost
+}
+
+pub fn run(plan: &Plan) {
+    if crate::callsites::entries().is_empty() {
+        defmt::error!("bench ftrace: this build has no patchable entries (variant plain)");
+        return;
+    }
+    let unit = plan.unit();
+    for _ in 0..plan.reps {
+        for (scheme, name) in SCHEMES {
+            if let Err(error) = ftrace::set_scheme(scheme) {
+                defmt::error!("bench ftrace: scheme {=str}: {}", name, error);
+                continue;
+            }
+            let mut baseline = None;
+            for (relevant, irrelevant) in PAIRS {
+                let Some(cost) = measure(plan, relevant, irrelevant) else { continue };
+                let per_call = cost as f64 / CALLS as f64;
+                let base = *baseline.get_or_insert(per_call);
+                let mut params = Params::default();
+                let _ = write!(params, "relevant={relevant},irrelevant={irrelevant}");
+                row("ftrace", name, params.as_str(), "per_call", unit, per_call);
+                row("ftrace", name, params.as_str(), "overhead", unit, per_call - base);
+            }
+        }
+    }
+    if let Err(error) = ftrace::set_scheme(Scheme::CallOps) {
+        defmt::error!("bench ftrace: scheme call-ops: {}", error);
+    }
+}
+
+/// A row's params, formatted on the stack.
+#[derive(Default)]
+struct Params {
+    bytes: [u8; 32],
+    length: usize,
+}
+
+impl Params {
+    fn as_str(&self) -> &str {
+        core::str::from_utf8(&self.bytes[..self.length]).unwrap_or("?")
+    }
+}
+
+impl Write for Params {
+    fn write_str(&mut self, text: &str) -> core::fmt::Result {
+        let end = self.length + text.len();
+        self.bytes.get_mut(self.length..end).ok_or(core::fmt::Error)?.copy_from_slice(text.as_bytes());
+        self.length = end;
+        Ok(())
+    }
+}

@@ -1,0 +1,152 @@
+//! The tracers: a counting tracer (the bench's relevant tracer) and a function tracer that
+//! records `(timestamp, ip, parent ip)` into a ring buffer for xtask to symbolize.
+//!
+//! Both run inside the trampoline with IRQs masked and the CPU's recursion guard held, so a
+//! per-CPU counter or ring slot needs no atomic read-modify-write: only this CPU writes it.
+
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use super::trampoline::{Ops, Regs};
+use crate::task::stacks::CPUS;
+
+/// Counts its calls per CPU. Its `ops` is what gets registered.
+#[repr(C)]
+pub struct Counter {
+    pub ops: Ops,
+    hits: [AtomicU64; CPUS],
+}
+
+impl Counter {
+    pub const fn new() -> Self {
+        Self { ops: Ops { func: count, private: 0 }, hits: [const { AtomicU64::new(0) }; CPUS] }
+    }
+
+    /// Calls so far, all CPUs.
+    pub fn hits(&self) -> u64 {
+        self.hits.iter().map(|hits| hits.load(Ordering::Relaxed)).sum()
+    }
+
+    pub fn reset(&self) {
+        self.hits.iter().for_each(|hits| hits.store(0, Ordering::Relaxed));
+    }
+}
+
+#[sanitize(kernel_hwaddress = "off")]
+unsafe extern "C" fn count(_: u64, _: u64, ops: &Ops, _: &mut Regs) {
+    // SAFETY: `count` is only ever the `func` of a `Counter`'s `ops`, its first field
+    // (`repr(C)`), so the ops address is the counter's.
+    let counter = unsafe { &*(ops as *const Ops as *const Counter) };
+    let hits = &counter.hits[0];
+    // Only this CPU writes its counter, with IRQs masked: a load and a store are enough.
+    hits.store(hits.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+}
+
+/// One function-tracer record.
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct Record {
+    /// CNTVCT_EL0 at the call.
+    pub timestamp: u64,
+    pub ip: u64,
+    pub parent_ip: u64,
+}
+
+const RING: usize = 4096;
+
+/// The function tracer: a ring of the last `RING` calls (per CPU; one CPU here).
+pub struct FunctionTracer {
+    pub ops: Ops,
+    ring: core::cell::UnsafeCell<[Record; RING]>,
+    /// Records written so far (the next slot is `written % RING`).
+    written: AtomicU64,
+}
+
+// SAFETY: the ring is written only by `record`, on one CPU with IRQs masked and the recursion
+// guard held, and read by `last` after the tracer is unregistered (no writer left).
+unsafe impl Sync for FunctionTracer {}
+
+pub static FUNCTION_TRACER: FunctionTracer = FunctionTracer {
+    ops: Ops { func: record, private: 0 },
+    ring: core::cell::UnsafeCell::new([Record { timestamp: 0, ip: 0, parent_ip: 0 }; RING]),
+    written: AtomicU64::new(0),
+};
+
+#[sanitize(kernel_hwaddress = "off")]
+unsafe extern "C" fn record(ip: u64, parent_ip: u64, _: &Ops, _: &mut Regs) {
+    let tracer = &FUNCTION_TRACER;
+    let written = tracer.written.load(Ordering::Relaxed);
+    let timestamp: u64;
+    // SAFETY: reads the virtual counter; no memory access.
+    unsafe { core::arch::asm!("mrs {}, cntvct_el0", out(reg) timestamp, options(nomem, nostack, preserves_flags)) };
+    // SAFETY: see the `Sync` impl: this CPU is the only writer and cannot be interrupted here.
+    unsafe { (*tracer.ring.get())[written as usize % RING] = Record { timestamp, ip, parent_ip } };
+    tracer.written.store(written + 1, Ordering::Release);
+}
+
+impl FunctionTracer {
+    /// Records written since the last `clear`.
+    pub fn written(&self) -> u64 {
+        self.written.load(Ordering::Acquire)
+    }
+
+    pub fn clear(&self) {
+        self.written.store(0, Ordering::Release);
+    }
+
+    /// The `i`-th of the records still in the ring, oldest first (call with the tracer off).
+    pub fn get(&self, index: u64) -> Option<Record> {
+        let written = self.written();
+        let kept = written.min(RING as u64);
+        (index < kept).then(|| {
+            // SAFETY: the caller unregistered the tracer, so nothing writes the ring.
+            unsafe { (*self.ring.get())[((written - kept + index) % RING as u64) as usize] }
+        })
+    }
+
+    /// Prints the last `count` records as `ftrace #N t=TICKS ip=0x.. parent=0x..` lines, which
+    /// xtask symbolizes (`function <- caller`).
+    pub fn dump(&self, count: u64) {
+        let kept = self.written().min(RING as u64);
+        defmt::info!("ftrace: {=u64} calls recorded, last {=u64}:", self.written(), count.min(kept));
+        for index in kept.saturating_sub(count)..kept {
+            if let Some(record) = self.get(index) {
+                defmt::info!(
+                    "ftrace #{=u64} t={=u64} ip={=u64:#x} parent={=u64:#x}",
+                    index,
+                    record.timestamp,
+                    record.ip,
+                    record.parent_ip
+                );
+            }
+        }
+    }
+}
+
+/// `ftrace=PATTERN`: the function tracer on PATTERN under `scheme`, from now to
+/// `stop_boot_trace`. Errors are reported and tracing stays off.
+pub fn trace_from_boot(pattern: &str, scheme: super::Scheme) -> Option<ftrace::TracerId> {
+    if let Err(error) = super::set_scheme(scheme) {
+        defmt::error!("ftrace: scheme: {}", error);
+        return None;
+    }
+    FUNCTION_TRACER.clear();
+    match super::register(&FUNCTION_TRACER.ops, pattern) {
+        Ok(tracer) => {
+            defmt::info!("ftrace: function tracer on {=str}", pattern);
+            Some(tracer)
+        }
+        Err(error) => {
+            defmt::error!("ftrace: cannot trace {=str}: {}", pattern, error);
+            None
+        }
+    }
+}
+
+/// Stops the boot tracer and dumps its last records.
+pub fn stop_boot_trace(tracer: ftrace::TracerId) {
+    match super::unregister(tracer) {
+        Ok(_) => FUNCTION_TRACER.dump(16),
+        Err(error) => defmt::error!("ftrace: cannot stop the boot tracer: {}", error),
+    }
+    defmt::info!("ftrace: {=u64} recursive calls skipped by the guard", super::recursions());
+}

@@ -1,0 +1,98 @@
+//! The kernel's embedded symbol table, derived from the ELF after linking.
+//!
+//! ftrace filters tracers by function name (`register("kernel::tests::*")`), so the kernel needs
+//! names for its callsites at run time. The linker script reserves a `.ksyms` section (zeros);
+//! after the build xtask writes every function symbol into it, demangled without the hash,
+//! sorted by address. Addresses do not move: the table is written into the linked image, not
+//! linked into it. Layout (little-endian), read by `kernel/src/ftrace/symbols.rs`:
+//!
+//! ```text
+//! 0   magic  u32 = "KSYM"
+//! 4   count  u32
+//! 8   count x { address u64, name_offset u32, name_length u32 }   sorted by address
+//! ..  names (UTF-8, no terminators); name_offset counts from the start of the section
+//! ```
+
+use crate::Failure;
+use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
+
+pub const MAGIC: u32 = u32::from_le_bytes(*b"KSYM");
+const HEADER: usize = 8;
+const ENTRY: usize = 16;
+
+/// Fills the `.ksyms` section of the ELF image `elf` in place.
+pub fn embed(elf: &mut [u8]) -> Result<usize, Failure> {
+    let (range, table) = {
+        let file = object::File::parse(&*elf).map_err(|error| Failure::usage(format!("kernel ELF: {error}")))?;
+        let section = file
+            .section_by_name(".ksyms")
+            .ok_or_else(|| Failure { status: 1, message: "kernel ELF has no .ksyms section".into() })?;
+        let (offset, size) = section
+            .file_range()
+            .ok_or_else(|| Failure { status: 1, message: ".ksyms has no file contents (NOBITS)".into() })?;
+        let mut functions: Vec<(u64, String)> = file
+            .symbols()
+            .filter(|symbol| symbol.kind() == SymbolKind::Text && symbol.is_definition())
+            .filter_map(|symbol| Some((symbol.address(), symbol.name().ok()?)))
+            .map(|(address, name)| (address, format!("{:#}", rustc_demangle::demangle(name))))
+            .collect();
+        functions.sort();
+        functions.dedup_by_key(|(address, _)| *address);
+        (offset as usize..(offset + size) as usize, serialize(&functions))
+    };
+    let section = &mut elf[range];
+    if table.len() > section.len() {
+        return Err(Failure {
+            status: 1,
+            message: format!(
+                "symbol table needs {} bytes, .ksyms holds {}: grow it in kernel.ld",
+                table.len(),
+                section.len()
+            ),
+        });
+    }
+    section[..table.len()].copy_from_slice(&table);
+    section[table.len()..].fill(0);
+    Ok(table.len())
+}
+
+fn serialize(functions: &[(u64, String)]) -> Vec<u8> {
+    let names_start = HEADER + ENTRY * functions.len();
+    let mut table = Vec::with_capacity(names_start + functions.iter().map(|(_, name)| name.len()).sum::<usize>());
+    table.extend_from_slice(&MAGIC.to_le_bytes());
+    table.extend_from_slice(&(functions.len() as u32).to_le_bytes());
+    let mut name_offset = names_start;
+    for (address, name) in functions {
+        table.extend_from_slice(&address.to_le_bytes());
+        table.extend_from_slice(&(name_offset as u32).to_le_bytes());
+        table.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        name_offset += name.len();
+    }
+    for (_, name) in functions {
+        table.extend_from_slice(name.as_bytes());
+    }
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read_u32(table: &[u8], at: usize) -> u32 {
+        u32::from_le_bytes(table[at..at + 4].try_into().unwrap())
+    }
+
+    #[test]
+    fn layout_matches_the_kernel_reader() {
+        let functions = [(0x1000, "a::b".to_string()), (0x2000, "c".to_string())];
+        let table = serialize(&functions);
+        assert_eq!(read_u32(&table, 0), MAGIC);
+        assert_eq!(read_u32(&table, 4), 2);
+        assert_eq!(u64::from_le_bytes(table[8..16].try_into().unwrap()), 0x1000);
+        let (offset, length) = (read_u32(&table, 16) as usize, read_u32(&table, 20) as usize);
+        assert_eq!(&table[offset..offset + length], b"a::b");
+        let (offset, length) = (read_u32(&table, 32) as usize, read_u32(&table, 36) as usize);
+        assert_eq!(&table[offset..offset + length], b"c");
+        assert_eq!(table.len(), HEADER + 2 * ENTRY + 5);
+    }
+}
