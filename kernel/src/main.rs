@@ -22,6 +22,7 @@ mod probes;
 mod stacktrace;
 mod task;
 mod tests;
+mod uprobes;
 
 use arch::{cpu, mmu::VA_OFFSET};
 use core::sync::atomic::{AtomicBool, Ordering};
@@ -66,6 +67,7 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     drivers::interrupts::init(layout.gic, platform.virtual_timer_intid);
     drivers::timer::start(cmdline.hz);
     probes::init();
+    task::user::init();
     let traceable = ftrace::init();
 
     defmt::info!(

@@ -12,6 +12,7 @@ mod kasan_boot;
 mod kretprobes;
 mod probes;
 mod stacktrace;
+mod uprobes;
 
 use crate::arch::{counters, cpu};
 

@@ -121,6 +121,7 @@ pub fn run(plan: &Plan) {
         }
     }
     super::kretprobes::run(plan);
+    super::uprobes::run(plan);
 }
 
 /// `prefix` + `suffix` in a small stack buffer (no allocator in the kernel yet).

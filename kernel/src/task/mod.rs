@@ -8,6 +8,7 @@
 //! The scheduler state is only touched with IRQs masked on this (single) CPU.
 
 pub mod stacks;
+pub mod user;
 
 use crate::arch::cpu;
 use core::sync::atomic::{AtomicBool, Ordering};
@@ -29,6 +30,8 @@ pub struct Context {
 pub enum KillReason {
     StackOverflow,
     ShadowStackOverflow,
+    /// An EL0 task's fault (reported by task/user.rs, which keeps its ESR, FAR and PC).
+    UserFault,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, defmt::Format)]
@@ -151,6 +154,7 @@ fn schedule() {
         return;
     }
     scheduler.current = next;
+    user::switch_address_space(next);
     let prev_context = core::ptr::addr_of_mut!(scheduler.tasks[current].context);
     let next_context = core::ptr::addr_of!(scheduler.tasks[next].context);
     // SAFETY: both contexts live in the static scheduler; next was saved by switch_to or built by

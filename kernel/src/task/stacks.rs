@@ -97,6 +97,15 @@ pub struct PerCpu {
     pub irq_frame: AtomicPtr<ExceptionFrame>,
     /// IRQs handled, for tests.
     pub irqs: AtomicU64,
+    /// The running user task's kernel shadow-call-stack pointer: written by every return to EL0,
+    /// loaded into x18 by every entry from EL0 (vectors.S).
+    pub user_kernel_x18: AtomicU64,
+    /// 1 when user tasks run with their own APIA key (FEAT_PAuth): vectors.S then loads
+    /// `user_apia` on every return to EL0 and `kernel_apia` on every entry from EL0.
+    pub pauth_keys: AtomicU64,
+    pub kernel_apia: [AtomicU64; 2],
+    /// The running user task's APIA key (set when the scheduler switches to it).
+    pub user_apia: [AtomicU64; 2],
 }
 
 static PER_CPU: [PerCpu; CPUS] = [const {
@@ -107,6 +116,10 @@ static PER_CPU: [PerCpu; CPUS] = [const {
         overflow_shadow_stack: AtomicU64::new(0),
         irq_frame: AtomicPtr::new(core::ptr::null_mut()),
         irqs: AtomicU64::new(0),
+        user_kernel_x18: AtomicU64::new(0),
+        pauth_keys: AtomicU64::new(0),
+        kernel_apia: [const { AtomicU64::new(0) }; 2],
+        user_apia: [const { AtomicU64::new(0) }; 2],
     }
 }; CPUS];
 

@@ -11,6 +11,7 @@ mod kasan;
 mod kretprobe;
 mod probes;
 mod stacktrace;
+mod user;
 
 use core::sync::atomic::{AtomicPtr, Ordering};
 
@@ -74,7 +75,7 @@ pub fn fail(what: &'static str) -> Failure {
 
 /// Every test, in order.
 const TESTS: &[&[Test]] =
-    &[foundation::TESTS, stacktrace::TESTS, probes::TESTS, ftrace::TESTS, kretprobe::TESTS, kasan::TESTS];
+    &[foundation::TESTS, stacktrace::TESTS, probes::TESTS, ftrace::TESTS, kretprobe::TESTS, kasan::TESTS, user::TESTS];
 
 /// The probe tests' harness BRKs, dispatched from the synchronous exception handler.
 #[unsafe(link_section = ".text.noprobe")]

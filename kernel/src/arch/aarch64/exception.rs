@@ -16,7 +16,8 @@ pub struct ExceptionFrame {
     /// Exception-boundary frame record for unwinders: {0, 0, kind, elr, interrupted x29}.
     /// x29 points here while the handler runs.
     pub boundary: [u64; 5],
-    _pad: u64,
+    /// The user's TPIDR_EL0 in a frame from EL0 (unused otherwise).
+    pub tpidr_el0: u64,
 }
 
 /// BRK immediates the kernel owns (ESR_ELx.ISS[15:0] of a BRK). Linux's kprobes use 0x004-0x006
@@ -148,7 +149,9 @@ extern "C" fn exception_el1_sync(frame: &mut ExceptionFrame) {
         if handled {
             return;
         }
-    } else if ec == ExceptionClass::SoftwareStep as u64 && crate::probes::on_software_step(frame) {
+    } else if (ec == ExceptionClass::SoftwareStep as u64 && crate::probes::on_software_step(frame))
+        || (ec == ExceptionClass::DataAbort as u64 && crate::task::user::fixup_user_access(frame))
+    {
         return;
     }
     let class = ExceptionClass::of(frame.esr);

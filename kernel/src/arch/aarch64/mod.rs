@@ -54,6 +54,11 @@ core::arch::global_asm!(
     off_elr = const core::mem::offset_of!(exception::ExceptionFrame, elr),
     off_esr = const core::mem::offset_of!(exception::ExceptionFrame, esr),
     off_marker = const core::mem::offset_of!(exception::ExceptionFrame, boundary),
+    off_tpidr_el0 = const core::mem::offset_of!(exception::ExceptionFrame, tpidr_el0),
+    percpu_user_kernel_x18 = const core::mem::offset_of!(crate::task::stacks::PerCpu, user_kernel_x18),
+    percpu_pauth_keys = const core::mem::offset_of!(crate::task::stacks::PerCpu, pauth_keys),
+    percpu_kernel_apia = const core::mem::offset_of!(crate::task::stacks::PerCpu, kernel_apia),
+    percpu_user_apia = const core::mem::offset_of!(crate::task::stacks::PerCpu, user_apia),
     marker_exception = const exception::BOUNDARY_KIND_EXCEPTION,
 );
 

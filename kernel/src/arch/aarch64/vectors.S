@@ -10,6 +10,11 @@
 // On return the context resumes on the frame's `sp`, which such an emulation may have moved:
 // x0/x1 are stashed just below the resume SP (inside the gap) and reloaded after SP is switched.
 // Contexts that run on SP_EL0 (EL1t, EL0) keep their SP in SP_EL0, saved and restored here.
+// From EL0 (task/user.rs) the frame also holds the user's TPIDR_EL0 (the stack-overflow path uses
+// that register as scratch), x18 is switched to the task's kernel shadow call stack (kept in the
+// per-CPU data by the last return to EL0), the APIA key is switched between the task's and the
+// kernel's where the CPU has PAuth, and the boundary marker is a final one (kind 0), so
+// no unwinder follows the user's x29.
 //
 // The frame ends with an exception-boundary marker record (0, 0, kind = 1, elr, x29) and x29
 // points at it while the handler runs, so a frame-pointer walk continues in the interrupted
@@ -65,9 +70,9 @@ exception_vectors:
     VECTOR  call_irq_on_irq_stack
     VECTOR  exception_unexpected
     VECTOR  exception_unexpected
-    // Lower EL, AArch64 (EL0 tasks arrive with a later issue).
-    VECTOR  exception_unexpected
-    VECTOR  exception_unexpected
+    // Lower EL, AArch64: EL0 tasks (task/user.rs).
+    VECTOR  exception_el0_sync
+    VECTOR  call_irq_on_irq_stack
     VECTOR  exception_unexpected
     VECTOR  exception_unexpected
     // Lower EL, AArch32: never.
@@ -104,10 +109,25 @@ exception_entry:
     mrs     x4, esr_el1
     mrs     x5, far_el1
     stp     x4, x5, [sp, #{off_esr}]
-    // Boundary marker: (fp = 0, lr = 0, kind = exception, pc = elr, fp = interrupted x29).
-    add     x4, sp, #{off_marker}
-    stp     xzr, xzr, [x4]
+    // Boundary marker: (fp = 0, lr = 0, kind = exception, pc = elr, fp = interrupted x29); from
+    // EL0 (SPSR.M[3:0] = 0) kind = 0 and the kernel's x18 and the user's TPIDR_EL0 are switched.
     mov     x5, #{marker_exception}
+    tst     x3, #0xf
+    b.ne    3f
+    mov     x5, xzr
+    mrs     x4, tpidr_el0
+    str     x4, [sp, #{off_tpidr_el0}]
+    mrs     x4, tpidr_el1
+    ldr     x18, [x4, #{percpu_user_kernel_x18}]
+    // The kernel's APIA key back (user tasks have their own), before any PACIASP runs.
+    ldr     x6, [x4, #{percpu_pauth_keys}]
+    cbz     x6, 3f
+    ldp     x6, x7, [x4, #{percpu_kernel_apia}]
+    msr     S3_0_C2_C1_0, x6                 // APIAKeyLo_EL1
+    msr     S3_0_C2_C1_1, x7                 // APIAKeyHi_EL1
+    isb
+3:  add     x4, sp, #{off_marker}
+    stp     xzr, xzr, [x4]
     stp     x5, x2, [x4, #16]
     str     x29, [x4, #32]
     mov     x29, x4
@@ -126,15 +146,29 @@ exception_entry:
 .endif
     blr     x1
     // fall through
+.global exception_return
 exception_return:
     ldp     x0, x1, [sp, #{off_elr}]
     msr     elr_el1, x0
     msr     spsr_el1, x1
     ldr     x0, [sp, #{off_sp}]              // the SP to resume with
     tbnz    x1, #0, 1f
-    // SP_EL0 context: SP_EL1 just drops the frame.
+    // SP_EL0 context: SP_EL1 just drops the frame. To EL0: the user's TPIDR_EL0 back, and the
+    // kernel's x18 kept for the next entry from EL0.
     msr     sp_el0, x0
-    ldp     x0, x1, [sp, #0 * 16]
+    tst     x1, #0xf
+    b.ne    2f
+    ldr     x0, [sp, #{off_tpidr_el0}]
+    msr     tpidr_el0, x0
+    mrs     x0, tpidr_el1
+    str     x18, [x0, #{percpu_user_kernel_x18}]
+    // The task's own APIA key; ERET synchronises the change.
+    ldr     x1, [x0, #{percpu_pauth_keys}]
+    cbz     x1, 2f
+    ldp     x2, x3, [x0, #{percpu_user_apia}]
+    msr     S3_0_C2_C1_0, x2                 // APIAKeyLo_EL1
+    msr     S3_0_C2_C1_1, x3                 // APIAKeyHi_EL1
+2:  ldp     x0, x1, [sp, #0 * 16]
     RESTORE_X2_TO_X30
     add     sp, sp, #({frame_size} + {gap})
     eret
