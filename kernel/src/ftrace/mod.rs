@@ -70,6 +70,7 @@ const NO_TRACE: &[&str] = &[
     "*kernel::arch::aarch64::exception::*",
     "*kernel::arch::aarch64::patch::*",
     "*kernel::probes::*",
+    "*kernel::uprobes::*",
     "probes::*",
     "<probes::*",
     "*kernel::panic*",

@@ -70,6 +70,9 @@ pub enum ProbeError {
     Misaligned,
     /// The address is not in kernel text.
     NotKernelText,
+    /// The address is EL0 code (`.text.user`): a kernel probe's BRK would trap from EL0 as a
+    /// user fault; probe it with `uprobes`.
+    UserText,
     /// A probe is already registered at this address.
     AlreadyRegistered,
     /// No probe is registered at this address (e.g. unregistering twice).
@@ -108,6 +111,7 @@ impl ProbeError {
             Self::Rejected(reason) => reason.as_str(),
             Self::Misaligned => "address is not 4-byte aligned",
             Self::NotKernelText => "address is not kernel text",
+            Self::UserText => "address is EL0 code (.text.user): use uprobes",
             Self::AlreadyRegistered => "a probe is already registered at this address",
             Self::NotRegistered => "no probe is registered at this address",
             Self::InsideExclusiveSequence => "inside an LDXR/STXR sequence (the trap clears the exclusive monitor)",

@@ -34,6 +34,10 @@ pub fn check_address(address: u64) -> Result<(), ProbeError> {
     if !(start..end).contains(&address) {
         return Err(ProbeError::NotKernelText);
     }
+    let (user_start, user_length) = crate::task::user::user_text();
+    if (user_start..user_start + user_length).contains(&address) {
+        return Err(ProbeError::UserText);
+    }
     if is_noprobe(address) {
         return Err(ProbeError::NoProbe(
             "no-probe text: boot code, exception vectors and handlers, the probe hit path and slots, logging or the sanitizer runtime",

@@ -692,6 +692,9 @@ fn probe_refusals_say_why(_: &Context) -> Outcome {
     // Not text, misaligned.
     static NOT_TEXT: u32 = 0;
     check!(refusal(&NOT_TEXT as *const u32 as u64, Method::Simulate, None) == Err(ProbeError::NotKernelText));
+    // EL0 code inside the kernel image: uprobes' business.
+    let (user_text, _) = crate::task::user::user_text();
+    check!(refusal(user_text, Method::Simulate, None) == Err(ProbeError::UserText));
     check!(refusal(at + 2, Method::Simulate, None) == Err(ProbeError::Misaligned));
     // Method-specific refusals.
     check!(refusal_of(0x1400_0010, Method::SingleStep) == Err(ProbeError::NeedsOriginalPc)); // b
