@@ -114,7 +114,11 @@ pub fn kernel_rustflags(variant: BuildVariant) -> Vec<String> {
 /// Builds the kernel for `board` in `variant`, checks its patchable entries, writes a raw image.
 pub fn kernel(board: Board, variant: BuildVariant) -> Result<KernelImage, Failure> {
     let root = workspace_root();
-    let target_dir = root.join("target/kernel").join(board.name()).join(variant.name());
+    // One target directory per build variant, shared by both boards: core, alloc and every
+    // dependency are built once per variant (they do not depend on the board feature), only the
+    // kernel crate twice. Each board's artifacts are copied to their own directory.
+    let target_dir = root.join("target/kernel").join(variant.name());
+    let artifact_dir = root.join("target/kernel").join(board.name()).join(variant.name());
     let flags = kernel_rustflags(variant);
     eprintln!("xtask: building kernel ({}, variant {})", board.name(), variant.name());
     let status = Command::new(env!("CARGO"))
@@ -124,6 +128,8 @@ pub fn kernel(board: Board, variant: BuildVariant) -> Result<KernelImage, Failur
         .args(["--no-default-features", "--features", board.feature()])
         .arg("--target-dir")
         .arg(&target_dir)
+        .args(["-Zunstable-options", "--artifact-dir"])
+        .arg(&artifact_dir)
         .env_remove("RUSTFLAGS")
         .env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"))
         .env("TRACELAB_VARIANT", variant.name())
@@ -133,10 +139,10 @@ pub fn kernel(board: Board, variant: BuildVariant) -> Result<KernelImage, Failur
     if !status.success() {
         return Err(Failure { status: 1, message: format!("kernel build failed (variant {})", variant.name()) });
     }
-    let elf = target_dir.join(KERNEL_TARGET).join("release/kernel");
+    let elf = artifact_dir.join("kernel");
     let mut data = std::fs::read(&elf).map_err(|error| Failure::usage(format!("{}: {error}", elf.display())))?;
-    // The symbol table goes into the linked image (ELF and raw alike), so cargo's incremental
-    // output is rewritten in place: idempotent, the section is refilled from the symbols.
+    // The symbol table goes into the linked image (ELF and raw alike): the artifact copy is
+    // rewritten in place (idempotent: the section is refilled from the symbols).
     crate::ksyms::embed(&mut data)?;
     std::fs::write(&elf, &data).map_err(|error| Failure::usage(format!("{}: {error}", elf.display())))?;
     let file = object::File::parse(&*data).map_err(|error| Failure::usage(format!("{}: {error}", elf.display())))?;
