@@ -1,11 +1,11 @@
 //! The depot: bucket chains over caller-provided pools, lookup and insertion.
 
-use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
-use spin::Once;
 use spin::mutex::SpinMutex;
 
 use crate::MAX_FRAMES;
+use crate::access::{increment, load_acquire_pointer, load_acquire_u32, load_relaxed_usize, pool_words};
 use crate::handle::{DepotHandle, MAX_POOL_BYTES, MAX_POOLS, RECORD_ALIGN};
 use crate::hash::hash_frames;
 use crate::reclaim::ReadGate;
@@ -41,11 +41,11 @@ pub struct DepotStats {
     pub records: usize,
     /// Pool bytes carved into records so far (evicted records are reused, not returned).
     pub bytes: usize,
-    /// Saves attempted.
+    /// Saves attempted (past the argument checks): `hits + misses`.
     pub lookups: u64,
     /// Saves that found their trace.
     pub hits: u64,
-    /// Saves that did not (new record, or failure): `hits + misses == lookups`.
+    /// Saves that did not (new record, or failure): see `lookups`.
     pub misses: u64,
     /// Records compared because their hash matched but whose frames differed.
     pub collisions: u64,
@@ -67,11 +67,19 @@ struct State {
     free: u32,
 }
 
+/// A pool as the hit path reads it: its length, then its base, stored once
+/// (by `add_pool`, under the lock); a null base means "not added yet". Plain
+/// atomics rather than a `spin::Once`, whose `get` the uninstrumented hit
+/// path could not inline (see `access.rs`).
+struct PoolSlot {
+    base: AtomicPtr<AtomicU64>,
+    words: AtomicUsize,
+}
+
 #[derive(Default)]
 struct Counters {
     records: AtomicUsize,
     bytes: AtomicUsize,
-    lookups: AtomicU64,
     hits: AtomicU64,
     misses: AtomicU64,
     collisions: AtomicU64,
@@ -84,7 +92,7 @@ struct Counters {
 /// that can be added. Usable in a `static`: everything is const-initialized.
 pub struct StackDepot<const BUCKETS: usize, const POOLS: usize> {
     buckets: [AtomicU32; BUCKETS],
-    pools: [Once<&'static [AtomicU64]>; POOLS],
+    pools: [PoolSlot; POOLS],
     evictable: bool,
     gate: ReadGate,
     /// Lock-free stack of records whose count reached 0 (raw handles).
@@ -100,7 +108,8 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
         let () = Self::VALID;
         Self {
             buckets: [const { AtomicU32::new(0) }; BUCKETS],
-            pools: [const { Once::new() }; POOLS],
+            pools: [const { PoolSlot { base: AtomicPtr::new(core::ptr::null_mut()), words: AtomicUsize::new(0) } };
+                POOLS],
             evictable,
             gate: ReadGate::new(),
             dying: AtomicU32::new(0),
@@ -115,7 +124,6 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
             counters: Counters {
                 records: AtomicUsize::new(0),
                 bytes: AtomicUsize::new(0),
-                lookups: AtomicU64::new(0),
                 hits: AtomicU64::new(0),
                 misses: AtomicU64::new(0),
                 collisions: AtomicU64::new(0),
@@ -164,7 +172,10 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
         // the bytes for the rest of the program: the shared, interior-mutable
         // view we make is the only one.
         let words = unsafe { core::slice::from_raw_parts(bytes.as_mut_ptr().cast::<AtomicU64>(), usable / 8) };
-        self.pools[index].call_once(|| words);
+        let slot = &self.pools[index];
+        slot.words.store(words.len(), Ordering::Relaxed);
+        // Publish: a reader that sees the base sees the length.
+        slot.base.store(words.as_ptr().cast_mut(), Ordering::Release);
         state.pools_added = index + 1;
         Ok(())
     }
@@ -174,25 +185,35 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
     /// callers that may interrupt a lock holder (IRQ context) use
     /// [`try_save`](Self::try_save) instead. With eviction, the handle holds
     /// one reference.
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    #[inline]
     pub fn save(&self, frames: &[u64]) -> Result<DepotHandle, DepotError> {
         self.save_with(frames, true)
     }
 
     /// [`save`](Self::save) that never spins: [`DepotError::Busy`] if the
     /// trace is new and the lock is taken.
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    #[inline]
     pub fn try_save(&self, frames: &[u64]) -> Result<DepotHandle, DepotError> {
         self.save_with(frames, false)
     }
 
+    ///
+    /// Up to a hit, nothing here is instrumented with the `kernel` feature
+    /// (see the crate docs); the miss path (`insert`) is.
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    #[inline]
     fn save_with(&self, frames: &[u64], spin: bool) -> Result<DepotHandle, DepotError> {
-        if frames.is_empty() {
+        // `len` rather than `is_empty`: a core function, not inlined here.
+        let len = frames.len();
+        if len == 0 {
             return Err(DepotError::Empty);
         }
-        if frames.len() > MAX_FRAMES {
+        if len > MAX_FRAMES {
             return Err(DepotError::TooManyFrames);
         }
         let hash = hash_frames(frames);
-        self.counters.lookups.fetch_add(1, Ordering::Relaxed);
         let found = if self.evictable {
             let _inside = self.gate.enter();
             self.find(hash, frames, true)
@@ -200,7 +221,7 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
             self.find(hash, frames, true)
         };
         if let Some(handle) = found {
-            self.counters.hits.fetch_add(1, Ordering::Relaxed);
+            increment(&self.counters.hits);
             return Ok(handle);
         }
         let result = self.insert(hash, frames, spin);
@@ -235,17 +256,22 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
 
     /// Walks `hash`'s chain for `frames`; with eviction, takes a reference
     /// (skipping dying records). Callers are inside the read gate or hold the lock.
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    #[inline]
+    #[allow(clippy::question_mark, reason = "`?` is a call to `Try::branch`, which the exempt path would not inline")]
     fn find(&self, hash: u32, frames: &[u64], count_collisions: bool) -> Option<DepotHandle> {
-        let mut link = self.buckets[hash as usize & (BUCKETS - 1)].load(Ordering::Acquire);
+        let mut link = load_acquire_u32(&self.buckets[hash as usize & (BUCKETS - 1)]);
         while let Some(handle) = DepotHandle::from_raw(link) {
-            let record = self.record(handle)?;
+            let Some(record) = self.record(handle) else {
+                return None;
+            };
             if record.hash() == hash {
                 if record.holds(frames) {
                     if !self.evictable || acquire_reference(record.count_word()) {
                         return Some(handle);
                     }
                 } else if count_collisions {
-                    self.counters.collisions.fetch_add(1, Ordering::Relaxed);
+                    increment(&self.counters.collisions);
                 }
             }
             link = record.next();
@@ -262,7 +288,7 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
         }
         let bytes = if self.evictable { EVICTABLE_RECORD_BYTES } else { record_bytes(frames) };
         loop {
-            let pool = self.pools.get(state.bump_pool).and_then(Once::get).ok_or(DepotError::Full)?;
+            let pool = self.pool(state.bump_pool).ok_or(DepotError::Full)?;
             if state.bump_offset + bytes <= pool.len() * 8 {
                 let handle = DepotHandle::new(state.bump_pool, state.bump_offset).ok_or(DepotError::Full)?;
                 let record = Record::at(pool, state.bump_offset / 8).ok_or(DepotError::Full)?;
@@ -289,11 +315,35 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
         self.record(handle).ok_or(DepotError::InvalidHandle)
     }
 
+    /// Pool `index`, if it was added.
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    #[inline]
+    #[allow(clippy::cmp_null, reason = "`is_null` is a core function, which the exempt path would not inline")]
+    fn pool(&self, index: usize) -> Option<&'static [AtomicU64]> {
+        if index >= POOLS {
+            return None;
+        }
+        let slot = &self.pools[index];
+        let base = load_acquire_pointer(&slot.base);
+        if base == core::ptr::null_mut() {
+            return None;
+        }
+        let words = load_relaxed_usize(&slot.words);
+        // SAFETY: a non-null base was stored by `add_pool`, with release
+        // ordering after the length (acquired above), from a
+        // `&'static [AtomicU64]` of `words` elements that it keeps for the
+        // rest of the program; neither field changes afterwards.
+        Some(unsafe { pool_words(base, words) })
+    }
+
     /// The record `handle` names, if it lies in a pool of this depot.
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline]
     fn record(&self, handle: DepotHandle) -> Option<Record<'_>> {
-        let pool = self.pools.get(handle.pool())?.get()?;
-        Record::at(pool, handle.offset() / 8)
+        match self.pool(handle.pool()) {
+            Some(pool) => Record::at(pool, handle.offset() / 8),
+            None => None,
+        }
     }
 
     /// Copies the frames of `handle` into `buffer`. With eviction the caller
@@ -427,12 +477,14 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
     /// The counters (each read on its own: a snapshot only when quiet).
     pub fn stats(&self) -> DepotStats {
         let counters = &self.counters;
+        let hits = counters.hits.load(Ordering::Relaxed);
+        let misses = counters.misses.load(Ordering::Relaxed);
         DepotStats {
             records: counters.records.load(Ordering::Relaxed),
             bytes: counters.bytes.load(Ordering::Relaxed),
-            lookups: counters.lookups.load(Ordering::Relaxed),
-            hits: counters.hits.load(Ordering::Relaxed),
-            misses: counters.misses.load(Ordering::Relaxed),
+            lookups: hits + misses,
+            hits,
+            misses,
             collisions: counters.collisions.load(Ordering::Relaxed),
             evictions: counters.evictions.load(Ordering::Relaxed),
         }

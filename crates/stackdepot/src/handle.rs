@@ -40,6 +40,8 @@ impl DepotHandle {
     }
 
     /// The handle stored as `raw`; `None` for 0 (failure) or non-zero spare bits.
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    #[inline]
     pub const fn from_raw(raw: u32) -> Option<Self> {
         if raw >> (OFFSET_BITS + POOL_BITS) != 0 || (raw >> OFFSET_BITS) & POOL_MASK == 0 {
             return None;
@@ -56,11 +58,15 @@ impl DepotHandle {
     }
 
     /// Index of the pool (in the order pools were added).
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    #[inline]
     pub const fn pool(self) -> usize {
         ((self.0.get() >> OFFSET_BITS) & POOL_MASK) as usize - 1
     }
 
     /// Byte offset of the record in its pool.
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    #[inline]
     pub const fn offset(self) -> usize {
         (self.0.get() & OFFSET_MASK) as usize * RECORD_ALIGN
     }

@@ -14,6 +14,7 @@
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::MAX_FRAMES;
+use crate::access::{load_acquire, load_relaxed};
 use crate::handle::RECORD_ALIGN;
 
 /// Words before the frames.
@@ -38,21 +39,28 @@ pub(crate) struct Record<'a> {
 
 impl<'a> Record<'a> {
     /// The record starting at word `index` of `pool`, if its header fits.
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    #[inline]
     pub(crate) fn at(pool: &'a [AtomicU64], index: usize) -> Option<Self> {
-        let end = pool.len().min(index.checked_add(HEADER_WORDS + MAX_FRAMES)?);
-        let words = pool.get(index..end)?;
-        (words.len() >= HEADER_WORDS).then_some(Self { words })
+        if index > pool.len() || pool.len() - index < HEADER_WORDS {
+            return None;
+        }
+        let available = pool.len() - index;
+        let len = if available < HEADER_WORDS + MAX_FRAMES { available } else { HEADER_WORDS + MAX_FRAMES };
+        Some(Self { words: &pool[index..index + len] })
     }
 
     /// Raw handle of the next record in the bucket chain (0 ends it).
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline]
     pub(crate) fn next(&self) -> u32 {
-        self.words[0].load(Ordering::Acquire) as u32
+        load_acquire(&self.words[0]) as u32
     }
 
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline]
     pub(crate) fn hash(&self) -> u32 {
-        (self.words[0].load(Ordering::Acquire) >> 32) as u32
+        (load_acquire(&self.words[0]) >> 32) as u32
     }
 
     /// Relinks the chain: the hash half is unchanged while the record is published.
@@ -70,15 +78,29 @@ impl<'a> Record<'a> {
         words[HEADER_WORDS..HEADER_WORDS + len].iter().map(|word| word.load(Ordering::Relaxed))
     }
 
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline]
     pub(crate) fn frame_count(&self) -> usize {
-        (self.words[1].load(Ordering::Acquire) >> 32) as usize
+        (load_acquire(&self.words[1]) >> 32) as usize
     }
 
-    /// Whether the record holds exactly `frames`.
+    /// Whether the record holds exactly `frames` (an index loop: see `access.rs`).
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline]
     pub(crate) fn holds(&self, frames: &[u64]) -> bool {
-        self.frame_count() == frames.len() && self.frames().eq(frames.iter().copied())
+        let len = frames.len();
+        // A count beyond the pool's end (only a forged handle) never matches.
+        if self.frame_count() != len || self.words.len() - HEADER_WORDS < len {
+            return false;
+        }
+        let mut index = 0;
+        while index < len {
+            if load_relaxed(&self.words[HEADER_WORDS + index]) != frames[index] {
+                return false;
+            }
+            index += 1;
+        }
+        true
     }
 
     /// The reference-count word (count in the low half).
