@@ -69,7 +69,8 @@ pub struct FrameWalker<'a, M: ?Sized, S> {
     memory: &'a M,
     stacks: &'a [StackRange],
     strip: S,
-    repair: Option<&'a dyn ReturnRepair>,
+    /// The repair and its trampoline address (read once, not per frame).
+    repair: Option<(&'a dyn ReturnRepair, u64)>,
 }
 
 /// Where the walk is: the stack it is in and the last record it read there.
@@ -91,7 +92,7 @@ where
 
     /// Reports the real return address where a record holds `repair`'s trampoline.
     pub fn with_repair(mut self, repair: &'a dyn ReturnRepair) -> Self {
-        self.repair = Some(repair);
+        self.repair = Some((repair, repair.trampoline()));
         self
     }
 

@@ -69,11 +69,16 @@ pub trait ReturnRepair {
 /// as they are (the trampoline then shows in the trace).
 #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
 #[inline]
-pub(crate) fn repaired(repair: Option<&dyn ReturnRepair>, address: u64, frame_record: Option<u64>, slot: u64) -> u64 {
-    let Some(repair) = repair else {
+pub(crate) fn repaired(
+    repair: Option<(&dyn ReturnRepair, u64)>,
+    address: u64,
+    frame_record: Option<u64>,
+    slot: u64,
+) -> u64 {
+    let Some((repair, trampoline)) = repair else {
         return address;
     };
-    if address != repair.trampoline() {
+    if address != trampoline {
         return address;
     }
     let real = match frame_record {

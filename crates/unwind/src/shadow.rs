@@ -63,7 +63,8 @@ impl ShadowSegment {
 pub struct ShadowWalker<'a, M: ?Sized, S> {
     memory: &'a M,
     strip: S,
-    repair: Option<&'a dyn ReturnRepair>,
+    /// The repair and its trampoline address (read once, not per frame).
+    repair: Option<(&'a dyn ReturnRepair, u64)>,
 }
 
 impl<'a, M, S> ShadowWalker<'a, M, S>
@@ -78,7 +79,7 @@ where
 
     /// Reports the real return address where a slot holds `repair`'s trampoline.
     pub fn with_repair(mut self, repair: &'a dyn ReturnRepair) -> Self {
-        self.repair = Some(repair);
+        self.repair = Some((repair, repair.trampoline()));
         self
     }
 
