@@ -422,6 +422,12 @@ fn walk_with_corrupted_record(bad_fp: u64) -> unwind::StopReason {
 
 fn corrupted_frame_record_stops_the_walk(_: &Context) -> Outcome {
     use unwind::{Corruption, StopReason};
+    // `plain` is built without forced frame pointers: x29 need not hold this function's record,
+    // so which word the test corrupts depends on register allocation (it passed by luck before
+    // code elsewhere changed).
+    if crate::BUILD_VARIANT == "plain" {
+        return Ok(Verdict::Skipped("variant plain keeps no frame records"));
+    }
     let corruption = |reason| match reason {
         StopReason::Corrupt { corruption, .. } => Some(corruption),
         _ => None,
