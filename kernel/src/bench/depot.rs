@@ -6,8 +6,7 @@
 //! sees exactly the number of distinct stacks each case asks for. Each case uses a depot of its
 //! own, built in static memory (no allocator).
 
-use super::stacktrace::format_param;
-use super::{Plan, row};
+use super::{Label, Plan, row};
 use core::hint::black_box;
 use stackdepot::StackDepot;
 
@@ -58,8 +57,8 @@ pub fn run(plan: &Plan) {
     let mut salt = 0;
     for rep in 0..plan.reps {
         for depth in [16usize, 64] {
-            let mut buffer = [0u8; 16];
-            let params = format_param(&mut buffer, "depth", depth);
+            let params = Label::new(format_args!("depth={depth}"));
+            let params = params.as_str();
             let mut frames = [0u64; 64];
             // insert-miss: new stacks each time; the loop alone builds the same stacks.
             salt += 1;
@@ -124,8 +123,8 @@ fn saturation(depot: &BenchDepot, distinct: u64) {
         }
     }
     let stats = depot.stats();
-    let mut buffer = [0u8; 16];
-    let params = format_param(&mut buffer, "distinct", distinct as usize);
+    let params = Label::new(format_args!("distinct={distinct}"));
+    let params = params.as_str();
     row("depot", "saturation", params, "records", "records", stats.records as f64);
     row("depot", "saturation", params, "bytes", "bytes", stats.bytes as f64);
     row("depot", "saturation", params, "hash_collisions", "records", stats.collisions as f64);

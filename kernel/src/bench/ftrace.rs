@@ -6,10 +6,9 @@
 //! seed's "Total"); `overhead` is `per_call` minus that scheme's (0, 0) figure. Every relevant
 //! counter must have counted every call, or the row is not emitted.
 
-use core::fmt::Write;
 use core::hint::black_box;
 
-use super::{Plan, row};
+use super::{Label, Plan, row};
 use crate::ftrace::{self, Scheme, tracers::Counter};
 
 const CALLS: u64 = 100_000;
@@ -104,8 +103,7 @@ pub fn run(plan: &Plan) {
                 let Some(cost) = measure(plan, relevant, irrelevant) else { continue };
                 let per_call = cost as f64 / CALLS as f64;
                 let base = *baseline.get_or_insert(per_call);
-                let mut params = Params::default();
-                let _ = write!(params, "relevant={relevant},irrelevant={irrelevant}");
+                let params = Label::new(format_args!("relevant={relevant},irrelevant={irrelevant}"));
                 row("ftrace", name, params.as_str(), "per_call", unit, per_call);
                 row("ftrace", name, params.as_str(), "overhead", unit, per_call - base);
             }
@@ -113,27 +111,5 @@ pub fn run(plan: &Plan) {
     }
     if let Err(error) = ftrace::set_scheme(Scheme::CallOps) {
         defmt::error!("bench ftrace: scheme call-ops: {}", error);
-    }
-}
-
-/// A row's params, formatted on the stack.
-#[derive(Default)]
-struct Params {
-    bytes: [u8; 32],
-    length: usize,
-}
-
-impl Params {
-    fn as_str(&self) -> &str {
-        core::str::from_utf8(&self.bytes[..self.length]).unwrap_or("?")
-    }
-}
-
-impl Write for Params {
-    fn write_str(&mut self, text: &str) -> core::fmt::Result {
-        let end = self.length + text.len();
-        self.bytes.get_mut(self.length..end).ok_or(core::fmt::Error)?.copy_from_slice(text.as_bytes());
-        self.length = end;
-        Ok(())
     }
 }

@@ -10,10 +10,9 @@
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use super::probes::{
-    bench_probe_loop_call, bench_probe_target_nop, bench_probe_target_push, bench_probe_target_ret, heapless_name,
-    measure,
+    bench_probe_loop_call, bench_probe_target_nop, bench_probe_target_push, bench_probe_target_ret, measure,
 };
-use super::{Plan, row};
+use super::{Label, Plan, row};
 use crate::probes::kretprobe;
 use crate::probes::{Method, Registers};
 
@@ -35,7 +34,7 @@ pub fn run(plan: &Plan) {
     for _ in 0..plan.reps {
         for (name, target, methods) in targets {
             let unprobed = measure(plan, bench_probe_loop_call, iterations, target);
-            let case = heapless_name("kretprobe-", name);
+            let case = Label::new(format_args!("kretprobe-{name}"));
             for &method in methods {
                 if let Err(error) = kretprobe::register(target, method, None, count_return, 1) {
                     defmt::error!("bench kretprobes: {=str} {}: {}", name, method, error);
@@ -54,7 +53,7 @@ pub fn run(plan: &Plan) {
                     );
                     continue;
                 }
-                let params = heapless_name("method=", method.name());
+                let params = Label::new(format_args!("method={}", method.name()));
                 let per_hit = (probed as f64 - unprobed as f64) / iterations as f64;
                 row("probes", case.as_str(), params.as_str(), "per_hit", unit, per_hit);
                 // icount: one instruction per virtual ns (shift=0); wall: virtual ns.

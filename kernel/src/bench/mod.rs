@@ -69,6 +69,35 @@ impl Plan {
     }
 }
 
+/// A case name or params string for a row, formatted on the stack:
+/// `Label::new(format_args!("kprobe-{target}"))`. Longer text is cut at 48 bytes.
+pub struct Label {
+    bytes: [u8; 48],
+    length: usize,
+}
+
+impl Label {
+    pub fn new(text: core::fmt::Arguments) -> Self {
+        let mut label = Self { bytes: [0; 48], length: 0 };
+        let _ = core::fmt::Write::write_fmt(&mut label, text);
+        label
+    }
+
+    pub fn as_str(&self) -> &str {
+        core::str::from_utf8(&self.bytes[..self.length]).unwrap_or("?")
+    }
+}
+
+impl core::fmt::Write for Label {
+    fn write_str(&mut self, text: &str) -> core::fmt::Result {
+        let room = self.bytes.len() - self.length;
+        let take = text.len().min(room);
+        self.bytes[self.length..self.length + take].copy_from_slice(&text.as_bytes()[..take]);
+        self.length += take;
+        if take < text.len() { Err(core::fmt::Error) } else { Ok(()) }
+    }
+}
+
 /// Emits one result row.
 pub fn row(suite: &str, case: &str, params: &str, metric: &str, unit: &str, value: f64) {
     defmt::info!("bench row: {=str} {=str} {=str} {=str} {=str} {=f64}", suite, case, params, metric, unit, value);

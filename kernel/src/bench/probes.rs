@@ -8,7 +8,7 @@
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use super::{Plan, row};
+use super::{Label, Plan, row};
 use crate::probes::{self as kprobes, Method, Registers};
 
 core::arch::global_asm!(
@@ -90,9 +90,9 @@ pub fn run(plan: &Plan) {
         let alone = measure(plan, bench_probe_loop_alone, iterations, targets[0].1);
         for (name, target, methods) in targets {
             let unprobed = measure(plan, bench_probe_loop_call, iterations, target);
-            let mut case = heapless_name("kernel-call-", name);
+            let mut case = Label::new(format_args!("kernel-call-{name}"));
             row("probes", case.as_str(), "-", "per_call", unit, (unprobed as f64 - alone as f64) / iterations as f64);
-            case = heapless_name("kprobe-", name);
+            case = Label::new(format_args!("kprobe-{name}"));
             for &method in methods {
                 if let Err(error) = kprobes::register(target, method, count_hit, None) {
                     defmt::error!("bench probes: {=str} {}: {}", name, method, error);
@@ -111,7 +111,7 @@ pub fn run(plan: &Plan) {
                     );
                     continue;
                 }
-                let params = heapless_name("method=", method.name());
+                let params = Label::new(format_args!("method={}", method.name()));
                 let per_hit = (probed as f64 - unprobed as f64) / iterations as f64;
                 row("probes", case.as_str(), params.as_str(), "per_hit", unit, per_hit);
                 // icount: one instruction per virtual ns (shift=0); wall: virtual ns.
@@ -122,25 +122,4 @@ pub fn run(plan: &Plan) {
     }
     super::kretprobes::run(plan);
     super::uprobes::run(plan);
-}
-
-/// `prefix` + `suffix` in a small stack buffer (no allocator in the kernel yet).
-pub(super) fn heapless_name(prefix: &str, suffix: &str) -> Name {
-    let mut name = Name { bytes: [0; 32], length: 0 };
-    for &byte in prefix.as_bytes().iter().chain(suffix.as_bytes()).take(32) {
-        name.bytes[name.length] = byte;
-        name.length += 1;
-    }
-    name
-}
-
-pub(super) struct Name {
-    bytes: [u8; 32],
-    length: usize,
-}
-
-impl Name {
-    pub(super) fn as_str(&self) -> &str {
-        core::str::from_utf8(&self.bytes[..self.length]).unwrap_or("?")
-    }
 }

@@ -6,7 +6,7 @@
 //! trace is also saved in the depot: after the first save it is a lookup hit, as most of the
 //! allocation stacks a sanitizer saves are.
 
-use super::{Plan, row};
+use super::{Label, Plan, row};
 use crate::stacktrace::{self, Mode};
 use core::hint::black_box;
 use unwind::TraceOptions;
@@ -50,8 +50,8 @@ pub fn run(plan: &Plan) {
     let iterations: u64 = if plan.icount { 1_000 } else { 20_000 };
     for _ in 0..plan.reps {
         for depth in DEPTHS {
-            let mut params = [0u8; 16];
-            let params = format_param(&mut params, "depth", depth);
+            let params = Label::new(format_args!("depth={depth}"));
+            let params = params.as_str();
             for (case, mode, depot) in CASES {
                 if mode == Mode::ShadowCallStack && !crate::SHADOW_CALL_STACK {
                     continue;
@@ -68,29 +68,4 @@ pub fn run(plan: &Plan) {
             }
         }
     }
-}
-
-/// `key=value` into a small buffer (no allocator).
-pub fn format_param<'a>(buffer: &'a mut [u8; 16], key: &str, value: usize) -> &'a str {
-    let mut length = 0;
-    for &byte in key.as_bytes().iter().chain(b"=") {
-        buffer[length] = byte;
-        length += 1;
-    }
-    let mut digits = [0u8; 8];
-    let mut count = 0;
-    let mut rest = value;
-    loop {
-        digits[count] = b'0' + (rest % 10) as u8;
-        count += 1;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    for index in (0..count).rev() {
-        buffer[length] = digits[index];
-        length += 1;
-    }
-    core::str::from_utf8(&buffer[..length]).unwrap_or("?")
 }

@@ -11,7 +11,7 @@
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use super::{Clock, Plan, row};
+use super::{Clock, Label, Plan, row};
 use crate::probes::{Method, Registers};
 use crate::task::user::{self, Options};
 use crate::uprobes;
@@ -114,7 +114,7 @@ pub fn run(plan: &Plan) {
         let Some(loop_alone) = measure(plan, alone, iterations, targets[0].1) else { return };
         for (name, target, methods) in targets {
             let Some(unprobed) = measure(plan, call, iterations, target) else { return };
-            let case = joined("user-call-", name);
+            let case = Label::new(format_args!("user-call-{name}"));
             row(
                 "probes",
                 case.as_str(),
@@ -124,7 +124,7 @@ pub fn run(plan: &Plan) {
                 (unprobed as f64 - loop_alone as f64) / iterations as f64,
             );
             for (prefix, returns) in [("uprobe-", None), ("uretprobe-", Some(count_return as uprobes::Handler))] {
-                let case = joined(prefix, name);
+                let case = Label::new(format_args!("{prefix}{name}"));
                 for &method in methods {
                     if let Err(error) = uprobes::register(target, method, count_hit, returns) {
                         defmt::error!("bench uprobes: {=str} {}: {}", case.as_str(), method, error);
@@ -146,7 +146,7 @@ pub fn run(plan: &Plan) {
                         continue;
                     }
                     let Some(probed) = probed else { continue };
-                    let params = joined("method=", method.name());
+                    let params = Label::new(format_args!("method={}", method.name()));
                     let per_hit = (probed as f64 - unprobed as f64) / iterations as f64;
                     row("probes", case.as_str(), params.as_str(), "per_hit", unit, per_hit);
                     // icount: one instruction per virtual ns (shift=0); wall: virtual ns.
@@ -162,26 +162,5 @@ pub fn run(plan: &Plan) {
                 }
             }
         }
-    }
-}
-
-/// `prefix` + `suffix` in a small stack buffer (no allocator in the kernel yet).
-fn joined(prefix: &str, suffix: &str) -> Name {
-    let mut name = Name { bytes: [0; 32], length: 0 };
-    for &byte in prefix.as_bytes().iter().chain(suffix.as_bytes()).take(32) {
-        name.bytes[name.length] = byte;
-        name.length += 1;
-    }
-    name
-}
-
-struct Name {
-    bytes: [u8; 32],
-    length: usize,
-}
-
-impl Name {
-    fn as_str(&self) -> &str {
-        core::str::from_utf8(&self.bytes[..self.length]).unwrap_or("?")
     }
 }
