@@ -1,10 +1,8 @@
 //! The callsite layout of `-Zpatchable-function-entry=4,2` and its encoders.
 //!
-//! Encodings from the Arm ARM (DDI 0487) C6.2 "BL", "NOP", "ORR (shifted
+//! Encodings from the Arm ARM (DDI 0487) C6.2 "BL" (encoded by `crates/probes`), "NOP", "ORR (shifted
 //! register)" (`MOV (register)` is its alias), "PACIASP" and "STR
 //! (immediate)" post-index.
-
-use core::fmt;
 
 /// `NOP` (HINT #0): what the compiler emits in all four patchable slots.
 pub const NOP: u32 = 0xd503_201f;
@@ -26,42 +24,12 @@ pub const SCS_PUSH: u32 = 0xf800_865e;
 /// little-endian doubleword.
 pub const NOP_LITERAL: u64 = (NOP as u64) << 32 | NOP as u64;
 
-/// Largest forward reach of `BL`: `imm26` is a signed word offset.
-pub const BRANCH_MAX_FORWARD: i64 = (1 << 27) - 4;
-/// Largest backward reach of `BL`.
-pub const BRANCH_MAX_BACKWARD: i64 = -(1 << 27);
+pub use probes::{BRANCH_MAX_BACKWARD, BRANCH_MAX_FORWARD, BranchError};
 
-/// Why a `BL` cannot be encoded. A branch that cannot reach is an error,
-/// never a wrong branch.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum BranchError {
-    /// `from` or `to` is not 4-byte aligned.
-    Misaligned { from: u64, to: u64 },
-    /// `to - from` is outside [-128 MiB, +128 MiB - 4].
-    OutOfRange { from: u64, to: u64 },
-}
-
-impl fmt::Display for BranchError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Misaligned { from, to } => write!(f, "bl from {from:#x} to {to:#x}: not 4-byte aligned"),
-            Self::OutOfRange { from, to } => write!(f, "bl from {from:#x} to {to:#x}: beyond +-128 MiB"),
-        }
-    }
-}
-
-/// `BL to`, placed at `from`.
+/// `BL to`, placed at `from`: `crates/probes`' encoder (a branch that cannot
+/// reach is an error, never a wrong branch), as a raw word.
 pub fn encode_bl(from: u64, to: u64) -> Result<u32, BranchError> {
-    if (from | to) & 3 != 0 {
-        return Err(BranchError::Misaligned { from, to });
-    }
-    // PC arithmetic is modulo 2^64, so the wrapped difference is the offset
-    // the CPU will add.
-    let offset = to.wrapping_sub(from) as i64;
-    if !(BRANCH_MAX_BACKWARD..=BRANCH_MAX_FORWARD).contains(&offset) {
-        return Err(BranchError::OutOfRange { from, to });
-    }
-    Ok(0x9400_0000 | ((offset >> 2) as u32 & 0x03ff_ffff))
+    probes::encode_bl(from, to).map(|insn| insn.0)
 }
 
 /// The target of `instruction` placed at `from`, if it is a `BL`.

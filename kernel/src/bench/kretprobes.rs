@@ -10,9 +10,9 @@
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use super::probes::{
-    bench_probe_loop_call, bench_probe_target_nop, bench_probe_target_push, bench_probe_target_ret, measure,
+    bench_probe_loop_call, bench_probe_target_nop, bench_probe_target_push, bench_probe_target_ret, hit_rows, measure,
 };
-use super::{Label, Plan, row};
+use super::{Label, Plan};
 use crate::probes::kretprobe;
 use crate::probes::{Method, Registers};
 
@@ -53,12 +53,7 @@ pub fn run(plan: &Plan) {
                     );
                     continue;
                 }
-                let params = Label::new(format_args!("method={}", method.name()));
-                let per_hit = (probed as f64 - unprobed as f64) / iterations as f64;
-                row("probes", case.as_str(), params.as_str(), "per_hit", unit, per_hit);
-                // icount: one instruction per virtual ns (shift=0); wall: virtual ns.
-                let seconds = probed as f64 / 1e9;
-                row("probes", case.as_str(), params.as_str(), "hits_per_s", "hits_per_s", iterations as f64 / seconds);
+                hit_rows(case.as_str(), method, probed, unprobed, iterations, unit);
             }
         }
     }

@@ -111,15 +111,21 @@ pub fn run(plan: &Plan) {
                     );
                     continue;
                 }
-                let params = Label::new(format_args!("method={}", method.name()));
-                let per_hit = (probed as f64 - unprobed as f64) / iterations as f64;
-                row("probes", case.as_str(), params.as_str(), "per_hit", unit, per_hit);
-                // icount: one instruction per virtual ns (shift=0); wall: virtual ns.
-                let seconds = probed as f64 / 1e9;
-                row("probes", case.as_str(), params.as_str(), "hits_per_s", "hits_per_s", iterations as f64 / seconds);
+                hit_rows(case.as_str(), method, probed, unprobed, iterations, unit);
             }
         }
     }
     super::kretprobes::run(plan);
     super::uprobes::run(plan);
+}
+
+/// The `per_hit` and `hits_per_s` rows of one probed case and method: `probed` and `unprobed`
+/// are the same loop of `iterations` calls with and without the probe.
+pub(super) fn hit_rows(case: &str, method: Method, probed: u64, unprobed: u64, iterations: u64, unit: &str) {
+    let params = Label::new(format_args!("method={}", method.name()));
+    let per_hit = (probed as f64 - unprobed as f64) / iterations as f64;
+    row("probes", case, params.as_str(), "per_hit", unit, per_hit);
+    // icount: one instruction per virtual ns (shift=0); wall: virtual ns.
+    let seconds = probed as f64 / 1e9;
+    row("probes", case, params.as_str(), "hits_per_s", "hits_per_s", iterations as f64 / seconds);
 }

@@ -146,19 +146,7 @@ pub fn run(plan: &Plan) {
                         continue;
                     }
                     let Some(probed) = probed else { continue };
-                    let params = Label::new(format_args!("method={}", method.name()));
-                    let per_hit = (probed as f64 - unprobed as f64) / iterations as f64;
-                    row("probes", case.as_str(), params.as_str(), "per_hit", unit, per_hit);
-                    // icount: one instruction per virtual ns (shift=0); wall: virtual ns.
-                    let seconds = probed as f64 / 1e9;
-                    row(
-                        "probes",
-                        case.as_str(),
-                        params.as_str(),
-                        "hits_per_s",
-                        "hits_per_s",
-                        iterations as f64 / seconds,
-                    );
+                    super::probes::hit_rows(case.as_str(), method, probed, unprobed, iterations, unit);
                 }
             }
         }
