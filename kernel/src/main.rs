@@ -20,6 +20,7 @@ mod log;
 mod mm;
 mod probes;
 mod stacktrace;
+mod sync;
 mod task;
 mod tests;
 mod uprobes;

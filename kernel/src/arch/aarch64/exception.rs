@@ -1,5 +1,6 @@
 //! Exception frames, ESR decoding and the EL1 synchronous/IRQ handlers (ARM ARM D1.10, D24.2.40).
 
+use crate::sync::IrqSpinLock;
 use core::sync::atomic::{AtomicU64, Ordering};
 
 /// The interrupted context, as vectors.S saves it on the stack.
@@ -119,7 +120,7 @@ pub struct Caught {
 
 /// Exception class (plus one) that the running code expects to take and step over; 0 if none.
 static EXPECTED_CLASS: AtomicU64 = AtomicU64::new(0);
-static CAUGHT: spin::Mutex<Option<Caught>> = spin::Mutex::new(None);
+static CAUGHT: IrqSpinLock<Option<Caught>> = IrqSpinLock::new(None);
 
 /// Runs `f`, expecting it to raise one synchronous exception of `class` at EL1. The handler
 /// records it and resumes after the faulting instruction. Returns what was caught, if anything.
@@ -230,7 +231,7 @@ fn report_overflow(what: &str, reason: crate::task::KillReason, frame: &Exceptio
 }
 
 /// The last overflow, for tests.
-static LAST_OVERFLOW: spin::Mutex<Option<crate::task::KillReason>> = spin::Mutex::new(None);
+static LAST_OVERFLOW: IrqSpinLock<Option<crate::task::KillReason>> = IrqSpinLock::new(None);
 
 fn record_overflow(reason: crate::task::KillReason) {
     *LAST_OVERFLOW.lock() = Some(reason);

@@ -1,0 +1,70 @@
+//! IRQ-safe locking: an RAII interrupt mask and a spin lock that holds one while locked.
+//!
+//! Every piece of mutable kernel state that an interrupt handler or another CPU can reach lives
+//! behind an `IrqSpinLock` (or an atomic), never behind a `static mut` and a comment: the type
+//! masks IRQs for exactly as long as the data is borrowed, so a tick can never find it half
+//! written, and the spin lock makes the same code correct once several CPUs run it.
+
+use crate::arch::aarch64::cpu;
+use core::ops::{Deref, DerefMut};
+
+/// IRQs and FIQs masked on this CPU from `IrqMask::new()` until the value is dropped; the
+/// previous DAIF is restored then, so masks nest.
+#[must_use = "interrupts are unmasked again as soon as the mask is dropped"]
+pub struct IrqMask {
+    daif: u64,
+}
+
+impl IrqMask {
+    #[expect(clippy::new_without_default, reason = "masking interrupts is an action, not a default value")]
+    #[inline(always)]
+    pub fn new() -> Self {
+        Self { daif: cpu::mask_interrupts() }
+    }
+}
+
+impl Drop for IrqMask {
+    #[inline(always)]
+    fn drop(&mut self) {
+        cpu::restore_interrupts(self.daif);
+    }
+}
+
+/// A spin lock whose guard also masks interrupts on this CPU.
+pub struct IrqSpinLock<T> {
+    inner: spin::Mutex<T>,
+}
+
+/// Access to an `IrqSpinLock`'s data. Fields drop in order: the lock is released before
+/// interrupts are unmasked, so no handler on this CPU can spin on a lock its own CPU holds.
+pub struct IrqSpinLockGuard<'a, T> {
+    guard: spin::MutexGuard<'a, T>,
+    _mask: IrqMask,
+}
+
+impl<T> IrqSpinLock<T> {
+    pub const fn new(value: T) -> Self {
+        Self { inner: spin::Mutex::new(value) }
+    }
+
+    /// Masks interrupts, then spins until the lock is free.
+    #[inline]
+    pub fn lock(&self) -> IrqSpinLockGuard<'_, T> {
+        let mask = IrqMask::new();
+        IrqSpinLockGuard { guard: self.inner.lock(), _mask: mask }
+    }
+}
+
+impl<T> Deref for IrqSpinLockGuard<'_, T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.guard
+    }
+}
+
+impl<T> DerefMut for IrqSpinLockGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.guard
+    }
+}
