@@ -1,6 +1,6 @@
 //! The kernel command line (`/chosen/bootargs`): what to run and how.
 //!
-//! `run=demo|test|panic|fault|hang|use-after-free` (the last four exercise the failure paths), `filter=SUBSTRING` (tests), `hz=N` (tick rate), `exit=semihosting|park`,
+//! `run=demo|test|panic|fault|unowned-brk|hang|use-after-free` (the last five exercise the failure paths), `filter=SUBSTRING` (tests), `hz=N` (tick rate), `exit=semihosting|park`,
 //! `expect-pauth=QARMA5|QARMA3|IMPDEF|none` (what xtask knows the CPU variant has);
 //! benchmarks: `run=bench bench=SUITE,... reps=N clock=cycles|ns icount=0|1`;
 //! function tracing from boot: `ftrace=PATTERN ftrace-scheme=list|call-ops|vector`; the sanitizer
@@ -14,6 +14,8 @@ pub enum Run {
     /// Failure paths, for xtask to check that they end runs as they must.
     Panic,
     Fault,
+    /// A BRK immediate nobody owns: the unexpected-exception report stops the kernel.
+    UnownedBrk,
     Hang,
     /// A deliberate use-after-free outside any test: the sanitizer's report stops the kernel.
     UseAfterFree,
@@ -74,6 +76,7 @@ impl CommandLine {
                 ("icount", flag) => line.icount = flag == "1",
                 ("run", "panic") => line.run = Run::Panic,
                 ("run", "fault") => line.run = Run::Fault,
+                ("run", "unowned-brk") => line.run = Run::UnownedBrk,
                 ("run", "hang") => line.run = Run::Hang,
                 ("run", "use-after-free") => line.run = Run::UseAfterFree,
                 ("filter", filter) => line.filter = filter,

@@ -23,6 +23,7 @@ mod stacktrace;
 mod sync;
 mod task;
 mod tests;
+mod trap;
 mod uprobes;
 
 use arch::{cpu, mmu::VA_OFFSET};
@@ -66,6 +67,8 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     mm::kasan_report::set_recover(cmdline.kasan_recover);
     callsites::init();
     drivers::interrupts::init(layout.gic, platform.virtual_timer_intid);
+    drivers::timer::on_tick(task::tick);
+    drivers::timer::on_tick(stacktrace::on_tick);
     drivers::timer::start(cmdline.hz);
     probes::init();
     task::user::init();
@@ -132,6 +135,12 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
             // check that an unexpected exception is reported and ends the run.
             unsafe { core::ptr::read_volatile(mm::boot_stack_guard() as *const u64) };
             unreachable!("the guard page was readable")
+        }
+        cmdline::Run::UnownedBrk => {
+            // SAFETY: deliberately raises a BRK nobody owns, to check that the trap layer's
+            // unexpected-exception report ends the run.
+            unsafe { core::arch::asm!("brk #{}", const arch::exception::BRK_UNOWNED, options(nomem, nostack)) };
+            unreachable!("an unowned BRK returned")
         }
         cmdline::Run::UseAfterFree => {
             let object = alloc::boxed::Box::new(0x5a_u64);

@@ -148,9 +148,15 @@ fn host_tests(tally: &mut Tally) -> Result<(), Failure> {
 /// and their report, a hang is killed on timeout with the running test named.
 fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Failure> {
     let machine = Machine { board: Board::Virt, cpu: CpuVariant::MaxImpdef, el: 1, gic: 2, icount: false, dtb: None };
-    let checks: [(&str, &str, Option<i32>, &str); 4] = [
+    let checks: [(&str, &str, Option<i32>, &str); 5] = [
         ("panic", "run=panic exit=semihosting", Some(3), "panicked at kernel/src/main.rs"),
         ("fault", "run=fault exit=semihosting", Some(3), "unexpected synchronous exception: DataAbort"),
+        (
+            "unowned-brk",
+            "run=unowned-brk exit=semihosting",
+            Some(3),
+            "unexpected synchronous exception: Brk (ESR 0xf20001ff)",
+        ),
         ("hang", "run=hang exit=semihosting", None, "test start: deliberate_hang"),
         ("use-after-free", "run=use-after-free exit=semihosting", Some(3), "BUG: KASAN: use-after-free"),
     ];

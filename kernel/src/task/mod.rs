@@ -76,6 +76,19 @@ unsafe extern "C" {
     fn task_trampoline();
 }
 
+// A new task's first instruction (switch_to returns here the first time): x19 = entry,
+// x20 = argument, x29 = its final frame marker.
+core::arch::global_asm!(
+    r#"
+    .section .text.noprobe, "ax"
+    .global task_trampoline
+task_trampoline:
+    mov     x0, x20
+    blr     x19
+    bl      task_exit_current
+"#
+);
+
 /// The scheduler. Callers hold IRQs masked (single CPU: nothing else can run).
 fn scheduler() -> &'static mut Scheduler {
     // SAFETY: every caller runs with IRQs masked on the only CPU, and no caller keeps the
@@ -172,18 +185,18 @@ pub fn tick() {
     NEED_RESCHED.store(true, Ordering::Relaxed);
 }
 
-/// Called by context.S after an IRQ, back on the interrupted task's stack with IRQs masked.
-#[unsafe(no_mangle)]
-extern "C" fn irq_exit(_frame: *mut crate::arch::exception::ExceptionFrame) {
+/// The end of every IRQ (the trap layer), back on the interrupted task's stack with IRQs
+/// masked: switches tasks if the tick asked for it.
+pub fn irq_exit() {
     if NEED_RESCHED.swap(false, Ordering::Relaxed) {
         schedule();
     }
 }
 
-/// The end of a task's entry function (context.S): checks the shadow stack's end marker,
+/// The end of a task's entry function (`task_trampoline`): checks the shadow stack's end marker,
 /// records its high-water mark, and never returns.
 #[unsafe(no_mangle)]
-extern "C" fn task_exit_current() -> ! {
+pub(crate) extern "C" fn task_exit_current() -> ! {
     cpu::mask_interrupts();
     let scheduler = scheduler();
     let index = scheduler.current;

@@ -24,16 +24,17 @@
 //! from EL0 (two MSRs each way, plus an ISB on entry before the kernel's next PACIASP). The
 //! other keys (IB, DA, DB, GA) are not used by the kernel and are not switched.
 //!
-//! Syscalls: `SVC #0`, number in x8, arguments in x0.., result in x0 (`Syscall`). Any other
-//! synchronous exception from EL0 that no uprobe claims is a user fault: it is reported (ESR,
-//! FAR, user PC) and kills the task, never the kernel.
+//! Syscalls: `SVC #0`, number in x8, arguments in x0.., result in x0 (`Syscall`). The trap table
+//! (trap/mod.rs) sends them here; an abort, alignment fault, undefined instruction or PAC failure
+//! from EL0 that no uprobe claims is a user fault: it is reported (ESR, FAR, user PC) and kills
+//! the task, never the kernel.
 
 use core::sync::atomic::{AtomicBool, Ordering};
 
 use super::stacks::TASK_SLOTS;
 use super::{SpawnError, TaskId, scheduler};
 use crate::arch::cpu;
-use crate::arch::exception::{ExceptionClass, ExceptionFrame, STACK_GAP};
+use crate::arch::exception::{Esr, ExceptionFrame, STACK_GAP};
 use crate::arch::mmu::pa_of;
 
 /// Where `.text.user` is mapped in every user space.
@@ -414,24 +415,9 @@ pub fn run(entry: u64, arguments: [u64; 3], options: Options) -> Result<u64, Use
     }
 }
 
-/// A synchronous exception from EL0 (vectors.S), IRQs masked.
-#[unsafe(no_mangle)]
+/// `SVC #SVC_SYSCALL` from EL0 (the trap table), IRQs masked.
 #[unsafe(link_section = ".text.noprobe")]
-extern "C" fn exception_el0_sync(frame: &mut ExceptionFrame) {
-    let class = ExceptionClass::of(frame.esr);
-    if class == ExceptionClass::Svc64 && (frame.esr & 0xffff) as u16 == SVC_SYSCALL {
-        syscall(frame);
-        return;
-    }
-    if crate::uprobes::on_el0_exception(frame, class) {
-        return;
-    }
-    let pc = crate::uprobes::attributed_pc(frame.elr);
-    kill_with_fault(UserFault { esr: frame.esr, far: frame.far, pc });
-}
-
-#[unsafe(link_section = ".text.noprobe")]
-fn syscall(frame: &mut ExceptionFrame) {
+pub fn syscall(frame: &mut ExceptionFrame) {
     const EXIT: u64 = Syscall::Exit as u64;
     const YIELD: u64 = Syscall::Yield as u64;
     const COUNTER: u64 = Syscall::Counter as u64;
@@ -460,7 +446,7 @@ fn end_user_task(slot: usize) {
 /// that a simulated instruction raised at the probed address.
 #[unsafe(link_section = ".text.noprobe")]
 pub fn kill_with_fault(fault: UserFault) -> ! {
-    let class = ExceptionClass::of(fault.esr);
+    let class = Esr(fault.esr).class();
     defmt::error!(
         "user fault in task {=str}: {} (ESR {=u64:#x}), FAR {=u64:#x}, user PC {=u64:#x}: task killed",
         super::current_name(),
@@ -541,7 +527,7 @@ pub fn fixup_user_access(frame: &mut ExceptionFrame) -> bool {
 /// EL1 took: EC "data abort from a lower EL", IL, and WnR/DFSC/S1PTW/CM/EA/FnV (ISS[10:0]);
 /// ISV is clear, as for the pair instructions that are simulated.
 pub fn lower_el_data_abort(esr: u64) -> u64 {
-    ((ExceptionClass::DataAbortLowerEl as u64) << 26) | (1 << 25) | (esr & 0x7ff)
+    Esr(esr).as_lower_el_data_abort().0
 }
 
 /// What the user load accessors return in x0/x1.

@@ -24,7 +24,7 @@ const TEST_BRK_IMMEDIATE: u64 = exception::BRK_TEST as u64;
 
 fn brk_is_taken_and_returned_from(_: &Context) -> Outcome {
     let mut resumed = false;
-    let caught = exception::catch(ExceptionClass::Brk, || {
+    let caught = super::catch(ExceptionClass::Brk, || {
         // SAFETY: the BRK is caught by `catch`, which resumes after it; no registers change.
         unsafe { core::arch::asm!("brk #{}", const TEST_BRK_IMMEDIATE, options(nomem, nostack)) };
         resumed = true;
@@ -40,7 +40,7 @@ fn brk_is_taken_and_returned_from(_: &Context) -> Outcome {
 
 fn data_abort_on_guard_page_is_decoded(_: &Context) -> Outcome {
     let guard = crate::mm::boot_stack_guard() + 0x18;
-    let caught = exception::catch(ExceptionClass::DataAbort, || {
+    let caught = super::catch(ExceptionClass::DataAbort, || {
         // SAFETY: the guard page is unmapped: the load faults and `catch` resumes after it.
         unsafe { core::arch::asm!("ldr {t}, [{a}]", a = in(reg) guard, t = out(reg) _, options(nostack, readonly)) };
     });
@@ -186,7 +186,7 @@ fn text_is_read_only_and_alias_patches_it(_: &Context) -> Outcome {
     let target = test_patch_target as *const () as u64;
     // SAFETY: target is kernel text, readable.
     check_eq!(unsafe { core::ptr::read_volatile(target as *const u32) }, MOV_W0_1);
-    let caught = exception::catch(ExceptionClass::DataAbort, || {
+    let caught = super::catch(ExceptionClass::DataAbort, || {
         // SAFETY: the text mapping is read-only: the store faults and `catch` resumes after it.
         unsafe { core::arch::asm!("str {v:w}, [{p}]", p = in(reg) target, v = in(reg) MOV_W0_2, options(nostack)) };
     });
@@ -212,7 +212,7 @@ fn text_is_read_only_and_alias_patches_it(_: &Context) -> Outcome {
 fn rodata_is_not_writable(_: &Context) -> Outcome {
     static READ_ONLY: u64 = 42;
     let address = &READ_ONLY as *const u64 as u64;
-    let caught = exception::catch(ExceptionClass::DataAbort, || {
+    let caught = super::catch(ExceptionClass::DataAbort, || {
         // SAFETY: rodata is mapped read-only: the store faults and `catch` resumes after it.
         unsafe { core::arch::asm!("str xzr, [{p}]", p = in(reg) address, options(nostack)) };
     });

@@ -11,9 +11,12 @@ mod kasan;
 mod kretprobe;
 mod probes;
 mod stacktrace;
+mod trap;
 mod user;
 
-use core::sync::atomic::{AtomicPtr, Ordering};
+use crate::arch::exception::{Esr, ExceptionClass, ExceptionFrame, TEST_BRK_FIRST, TEST_BRK_LAST};
+use crate::sync::IrqSpinLock;
+use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 /// Why a test did not pass.
 pub struct Failure {
@@ -74,13 +77,58 @@ pub fn fail(what: &'static str) -> Failure {
 }
 
 /// Every test, in order.
-const TESTS: &[&[Test]] =
-    &[foundation::TESTS, stacktrace::TESTS, probes::TESTS, ftrace::TESTS, kretprobe::TESTS, kasan::TESTS, user::TESTS];
+const TESTS: &[&[Test]] = &[
+    foundation::TESTS,
+    trap::TESTS,
+    stacktrace::TESTS,
+    probes::TESTS,
+    ftrace::TESTS,
+    kretprobe::TESTS,
+    kasan::TESTS,
+    user::TESTS,
+];
 
-/// The probe tests' harness BRKs, dispatched from the synchronous exception handler.
+/// The tests' trap hook (installed by `run`): the probe tests' harness BRKs, then whatever a
+/// `catch` expects; everything else stays unexpected.
 #[unsafe(link_section = ".text.noprobe")]
-pub fn probe_harness_brk(frame: &mut crate::arch::exception::ExceptionFrame) -> bool {
-    probes::on_brk(frame)
+fn on_trap(frame: &mut ExceptionFrame) -> bool {
+    if (TEST_BRK_FIRST..=TEST_BRK_LAST).contains(&Esr(frame.esr).immediate())
+        && Esr(frame.esr).class() == ExceptionClass::Brk
+        && probes::on_brk(frame)
+    {
+        return true;
+    }
+    let class = Esr(frame.esr).class();
+    if EXPECTED_CLASS.load(Ordering::SeqCst) == class as u64 + 1 {
+        EXPECTED_CLASS.store(0, Ordering::SeqCst);
+        *CAUGHT.lock() = Some(Caught { esr: frame.esr, far: frame.far, elr: frame.elr });
+        frame.elr += 4;
+        return true;
+    }
+    false
+}
+
+/// What a test-provoked exception looked like.
+#[derive(Clone, Copy, Debug, defmt::Format)]
+pub struct Caught {
+    pub esr: u64,
+    pub far: u64,
+    pub elr: u64,
+}
+
+/// Exception class (plus one) that the running test expects to take and step over; 0 if none.
+static EXPECTED_CLASS: AtomicU64 = AtomicU64::new(0);
+static CAUGHT: IrqSpinLock<Option<Caught>> = IrqSpinLock::new(None);
+
+/// Runs `f`, expecting it to raise one synchronous exception of `class` at EL1 that nothing in
+/// the kernel owns. The tests' trap hook records it and resumes after the faulting instruction.
+/// Returns what was caught, if anything.
+pub fn catch(class: ExceptionClass, f: impl FnOnce()) -> Option<Caught> {
+    *CAUGHT.lock() = None;
+    EXPECTED_CLASS.store(class as u64 + 1, Ordering::SeqCst);
+    f();
+    EXPECTED_CLASS.store(0, Ordering::SeqCst);
+    CAUGHT.lock().take()
 }
 
 static CURRENT: AtomicPtr<&'static str> = AtomicPtr::new(core::ptr::null_mut());
@@ -99,6 +147,7 @@ pub struct Summary {
 }
 
 pub fn run(filter: &str, expect_pauth: Option<&'static str>, icount: bool) -> Summary {
+    crate::trap::install_test_hook(on_trap);
     let context = Context { expect_pauth, icount };
     let mut summary = Summary { passed: 0, failed: 0, skipped: 0 };
     for test in TESTS.iter().flat_map(|tests| tests.iter()).filter(|test| test.name.contains(filter)) {

@@ -114,7 +114,7 @@ fn registers_words(registers: &Registers) -> [u64; 34] {
     words
 }
 
-/// `BRK #HARNESS_ENTER` / `#HARNESS_CAPTURE` (from exception.rs).
+/// `BRK #HARNESS_ENTER` / `#HARNESS_CAPTURE` (from the tests' trap hook, tests/mod.rs).
 #[unsafe(link_section = ".text.noprobe")]
 pub fn on_brk(frame: &mut ExceptionFrame) -> bool {
     // SAFETY: see HarnessCell.
@@ -677,7 +677,7 @@ fn probe_refusals_say_why(_: &Context) -> Outcome {
     // The no-probe list: vectors, the BRK handler, the hit path, the slot area, logging.
     for address in [
         crate::arch::exception::vectors_address(),
-        crate::arch::exception::sync_handler_address(),
+        crate::trap::sync_handler_address(),
         kprobes::on_brk as *const () as u64,
         kprobes::slot_area_address(),
     ] {

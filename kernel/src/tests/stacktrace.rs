@@ -2,7 +2,7 @@
 //! random recursive call chains, IRQs at random and at known points, PAC bits, corrupted records.
 
 use super::{Context, Outcome, Test, Verdict, check};
-use crate::arch::{cpu, exception};
+use crate::arch::cpu;
 use crate::stacktrace::{self, Mode};
 use crate::task::{self, KillReason, State};
 use crate::{callsites, drivers::timer};
@@ -73,10 +73,10 @@ extern "C" fn overflow_stack(_: u64) {
 }
 
 fn stack_overflow_kills_only_the_task(_: &Context) -> Outcome {
-    let _ = exception::take_last_overflow();
+    let _ = crate::trap::take_last_overflow();
     let id = task::spawn("overflow-stack", overflow_stack, 0).map_err(|_| super::fail("spawn failed"))?;
     check!(task::join(id) == State::Killed(KillReason::StackOverflow));
-    check!(exception::take_last_overflow() == Some(KillReason::StackOverflow));
+    check!(crate::trap::take_last_overflow() == Some(KillReason::StackOverflow));
     // The kernel goes on: this task still runs, calls, and takes the timer tick.
     let ticks = timer::ticks();
     while timer::ticks() == ticks {}
@@ -115,12 +115,12 @@ fn shadow_stack_overflow_kills_only_the_task(_: &Context) -> Outcome {
     if let Some(skipped) = no_scs() {
         return skipped;
     }
-    let _ = exception::take_last_overflow();
+    let _ = crate::trap::take_last_overflow();
     // 4 KiB of shadow stack is 511 entries: 1500 calls overflow it; their 24 KiB of frame
     // records fit in the 32 KiB stack, and the shadow stack overflows 8 KiB in.
     let id = task::spawn("overflow-scs", recurse_task, 1500).map_err(|_| super::fail("spawn failed"))?;
     check!(task::join(id) == State::Killed(KillReason::ShadowStackOverflow));
-    check!(exception::take_last_overflow() == Some(KillReason::ShadowStackOverflow));
+    check!(crate::trap::take_last_overflow() == Some(KillReason::ShadowStackOverflow));
     Ok(Verdict::Passed)
 }
 

@@ -8,7 +8,7 @@
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use super::{Context, Outcome, Test, Verdict, check, check_eq};
-use crate::arch::exception::{self, ExceptionClass, FaultStatus};
+use crate::arch::exception::{ExceptionClass, FaultStatus};
 use crate::drivers::timer;
 use crate::probes::{Method, Registers};
 use crate::task::user::{self, ENOSYS, Options, USER_STACK_BASE, USER_STACK_TOP, USER_TEXT, UserFault};
@@ -427,7 +427,7 @@ fn uprobe_stack_faults_match_unprobed_store(_: &Context) -> Outcome {
 static SEEN: spin::Mutex<[u64; 4]> = spin::Mutex::new([0; 4]);
 
 fn inspect_and_change(registers: &mut Registers) {
-    let faulted = exception::catch(ExceptionClass::DataAbort, || {
+    let faulted = super::catch(ExceptionClass::DataAbort, || {
         // SAFETY: an ordinary (privileged) read of mapped user text, in asm so that no sanitizer
         // check looks for its shadow; under PAN it faults and `catch` resumes after it.
         unsafe {

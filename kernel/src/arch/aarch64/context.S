@@ -1,4 +1,5 @@
-// Task switch, first entry of a task, IRQs on the per-CPU IRQ stack, and the overflow paths.
+// Task switch, IRQs on the per-CPU IRQ stack, and the overflow paths (the Rust halves are the
+// trap layer's `trap_*` entries).
 //
 // The SP and x18 (shadow call stack) of a context always change together with all of DAIF
 // masked: an exception between the two steps would run on one task's stack with another's
@@ -8,7 +9,8 @@
 
 // switch_to(prev: *mut Context, next: *const Context): saves the callee-saved registers, LR, SP,
 // x18 and DAIF of the running task in prev and resumes next where it last called switch_to (or
-// at task_trampoline). Context layout: x19..x28, x29, x30, sp, x18, daif (task/mod.rs).
+// at the first instruction its creator put in the context's LR). Context layout: x19..x28, x29,
+// x30, sp, x18, daif (task/mod.rs `Context`).
 .global switch_to
 switch_to:
     mrs     x9, daif
@@ -34,16 +36,9 @@ switch_to:
     msr     daif, x9
     ret
 
-// A new task's first instruction: x19 = entry, x20 = argument, x29 = its final frame marker.
-.global task_trampoline
-task_trampoline:
-    mov     x0, x20
-    blr     x19
-    bl      task_exit_current
-
 // IRQ handler called by exception_entry (x0 = frame on the interrupted stack, x29 = the frame's
-// boundary marker): runs exception_el1_irq on this CPU's IRQ stack and IRQ shadow stack, then,
-// back on the interrupted stack, irq_exit (which may switch tasks).
+// boundary marker): runs trap_irq on this CPU's IRQ stack and IRQ shadow stack, then, back on
+// the interrupted stack, trap_irq_exit (which may switch tasks).
 .global call_irq_on_irq_stack
 call_irq_on_irq_stack:
     mov     x22, x30
@@ -55,12 +50,12 @@ call_irq_on_irq_stack:
     ldr     x9, [x19, #{percpu_irq_stack_top}]
     mov     sp, x9
     ldr     x18, [x19, #{percpu_irq_shadow_stack}]
-    bl      exception_el1_irq
+    bl      trap_irq
     mov     sp, x20
     mov     x18, x21
     str     xzr, [x19, #{percpu_irq_frame}]
     mov     x0, x23
-    bl      irq_exit
+    bl      trap_irq_exit
     mov     x30, x22
     ret
 
@@ -85,4 +80,4 @@ stack_overflow_entry:
 stack_overflow_call:
     mrs     x9, tpidr_el1
     ldr     x18, [x9, #{percpu_overflow_shadow_stack}]
-    b       exception_stack_overflow
+    b       trap_stack_overflow

@@ -2,10 +2,13 @@
 
 pub mod counters;
 pub mod cpu;
+pub mod esr;
 pub mod exception;
 pub mod mmu;
 pub mod park;
 pub mod patch;
+pub mod percpu;
+pub mod stack;
 
 use mmu::{Descriptor, VA_OFFSET};
 
@@ -44,10 +47,10 @@ core::arch::global_asm!(
 
 core::arch::global_asm!(
     include_str!("vectors.S"),
-    stack_bit = const crate::task::stacks::STACK_BIT,
+    stack_bit = const stack::STACK_BIT,
     scs_check = const crate::SHADOW_CALL_STACK as u8,
-    scs_mask = const crate::task::stacks::SHADOW_STACK_MASK,
-    percpu_overflow_shadow_stack = const core::mem::offset_of!(crate::task::stacks::PerCpu, overflow_shadow_stack),
+    scs_mask = const stack::SHADOW_STACK_MASK,
+    percpu_overflow_shadow_stack = const core::mem::offset_of!(percpu::PerCpu, overflow_shadow_stack),
     frame_size = const core::mem::size_of::<exception::ExceptionFrame>(),
     gap = const exception::STACK_GAP,
     off_sp = const core::mem::offset_of!(exception::ExceptionFrame, sp),
@@ -55,10 +58,10 @@ core::arch::global_asm!(
     off_esr = const core::mem::offset_of!(exception::ExceptionFrame, esr),
     off_marker = const core::mem::offset_of!(exception::ExceptionFrame, boundary),
     off_tpidr_el0 = const core::mem::offset_of!(exception::ExceptionFrame, tpidr_el0),
-    percpu_user_kernel_x18 = const core::mem::offset_of!(crate::task::stacks::PerCpu, user_kernel_x18),
-    percpu_pauth_keys = const core::mem::offset_of!(crate::task::stacks::PerCpu, pauth_keys),
-    percpu_kernel_apia = const core::mem::offset_of!(crate::task::stacks::PerCpu, kernel_apia),
-    percpu_user_apia = const core::mem::offset_of!(crate::task::stacks::PerCpu, user_apia),
+    percpu_user_kernel_x18 = const core::mem::offset_of!(percpu::PerCpu, user_kernel_x18),
+    percpu_pauth_keys = const core::mem::offset_of!(percpu::PerCpu, pauth_keys),
+    percpu_kernel_apia = const core::mem::offset_of!(percpu::PerCpu, kernel_apia),
+    percpu_user_apia = const core::mem::offset_of!(percpu::PerCpu, user_apia),
     marker_exception = const exception::BOUNDARY_KIND_EXCEPTION,
 );
 
@@ -71,9 +74,9 @@ core::arch::global_asm!(
     include_str!("context.S"),
     frame_size = const core::mem::size_of::<exception::ExceptionFrame>(),
     gap = const exception::STACK_GAP,
-    percpu_irq_frame = const core::mem::offset_of!(crate::task::stacks::PerCpu, irq_frame),
-    percpu_irq_stack_top = const core::mem::offset_of!(crate::task::stacks::PerCpu, irq_stack_top),
-    percpu_irq_shadow_stack = const core::mem::offset_of!(crate::task::stacks::PerCpu, irq_shadow_stack),
-    percpu_overflow_stack_top = const core::mem::offset_of!(crate::task::stacks::PerCpu, overflow_stack_top),
-    percpu_overflow_shadow_stack = const core::mem::offset_of!(crate::task::stacks::PerCpu, overflow_shadow_stack),
+    percpu_irq_frame = const core::mem::offset_of!(percpu::PerCpu, irq_frame),
+    percpu_irq_stack_top = const core::mem::offset_of!(percpu::PerCpu, irq_stack_top),
+    percpu_irq_shadow_stack = const core::mem::offset_of!(percpu::PerCpu, irq_shadow_stack),
+    percpu_overflow_stack_top = const core::mem::offset_of!(percpu::PerCpu, overflow_stack_top),
+    percpu_overflow_shadow_stack = const core::mem::offset_of!(percpu::PerCpu, overflow_shadow_stack),
 );

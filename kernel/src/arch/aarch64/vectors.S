@@ -1,5 +1,6 @@
 // Exception vectors: save the interrupted context as an ExceptionFrame, call Rust, restore, eret.
-// Follows ARM ARM D1.10 (exception entry) and the vector table layout of D1.10.2.
+// Follows ARM ARM D1.10 (exception entry) and the vector table layout of D1.10.2. Every handler
+// called from here is a `trap_*` entry of the trap layer (trap/mod.rs), which sits above arch/.
 //
 // Stack layout on entry from EL1 with SP_EL1 (EL1h), growing down from the interrupted SP:
 //   [interrupted SP - {gap}, interrupted SP)   a gap the handler never touches, so that a probe
@@ -10,7 +11,7 @@
 // On return the context resumes on the frame's `sp`, which such an emulation may have moved:
 // x0/x1 are stashed just below the resume SP (inside the gap) and reloaded after SP is switched.
 // Contexts that run on SP_EL0 (EL1t, EL0) keep their SP in SP_EL0, saved and restored here.
-// From EL0 (task/user.rs) the frame also holds the user's TPIDR_EL0 (the stack-overflow path uses
+// From EL0 the frame also holds the user's TPIDR_EL0 (the stack-overflow path uses
 // that register as scratch), x18 is switched to the task's kernel shadow call stack (kept in the
 // per-CPU data by the last return to EL0), the APIA key is switched between the task's and the
 // kernel's where the CPU has PAuth, and the boundary marker is a final one (kind 0), so
@@ -43,7 +44,7 @@
 .macro VECTOR handler
     .balign 0x80
     sub     sp, sp, #({frame_size} + {gap})
-    // Stack overflow check (task/stacks.rs): a valid SP has bit 14 set. Swap x0 and SP to test
+    // Stack overflow check (stack.rs): a valid SP has bit 14 set. Swap x0 and SP to test
     // the new SP without a free register or a store.
     add     sp, sp, x0
     sub     x0, sp, x0
@@ -61,25 +62,25 @@
 .global exception_vectors
 exception_vectors:
     // Current EL with SP_EL0 (EL1t: the probe tests' harness runs instructions this way).
-    VECTOR  exception_el1_sync
+    VECTOR  trap_el1_sync
     VECTOR  call_irq_on_irq_stack
-    VECTOR  exception_unexpected
-    VECTOR  exception_unexpected
+    VECTOR  trap_unexpected_vector
+    VECTOR  trap_unexpected_vector
     // Current EL with SP_ELx.
-    VECTOR  exception_el1_sync
+    VECTOR  trap_el1_sync
     VECTOR  call_irq_on_irq_stack
-    VECTOR  exception_unexpected
-    VECTOR  exception_unexpected
-    // Lower EL, AArch64: EL0 tasks (task/user.rs).
-    VECTOR  exception_el0_sync
+    VECTOR  trap_unexpected_vector
+    VECTOR  trap_unexpected_vector
+    // Lower EL, AArch64: EL0 tasks.
+    VECTOR  trap_el0_sync
     VECTOR  call_irq_on_irq_stack
-    VECTOR  exception_unexpected
-    VECTOR  exception_unexpected
+    VECTOR  trap_unexpected_vector
+    VECTOR  trap_unexpected_vector
     // Lower EL, AArch32: never.
-    VECTOR  exception_unexpected
-    VECTOR  exception_unexpected
-    VECTOR  exception_unexpected
-    VECTOR  exception_unexpected
+    VECTOR  trap_unexpected_vector
+    VECTOR  trap_unexpected_vector
+    VECTOR  trap_unexpected_vector
+    VECTOR  trap_unexpected_vector
 
 // Common entry: the vector slot saved x0/x1 and put the handler's address in x1.
 exception_entry:
@@ -133,15 +134,15 @@ exception_entry:
     mov     x29, x4
     mov     x0, sp
 .if {scs_check}
-    // Shadow call stack overflow (task/stacks.rs): in an SP_EL1 context a valid x18 has bits
+    // Shadow call stack overflow (stack.rs): in an SP_EL1 context a valid x18 has bits
     // 12-14 clear. Continue on this CPU's overflow shadow stack (the stack itself is fine).
     tbz     x3, #0, 2f
     tst     x18, #{scs_mask}
     b.eq    2f
     mrs     x9, tpidr_el1
     ldr     x18, [x9, #{percpu_overflow_shadow_stack}]
-    adrp    x1, exception_shadow_stack_overflow
-    add     x1, x1, :lo12:exception_shadow_stack_overflow
+    adrp    x1, trap_shadow_stack_overflow
+    add     x1, x1, :lo12:trap_shadow_stack_overflow
 2:
 .endif
     blr     x1

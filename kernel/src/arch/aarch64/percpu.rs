@@ -1,0 +1,86 @@
+//! Per-CPU data, reached through TPIDR_EL1: exception entry (vectors.S, context.S) reads its
+//! first fields by offset (see arch/aarch64/mod.rs), Rust through `this_cpu()`.
+
+use super::exception::ExceptionFrame;
+use super::stack::Slot;
+use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+
+/// CPUs the kernel brings up (kernel.ld reserves an IRQ and an overflow slot for each).
+pub const CPUS: usize = 1;
+
+#[repr(C)]
+pub struct PerCpu {
+    pub irq_stack_top: AtomicU64,
+    pub irq_shadow_stack: AtomicU64,
+    pub overflow_stack_top: AtomicU64,
+    pub overflow_shadow_stack: AtomicU64,
+    /// The interrupted context while an IRQ runs on the IRQ stack (null otherwise): what the
+    /// walkers need to continue into the interrupted task (its x29, PC and x18).
+    pub irq_frame: AtomicPtr<ExceptionFrame>,
+    /// IRQs handled, for tests.
+    pub irqs: AtomicU64,
+    /// The running user task's kernel shadow-call-stack pointer: written by every return to EL0,
+    /// loaded into x18 by every entry from EL0 (vectors.S).
+    pub user_kernel_x18: AtomicU64,
+    /// 1 when user tasks run with their own APIA key (FEAT_PAuth): vectors.S then loads
+    /// `user_apia` on every return to EL0 and `kernel_apia` on every entry from EL0.
+    pub pauth_keys: AtomicU64,
+    pub kernel_apia: [AtomicU64; 2],
+    /// The running user task's APIA key (set when the scheduler switches to it).
+    pub user_apia: [AtomicU64; 2],
+    /// This CPU's index (0 for the boot CPU).
+    pub index: AtomicU64,
+}
+
+static PER_CPU: [PerCpu; CPUS] = [const {
+    PerCpu {
+        irq_stack_top: AtomicU64::new(0),
+        irq_shadow_stack: AtomicU64::new(0),
+        overflow_stack_top: AtomicU64::new(0),
+        overflow_shadow_stack: AtomicU64::new(0),
+        irq_frame: AtomicPtr::new(core::ptr::null_mut()),
+        irqs: AtomicU64::new(0),
+        user_kernel_x18: AtomicU64::new(0),
+        pauth_keys: AtomicU64::new(0),
+        kernel_apia: [const { AtomicU64::new(0) }; 2],
+        user_apia: [const { AtomicU64::new(0) }; 2],
+        index: AtomicU64::new(0),
+    }
+}; CPUS];
+
+/// This CPU's data (TPIDR_EL1, set by `init_this_cpu` before anything else runs).
+#[inline(always)]
+pub fn this_cpu() -> &'static PerCpu {
+    let data: u64;
+    // SAFETY: reads the kernel's per-CPU pointer register; no memory is touched.
+    unsafe { core::arch::asm!("mrs {}, tpidr_el1", out(reg) data, options(nomem, nostack, preserves_flags)) };
+    debug_assert!(data != 0, "this_cpu() before init_this_cpu()");
+    // SAFETY: TPIDR_EL1 holds the address of this CPU's entry of PER_CPU (init_this_cpu wrote
+    // it, nothing else writes the register), a static that lives forever.
+    unsafe { &*(data as *const PerCpu) }
+}
+
+/// This CPU's index.
+#[inline(always)]
+pub fn this_cpu_index() -> usize {
+    this_cpu().index.load(Ordering::Relaxed) as usize
+}
+
+/// Fills CPU `cpu`'s stack addresses from its IRQ and overflow slots and points TPIDR_EL1 at its
+/// data. Called once per CPU, on that CPU, first thing.
+pub fn init_this_cpu(cpu: usize, irq: Slot, overflow: Slot) {
+    let data = &PER_CPU[cpu];
+    for slot in [irq, overflow] {
+        // SAFETY: the magic slot is the last word of a mapped shadow-call-stack page.
+        unsafe { core::ptr::write_volatile((slot.shadow_stack_end() - 8) as *mut u64, unwind::SCS_END_MAGIC) };
+    }
+    data.index.store(cpu as u64, Ordering::Relaxed);
+    data.irq_stack_top.store(irq.stack_top(), Ordering::Relaxed);
+    data.irq_shadow_stack.store(irq.shadow_stack_base(), Ordering::Relaxed);
+    data.overflow_stack_top.store(overflow.stack_top(), Ordering::Relaxed);
+    data.overflow_shadow_stack.store(overflow.shadow_stack_base(), Ordering::Relaxed);
+    // SAFETY: TPIDR_EL1 is the kernel's per-CPU pointer register; nothing else uses it.
+    unsafe {
+        core::arch::asm!("msr tpidr_el1, {}", "isb", in(reg) data as *const PerCpu, options(nostack, preserves_flags))
+    };
+}
