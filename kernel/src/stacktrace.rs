@@ -68,9 +68,9 @@ fn current_place() -> Place {
     let sp: u64;
     // SAFETY: reads SP.
     unsafe { core::arch::asm!("mov {}, sp", out(reg) sp, options(nomem, nostack, preserves_flags)) };
-    if stacks::irq_slot(0).contains_stack(sp) {
+    if stacks::this_irq_slot().contains_stack(sp) {
         Place::Irq
-    } else if stacks::overflow_slot(0).contains_stack(sp) {
+    } else if stacks::this_overflow_slot().contains_stack(sp) {
         Place::Overflow
     } else {
         Place::Task
@@ -86,13 +86,13 @@ fn declared_stacks(place: Place, buffer: &mut [StackRange; 3]) -> &[StackRange] 
             1
         }
         Place::Irq => {
-            buffer[0] = stack_range(stacks::irq_slot(0), StackKind::Irq);
+            buffer[0] = stack_range(stacks::this_irq_slot(), StackKind::Irq);
             buffer[1] = task;
             2
         }
         Place::Overflow => {
-            buffer[0] = stack_range(stacks::overflow_slot(0), StackKind::Overflow);
-            buffer[1] = stack_range(stacks::irq_slot(0), StackKind::Irq);
+            buffer[0] = stack_range(stacks::this_overflow_slot(), StackKind::Overflow);
+            buffer[1] = stack_range(stacks::this_irq_slot(), StackKind::Irq);
             buffer[2] = task;
             3
         }
@@ -127,8 +127,8 @@ pub fn capture(mode: Mode, options: TraceOptions) -> Trace {
             let x18 = cpu::shadow_call_stack_pointer();
             let here = match place {
                 Place::Task => crate::task::current_slot(),
-                Place::Irq => stacks::irq_slot(0),
-                Place::Overflow => stacks::overflow_slot(0),
+                Place::Irq => stacks::this_irq_slot(),
+                Place::Overflow => stacks::this_overflow_slot(),
             };
             let mut segments = [ShadowSegment::current(shadow_stack(here), x18); 2];
             let mut count = 1;

@@ -231,7 +231,7 @@ fn assert_not_in_irq() {
     let sp: u64;
     // SAFETY: reads SP.
     unsafe { core::arch::asm!("mov {}, sp", out(reg) sp, options(nomem, nostack, preserves_flags)) };
-    assert!(!crate::task::stacks::irq_slot(0).contains_stack(sp), "the heap is not for IRQ context");
+    assert!(!crate::task::stacks::this_irq_slot().contains_stack(sp), "the heap is not for IRQ context");
 }
 
 /// Collects the stack of allocate/free's caller in the current mode; the raw depot handle or 0.

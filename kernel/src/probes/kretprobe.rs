@@ -259,7 +259,7 @@ pub fn forget_task(index: usize) {
 #[unsafe(link_section = ".text.noprobe")]
 #[inline(always)]
 fn context_stack(sp: u64) -> *mut ReturnStack<INSTANCES_PER_CONTEXT> {
-    let index = if stacks::irq_slot(0).contains_stack(sp) { TASK_SLOTS } else { crate::task::current().0 };
+    let index = if stacks::this_irq_slot().contains_stack(sp) { TASK_SLOTS } else { crate::task::current().0 };
     CONTEXTS.0[index].get()
 }
 

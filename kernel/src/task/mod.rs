@@ -11,6 +11,7 @@ pub mod stacks;
 pub mod user;
 
 use crate::arch::cpu;
+use crate::sync::IrqMask;
 use core::sync::atomic::{AtomicBool, Ordering};
 use stacks::{SHADOW_STACK_SIZE, Slot, TASK_SLOTS};
 
@@ -51,6 +52,8 @@ struct Task {
     context: Context,
     /// Deepest shadow-call-stack use seen when the task ended, in entries.
     shadow_high_water: usize,
+    /// The EL0 half of a user task (inactive for kernel tasks).
+    user: user::UserTask,
 }
 
 struct Scheduler {
@@ -58,9 +61,20 @@ struct Scheduler {
     current: usize,
 }
 
+/// A `static mut`, not a lock: `schedule` leaves through `switch_to` with raw pointers into the
+/// task table and the next task resumes inside its own `schedule`, so no guard could be held
+/// across the switch, and the context switch is a hot path. Every access runs with IRQs masked
+/// (`with_irqs_masked`, or inside an exception or IRQ) on the one CPU.
 static mut SCHEDULER: Scheduler = Scheduler {
-    tasks: [const { Task { name: "", state: State::Free, context: Context::zeroed(), shadow_high_water: 0 } };
-        TASK_SLOTS],
+    tasks: [const {
+        Task {
+            name: "",
+            state: State::Free,
+            context: Context::zeroed(),
+            shadow_high_water: 0,
+            user: user::UserTask::NONE,
+        }
+    }; TASK_SLOTS],
     current: 0,
 };
 static NEED_RESCHED: AtomicBool = AtomicBool::new(false);
@@ -98,10 +112,8 @@ fn scheduler() -> &'static mut Scheduler {
 }
 
 fn with_irqs_masked<T>(f: impl FnOnce() -> T) -> T {
-    let daif = cpu::mask_interrupts();
-    let result = f();
-    cpu::restore_interrupts(daif);
-    result
+    let _masked = IrqMask::new();
+    f()
 }
 
 /// Makes the boot context task 0.
@@ -150,7 +162,8 @@ pub fn spawn(name: &'static str, entry: extern "C" fn(u64), argument: u64) -> Re
         context.sp = marker;
         context.x18 = slot.shadow_stack_base();
         context.daif = 0; // interrupts on
-        scheduler.tasks[index] = Task { name, state: State::Runnable, context, shadow_high_water: 0 };
+        scheduler.tasks[index] =
+            Task { name, state: State::Runnable, context, shadow_high_water: 0, user: user::UserTask::NONE };
         Ok(TaskId(index))
     })
 }

@@ -1,7 +1,7 @@
 //! Stack slots: which slot is whose (tasks first, then each CPU's IRQ and overflow slots). The
 //! slot geometry (`Slot`, sizes, the bits vectors.S tests) and the per-CPU data live in arch/.
 
-pub use crate::arch::percpu::{CPUS, this_cpu, this_cpu_index};
+pub use crate::arch::percpu::{CPUS, this_cpu};
 pub use crate::arch::stack::{SHADOW_STACK_SIZE, SLOT_SIZE, STACK_SIZE, Slot};
 
 pub const TASK_SLOTS: usize = 8;
@@ -38,13 +38,15 @@ pub fn overflow_slot(cpu: usize) -> Slot {
 }
 
 /// This CPU's IRQ slot.
+#[inline(always)]
 pub fn this_irq_slot() -> Slot {
-    irq_slot(this_cpu_index())
+    this_cpu().irq_slot()
 }
 
 /// This CPU's overflow slot.
+#[inline(always)]
 pub fn this_overflow_slot() -> Slot {
-    overflow_slot(this_cpu_index())
+    this_cpu().overflow_slot()
 }
 
 /// Sets up the boot CPU's per-CPU data (TPIDR_EL1) with its IRQ and overflow slots. First thing.

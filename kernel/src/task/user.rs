@@ -33,9 +33,9 @@ use core::sync::atomic::{AtomicBool, Ordering};
 
 use super::stacks::TASK_SLOTS;
 use super::{SpawnError, TaskId, scheduler};
-use crate::arch::cpu;
 use crate::arch::exception::{Esr, ExceptionFrame, STACK_GAP};
 use crate::arch::mmu::pa_of;
+use crate::sync::IrqMask;
 
 /// Where `.text.user` is mapped in every user space.
 pub const USER_TEXT: u64 = 0x40_0000;
@@ -90,6 +90,9 @@ struct Space {
 
 const EMPTY_PAGE: Page = Page([0; 512]);
 
+/// A `static mut`, not a lock: the page-table walker reads these pages without any lock, and the
+/// uprobes write a slot's XOL page through a raw pointer; a slot is written only while its task
+/// is not running (`spawn`) or with IRQs masked.
 static mut SPACES: [Space; TASK_SLOTS] = [const {
     Space { l1: EMPTY_PAGE, l2: EMPTY_PAGE, l3: EMPTY_PAGE, xol: EMPTY_PAGE, stack: [EMPTY_PAGE; STACK_PAGES] }
 }; TASK_SLOTS];
@@ -105,9 +108,9 @@ pub struct UserFault {
     pub pc: u64,
 }
 
-/// Per-slot user task state.
+/// The EL0 half of a task (a field of the scheduler's task, under its rules: IRQs masked).
 #[derive(Clone, Copy)]
-struct UserTask {
+pub(super) struct UserTask {
     active: bool,
     entry: u64,
     arguments: [u64; 3],
@@ -117,14 +120,15 @@ struct UserTask {
     apia: [u64; 2],
 }
 
-static mut USERS: [UserTask; TASK_SLOTS] =
-    [UserTask { active: false, entry: 0, arguments: [0; 3], spsr: 0, exit_code: None, fault: None, apia: [0; 2] };
-        TASK_SLOTS];
+impl UserTask {
+    pub(super) const NONE: Self =
+        Self { active: false, entry: 0, arguments: [0; 3], spsr: 0, exit_code: None, fault: None, apia: [0; 2] };
+}
 
-fn users() -> &'static mut [UserTask; TASK_SLOTS] {
-    // SAFETY: callers run with IRQs masked (exception handlers, the scheduler, `spawn`) or read
-    // the slot of an ended task; one CPU, no reference is kept across a scheduling point.
-    unsafe { &mut *core::ptr::addr_of_mut!(USERS) }
+/// Task slot `slot`'s user state. Callers hold IRQs masked (exception handlers, the scheduler,
+/// `spawn`) or read the slot of an ended task, as for every scheduler field.
+fn user(slot: usize) -> &'static mut UserTask {
+    &mut scheduler().tasks[slot].user
 }
 
 fn space(slot: usize) -> &'static mut Space {
@@ -263,23 +267,15 @@ impl Options {
 pub fn spawn(name: &'static str, entry: u64, arguments: [u64; 3], options: Options) -> Result<TaskId, SpawnError> {
     assert!(INITIALISED.load(Ordering::Relaxed), "task::user::init first");
     assert!(kernel_text_address(entry).is_some(), "user entry must be user text");
-    let daif = cpu::mask_interrupts();
-    let id = match super::spawn(name, user_task_main, 0) {
-        Ok(id) => id,
-        Err(error) => {
-            cpu::restore_interrupts(daif);
-            return Err(error);
-        }
-    };
+    let _masked = IrqMask::new();
+    let id = super::spawn(name, user_task_main, 0)?;
     build_space(id.0, options);
     crate::uprobes::on_new_user_task(id.0);
     let spsr = if options.irqs_masked { 0x3c0 } else { 0 };
-    users()[id.0] =
-        UserTask { active: true, entry, arguments, spsr, exit_code: None, fault: None, apia: new_key(id.0) };
+    *user(id.0) = UserTask { active: true, entry, arguments, spsr, exit_code: None, fault: None, apia: new_key(id.0) };
     if options.irqs_masked {
         scheduler().tasks[id.0].context.daif = 0x3c0;
     }
-    cpu::restore_interrupts(daif);
     Ok(id)
 }
 
@@ -340,7 +336,7 @@ pub(super) fn switch_address_space(next: usize) {
     if !INITIALISED.load(Ordering::Relaxed) {
         return;
     }
-    let user = &users()[next];
+    let user = user(next);
     if user.active {
         let cpu = super::stacks::this_cpu();
         cpu.user_apia[0].store(user.apia[0], Ordering::Relaxed);
@@ -359,7 +355,10 @@ pub(super) fn switch_address_space(next: usize) {
 /// the task from the exception handler).
 extern "C" fn user_task_main(_: u64) {
     let slot = super::current().0;
-    let user = users()[slot];
+    let user = {
+        let _masked = IrqMask::new();
+        *user(slot)
+    };
     // The frame `exception_return` reloads: x0-x30, sp, elr, spsr (see ExceptionFrame).
     let mut words = [0u64; 34];
     words[..3].copy_from_slice(&user.arguments);
@@ -397,11 +396,13 @@ enter_user:
 
 /// How an ended user task ended: its `exit` code, or the fault that killed it.
 pub fn exit_code(id: TaskId) -> Option<u64> {
-    users()[id.0].exit_code
+    let _masked = IrqMask::new();
+    user(id.0).exit_code
 }
 
 pub fn fault(id: TaskId) -> Option<UserFault> {
-    users()[id.0].fault
+    let _masked = IrqMask::new();
+    user(id.0).fault
 }
 
 /// Runs `entry(arguments)` at EL0 to its end and returns its exit code, or the fault.
@@ -424,7 +425,7 @@ pub fn syscall(frame: &mut ExceptionFrame) {
     match frame.x[8] {
         EXIT => {
             let slot = super::current().0;
-            users()[slot].exit_code = Some(frame.x[0]);
+            user(slot).exit_code = Some(frame.x[0]);
             end_user_task(slot);
             super::task_exit_current()
         }
@@ -438,7 +439,7 @@ pub fn syscall(frame: &mut ExceptionFrame) {
 }
 
 fn end_user_task(slot: usize) {
-    users()[slot].active = false;
+    user(slot).active = false;
     switch_address_space(slot);
 }
 
@@ -456,7 +457,7 @@ pub fn kill_with_fault(fault: UserFault) -> ! {
         fault.pc
     );
     let slot = super::current().0;
-    users()[slot].fault = Some(fault);
+    user(slot).fault = Some(fault);
     end_user_task(slot);
     super::kill_current(super::KillReason::UserFault)
 }

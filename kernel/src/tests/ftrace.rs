@@ -271,7 +271,7 @@ static IN_TASK: AtomicU64 = AtomicU64::new(0);
 /// Counts calls by the stack they run on (the traced function's SP at entry).
 #[sanitize(kernel_hwaddress = "off")]
 unsafe extern "C" fn note_context(_: u64, _: u64, _: &Ops, regs: &mut Regs) {
-    let counter = if stacks::irq_slot(0).contains_stack(regs.sp) { &IN_IRQ } else { &IN_TASK };
+    let counter = if stacks::this_irq_slot().contains_stack(regs.sp) { &IN_IRQ } else { &IN_TASK };
     counter.fetch_add(1, Ordering::Relaxed);
 }
 

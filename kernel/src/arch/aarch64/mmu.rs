@@ -124,15 +124,25 @@ unsafe extern "C" {
 }
 
 /// Tables for the final kernel address space. Enough for the image's pages, devices, the shadow
-/// and private copies of the shared shadow tables; `MapError::OutOfTables` says when not.
+/// and private copies of the shared shadow tables; `MapError::OutOfTables` says when not. The
+/// one `KernelSpace` takes the lock for good (the tables live as long as the kernel).
 const TABLE_POOL_SIZE: usize = 48;
-static mut TABLE_POOL: [Table; TABLE_POOL_SIZE] = [const { Table([0; ENTRIES]) }; TABLE_POOL_SIZE];
+static TABLE_POOL: spin::Mutex<[Table; TABLE_POOL_SIZE]> =
+    spin::Mutex::new([const { Table([0; ENTRIES]) }; TABLE_POOL_SIZE]);
 
 #[derive(Debug, defmt::Format)]
 pub enum MapError {
     OutOfTables,
-    Misaligned { va: u64, pa: u64, size: u64 },
-    AlreadyMapped { va: u64 },
+    /// A second kernel space: the table pool belongs to the first.
+    PoolTaken,
+    Misaligned {
+        va: u64,
+        pa: u64,
+        size: u64,
+    },
+    AlreadyMapped {
+        va: u64,
+    },
 }
 
 /// Physical address of something in the kernel image or the linear map.
@@ -143,13 +153,16 @@ pub fn pa_of(va: u64) -> u64 {
 /// The kernel's upper-half address space while it is being built.
 pub struct KernelSpace {
     root: *mut Table,
+    /// The pool's first table (TABLE_POOL, taken for good).
+    pool: *mut Table,
     tables_used: usize,
 }
 
 impl KernelSpace {
     /// Starts from an empty level-1 table whose shadow entries map the shared 0xFF shadow.
     pub fn new() -> Result<Self, MapError> {
-        let mut space = Self { root: core::ptr::null_mut(), tables_used: 0 };
+        let pool = spin::MutexGuard::leak(TABLE_POOL.try_lock().ok_or(MapError::PoolTaken)?);
+        let mut space = Self { root: core::ptr::null_mut(), pool: pool.as_mut_ptr(), tables_used: 0 };
         space.root = space.alloc_table()?;
         let shared_l2 = pa_of(addr_of_mut!(SHADOW_L2) as u64) | Descriptor::TABLE;
         for va in [VA_OFFSET, TEXT_ALIAS_OFFSET] {
@@ -163,9 +176,9 @@ impl KernelSpace {
         if self.tables_used == TABLE_POOL_SIZE {
             return Err(MapError::OutOfTables);
         }
-        // SAFETY: each pool slot is handed out once (tables_used only grows) and the pool is only
-        // used by the single KernelSpace built at boot.
-        let table = unsafe { addr_of_mut!(TABLE_POOL[self.tables_used]) };
+        // SAFETY: tables_used < TABLE_POOL_SIZE, so the pointer stays inside the pool, which this
+        // space owns (its lock was leaked); each table is handed out once (tables_used only grows).
+        let table = unsafe { self.pool.add(self.tables_used) };
         self.tables_used += 1;
         Ok(table)
     }

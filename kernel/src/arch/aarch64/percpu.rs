@@ -48,6 +48,20 @@ static PER_CPU: [PerCpu; CPUS] = [const {
     }
 }; CPUS];
 
+impl PerCpu {
+    /// This CPU's IRQ stack slot (from its stack top: no slot arithmetic on the way).
+    #[inline(always)]
+    pub fn irq_slot(&self) -> Slot {
+        Slot(self.irq_stack_top.load(Ordering::Relaxed) - super::stack::SLOT_SIZE)
+    }
+
+    /// This CPU's overflow stack slot.
+    #[inline(always)]
+    pub fn overflow_slot(&self) -> Slot {
+        Slot(self.overflow_stack_top.load(Ordering::Relaxed) - super::stack::SLOT_SIZE)
+    }
+}
+
 /// This CPU's data (TPIDR_EL1, set by `init_this_cpu` before anything else runs).
 #[inline(always)]
 pub fn this_cpu() -> &'static PerCpu {
