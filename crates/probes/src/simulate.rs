@@ -308,6 +308,7 @@ impl fmt::Display for Exception {
 /// On `Err`, no register (PC, SP, PSTATE included) has changed.
 #[allow(clippy::question_mark, reason = "`?` is a core generic, instrumented on the hit path: see `access!`")]
 #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+#[inline]
 pub fn simulate<R, M>(
     insn: &Simulated,
     registers: &mut R,

@@ -2,7 +2,7 @@
 //! and the sanitizer's compiled-in checks.
 
 use super::{Context, Outcome, Test, Verdict, check, check_eq};
-use crate::arch::exception::{self, ExceptionClass, FaultStatus};
+use crate::arch::exception::{self, Esr, ExceptionClass, FaultStatus};
 use crate::arch::{cpu, patch};
 use crate::drivers::{interrupts, timer};
 use crate::mm::sanitizer;
@@ -33,7 +33,7 @@ fn brk_is_taken_and_returned_from(_: &Context) -> Outcome {
     let Some(caught) = caught else {
         return Err(fail("no BRK exception was taken"));
     };
-    check_eq!(caught.esr & 0xffff, TEST_BRK_IMMEDIATE);
+    check_eq!(u64::from(Esr(caught.esr).immediate()), TEST_BRK_IMMEDIATE);
     check!(ExceptionClass::of(caught.esr) == ExceptionClass::Brk);
     Ok(Verdict::Passed)
 }
@@ -49,7 +49,7 @@ fn data_abort_on_guard_page_is_decoded(_: &Context) -> Outcome {
     };
     check_eq!(caught.far, guard);
     check!(FaultStatus::of(caught.esr) == FaultStatus::Translation { level: 3 });
-    check!(caught.esr & (1 << 6) == 0); // WnR: a read
+    check!(!Esr(caught.esr).is_write());
     Ok(Verdict::Passed)
 }
 

@@ -119,7 +119,7 @@ fn registers_words(registers: &Registers) -> [u64; 34] {
 pub fn on_brk(frame: &mut ExceptionFrame) -> bool {
     // SAFETY: see HarnessCell.
     let harness = unsafe { &mut *harness() };
-    let immediate = (frame.esr & 0xffff) as u16;
+    let immediate = crate::arch::exception::Esr(frame.esr).immediate();
     if immediate == BRK_HARNESS_ENTER && !harness.active {
         harness.saved = *frame_words(frame);
         *frame_words(frame) = registers_words(&harness.input);
