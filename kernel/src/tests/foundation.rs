@@ -238,8 +238,9 @@ fn instrumented_store(pointer: *mut u32, value: u32) {
 }
 
 fn sanitizer_checks_run(_: &Context) -> Outcome {
-    static mut TARGET: u64 = 0x1122_3344_5566_7788;
-    let address = core::ptr::addr_of_mut!(TARGET) as u64;
+    // Written through raw (tagged) pointers below: an atomic gives it interior mutability.
+    static TARGET: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0x1122_3344_5566_7788);
+    let address = TARGET.as_ptr() as u64;
     let tagged = (address & !(0xff << 56)) | (0x42 << 56);
     // Untagged (0xFF) pointers match everything: no report in any variant.
     let (count, _) = sanitizer::expect_mismatches(|| {

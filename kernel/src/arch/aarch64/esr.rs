@@ -22,6 +22,7 @@ pub enum ExceptionClass {
 }
 
 impl ExceptionClass {
+    #[inline]
     pub fn of(esr: u64) -> Self {
         Esr(esr).class()
     }
@@ -83,6 +84,8 @@ impl Esr {
         ((self.0 >> 26) & 0x3f) as u8
     }
 
+    /// Inlined: the EL0 entry decodes the class on the uprobe hit path.
+    #[inline]
     pub fn class(self) -> ExceptionClass {
         match self.ec() {
             0x00 => ExceptionClass::Unknown,
