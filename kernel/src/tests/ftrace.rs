@@ -6,7 +6,7 @@ use super::{Context, Outcome, Test, Verdict, check, check_eq, fail};
 use crate::arch::cpu;
 use crate::ftrace::{self, Error, Ops, Regs, Scheme, Symbols, tracers::Counter};
 use crate::stacktrace::{self, Mode};
-use crate::{callsites, task::stacks};
+use crate::{symbols::callsites, task::stacks};
 use ::ftrace::{MOV_X9_X30, NOP, SiteState, TracerId, glob_match, is_bl_to};
 use core::hint::black_box;
 use core::sync::atomic::{AtomicU64, Ordering};

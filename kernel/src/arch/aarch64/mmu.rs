@@ -15,7 +15,7 @@
 use core::ptr::addr_of_mut;
 
 /// Kernel VA = PA + this (the base of the 39-bit TTBR1 range).
-pub const VA_OFFSET: u64 = 0xFFFF_FF80_0000_0000;
+pub const VA_OFFSET: u64 = protocol::VA_OFFSET;
 /// Writable alias of kernel text: alias VA = PA + this.
 pub const TEXT_ALIAS_OFFSET: u64 = 0xFFFF_FFA0_0000_0000;
 /// The sanitizer's mapping offset. xtask passes the same value to the compiler as
