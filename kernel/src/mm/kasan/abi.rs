@@ -51,6 +51,7 @@ __hwasan_tag_mismatch:
 /// intrinsics. A mismatch anywhere in the range is reported as the whole access (its start and
 /// size, as KASAN does), with the memory tag of the first mismatching granule. Whether it
 /// mismatched.
+#[inline(always)]
 #[sanitize(kernel_hwaddress = "off")]
 #[unsafe(link_section = ".text.sanitizer")]
 fn check_range(address: u64, size: u64, write: bool, return_address: u64) -> bool {
@@ -159,7 +160,9 @@ extern "C" fn sanitizer_tag_mismatch(address: u64, info: u64, return_address: u6
 
 /// Hands a mismatch and the object the ring attributes it to to the report (report.rs), which
 /// returns to the access when a test records reports or the kernel runs in recover mode, else
-/// stops the kernel.
+/// stops the kernel. Out of line: the range checks inline around it stay small.
+#[cold]
+#[inline(never)]
 #[sanitize(kernel_hwaddress = "off")]
 #[unsafe(link_section = ".text.sanitizer")]
 fn record(mismatch: Mismatch) {

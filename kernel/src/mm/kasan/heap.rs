@@ -404,23 +404,32 @@ pub fn free(pointer: u64) {
         Ok(())
     });
     if let Err(bad) = verdict {
-        let bug = match bad {
-            BadFree::Double => BugType::DoubleFree,
-            BadFree::Invalid => BugType::InvalidFree,
-        };
-        let (start, end) = range();
-        let in_heap = (start..end).contains(&untagged(pointer));
-        report::report_bad_free(BadFreeReport {
-            bug,
-            pointer,
-            memory_tag: in_heap.then(|| Tags::memory_tag(untagged(pointer))),
-            found: if in_heap { find_object(pointer) } else { None },
-            free_function: free as fn(u64) as usize as u64,
-            stack_mode: stacks().name(),
-        });
+        refuse_free(bad, pointer);
         // Not a tail call: the report finds the free's caller after this function's frame.
         core::hint::black_box(pointer);
     }
+}
+
+/// Reports a free that `check_free` refused. Out of line and cold, so that the free path's
+/// own code stays what it was; the report finds the free's caller after `free`'s frame.
+#[cold]
+#[inline(never)]
+#[sanitize(kernel_hwaddress = "off")]
+fn refuse_free(bad: BadFree, pointer: u64) {
+    let bug = match bad {
+        BadFree::Double => BugType::DoubleFree,
+        BadFree::Invalid => BugType::InvalidFree,
+    };
+    let (start, end) = range();
+    let in_heap = (start..end).contains(&untagged(pointer));
+    report::report_bad_free(BadFreeReport {
+        bug,
+        pointer,
+        memory_tag: if in_heap { Some(Tags::memory_tag(untagged(pointer))) } else { None },
+        found: if in_heap { find_object(pointer) } else { None },
+        free_function: free as fn(u64) as usize as u64,
+        stack_mode: stacks().name(),
+    });
 }
 
 /// Resizes the object at `pointer` to `new_size`, in place when it fits in its block (the tag
