@@ -16,7 +16,7 @@ pub struct IrqMask {
 }
 
 impl IrqMask {
-    #[expect(clippy::new_without_default, reason = "masking interrupts is an action, not a default value")]
+    #[allow(clippy::new_without_default, reason = "masking interrupts is an action, not a default value")]
     #[inline(always)]
     pub fn new() -> Self {
         Self { daif: cpu::mask_interrupts() }

@@ -51,9 +51,10 @@ __hwasan_tag_mismatch:
 /// intrinsics. A mismatch anywhere in the range is reported as the whole access (its start and
 /// size, as KASAN does), with the memory tag of the first mismatching granule. Whether it
 /// mismatched.
+///
+/// Always inlined into the `__hwasan_*` entries below (uninstrumented, in `.text.sanitizer`),
+/// whose attributes its body takes: a call per access would cost a frame each time.
 #[inline(always)]
-#[sanitize(kernel_hwaddress = "off")]
-#[unsafe(link_section = ".text.sanitizer")]
 fn check_range(address: u64, size: u64, write: bool, return_address: u64) -> bool {
     let pointer_tag = (address >> 56) as u8;
     if pointer_tag == Tags::MATCH_ALL || size == 0 {
