@@ -70,8 +70,12 @@ fn next() -> u8 {
     ShadowTags::FIRST_OBJECT_TAG + ((next >> 24) % OBJECT_TAGS) as u8
 }
 
-/// The tag the shadow holds for the granule of `address`.
-#[sanitize(kernel_hwaddress = "off")]
+/// The tag the shadow holds for the granule of `address`. Always inlined (as is
+/// `set_memory_tag`): the range checks and the heap, all uninstrumented, call it per granule or
+/// per object, and whether LLVM would inline it on its own depends on codegen-unit partitioning.
+/// Its only access is the asm load, which no sanitizer instruments, so the callers' sanitizer
+/// setting does not matter.
+#[inline(always)]
 fn memory_tag(address: u64) -> u8 {
     let tag: u8;
     // SAFETY: every address instrumented code can touch has a mapped shadow byte (mm::init).
@@ -84,8 +88,9 @@ fn memory_tag(address: u64) -> u8 {
 }
 
 /// Writes `tag` to the shadow of every granule of `[address, address + size)` (size a multiple
-/// of 16). Uses asm stores: the shadow has no shadow of its own.
-#[sanitize(kernel_hwaddress = "off")]
+/// of 16). Uses asm stores: the shadow has no shadow of its own. Always inlined, see
+/// `memory_tag`.
+#[inline(always)]
 fn set_memory_tag(address: u64, size: u64, tag: u8) {
     let first = crate::arch::mmu::shadow_of(untagged(address));
     let word = u64::from_ne_bytes([tag; 8]);
