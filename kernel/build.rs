@@ -2,16 +2,15 @@
 
 use std::{env, fs, path::PathBuf};
 
-/// Linear-map offset: kernel virtual address = physical address + this (TTBR1, 39-bit VA).
-const VA_OFFSET: u64 = 0xFFFF_FF80_0000_0000;
+use protocol::{VA_OFFSET, load_address};
 
 fn main() {
     let virt = env::var_os("CARGO_FEATURE_BOARD_QEMU_VIRT").is_some();
     let rpi4 = env::var_os("CARGO_FEATURE_BOARD_RPI4").is_some();
     // Where the loader puts the raw image: QEMU virt at RAM + 0x80000, the Pi 4 firmware at 0x80000.
     let phys_base: u64 = match (virt, rpi4) {
-        (true, false) => 0x4008_0000,
-        (false, true) => 0x0008_0000,
+        (true, false) => load_address::QEMU_VIRT,
+        (false, true) => load_address::RPI4,
         _ => panic!("select exactly one board feature: board-qemu-virt or board-rpi4"),
     };
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());

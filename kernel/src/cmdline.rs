@@ -5,6 +5,9 @@
 //! benchmarks: `run=bench bench=SUITE,... reps=N clock=cycles|ns icount=0|1`;
 //! function tracing from boot: `ftrace=PATTERN ftrace-scheme=list|call-ops|vector`; the sanitizer
 //! heap: `tag-seed=N` (decimal or 0x-hex: the tag generator's seed), `kasan=panic|recover`.
+//! The keys are `protocol::cmdline`'s, which xtask spells too.
+
+use protocol::cmdline as key;
 
 #[derive(Clone, Copy, PartialEq, Eq, defmt::Format)]
 pub enum Run {
@@ -57,46 +60,46 @@ impl CommandLine {
             icount: false,
             ftrace: None,
             ftrace_scheme: crate::ftrace::Scheme::CallOps,
-            tag_seed: crate::mm::tags::DEFAULT_SEED,
+            tag_seed: crate::mm::kasan::shadow::DEFAULT_SEED,
             kasan_recover: false,
         };
         for word in bootargs.split_whitespace() {
             let (key, value) = word.split_once('=').unwrap_or((word, ""));
             match (key, value) {
-                ("run", "demo") => line.run = Run::Demo,
-                ("run", "test") => line.run = Run::Test,
-                ("run", "bench") => line.run = Run::Bench,
-                ("bench", suites) => line.bench_suites = suites,
-                ("reps", reps) => match reps.parse::<u32>() {
+                (key::RUN, "demo") => line.run = Run::Demo,
+                (key::RUN, "test") => line.run = Run::Test,
+                (key::RUN, "bench") => line.run = Run::Bench,
+                (key::BENCH, suites) => line.bench_suites = suites,
+                (key::REPS, reps) => match reps.parse::<u32>() {
                     Ok(reps) if reps >= 1 => line.bench_reps = reps,
                     _ => defmt::warn!("cmdline: reps={=str} is not a positive number", reps),
                 },
-                ("clock", "cycles") => line.bench_clock = crate::bench::Clock::Cycles,
-                ("clock", "ns") => line.bench_clock = crate::bench::Clock::Nanoseconds,
-                ("icount", flag) => line.icount = flag == "1",
-                ("run", "panic") => line.run = Run::Panic,
-                ("run", "fault") => line.run = Run::Fault,
-                ("run", "unowned-brk") => line.run = Run::UnownedBrk,
-                ("run", "hang") => line.run = Run::Hang,
-                ("run", "use-after-free") => line.run = Run::UseAfterFree,
-                ("filter", filter) => line.filter = filter,
-                ("tag-seed", seed) => match parse_u32(seed) {
+                (key::CLOCK, "cycles") => line.bench_clock = crate::bench::Clock::Cycles,
+                (key::CLOCK, "ns") => line.bench_clock = crate::bench::Clock::Nanoseconds,
+                (key::ICOUNT, flag) => line.icount = flag == "1",
+                (key::RUN, "panic") => line.run = Run::Panic,
+                (key::RUN, "fault") => line.run = Run::Fault,
+                (key::RUN, "unowned-brk") => line.run = Run::UnownedBrk,
+                (key::RUN, "hang") => line.run = Run::Hang,
+                (key::RUN, "use-after-free") => line.run = Run::UseAfterFree,
+                (key::FILTER, filter) => line.filter = filter,
+                (key::TAG_SEED, seed) => match parse_u32(seed) {
                     Some(seed) => line.tag_seed = seed,
                     None => defmt::warn!("cmdline: tag-seed={=str} is not a 32-bit number", seed),
                 },
-                ("kasan", "panic") => line.kasan_recover = false,
-                ("kasan", "recover") => line.kasan_recover = true,
-                ("hz", hz) => match hz.parse::<u64>() {
+                (key::KASAN, "panic") => line.kasan_recover = false,
+                (key::KASAN, "recover") => line.kasan_recover = true,
+                (key::HZ, hz) => match hz.parse::<u64>() {
                     Ok(hz) if (1..=10_000).contains(&hz) => line.hz = hz,
                     _ => defmt::warn!("cmdline: hz={=str} is not in 1..=10000, keeping {=u64}", hz, line.hz),
                 },
-                ("exit", "semihosting") => line.semihosting = true,
-                ("exit", "park") => line.semihosting = false,
-                ("expect-pauth", name) => line.expect_pauth = Some(name),
-                ("ftrace", pattern) => line.ftrace = Some(pattern),
-                ("ftrace-scheme", "list") => line.ftrace_scheme = crate::ftrace::Scheme::List,
-                ("ftrace-scheme", "call-ops") => line.ftrace_scheme = crate::ftrace::Scheme::CallOps,
-                ("ftrace-scheme", "vector") => line.ftrace_scheme = crate::ftrace::Scheme::Vector,
+                (key::EXIT, "semihosting") => line.semihosting = true,
+                (key::EXIT, "park") => line.semihosting = false,
+                (key::EXPECT_PAUTH, name) => line.expect_pauth = Some(name),
+                (key::FTRACE, pattern) => line.ftrace = Some(pattern),
+                (key::FTRACE_SCHEME, "list") => line.ftrace_scheme = crate::ftrace::Scheme::List,
+                (key::FTRACE_SCHEME, "call-ops") => line.ftrace_scheme = crate::ftrace::Scheme::CallOps,
+                (key::FTRACE_SCHEME, "vector") => line.ftrace_scheme = crate::ftrace::Scheme::Vector,
                 _ if is_for_linux(key) => {}
                 _ => defmt::warn!("cmdline: ignoring unknown argument {=str}", word),
             }

@@ -1,4 +1,5 @@
-//! What the kernel takes from the flattened device tree: RAM, GIC, timer, bootargs, model.
+//! What the kernel takes from the flattened device tree: RAM, GIC, timer, PSCI conduit,
+//! bootargs, model; it fills the board's types (`board::Platform`).
 //!
 //! Firmware and QEMU edit device trees with libfdt, which leaves FDT_NOP tokens inside nodes;
 //! flat_device_tree 3.1 loses every node after the first such edited subtree (on QEMU `raspi4b`,
@@ -9,40 +10,8 @@
 //! addresses through that node's `ranges`. Without a device tree (the Pi 4's firmware passes
 //! 0x100 when it has none) or with an empty memory node, the board's fallback is used.
 
-use crate::board::BoardConfig;
+use crate::board::{BoardConfig, GicRegions, Platform, PsciConduit, Region};
 use flat_device_tree::Fdt;
-
-/// A physical address range.
-#[derive(Clone, Copy, Debug, defmt::Format)]
-pub struct Region {
-    pub base: u64,
-    pub size: u64,
-}
-
-impl Region {
-    pub fn end(&self) -> u64 {
-        self.base + self.size
-    }
-}
-
-#[derive(Clone, Copy, Debug)]
-pub enum GicRegions {
-    V2 { distributor: Region, cpu_interface: Region },
-    V3 { distributor: Region, redistributor: Region },
-}
-
-pub struct Platform {
-    /// Where the device tree blob itself lies (empty without one).
-    pub dtb: Region,
-    pub ram: Region,
-    pub gic: GicRegions,
-    /// INTID of the EL1 virtual timer.
-    pub virtual_timer_intid: u32,
-    pub bootargs: &'static str,
-    pub model: &'static str,
-    /// Whether anything came from the board's fallback instead of the device tree.
-    pub used_fallback: bool,
-}
 
 #[derive(Debug, defmt::Format)]
 pub enum DtError {
@@ -83,19 +52,6 @@ fn region(node: flat_device_tree::node::FdtNode<'_, '_>, index: usize, ranges: &
 }
 
 impl Platform {
-    /// What the board says when there is no device tree.
-    pub fn fallback(board: &BoardConfig) -> Self {
-        Self {
-            dtb: Region { base: 0, size: 0 },
-            ram: board.fallback.ram,
-            gic: board.fallback.gic,
-            virtual_timer_intid: board.fallback.virtual_timer_intid,
-            bootargs: "",
-            model: board.name,
-            used_fallback: true,
-        }
-    }
-
     /// Parses the device tree at virtual address `dtb` (physical `dtb_pa`).
     ///
     /// # Safety
@@ -153,6 +109,12 @@ impl Platform {
         let virtual_timer_intid = 16 + cell(2 * 3 + 1).ok_or(DtError::NoTimer)?;
         let bootargs = fdt.chosen().ok().and_then(|chosen| chosen.bootargs()).unwrap_or("");
         let model = fdt.root().ok().map(|root| root.model()).unwrap_or("unknown");
+        // No /psci node (the Pi 4's firmware): no PSCI, secondaries use the spin table.
+        let psci = fdt
+            .find_node("/psci")
+            .and_then(|node| node.property("method"))
+            .and_then(|method| method.as_str())
+            .and_then(PsciConduit::from_method);
         Ok(Self {
             dtb: Region { base: dtb_pa, size: total as u64 },
             ram,
@@ -160,6 +122,7 @@ impl Platform {
             virtual_timer_intid,
             bootargs,
             model,
+            psci,
             used_fallback,
         })
     }

@@ -11,7 +11,6 @@ extern crate alloc;
 mod arch;
 mod bench;
 mod board;
-mod callsites;
 mod cmdline;
 mod drivers;
 mod dt;
@@ -20,6 +19,7 @@ mod log;
 mod mm;
 mod probes;
 mod stacktrace;
+mod symbols;
 mod sync;
 mod task;
 mod tests;
@@ -40,13 +40,7 @@ pub const BUILD_VARIANT: &str = match option_env!("TRACELAB_VARIANT") {
 pub const SHADOW_CALL_STACK: bool = matches!(BUILD_VARIANT.as_bytes(), b"full" | b"prod");
 
 /// How a run ends; xtask reads it as QEMU's exit status.
-#[derive(Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum ExitStatus {
-    Success = 0,
-    TestsFailed = 1,
-    Panic = 3,
-}
+pub use protocol::ExitStatus;
 
 static SEMIHOSTING: AtomicBool = AtomicBool::new(board::CONFIG.semihosting_by_default);
 
@@ -63,9 +57,9 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     };
     arch::park::park_secondaries(board::CONFIG.secondary_spin_table);
     stacktrace::init_depot();
-    mm::heap::init(layout.free.base + VA_OFFSET, layout.free.size, cmdline.tag_seed);
-    mm::kasan_report::set_recover(cmdline.kasan_recover);
-    callsites::init();
+    mm::kasan::heap::init(layout.free.base + VA_OFFSET, layout.free.size, cmdline.tag_seed);
+    mm::kasan::report::set_recover(cmdline.kasan_recover);
+    symbols::callsites::init();
     drivers::interrupts::init(layout.gic, platform.virtual_timer_intid);
     drivers::timer::on_tick(task::tick);
     drivers::timer::on_tick(stacktrace::on_tick);
@@ -94,9 +88,20 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     defmt::info!("TBI: kernel (TTBR1) and user (TTBR0) top bytes ignored");
     defmt::info!("Timer: {=u64} Hz counter, {=u64} Hz tick", drivers::timer::frequency(), cmdline.hz);
     defmt::info!("GIC: v{=u8}", drivers::interrupts::gic_version());
+    match platform.psci {
+        Some(conduit) => {
+            let (major, minor) = conduit.version();
+            defmt::info!("PSCI: {=str} (version {=u16}.{=u16})", conduit.name(), major, minor)
+        }
+        None => defmt::info!("PSCI: none"),
+    }
     match traceable {
         Ok(traceable) => {
-            defmt::info!("ftrace: {=usize} of {=usize} callsites traceable", traceable, callsites::entries().len())
+            defmt::info!(
+                "ftrace: {=usize} of {=usize} callsites traceable",
+                traceable,
+                symbols::callsites::entries().len()
+            )
         }
         Err(error) => defmt::error!("ftrace: init failed: {}", error),
     }
@@ -169,14 +174,14 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
 }
 
 /// The platform from the device tree at `dtb_pa`, or the board's fallback without one.
-fn platform(dtb_pa: u64) -> dt::Platform {
+fn platform(dtb_pa: u64) -> board::Platform {
     let board = &board::CONFIG;
     // Only the GiB holding the image is mapped this early; a device tree elsewhere (or the Pi 4
     // firmware's 0x100 without one) is checked for its magic inside that GiB only.
     let parsed = if dtb_pa >> 30 == board.load_address >> 30 {
         // SAFETY: dtb_pa lies in the early-mapped GiB of RAM; the loader hands a device tree
-        // there to the kernel, and only dt::Platform::parse uses it.
-        unsafe { dt::Platform::parse(dtb_pa + VA_OFFSET, dtb_pa, board) }
+        // there to the kernel, and only Platform::parse (dt.rs) uses it.
+        unsafe { board::Platform::parse(dtb_pa + VA_OFFSET, dtb_pa, board) }
     } else {
         Err(dt::DtError::BadHeader)
     };
@@ -193,7 +198,7 @@ fn platform(dtb_pa: u64) -> dt::Platform {
         }
         Err(dt::DtError::BadHeader) => {
             defmt::warn!("no device tree at {=u64:#x}: using the board's fallback configuration", dtb_pa);
-            dt::Platform::fallback(board)
+            board::Platform::fallback(board)
         }
         Err(error) => panic!("device tree at {:#x}: {:?}", dtb_pa, defmt::Debug2Format(&error)),
     }

@@ -4,21 +4,12 @@
 //! names for its callsites at run time. The linker script reserves a `.ksyms` section (zeros);
 //! after the build xtask writes every function symbol into it, demangled without the hash,
 //! sorted by address. Addresses do not move: the table is written into the linked image, not
-//! linked into it. Layout (little-endian), read by `kernel/src/ftrace/symbols.rs`:
-//!
-//! ```text
-//! 0   magic  u32 = "KSYM"
-//! 4   count  u32
-//! 8   count x { address u64, name_offset u32, name_length u32 }   sorted by address
-//! ..  names (UTF-8, no terminators); name_offset counts from the start of the section
-//! ```
+//! linked into it. The layout is `protocol::ksyms` (shared with the kernel's reader,
+//! `kernel/src/symbols/names.rs`).
 
 use crate::Failure;
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
-
-pub const MAGIC: u32 = u32::from_le_bytes(*b"KSYM");
-const HEADER: usize = 8;
-const ENTRY: usize = 16;
+use protocol::ksyms::{ENTRY, Entry, HEADER, MAGIC};
 
 /// Fills the `.ksyms` section of the ELF image `elf` in place.
 pub fn embed(elf: &mut [u8]) -> Result<usize, Failure> {
@@ -63,9 +54,8 @@ fn serialize(functions: &[(u64, String)]) -> Vec<u8> {
     table.extend_from_slice(&(functions.len() as u32).to_le_bytes());
     let mut name_offset = names_start;
     for (address, name) in functions {
-        table.extend_from_slice(&address.to_le_bytes());
-        table.extend_from_slice(&(name_offset as u32).to_le_bytes());
-        table.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        let entry = Entry { address: *address, name_offset: name_offset as u32, name_length: name.len() as u32 };
+        table.extend_from_slice(&entry.to_bytes());
         name_offset += name.len();
     }
     for (_, name) in functions {
@@ -80,6 +70,15 @@ mod tests {
 
     fn read_u32(table: &[u8], at: usize) -> u32 {
         u32::from_le_bytes(table[at..at + 4].try_into().unwrap())
+    }
+
+    #[test]
+    fn the_kernel_reader_reads_it_back() {
+        let functions = [(0x1000, "a::b".to_string()), (0x2000, "c".to_string())];
+        let table = serialize(&functions);
+        let reader = protocol::ksyms::Table::new(&table).expect("a table");
+        assert_eq!(reader.name_at(0x2000), Some("c"));
+        assert_eq!(reader.address_of("a::b"), Some(0x1000));
     }
 
     #[test]

@@ -13,6 +13,7 @@
 use crate::Failure;
 use crate::build::{self, Board, BuildVariant};
 use crate::qemu::{self, CpuVariant, Machine};
+use protocol::ExitStatus;
 use std::process::Command;
 use std::time::Duration;
 
@@ -149,16 +150,26 @@ fn host_tests(tally: &mut Tally) -> Result<(), Failure> {
 fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Failure> {
     let machine = Machine { board: Board::Virt, cpu: CpuVariant::MaxImpdef, el: 1, gic: 2, icount: false, dtb: None };
     let checks: [(&str, &str, Option<i32>, &str); 5] = [
-        ("panic", "run=panic exit=semihosting", Some(3), "panicked at kernel/src/main.rs"),
-        ("fault", "run=fault exit=semihosting", Some(3), "unexpected synchronous exception: DataAbort"),
+        ("panic", "run=panic exit=semihosting", Some(ExitStatus::Panic.code()), "panicked at kernel/src/main.rs"),
+        (
+            "fault",
+            "run=fault exit=semihosting",
+            Some(ExitStatus::Panic.code()),
+            "unexpected synchronous exception: DataAbort",
+        ),
         (
             "unowned-brk",
             "run=unowned-brk exit=semihosting",
-            Some(3),
+            Some(ExitStatus::Panic.code()),
             "unexpected synchronous exception: Brk (ESR 0xf20001ff)",
         ),
         ("hang", "run=hang exit=semihosting", None, "test start: deliberate_hang"),
-        ("use-after-free", "run=use-after-free exit=semihosting", Some(3), "BUG: KASAN: use-after-free"),
+        (
+            "use-after-free",
+            "run=use-after-free exit=semihosting",
+            Some(ExitStatus::Panic.code()),
+            "BUG: KASAN: use-after-free",
+        ),
     ];
     for (name, bootargs, expected_status, expected_line) in checks {
         let timeout = Duration::from_secs(if expected_status.is_none() { 3 } else { 60 });

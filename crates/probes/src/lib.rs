@@ -166,6 +166,7 @@
 //! instrumentation around it, not by the instruction).
 #![cfg_attr(not(test), no_std)]
 #![cfg_attr(feature = "kernel", feature(sanitize))]
+#![forbid(unsafe_code)]
 
 mod classify;
 mod encode;

@@ -91,6 +91,7 @@
 //! [`StackMemory`] implementation and strip function should be exempt too.
 #![cfg_attr(not(test), no_std)]
 #![cfg_attr(feature = "kernel", feature(sanitize))]
+#![forbid(unsafe_code)]
 
 /// `?` without the `Try` trait. With the `kernel` feature the walkers are not
 /// instrumented, and LLVM does not inline instrumented code (core's

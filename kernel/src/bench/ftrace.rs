@@ -87,7 +87,7 @@ fn measure(plan: &Plan, relevant: usize, irrelevant: usize) -> Option<u64> {
 }
 
 pub fn run(plan: &Plan) {
-    if crate::callsites::entries().is_empty() {
+    if crate::symbols::callsites::entries().is_empty() {
         defmt::error!("bench ftrace: this build has no patchable entries (variant plain)");
         return;
     }

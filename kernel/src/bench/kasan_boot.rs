@@ -21,8 +21,8 @@
 
 use super::{Plan, row};
 use crate::arch::counters;
-use crate::mm::heap::{self, Stacks};
-use crate::mm::tags;
+use crate::mm::kasan::heap::{self, Stacks};
+use crate::mm::kasan::storage::{TagStorage, Tags};
 use core::hint::black_box;
 
 /// Allocations per run.
@@ -181,7 +181,7 @@ pub fn run(plan: &Plan) {
         defmt::warn!("bench kasan-boot: this build has no shadow call stack; run it on `full`");
         return;
     }
-    if !crate::mm::sanitizer::CHECKS_COMPILED_IN {
+    if !crate::mm::kasan::CHECKS_COMPILED_IN {
         defmt::warn!("bench kasan-boot: build without tag checks (not `full`): figures are not a sanitizer kernel's");
     }
     let saved = heap::stacks();
@@ -220,7 +220,7 @@ pub fn run(plan: &Plan) {
         "bench kasan-boot: heap after the runs: {=usize} bytes requested, {=usize} in blocks; object tags {=u8}..{=u8}",
         user,
         blocks,
-        tags::FIRST_OBJECT_TAG,
-        tags::LAST_OBJECT_TAG
+        Tags::FIRST_OBJECT_TAG,
+        Tags::LAST_OBJECT_TAG
     );
 }

@@ -15,6 +15,7 @@ mod stacktrace;
 mod uprobes;
 
 use crate::arch::{counters, cpu};
+use protocol::suite;
 
 /// What a measurement counts, chosen by xtask per mode.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -110,12 +111,12 @@ pub struct Suite {
 }
 
 pub const SUITES: &[Suite] = &[
-    Suite { name: "baseline", run: baseline::run },
-    Suite { name: "stacktrace", run: stacktrace::run },
-    Suite { name: "depot", run: depot::run },
-    Suite { name: "probes", run: probes::run },
-    Suite { name: "ftrace", run: ftrace::run },
-    Suite { name: "kasan-boot", run: kasan_boot::run },
+    Suite { name: suite::BASELINE, run: baseline::run },
+    Suite { name: suite::STACKTRACE, run: stacktrace::run },
+    Suite { name: suite::DEPOT, run: depot::run },
+    Suite { name: suite::PROBES, run: probes::run },
+    Suite { name: suite::FTRACE, run: ftrace::run },
+    Suite { name: suite::KASAN_BOOT, run: kasan_boot::run },
 ];
 
 /// Runs the named suites (comma-separated; empty = all).

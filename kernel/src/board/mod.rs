@@ -1,7 +1,9 @@
 //! Boards: one const `BoardConfig` each, chosen by one Cargo feature.
 //!
 //! A board holds only what the kernel needs before the device tree is parsed (where the loader
-//! puts the image, the console) and what the device tree cannot tell.
+//! puts the image, the console) and what the device tree cannot tell. The types a device tree
+//! fills (`Region`, `GicRegions`, `PsciConduit`, the whole `Platform`) live here too: dt.rs fills
+//! them, and nothing here depends on the parser.
 
 #[cfg(all(feature = "board-qemu-virt", feature = "board-rpi4"))]
 compile_error!("select exactly one board feature: board-qemu-virt or board-rpi4");
@@ -17,7 +19,61 @@ mod rpi4;
 #[cfg(feature = "board-rpi4")]
 pub use rpi4::CONFIG;
 
-use crate::dt::{GicRegions, Region};
+mod psci;
+pub use psci::PsciConduit;
+
+/// A physical address range.
+#[derive(Clone, Copy, Debug, defmt::Format)]
+pub struct Region {
+    pub base: u64,
+    pub size: u64,
+}
+
+impl Region {
+    pub fn end(&self) -> u64 {
+        self.base + self.size
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum GicRegions {
+    V2 { distributor: Region, cpu_interface: Region },
+    V3 { distributor: Region, redistributor: Region },
+}
+
+/// The machine the kernel runs on: the board's constants completed by the device tree (or by
+/// the board's fallback without one).
+pub struct Platform {
+    /// Where the device tree blob itself lies (empty without one).
+    pub dtb: Region,
+    pub ram: Region,
+    pub gic: GicRegions,
+    /// INTID of the EL1 virtual timer.
+    pub virtual_timer_intid: u32,
+    pub bootargs: &'static str,
+    pub model: &'static str,
+    /// How to reach the firmware's PSCI (the `/psci` node's `method`); None without that node
+    /// (the Pi 4's firmware: its secondaries wait on the spin table).
+    pub psci: Option<PsciConduit>,
+    /// Whether anything came from the board's fallback instead of the device tree.
+    pub used_fallback: bool,
+}
+
+impl Platform {
+    /// What the board says when there is no device tree.
+    pub fn fallback(board: &BoardConfig) -> Self {
+        Self {
+            dtb: Region { base: 0, size: 0 },
+            ram: board.fallback.ram,
+            gic: board.fallback.gic,
+            virtual_timer_intid: board.fallback.virtual_timer_intid,
+            bootargs: "",
+            model: board.name,
+            psci: board.fallback.psci,
+            used_fallback: true,
+        }
+    }
+}
 
 /// How the console's pins reach the UART, when the firmware does not route them.
 #[allow(dead_code, reason = "each board uses only the variants its own hardware needs")]
@@ -31,6 +87,7 @@ pub struct Fallback {
     pub ram: Region,
     pub gic: GicRegions,
     pub virtual_timer_intid: u32,
+    pub psci: Option<PsciConduit>,
 }
 
 pub struct BoardConfig {
@@ -46,7 +103,8 @@ pub struct BoardConfig {
     pub console_pinmux: Option<ConsolePinmux>,
     /// Whether the kernel may end a run with semihosting when the command line does not say.
     pub semihosting_by_default: bool,
-    /// Where secondary CPUs wait for a start address (physical), to be parked.
+    /// Where secondary CPUs wait for a start address (physical), to be parked. Boards with
+    /// PSCI start their secondaries through `Platform::psci` instead (CPU_ON), from the DT.
     pub secondary_spin_table: &'static [u64],
     /// Used when there is no device tree, or its memory node is empty (firmware fills it in).
     pub fallback: Fallback,

@@ -1,13 +1,12 @@
 //! Raspberry Pi 4 (BCM2711, Cortex-A72): firmware loads `kernel8.img` at 0x80000 and enters at
 //! EL2 with x0 = device tree (BCM2711 ARM Peripherals, sections 5 (GPIO), 11 (UART), 6 (GIC-400)).
 
-use super::{BoardConfig, ConsolePinmux, Fallback};
-use crate::dt::{GicRegions, Region};
+use super::{BoardConfig, ConsolePinmux, Fallback, GicRegions, Region};
 
 pub const CONFIG: BoardConfig = BoardConfig {
     name: "rpi4",
     soc: "BCM2711",
-    load_address: 0x0008_0000,
+    load_address: protocol::load_address::RPI4,
     // PL011 UART0 in the "low peripheral" mode the stock firmware sets up.
     console_uart: 0xfe20_1000,
     // The firmware's init_uart_clock default.
@@ -25,5 +24,6 @@ pub const CONFIG: BoardConfig = BoardConfig {
             cpu_interface: Region { base: 0xff84_2000, size: 0x2000 },
         },
         virtual_timer_intid: 27,
+        psci: None,
     },
 };

@@ -29,19 +29,18 @@
 //! caller is not itself inside a tracer; with more CPUs `grace_period` waits for each one's guard
 //! (which would then need a barrier between taking the guard and loading the literal).
 
-mod symbols;
 pub mod tracers;
 mod trampoline;
 
 use core::fmt;
 
+pub use crate::symbols::Symbols;
 pub use ftrace::{Applied, Scheme};
 use ftrace::{Config, DispatchTable, Registry, TextPatcher, TracerId, VectorOps, glob_match};
-pub use symbols::Symbols;
 pub use trampoline::{Ops, Regs};
 
 use crate::arch::{cpu, patch};
-use crate::callsites;
+use crate::symbols::callsites;
 
 /// Callsite capacity (as `callsites`).
 pub const SITES: usize = 4096;
@@ -64,9 +63,14 @@ const NO_TRACE: &[&str] = &[
     "_defmt_*",
     "__defmt_*",
     "*kernel::drivers::pl011::*",
-    "*kernel::mm::sanitizer::*",
-    "*kernel::mm::kasan_report::*",
-    "*kernel::mm::tags::*",
+    "*kernel::mm::kasan::abi::*",
+    "*kernel::mm::kasan::report::*",
+    "*kernel::mm::kasan::shadow::*",
+    "*kernel::mm::kasan::storage::*",
+    "*kernel::mm::kasan::ring::*",
+    "*kernel::symbols::names::*",
+    "protocol::*",
+    "<protocol::*",
     "*kernel::arch::aarch64::exception::*",
     "*kernel::arch::aarch64::patch::*",
     "*kernel::probes::*",

@@ -1,14 +1,11 @@
 //! Memory: the final kernel address space, the sanitizer shadow that backs RAM, and the
-//! sanitizer heap (heap.rs) on the free RAM after it.
+//! sanitizer (kasan/: its heap on the free RAM after the shadow).
 
-pub mod heap;
-pub mod kasan_report;
-pub mod sanitizer;
-pub mod tags;
+pub mod kasan;
 
 use crate::arch::mmu::{self, Attributes, KernelSpace, MapError, PAGE_SIZE, TEXT_ALIAS_OFFSET, VA_OFFSET};
+use crate::board::{GicRegions, Platform, Region};
 use crate::drivers::gic::GicConfig;
-use crate::dt::{GicRegions, Platform, Region};
 use crate::task::stacks::{SHADOW_STACK_SIZE, STACK_SIZE};
 
 const BLOCK_SIZE: u64 = 2 << 20;

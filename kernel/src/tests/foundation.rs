@@ -5,7 +5,7 @@ use super::{Context, Outcome, Test, Verdict, check, check_eq};
 use crate::arch::exception::{self, Esr, ExceptionClass, FaultStatus};
 use crate::arch::{cpu, patch};
 use crate::drivers::{interrupts, timer};
-use crate::mm::sanitizer;
+use crate::mm::kasan;
 
 pub const TESTS: &[Test] = &[
     Test { name: "brk_is_taken_and_returned_from", run: brk_is_taken_and_returned_from },
@@ -243,15 +243,15 @@ fn sanitizer_checks_run(_: &Context) -> Outcome {
     let address = TARGET.as_ptr() as u64;
     let tagged = (address & !(0xff << 56)) | (0x42 << 56);
     // Untagged (0xFF) pointers match everything: no report in any variant.
-    let (count, _) = sanitizer::expect_mismatches(|| {
+    let (count, _) = kasan::recording(|| {
         core::hint::black_box(instrumented_load(address as *const u64));
     });
     check_eq!(count, 0);
-    let (loads, load) = sanitizer::expect_mismatches(|| {
+    let (loads, load) = kasan::recording(|| {
         core::hint::black_box(instrumented_load(tagged as *const u64));
     });
-    let (stores, store) = sanitizer::expect_mismatches(|| instrumented_store(tagged as *mut u32, 7));
-    if !sanitizer::CHECKS_COMPILED_IN {
+    let (stores, store) = kasan::recording(|| instrumented_store(tagged as *mut u32, 7));
+    if !kasan::CHECKS_COMPILED_IN {
         check_eq!(loads + stores, 0);
         return Ok(Verdict::Passed);
     }

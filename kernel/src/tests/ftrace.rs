@@ -6,7 +6,7 @@ use super::{Context, Outcome, Test, Verdict, check, check_eq, fail};
 use crate::arch::cpu;
 use crate::ftrace::{self, Error, Ops, Regs, Scheme, Symbols, tracers::Counter};
 use crate::stacktrace::{self, Mode};
-use crate::{callsites, task::stacks};
+use crate::{symbols::callsites, task::stacks};
 use ::ftrace::{MOV_X9_X30, NOP, SiteState, TracerId, glob_match, is_bl_to};
 use core::hint::black_box;
 use core::sync::atomic::{AtomicU64, Ordering};
@@ -48,14 +48,14 @@ fn traced_c(x: u64) -> u64 {
 
 /// Eight register arguments.
 #[inline(never)]
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, reason = "the test is about passing eight register arguments")]
 fn traced_eight(a: u64, b: u64, c: u64, d: u64, e: u64, f: u64, g: u64, h: u64) -> u64 {
     black_box(a) + 2 * b + 3 * c + 4 * d + 5 * e + 6 * f + 7 * g + 8 * h
 }
 
 /// Ten arguments: two on the stack, found through the SP the trampoline restores.
 #[inline(never)]
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, reason = "the test is about passing arguments on the stack")]
 fn traced_ten(a: u64, b: u64, c: u64, d: u64, e: u64, f: u64, g: u64, h: u64, i: u64, j: u64) -> u64 {
     black_box(a)
         ^ b.rotate_left(1)

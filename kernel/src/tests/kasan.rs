@@ -9,9 +9,10 @@
 //! or freed memory at offsets that are never the buddy allocator's free-list links.
 
 use super::{Context, Failure, Outcome, Test, Verdict, check, check_eq, fail};
-use crate::mm::heap::{self, Stacks};
-use crate::mm::kasan_report::{self, BugType, Report};
-use crate::mm::{sanitizer, tags};
+use crate::mm::kasan::heap::{self, Stacks};
+use crate::mm::kasan::report::{self, BugType, Report};
+use crate::mm::kasan::storage::{TagStorage, Tags, tag_of, untagged, with_tag};
+use crate::mm::kasan::{self, CHECKS_COMPILED_IN};
 use alloc::boxed::Box;
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -81,9 +82,9 @@ fn allocate(size: usize) -> u64 {
 /// Whether a saved stack names `function` (one of its frames lies in it).
 fn names(stack: u32, function: u64) -> bool {
     let mut buffer = [0; stackdepot::MAX_FRAMES];
-    kasan_report::saved_frames(stack, &mut buffer)
-        .iter()
-        .any(|&address| crate::callsites::function_containing(address).is_some_and(|(start, _)| start == function))
+    report::saved_frames(stack, &mut buffer).iter().any(|&address| {
+        crate::symbols::callsites::function_containing(address).is_some_and(|(start, _)| start == function)
+    })
 }
 
 /// What a case expects to be reported.
@@ -97,7 +98,7 @@ struct Expect {
 
 /// Runs `bug` in recover mode and checks that it caused exactly the expected report.
 fn expect_report(expect: Expect, bug: impl FnOnce()) -> Result<Report, Failure> {
-    let (count, report) = kasan_report::recording(bug);
+    let (count, report) = kasan::recording(bug);
     check_eq!(count, 1);
     let Some(report) = report else {
         return Err(fail("no report recorded"));
@@ -124,21 +125,21 @@ fn site(function: fn(&Context) -> Outcome) -> u64 {
 
 fn kasan_tag_generator(_: &Context) -> Outcome {
     let draw = |seed: u32| {
-        tags::seed(seed);
-        core::array::from_fn::<u8, 64, _>(|_| tags::next())
+        Tags::seed(seed);
+        core::array::from_fn::<u8, 64, _>(|_| Tags::random_tag())
     };
     // The same seed gives the same tags (reproducible runs), another seed others.
     check!(draw(0x1234) == draw(0x1234));
     check!(draw(0x1234) != draw(0x4321));
     // Every draw is an object tag, and every object tag comes up.
-    tags::seed(7);
+    Tags::seed(7);
     let mut seen = [false; 256];
     for _ in 0..20_000 {
-        let tag = tags::next();
-        check!(tags::is_object_tag(tag));
+        let tag = Tags::random_tag();
+        check!(Tags::is_object_tag(tag));
         seen[tag as usize] = true;
     }
-    check!((tags::FIRST_OBJECT_TAG..=tags::LAST_OBJECT_TAG).all(|tag| seen[tag as usize]));
+    check!((Tags::FIRST_OBJECT_TAG..=Tags::LAST_OBJECT_TAG).all(|tag| seen[tag as usize]));
     check_eq!(seen.iter().filter(|seen| **seen).count(), 238);
     Ok(Verdict::Passed)
 }
@@ -147,27 +148,27 @@ fn kasan_heap_tags_objects(_: &Context) -> Outcome {
     let mut objects = [0u64; 32];
     for (index, object) in objects.iter_mut().enumerate() {
         *object = allocate(1 + index * 37);
-        let tag = tags::tag_of(*object);
-        check!(tags::is_object_tag(tag));
+        let tag = tag_of(*object);
+        check!(Tags::is_object_tag(tag));
         check_eq!(*object % 16, 0);
         // Every granule of the object carries its tag, the header granule before it does not.
-        let untagged = tags::untagged(*object);
+        let untagged = untagged(*object);
         for granule in (0..(1 + index as u64 * 37)).step_by(16) {
-            check_eq!(sanitizer::memory_tag(untagged + granule), tag);
+            check_eq!(Tags::memory_tag(untagged + granule), tag);
         }
-        check_eq!(sanitizer::memory_tag(untagged - 16), tags::INVALID);
+        check_eq!(Tags::memory_tag(untagged - 16), Tags::INVALID);
     }
     for object in objects {
         heap::free(object);
-        check_eq!(sanitizer::memory_tag(tags::untagged(object)), tags::INVALID);
+        check_eq!(Tags::memory_tag(untagged(object)), Tags::INVALID);
     }
     // Tags vary (238 values; 32 objects all alike would mean a broken generator).
-    check!(objects.iter().any(|object| tags::tag_of(*object) != tags::tag_of(objects[0])));
+    check!(objects.iter().any(|object| tag_of(*object) != tag_of(objects[0])));
     Ok(Verdict::Passed)
 }
 
 fn kasan_heap_no_false_positives(_: &Context) -> Outcome {
-    let (count, _) = kasan_report::recording(|| {
+    let (count, _) = kasan::recording(|| {
         let mut numbers: Vec<u64> = Vec::new();
         for value in 0..1000 {
             numbers.push(value * value);
@@ -189,7 +190,7 @@ fn kasan_heap_no_false_positives(_: &Context) -> Outcome {
 }
 
 fn kasan_oob_right_small(_: &Context) -> Outcome {
-    if !sanitizer::CHECKS_COMPILED_IN {
+    if !CHECKS_COMPILED_IN {
         return Ok(Verdict::Skipped(NO_CHECKS));
     }
     // 96 bytes in a 128-byte block: the bad write lands in the block's slack (recover mode
@@ -198,14 +199,14 @@ fn kasan_oob_right_small(_: &Context) -> Outcome {
     let expect = Expect { bug: BugType::OutOfBounds, size: 1, write: true, site: site(kasan_oob_right_small) };
     let report = expect_report(expect, || write_u8(object + 96, 0x5a))?;
     check_eq!(report.address, object + 96);
-    check_eq!(report.pointer_tag, tags::tag_of(object));
-    check_eq!(report.memory_tag, tags::INVALID);
+    check_eq!(report.pointer_tag, tag_of(object));
+    check_eq!(report.memory_tag, Tags::INVALID);
     heap::free(object);
     Ok(Verdict::Passed)
 }
 
 fn kasan_oob_left_small(_: &Context) -> Outcome {
-    if !sanitizer::CHECKS_COMPILED_IN {
+    if !CHECKS_COMPILED_IN {
         return Ok(Verdict::Skipped(NO_CHECKS));
     }
     let object = allocate(15);
@@ -219,7 +220,7 @@ fn kasan_oob_left_small(_: &Context) -> Outcome {
 }
 
 fn kasan_oob_right_large(_: &Context) -> Outcome {
-    if !sanitizer::CHECKS_COMPILED_IN {
+    if !CHECKS_COMPILED_IN {
         return Ok(Verdict::Skipped(NO_CHECKS));
     }
     let object = allocate(40_000);
@@ -232,7 +233,7 @@ fn kasan_oob_right_large(_: &Context) -> Outcome {
 }
 
 fn kasan_oob_left_large(_: &Context) -> Outcome {
-    if !sanitizer::CHECKS_COMPILED_IN {
+    if !CHECKS_COMPILED_IN {
         return Ok(Verdict::Skipped(NO_CHECKS));
     }
     let object = allocate(40_000);
@@ -245,7 +246,7 @@ fn kasan_oob_left_large(_: &Context) -> Outcome {
 }
 
 fn kasan_oob_right_page(_: &Context) -> Outcome {
-    if !sanitizer::CHECKS_COMPILED_IN {
+    if !CHECKS_COMPILED_IN {
         return Ok(Verdict::Skipped(NO_CHECKS));
     }
     let object = heap::allocate(4096, 4096).expect("the heap has room");
@@ -259,7 +260,7 @@ fn kasan_oob_right_page(_: &Context) -> Outcome {
 }
 
 fn kasan_oob_left_page(_: &Context) -> Outcome {
-    if !sanitizer::CHECKS_COMPILED_IN {
+    if !CHECKS_COMPILED_IN {
         return Ok(Verdict::Skipped(NO_CHECKS));
     }
     let object = heap::allocate(4096, 4096).expect("the heap has room");
@@ -272,14 +273,14 @@ fn kasan_oob_left_page(_: &Context) -> Outcome {
 }
 
 fn kasan_realloc_grow_oob(_: &Context) -> Outcome {
-    if !sanitizer::CHECKS_COMPILED_IN {
+    if !CHECKS_COMPILED_IN {
         return Ok(Verdict::Skipped(NO_CHECKS));
     }
     let object = allocate(192);
     let grown = heap::reallocate(object, 16, 224).expect("the heap has room");
     check_eq!(grown, object);
     // The last byte of the new size is fine, the next one (block slack) is not.
-    let (count, _) = kasan_report::recording(|| write_u8(grown + 223, 1));
+    let (count, _) = kasan::recording(|| write_u8(grown + 223, 1));
     check_eq!(count, 0);
     let expect = Expect { bug: BugType::OutOfBounds, size: 1, write: true, site: site(kasan_realloc_grow_oob) };
     expect_report(expect, || write_u8(grown + 224, 1))?;
@@ -288,12 +289,12 @@ fn kasan_realloc_grow_oob(_: &Context) -> Outcome {
 }
 
 fn kasan_realloc_shrink_oob(_: &Context) -> Outcome {
-    if !sanitizer::CHECKS_COMPILED_IN {
+    if !CHECKS_COMPILED_IN {
         return Ok(Verdict::Skipped(NO_CHECKS));
     }
     let object = allocate(240);
     let shrunk = heap::reallocate(object, 16, 192).expect("the heap has room");
-    let (count, _) = kasan_report::recording(|| {
+    let (count, _) = kasan::recording(|| {
         black_box(read_u8(shrunk + 191));
     });
     check_eq!(count, 0);
@@ -307,14 +308,14 @@ fn kasan_realloc_shrink_oob(_: &Context) -> Outcome {
 }
 
 fn kasan_realloc_moved_uaf(_: &Context) -> Outcome {
-    if !sanitizer::CHECKS_COMPILED_IN {
+    if !CHECKS_COMPILED_IN {
         return Ok(Verdict::Skipped(NO_CHECKS));
     }
     // Growing past the block moves the object: the old pointer is freed.
     let object = allocate(32);
     write_u64(object, 0x1234);
     let moved = heap::reallocate(object, 16, 1000).expect("the heap has room");
-    check!(tags::untagged(moved) != tags::untagged(object));
+    check!(untagged(moved) != untagged(object));
     check_eq!(read_u64(moved), 0x1234);
     let expect = Expect { bug: BugType::UseAfterFree, size: 8, write: false, site: site(kasan_realloc_moved_uaf) };
     expect_report(expect, || {
@@ -325,7 +326,7 @@ fn kasan_realloc_moved_uaf(_: &Context) -> Outcome {
 }
 
 fn kasan_uaf_read(_: &Context) -> Outcome {
-    if !sanitizer::CHECKS_COMPILED_IN {
+    if !CHECKS_COMPILED_IN {
         return Ok(Verdict::Skipped(NO_CHECKS));
     }
     let object = allocate(64);
@@ -339,7 +340,7 @@ fn kasan_uaf_read(_: &Context) -> Outcome {
 }
 
 fn kasan_uaf_write(_: &Context) -> Outcome {
-    if !sanitizer::CHECKS_COMPILED_IN {
+    if !CHECKS_COMPILED_IN {
         return Ok(Verdict::Skipped(NO_CHECKS));
     }
     let object = allocate(20);
@@ -350,7 +351,7 @@ fn kasan_uaf_write(_: &Context) -> Outcome {
 }
 
 fn kasan_uaf_after_reuse(_: &Context) -> Outcome {
-    if !sanitizer::CHECKS_COMPILED_IN {
+    if !CHECKS_COMPILED_IN {
         return Ok(Verdict::Skipped(NO_CHECKS));
     }
     let stale = allocate(64);
@@ -359,18 +360,18 @@ fn kasan_uaf_after_reuse(_: &Context) -> Outcome {
     // differs from the stale pointer's (else the access would be a tag collision, 1 in 238).
     let mut reused = allocate(64);
     let mut tries = 0;
-    while tags::tag_of(reused) == tags::tag_of(stale) && tries < 8 {
+    while tag_of(reused) == tag_of(stale) && tries < 8 {
         heap::free(reused);
         reused = allocate(64);
         tries += 1;
     }
-    check_eq!(tags::untagged(reused), tags::untagged(stale));
-    check!(tags::tag_of(reused) != tags::tag_of(stale));
+    check_eq!(untagged(reused), untagged(stale));
+    check!(tag_of(reused) != tag_of(stale));
     let expect = Expect { bug: BugType::UseAfterFree, size: 8, write: false, site: site(kasan_uaf_after_reuse) };
     let report = expect_report(expect, || {
         black_box(read_u64(stale));
     })?;
-    check_eq!(report.memory_tag, tags::tag_of(reused));
+    check_eq!(report.memory_tag, tag_of(reused));
     check_eq!(report.object.map_or(0, |object| object.address), stale);
     heap::free(reused);
     Ok(Verdict::Passed)
@@ -379,7 +380,7 @@ fn kasan_uaf_after_reuse(_: &Context) -> Outcome {
 fn kasan_double_free(_: &Context) -> Outcome {
     let object = allocate(48);
     heap::free(object);
-    let (count, report) = kasan_report::recording(|| heap::free(object));
+    let (count, report) = kasan::recording(|| heap::free(object));
     check_eq!(count, 1);
     let Some(report) = report else {
         return Err(fail("no report recorded"));
@@ -396,11 +397,13 @@ fn kasan_double_free(_: &Context) -> Outcome {
         // The faulting pc is the free's caller, not the heap's own code.
         let free_function = heap::free as fn(u64) as usize as u64;
         check!(report.pc != 0);
-        check!(crate::callsites::function_containing(report.pc).is_some_and(|(start, _)| start != free_function));
+        check!(
+            crate::symbols::callsites::function_containing(report.pc).is_some_and(|(start, _)| start != free_function)
+        );
     }
     // The heap is intact: the block is handed out again.
     let again = allocate(48);
-    check_eq!(tags::untagged(again), tags::untagged(object));
+    check_eq!(untagged(again), untagged(object));
     heap::free(again);
     Ok(Verdict::Passed)
 }
@@ -408,22 +411,21 @@ fn kasan_double_free(_: &Context) -> Outcome {
 fn kasan_invalid_free(_: &Context) -> Outcome {
     static NOT_HEAP: u64 = 0;
     let object = allocate(64);
-    let other_tag =
-        if tags::tag_of(object) == tags::LAST_OBJECT_TAG { tags::FIRST_OBJECT_TAG } else { tags::tag_of(object) + 1 };
-    for bad in [object + 16, tags::with_tag(object, other_tag), &NOT_HEAP as *const u64 as u64, object + 1] {
-        let (count, report) = kasan_report::recording(|| heap::free(bad));
+    let other_tag = if tag_of(object) == Tags::LAST_OBJECT_TAG { Tags::FIRST_OBJECT_TAG } else { tag_of(object) + 1 };
+    for bad in [object + 16, with_tag(object, other_tag), &NOT_HEAP as *const u64 as u64, object + 1] {
+        let (count, report) = kasan::recording(|| heap::free(bad));
         check_eq!(count, 1);
         check!(report.is_some_and(|report| report.bug == BugType::InvalidFree && report.address == bad));
     }
     // None of them freed the object: it is still live and its real free works.
-    check_eq!(sanitizer::memory_tag(tags::untagged(object)), tags::tag_of(object));
-    let (count, _) = kasan_report::recording(|| heap::free(object));
+    check_eq!(Tags::memory_tag(untagged(object)), tag_of(object));
+    let (count, _) = kasan::recording(|| heap::free(object));
     check_eq!(count, 0);
     Ok(Verdict::Passed)
 }
 
 fn kasan_memset_oob(_: &Context) -> Outcome {
-    if !sanitizer::CHECKS_COMPILED_IN {
+    if !CHECKS_COMPILED_IN {
         return Ok(Verdict::Skipped(NO_CHECKS));
     }
     let object = allocate(64);
@@ -439,7 +441,7 @@ fn kasan_memset_oob(_: &Context) -> Outcome {
 }
 
 fn kasan_memcpy_oob(_: &Context) -> Outcome {
-    if !sanitizer::CHECKS_COMPILED_IN {
+    if !CHECKS_COMPILED_IN {
         return Ok(Verdict::Skipped(NO_CHECKS));
     }
     let object = allocate(64);
@@ -456,7 +458,7 @@ fn kasan_memcpy_oob(_: &Context) -> Outcome {
 }
 
 fn kasan_memmove_oob(_: &Context) -> Outcome {
-    if !sanitizer::CHECKS_COMPILED_IN {
+    if !CHECKS_COMPILED_IN {
         return Ok(Verdict::Skipped(NO_CHECKS));
     }
     let object = allocate(64);
@@ -471,12 +473,12 @@ fn kasan_memmove_oob(_: &Context) -> Outcome {
 }
 
 fn kasan_box_oob_and_uaf(_: &Context) -> Outcome {
-    if !sanitizer::CHECKS_COMPILED_IN {
+    if !CHECKS_COMPILED_IN {
         return Ok(Verdict::Skipped(NO_CHECKS));
     }
     let boxed = Box::new([7u64; 4]);
     let address = &*boxed as *const [u64; 4] as u64;
-    check!(tags::is_object_tag(tags::tag_of(address)));
+    check!(Tags::is_object_tag(tag_of(address)));
     let site = site(kasan_box_oob_and_uaf);
     expect_report(Expect { bug: BugType::OutOfBounds, size: 8, write: false, site }, || {
         black_box(read_u64(address + 32));
@@ -489,7 +491,7 @@ fn kasan_box_oob_and_uaf(_: &Context) -> Outcome {
 }
 
 fn kasan_vec_oob_and_uaf(_: &Context) -> Outcome {
-    if !sanitizer::CHECKS_COMPILED_IN {
+    if !CHECKS_COMPILED_IN {
         return Ok(Verdict::Skipped(NO_CHECKS));
     }
     let mut numbers: Vec<u32> = Vec::with_capacity(12);
@@ -508,7 +510,7 @@ fn kasan_vec_oob_and_uaf(_: &Context) -> Outcome {
 }
 
 fn kasan_string_oob_and_uaf(_: &Context) -> Outcome {
-    if !sanitizer::CHECKS_COMPILED_IN {
+    if !CHECKS_COMPILED_IN {
         return Ok(Verdict::Skipped(NO_CHECKS));
     }
     let mut text = String::with_capacity(32);
@@ -554,19 +556,19 @@ fn kasan_stack_modes(_: &Context) -> Outcome {
 }
 
 fn kasan_not_caught_inside_last_granule(_: &Context) -> Outcome {
-    if !sanitizer::CHECKS_COMPILED_IN {
+    if !CHECKS_COMPILED_IN {
         return Ok(Verdict::Skipped(NO_CHECKS));
     }
     // 13 bytes occupy one granule; bytes 13-15 carry the object's tag too (no short granules).
     let object = allocate(13);
-    let (count, _) = kasan_report::recording(|| {
+    let (count, _) = kasan::recording(|| {
         for offset in 13..16 {
             write_u8(object + offset, 1);
         }
     });
     check_eq!(count, 0);
     // The next granule is caught.
-    let (count, _) = kasan_report::recording(|| {
+    let (count, _) = kasan::recording(|| {
         black_box(read_u8(object + 16));
     });
     check_eq!(count, 1);
@@ -575,7 +577,7 @@ fn kasan_not_caught_inside_last_granule(_: &Context) -> Outcome {
 }
 
 fn kasan_not_caught_tag_collision(_: &Context) -> Outcome {
-    if !sanitizer::CHECKS_COMPILED_IN {
+    if !CHECKS_COMPILED_IN {
         return Ok(Verdict::Skipped(NO_CHECKS));
     }
     // Allocate until an object gets the first one's tag: a pointer to the first object that
@@ -584,7 +586,7 @@ fn kasan_not_caught_tag_collision(_: &Context) -> Outcome {
     let mut held = Vec::new();
     let twin = loop {
         let candidate = allocate(32);
-        if tags::tag_of(candidate) == tags::tag_of(first) {
+        if tag_of(candidate) == tag_of(first) {
             break candidate;
         }
         held.push(candidate);
@@ -592,9 +594,9 @@ fn kasan_not_caught_tag_collision(_: &Context) -> Outcome {
             return Err(fail("no tag collision in 4000 allocations"));
         }
     };
-    let stray = first.wrapping_add(tags::untagged(twin).wrapping_sub(tags::untagged(first)));
+    let stray = first.wrapping_add(untagged(twin).wrapping_sub(untagged(first)));
     check_eq!(stray, twin);
-    let (count, _) = kasan_report::recording(|| write_u64(stray, 1));
+    let (count, _) = kasan::recording(|| write_u64(stray, 1));
     check_eq!(count, 0);
     for object in held.into_iter().chain([first, twin]) {
         heap::free(object);

@@ -5,7 +5,7 @@ use super::{Context, Outcome, Test, Verdict, check};
 use crate::arch::cpu;
 use crate::stacktrace::{self, Mode};
 use crate::task::{self, KillReason, State};
-use crate::{callsites, drivers::timer};
+use crate::{drivers::timer, symbols::callsites};
 use core::hint::black_box;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use unwind::{Trace, TraceOptions, ViewDifference};

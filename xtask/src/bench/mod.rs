@@ -8,6 +8,7 @@ mod results;
 use crate::Failure;
 use crate::build::{self, Board, BuildVariant};
 use crate::qemu::{self, CpuVariant, Machine};
+use protocol::suite;
 use results::{Row, Sample};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -19,12 +20,12 @@ pub struct Suite {
 }
 
 pub const SUITES: &[Suite] = &[
-    Suite { name: "baseline", default_variant: BuildVariant::Prod },
-    Suite { name: "stacktrace", default_variant: BuildVariant::Prod },
-    Suite { name: "depot", default_variant: BuildVariant::Prod },
-    Suite { name: "probes", default_variant: BuildVariant::Prod },
-    Suite { name: "ftrace", default_variant: BuildVariant::Prod },
-    Suite { name: "kasan-boot", default_variant: BuildVariant::Full },
+    Suite { name: suite::BASELINE, default_variant: BuildVariant::Prod },
+    Suite { name: suite::STACKTRACE, default_variant: BuildVariant::Prod },
+    Suite { name: suite::DEPOT, default_variant: BuildVariant::Prod },
+    Suite { name: suite::PROBES, default_variant: BuildVariant::Prod },
+    Suite { name: suite::FTRACE, default_variant: BuildVariant::Prod },
+    Suite { name: suite::KASAN_BOOT, default_variant: BuildVariant::Full },
 ];
 
 fn parse_suite(name: &str) -> Result<&'static Suite, String> {

@@ -15,7 +15,7 @@
 use core::ptr::addr_of_mut;
 
 /// Kernel VA = PA + this (the base of the 39-bit TTBR1 range).
-pub const VA_OFFSET: u64 = 0xFFFF_FF80_0000_0000;
+pub const VA_OFFSET: u64 = protocol::VA_OFFSET;
 /// Writable alias of kernel text: alias VA = PA + this.
 pub const TEXT_ALIAS_OFFSET: u64 = 0xFFFF_FFA0_0000_0000;
 /// The sanitizer's mapping offset. xtask passes the same value to the compiler as
@@ -48,7 +48,10 @@ pub const PAGE_SIZE: u64 = 4096;
 const BLOCK_SIZE: u64 = 2 << 20;
 const ENTRIES: usize = 512;
 
-/// The shadow address the compiler's checks read for `va`.
+/// The shadow address the compiler's checks read for `va`. Always inlined: the sanitizer's
+/// range checks call it once per granule, and LLVM does not inline an instrumented callee into
+/// their uninstrumented loop on its own (it did only while both sat in one codegen unit).
+#[inline(always)]
 pub const fn shadow_of(va: u64) -> u64 {
     (((va | (0xff << 56)) as i64 >> 4) as u64).wrapping_add(SHADOW_OFFSET)
 }

@@ -1,16 +1,18 @@
-//! The tag-based sanitizer's runtime entry: `__hwasan_tag_mismatch`, called by the compiler's
-//! outlined checks (`__hwasan_check_x<R>_<info>`) when a pointer's tag differs from its memory's.
+//! The compiler ABI of the tag-based sanitizer: `__hwasan_tag_mismatch`, called by the
+//! compiler's outlined checks (`__hwasan_check_x<R>_<info>`) when a pointer's tag differs from
+//! its memory's, `__hwasan_{load,store}N` and the memory intrinsics `__hwasan_mem*`.
 //!
 //! Build variant `full` compiles every function with `-Zsanitizer=kernel-hwaddress` in the
 //! outline scheme (see xtask's build variants): each load/store first calls a check thunk that
 //! compares the pointer's top byte with the shadow byte of its granule. Untagged kernel pointers
 //! carry 0xFF, the match-all tag, and the shadow of everything but future heap objects holds 0xFF.
-//! This runtime decodes each mismatch (address, size, read/write, tags), counts it, lets tests
-//! provoke it, and hands it to the KASAN-style report (mm/kasan_report.rs). Memory intrinsics
+//! This runtime decodes each mismatch (address, size, read/write, tags), looks up the object in
+//! the heap's stack ring and hands both to the KASAN-style report (report.rs), which counts it
+//! and lets tests provoke it. Memory intrinsics
 //! and odd-sized accesses are checked over their whole range here (`check_range`).
 
-use crate::arch::mmu;
-use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use super::report::Mismatch;
+use super::storage::{TagStorage, Tags};
 
 // The thunk's calling convention (LLVM's HWASan outlined checks, same as Linux's
 // kasan_sw_tags.S): x0 = address, x1 = access info; the thunk has already reserved 256 bytes of
@@ -44,75 +46,32 @@ __hwasan_tag_mismatch:
 "#
 );
 
-/// One tag mismatch, as the check reported it.
-#[derive(Clone, Copy, Debug, defmt::Format)]
-pub struct Mismatch {
-    pub address: u64,
-    pub size: u64,
-    pub write: bool,
-    pub pointer_tag: u8,
-    pub memory_tag: u8,
-    /// Where the instrumented code resumes after the check.
-    pub return_address: u64,
-}
-
-static MISMATCHES: AtomicU64 = AtomicU64::new(0);
-static EXPECTING: AtomicBool = AtomicBool::new(false);
-static LAST: spin::Mutex<Option<Mismatch>> = spin::Mutex::new(None);
-
-/// Whether this kernel was built with the sanitizer's checks (build variant `full`).
-pub const CHECKS_COMPILED_IN: bool = matches!(crate::BUILD_VARIANT.as_bytes(), b"full");
-
-/// Runs `f` with tag mismatches recorded and resumed from instead of fatal. Returns how many
-/// mismatches `f` caused and the last one.
-pub fn expect_mismatches(f: impl FnOnce()) -> (u64, Option<Mismatch>) {
-    let before = MISMATCHES.load(Ordering::SeqCst);
-    *LAST.lock() = None;
-    EXPECTING.store(true, Ordering::SeqCst);
-    f();
-    EXPECTING.store(false, Ordering::SeqCst);
-    (MISMATCHES.load(Ordering::SeqCst) - before, LAST.lock().take())
-}
-
-/// The tag the shadow holds for the granule of `address`.
-#[sanitize(kernel_hwaddress = "off")]
-pub fn memory_tag(address: u64) -> u8 {
-    let tag: u8;
-    // SAFETY: every address instrumented code can touch has a mapped shadow byte (mm::init).
-    // An asm load: a generic core function (read_volatile) would be instrumented itself and
-    // check the shadow's own (unmapped) shadow.
-    unsafe {
-        core::arch::asm!("ldrb {t:w}, [{a}]", a = in(reg) mmu::shadow_of(address), t = out(reg) tag, options(nostack, readonly, preserves_flags))
-    };
-    tag
-}
-
 /// Checks an access of `size` bytes at once: accesses whose size is not a power of two up to 16
 /// (the compiler calls these with AAPCS, e.g. block copies of arrays) and the memory
 /// intrinsics. A mismatch anywhere in the range is reported as the whole access (its start and
 /// size, as KASAN does), with the memory tag of the first mismatching granule. Whether it
 /// mismatched.
-#[sanitize(kernel_hwaddress = "off")]
-#[unsafe(link_section = ".text.sanitizer")]
+///
+/// Always inlined into the `__hwasan_*` entries below (uninstrumented, in `.text.sanitizer`),
+/// whose attributes its body takes: a call per access would cost a frame each time.
+#[inline(always)]
 fn check_range(address: u64, size: u64, write: bool, return_address: u64) -> bool {
     let pointer_tag = (address >> 56) as u8;
-    if pointer_tag == MATCH_ALL_TAG || size == 0 {
+    if pointer_tag == Tags::MATCH_ALL || size == 0 {
         return false;
     }
     let untagged = address | (0xff << 56);
-    let mut granule = untagged & !15;
+    let mut granule = untagged & !(Tags::GRANULE - 1);
     while granule < untagged + size {
-        if memory_tag(granule) != pointer_tag {
-            record(Mismatch { address, size, write, pointer_tag, memory_tag: memory_tag(granule), return_address });
+        let memory_tag = Tags::memory_tag(granule);
+        if memory_tag != pointer_tag {
+            record(Mismatch { address, size, write, pointer_tag, memory_tag, return_address });
             return true;
         }
-        granule += 16;
+        granule += Tags::GRANULE;
     }
     false
 }
-
-/// The tag of an untagged kernel pointer, which matches any memory tag.
-const MATCH_ALL_TAG: u8 = 0xff;
 
 #[unsafe(no_mangle)]
 #[sanitize(kernel_hwaddress = "off")]
@@ -189,7 +148,7 @@ fn return_address() -> u64 {
 #[sanitize(kernel_hwaddress = "off")]
 #[unsafe(link_section = ".text.sanitizer")]
 extern "C" fn sanitizer_tag_mismatch(address: u64, info: u64, return_address: u64) {
-    let memory_tag = memory_tag(address);
+    let memory_tag = Tags::memory_tag(address);
     record(Mismatch {
         address,
         size: 1 << (info & 0xf),
@@ -200,15 +159,14 @@ extern "C" fn sanitizer_tag_mismatch(address: u64, info: u64, return_address: u6
     });
 }
 
-/// Counts a mismatch and reports it (mm/kasan_report.rs); returns to the access when a test
-/// expects it or the kernel runs in recover mode, else the report stops the kernel.
+/// Hands a mismatch and the object the ring attributes it to to the report (report.rs), which
+/// returns to the access when a test records reports or the kernel runs in recover mode, else
+/// stops the kernel. Out of line: the range checks inline around it stay small.
+#[cold]
+#[inline(never)]
 #[sanitize(kernel_hwaddress = "off")]
 #[unsafe(link_section = ".text.sanitizer")]
 fn record(mismatch: Mismatch) {
-    MISMATCHES.fetch_add(1, Ordering::SeqCst);
-    let expected = EXPECTING.load(Ordering::SeqCst);
-    if expected {
-        *LAST.lock() = Some(mismatch);
-    }
-    super::kasan_report::report_mismatch(&mismatch, expected);
+    let found = super::heap::find_object(mismatch.address);
+    super::report::report_mismatch(&mismatch, found, super::heap::stacks().name());
 }

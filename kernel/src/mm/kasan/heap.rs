@@ -11,7 +11,7 @@
 //! tags:     0xFE     T T T T ...                    0xFE
 //! ```
 //!
-//! The object's tag T comes from the per-CPU generator (mm/tags.rs) and is written to the shadow
+//! The object's tag T comes from the tag storage's generator (storage.rs, shadow.rs) and is written to the shadow
 //! of each of its granules and to the pointer's top byte. The header and the slack keep the
 //! "invalid" tag 0xFE, so an access just left or right of an object always mismatches (a
 //! redzone that Linux's SW_TAGS does not have: there, neighbours differ only by tag, 1/238
@@ -51,21 +51,22 @@
 //! (double free, invalid free) need them. Only `full` has compiler-inserted access checks; in
 //! `prod` and `plain` the tags in pointers are ignored by the MMU (TBI) and by everything else.
 
-use super::kasan_report::{self, BugType};
-use super::tags::{self, INVALID};
+use super::report::{self, BadFree as BadFreeReport, BugType};
+use super::ring::{Ring, RingEntry};
+use super::storage::{TagStorage, Tags, tag_of, untagged, with_tag};
 use crate::arch::cpu;
 use crate::stacktrace::{self, Mode};
+use crate::sync::IrqMask;
 use buddy_system_allocator::Heap;
 use core::alloc::{GlobalAlloc, Layout};
 use core::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 /// Largest block: 2^(ORDER-1) bytes.
 const ORDER: usize = 28;
-const GRANULE: u64 = 16;
+const GRANULE: u64 = Tags::GRANULE;
+const INVALID: u8 = Tags::INVALID;
 /// The heap's size, taken from the start of free RAM.
 pub const HEAP_SIZE: u64 = 16 << 20;
-/// Entries in the stack ring (each 24 bytes).
-pub const RING_ENTRIES: usize = 8192;
 
 const LIVE_MAGIC: u64 = 0x4c49_5645_0000_0000;
 const FREED_MAGIC: u64 = 0x4652_4545_0000_0000;
@@ -85,63 +86,12 @@ struct Header {
     magic: u64,
 }
 
-/// One allocation or free in the stack ring.
-#[derive(Clone, Copy, Default)]
-pub struct RingEntry {
-    /// The object's tagged address.
-    pub pointer: u64,
-    pub size: u32,
-    /// Raw depot handle of the stack (0: not saved).
-    pub stack: u32,
-    pub task: u16,
-    /// Object address - block address.
-    pub offset: u16,
-    pub order: u8,
-    pub freed: bool,
-}
-
-impl RingEntry {
-    fn block_start(&self) -> u64 {
-        tags::untagged(self.pointer) - self.offset as u64
-    }
-
-    fn block_contains(&self, address: u64) -> bool {
-        (self.block_start()..self.block_start() + (1 << self.order)).contains(&address)
-    }
-}
-
-struct Ring {
-    entries: [RingEntry; RING_ENTRIES],
-    /// Total entries ever written; the newest is at (next - 1) % RING_ENTRIES.
-    next: u64,
-}
-
-impl Ring {
-    fn push(&mut self, entry: RingEntry) {
-        self.entries[(self.next % RING_ENTRIES as u64) as usize] = entry;
-        self.next += 1;
-    }
-
-    /// Entries newest first.
-    fn newest_first(&self) -> impl Iterator<Item = &RingEntry> {
-        let count = self.next.min(RING_ENTRIES as u64);
-        (1..=count).map(move |back| &self.entries[((self.next - back) % RING_ENTRIES as u64) as usize])
-    }
-}
-
 struct State {
     backing: Heap<ORDER>,
     ring: Ring,
 }
 
-static STATE: spin::Mutex<State> = spin::Mutex::new(State {
-    backing: Heap::new(),
-    ring: Ring {
-        entries: [RingEntry { pointer: 0, size: 0, stack: 0, task: 0, offset: 0, order: 0, freed: false };
-            RING_ENTRIES],
-        next: 0,
-    },
-});
+static STATE: spin::Mutex<State> = spin::Mutex::new(State { backing: Heap::new(), ring: Ring::new() });
 static HEAP_START: AtomicU64 = AtomicU64::new(0);
 static HEAP_END: AtomicU64 = AtomicU64::new(0);
 
@@ -213,8 +163,8 @@ pub fn stacks() -> Stacks {
 pub fn init(free_base: u64, free_size: u64, tag_seed: u32) {
     let size = free_size.min(HEAP_SIZE) & !(crate::arch::mmu::PAGE_SIZE - 1);
     assert!(size > 0, "no free RAM for the heap");
-    tags::seed(tag_seed);
-    tags::set_memory_tag(free_base, size, INVALID);
+    Tags::seed(tag_seed);
+    Tags::set_range_tag(free_base, size, INVALID);
     // SAFETY: [free_base, +size) is mapped RAM that nothing else uses (mm::Layout.free), given
     // to the heap once.
     unsafe { STATE.lock().backing.init(free_base as usize, size as usize) };
@@ -337,13 +287,13 @@ fn round_up(value: u64, to: u64) -> u64 {
     (value + to - 1) & !(to - 1)
 }
 
-/// Runs `f` on the locked state with IRQs masked.
+/// Runs `f` on the locked state with IRQs masked (the mask is taken before the lock and
+/// dropped after it, so an interrupt never spins on a lock its own CPU holds). Not an
+/// `IrqSpinLock`: a report needs `try_lock` on the same state (`find_object`).
 #[sanitize(kernel_hwaddress = "off")]
 fn locked<R>(f: impl FnOnce(&mut State) -> R) -> R {
-    let daif = cpu::mask_interrupts();
-    let result = f(&mut STATE.lock());
-    cpu::restore_interrupts(daif);
-    result
+    let _mask = IrqMask::new();
+    f(&mut STATE.lock())
 }
 
 /// Allocates `size` bytes aligned to `align` (at least 16); the tagged pointer, or None when the
@@ -364,13 +314,13 @@ pub fn allocate(size: usize, align: usize) -> Option<u64> {
     let layout = Layout::from_size_align(block_size as usize, align as usize).ok()?;
     let (block, tag) = locked(|state| {
         let block = state.backing.alloc(layout).ok()?.as_ptr() as u64;
-        let tag = tags::next();
+        let tag = Tags::random_tag();
         let object = block + offset;
         let order = block_size.trailing_zeros() as u8;
         let header = Header { size: size as u32, offset: offset as u16, order, tag, magic: LIVE_MAGIC ^ object };
         // SAFETY: the header granule lies in the block just allocated (offset >= 16).
         unsafe { ((object - GRANULE) as *mut Header).write(header) };
-        let pointer = tags::with_tag(object, tag);
+        let pointer = with_tag(object, tag);
         let entry = RingEntry {
             pointer,
             size: size as u32,
@@ -385,8 +335,8 @@ pub fn allocate(size: usize, align: usize) -> Option<u64> {
     })?;
     // The block is ours: tag the object outside the lock (the rest of the block is already
     // invalid: blocks are tagged 0xFE while free).
-    tags::set_memory_tag(block + offset, rounded, tag);
-    Some(tags::with_tag(block + offset, tag))
+    Tags::set_range_tag(block + offset, rounded, tag);
+    Some(with_tag(block + offset, tag))
 }
 
 /// Why a free was refused.
@@ -399,15 +349,15 @@ enum BadFree {
 /// Checks that `pointer` is the start of a live object with its tag; its header if so.
 #[sanitize(kernel_hwaddress = "off")]
 fn check_free(state: &State, pointer: u64) -> Result<Header, BadFree> {
-    let tag = tags::tag_of(pointer);
-    let address = tags::untagged(pointer);
+    let tag = tag_of(pointer);
+    let address = untagged(pointer);
     let (start, end) = range();
-    if !tags::is_object_tag(tag) || !address.is_multiple_of(GRANULE) || address < start + GRANULE || address >= end {
+    if !Tags::is_object_tag(tag) || !address.is_multiple_of(GRANULE) || address < start + GRANULE || address >= end {
         return Err(BadFree::Invalid);
     }
     // SAFETY: address - 16 lies in the heap (checked above), mapped RAM; an untagged read.
     let header = unsafe { ((address - GRANULE) as *const Header).read() };
-    if super::sanitizer::memory_tag(address) != tag {
+    if Tags::memory_tag(address) != tag {
         // Freed already? The ring remembers recent frees, the header the rest (its magic
         // survives the buddy allocator's free-list link, which overwrites the first word only).
         let freed_in_ring =
@@ -415,7 +365,7 @@ fn check_free(state: &State, pointer: u64) -> Result<Header, BadFree> {
         let freed_header = header.magic == FREED_MAGIC ^ address && header.tag == tag;
         return Err(if freed_in_ring || freed_header { BadFree::Double } else { BadFree::Invalid });
     }
-    let header_is_invalid_granule = super::sanitizer::memory_tag(address - GRANULE) == INVALID;
+    let header_is_invalid_granule = Tags::memory_tag(address - GRANULE) == INVALID;
     if !header_is_invalid_granule || header.magic != LIVE_MAGIC ^ address || header.tag != tag {
         return Err(BadFree::Invalid);
     }
@@ -431,9 +381,9 @@ pub fn free(pointer: u64) {
     let stack = collect_stack();
     let verdict = locked(|state| {
         let header = check_free(state, pointer)?;
-        let object = tags::untagged(pointer);
+        let object = untagged(pointer);
         let rounded = round_up((header.size as u64).max(1), GRANULE);
-        tags::set_memory_tag(object, rounded, INVALID);
+        Tags::set_range_tag(object, rounded, INVALID);
         let block = object - header.offset as u64;
         let freed = Header { magic: FREED_MAGIC ^ object, ..header };
         // SAFETY: the header granule of a live object (checked), still ours until dealloc.
@@ -454,14 +404,32 @@ pub fn free(pointer: u64) {
         Ok(())
     });
     if let Err(bad) = verdict {
-        let bug = match bad {
-            BadFree::Double => BugType::DoubleFree,
-            BadFree::Invalid => BugType::InvalidFree,
-        };
-        kasan_report::report_bad_free(bug, pointer);
+        refuse_free(bad, pointer);
         // Not a tail call: the report finds the free's caller after this function's frame.
         core::hint::black_box(pointer);
     }
+}
+
+/// Reports a free that `check_free` refused. Out of line and cold, so that the free path's
+/// own code stays what it was; the report finds the free's caller after `free`'s frame.
+#[cold]
+#[inline(never)]
+#[sanitize(kernel_hwaddress = "off")]
+fn refuse_free(bad: BadFree, pointer: u64) {
+    let bug = match bad {
+        BadFree::Double => BugType::DoubleFree,
+        BadFree::Invalid => BugType::InvalidFree,
+    };
+    let (start, end) = range();
+    let in_heap = (start..end).contains(&untagged(pointer));
+    report::report_bad_free(BadFreeReport {
+        bug,
+        pointer,
+        memory_tag: if in_heap { Some(Tags::memory_tag(untagged(pointer))) } else { None },
+        found: if in_heap { find_object(pointer) } else { None },
+        free_function: free as fn(u64) as usize as u64,
+        stack_mode: stacks().name(),
+    });
 }
 
 /// Resizes the object at `pointer` to `new_size`, in place when it fits in its block (the tag
@@ -476,12 +444,12 @@ pub fn reallocate(pointer: u64, align: usize, new_size: usize) -> Option<u64> {
         if new_size as u64 > u32::MAX as u64 || header.offset as u64 + new_rounded > 1 << header.order {
             return None;
         }
-        let object = tags::untagged(pointer);
+        let object = untagged(pointer);
         let old_rounded = round_up((header.size as u64).max(1), GRANULE);
         if new_rounded > old_rounded {
-            tags::set_memory_tag(object + old_rounded, new_rounded - old_rounded, header.tag);
+            Tags::set_range_tag(object + old_rounded, new_rounded - old_rounded, header.tag);
         } else {
-            tags::set_memory_tag(object + new_rounded, old_rounded - new_rounded, INVALID);
+            Tags::set_range_tag(object + new_rounded, old_rounded - new_rounded, INVALID);
         }
         let resized = Header { size: new_size as u32, ..header };
         // SAFETY: the header granule of a live object (checked).
@@ -511,44 +479,17 @@ pub fn reallocate(pointer: u64, align: usize, new_size: usize) -> Option<u64> {
     // SAFETY: both are live objects of at least min(old, new) bytes; untagged copies (the
     // sizes are the heap's own, not the caller's).
     unsafe {
-        core::ptr::copy_nonoverlapping(
-            tags::untagged(pointer) as *const u8,
-            tags::untagged(new) as *mut u8,
-            old_size.min(new_size),
-        )
+        core::ptr::copy_nonoverlapping(untagged(pointer) as *const u8, untagged(new) as *mut u8, old_size.min(new_size))
     };
     free(pointer);
     Some(new)
 }
 
-/// What the ring knows about the object a faulting pointer meant: its newest entry whose block
-/// holds the address and whose tag is the pointer's, else the nearest same-tag object within a
-/// page; plus the allocation entry before it when that entry is a free.
+/// What the stack ring knows about the object a faulting pointer meant (ring.rs); None when
+/// the heap is locked (a report from inside the heap's own critical section).
 #[sanitize(kernel_hwaddress = "off")]
-pub fn find_object(address: u64) -> Option<(RingEntry, Option<RingEntry>)> {
-    let tag = tags::tag_of(address);
-    let untagged = tags::untagged(address);
-    let state = STATE.try_lock()?;
-    let same_tag = || state.ring.newest_first().filter(|entry| tags::tag_of(entry.pointer) == tag);
-    let distance = |entry: &RingEntry| {
-        let start = tags::untagged(entry.pointer);
-        let end = start + entry.size as u64;
-        if untagged < start { start - untagged } else { untagged.saturating_sub(end) }
-    };
-    let nearest = || {
-        same_tag()
-            .enumerate()
-            .filter(|(_, entry)| distance(entry) < 4096)
-            .min_by_key(|(newness, entry)| (distance(entry), *newness))
-            .map(|(_, entry)| entry)
-    };
-    let found = *same_tag().find(|entry| entry.block_contains(untagged)).or_else(nearest)?;
-    let allocation = if found.freed {
-        same_tag().find(|entry| entry.pointer == found.pointer && !entry.freed).copied()
-    } else {
-        None
-    };
-    Some((found, allocation))
+pub fn find_object(address: u64) -> report::Found {
+    STATE.try_lock()?.ring.find_object(address)
 }
 
 /// The newest ring entries about `pointer` (tests read the stacks recorded for an object).

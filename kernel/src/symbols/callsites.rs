@@ -2,7 +2,7 @@
 //! it): each entry is the address of the two NOPs before a function, so the function starts 8
 //! bytes later. Sorted once at boot for lookups by address (stack-trace tests, probes, ftrace).
 
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 unsafe extern "C" {
     static __patchable_function_entries_start: u64;
@@ -10,7 +10,9 @@ unsafe extern "C" {
 }
 
 const CAPACITY: usize = 4096;
-static mut STARTS: [u64; CAPACITY] = [0; CAPACITY];
+/// Sorted function starts: written once by `init`, then only read. Atomics rather than a
+/// `static mut`: relaxed loads are plain loads, and COUNT's release/acquire orders them.
+static STARTS: [AtomicU64; CAPACITY] = [const { AtomicU64::new(0) }; CAPACITY];
 static COUNT: AtomicUsize = AtomicUsize::new(0);
 
 /// The section's entries as a slice (empty in the `plain` variant).
@@ -28,8 +30,11 @@ pub fn entries() -> &'static [u64] {
 pub fn init() {
     let entries = entries();
     assert!(entries.len() <= CAPACITY, "{} patchable entries, room for {}", entries.len(), CAPACITY);
-    // SAFETY: runs once at boot before any reader (COUNT is published afterwards).
-    let starts = unsafe { &mut *core::ptr::addr_of_mut!(STARTS) };
+    assert_eq!(COUNT.load(Ordering::Acquire), 0, "callsites::init runs once");
+    // SAFETY: AtomicU64 has u64's layout and its value sits in an UnsafeCell, so writing it
+    // through a pointer from a shared reference is allowed; this runs once at boot, before
+    // COUNT is published, so no reader looks at STARTS yet and nothing else writes it.
+    let starts = unsafe { core::slice::from_raw_parts_mut(STARTS.as_ptr().cast::<u64>().cast_mut(), CAPACITY) };
     for (start, entry) in starts.iter_mut().zip(entries) {
         *start = entry + 8;
     }
@@ -41,8 +46,8 @@ pub fn init() {
 /// upper bound of its end).
 pub fn function_containing(pc: u64) -> Option<(u64, u64)> {
     let count = COUNT.load(Ordering::Acquire);
-    // SAFETY: STARTS[..count] was written before COUNT was published and never changes.
-    let starts = unsafe { &(&*core::ptr::addr_of!(STARTS))[..count] };
-    let index = starts.partition_point(|&start| start <= pc).checked_sub(1)?;
-    Some((starts[index], starts.get(index + 1).copied().unwrap_or(u64::MAX)))
+    let starts = &STARTS[..count];
+    let index = starts.partition_point(|start| start.load(Ordering::Relaxed) <= pc).checked_sub(1)?;
+    let next = starts.get(index + 1).map_or(u64::MAX, |start| start.load(Ordering::Relaxed));
+    Some((starts[index].load(Ordering::Relaxed), next))
 }

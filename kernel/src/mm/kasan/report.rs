@@ -1,9 +1,11 @@
 //! KASAN-style reports of the sanitizer heap: what went wrong, on which object, and the stacks
 //! that allocated and freed it.
 //!
-//! Two sources: tag mismatches from the compiler's checks (mm/sanitizer.rs, after it decoded
-//! address, size and direction) and the heap's free path (double and invalid free). A mismatch is
-//! classified from the stack ring (mm/heap.rs): the newest entry with the pointer's tag whose
+//! Two sources: tag mismatches from the compiler's checks (abi.rs, after it decoded address,
+//! size and direction) and the heap's free path (double and invalid free). Both callers pass
+//! the object the stack ring (ring.rs) attributes the address to, so this module depends on
+//! neither the heap nor the runtime. A mismatch is classified from that entry: the newest with
+//! the pointer's tag whose
 //! block holds the address; a free entry makes it a use-after-free, an allocation an
 //! out-of-bounds; no entry, an invalid access (a wild or foreign-tagged pointer). The report:
 //!
@@ -22,11 +24,11 @@
 //! ```
 //!
 //! Then the kernel stops (panic mode, the default) or continues (recover mode: `kasan=recover`
-//! on the command line, or inside [`recording`], which tests use to check the last report).
+//! on the command line, or inside [`recording`], the one scope tests use to provoke reports and
+//! check the last one).
 
-use super::heap::{self, RingEntry};
-use super::sanitizer::{self, Mismatch};
-use super::tags;
+use super::ring::RingEntry;
+use super::storage::{TagStorage, Tags, tag_of, untagged};
 use crate::stacktrace;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use stackdepot::DepotHandle;
@@ -67,6 +69,22 @@ pub struct Object {
     pub free_task: Option<u16>,
 }
 
+/// One tag mismatch, as the compiler's check reported it.
+#[derive(Clone, Copy, Debug, defmt::Format)]
+pub struct Mismatch {
+    pub address: u64,
+    pub size: u64,
+    pub write: bool,
+    pub pointer_tag: u8,
+    pub memory_tag: u8,
+    /// Where the instrumented code resumes after the check.
+    pub return_address: u64,
+}
+
+/// What the ring knows about a faulting address's object: the entry, and the allocation entry
+/// before it when that entry is a free.
+pub type Found = Option<(RingEntry, Option<RingEntry>)>;
+
 /// One report, as recorded for tests.
 #[derive(Clone, Copy, Debug)]
 pub struct Report {
@@ -80,6 +98,8 @@ pub struct Report {
     /// Where the bad access or free happened (PAC-stripped return address of the check).
     pub pc: u64,
     pub object: Option<Object>,
+    /// The heap's stack-collection mode, named when a stack was not saved.
+    pub stack_mode: &'static str,
 }
 
 static RECOVER: AtomicBool = AtomicBool::new(false);
@@ -97,17 +117,15 @@ pub fn recording(f: impl FnOnce()) -> (u64, Option<Report>) {
     let before = REPORTS.load(Ordering::SeqCst);
     *LAST.lock() = None;
     RECORDING.store(true, Ordering::SeqCst);
-    // The sanitizer's own recording scope makes its mismatches return to the access.
-    sanitizer::expect_mismatches(f);
+    f();
     RECORDING.store(false, Ordering::SeqCst);
     (REPORTS.load(Ordering::SeqCst) - before, LAST.lock().take())
 }
 
-/// Reports a tag mismatch from the compiler's checks. Returns when recovering or `expected` (a
-/// test provoked it).
+/// Reports a tag mismatch from the compiler's checks, attributed to `found`. Returns when
+/// recovering or recording.
 #[sanitize(kernel_hwaddress = "off")]
-pub fn report_mismatch(mismatch: &Mismatch, expected: bool) {
-    let found = heap::find_object(mismatch.address);
+pub fn report_mismatch(mismatch: &Mismatch, found: Found, stack_mode: &'static str) {
     let bug = match found {
         Some((entry, _)) if entry.freed => BugType::UseAfterFree,
         Some(_) => BugType::OutOfBounds,
@@ -122,25 +140,35 @@ pub fn report_mismatch(mismatch: &Mismatch, expected: bool) {
         memory_tag: mismatch.memory_tag,
         pc: mismatch.return_address,
         object: found.map(|(entry, allocation)| object_of(entry, allocation)),
+        stack_mode,
     };
-    publish(&report, expected);
+    publish(&report);
 }
 
-/// Reports a double or invalid free of `pointer`, found by the heap's free path.
+/// What the heap's free path knows about a refused free.
+pub struct BadFree {
+    pub bug: BugType,
+    pub pointer: u64,
+    /// The memory tag at the pointer, or None when it is not heap memory.
+    pub memory_tag: Option<u8>,
+    pub found: Found,
+    /// The start of the heap's free function: the report names the frame after it.
+    pub free_function: u64,
+    pub stack_mode: &'static str,
+}
+
+/// Reports a double or invalid free, found by the heap's free path.
 #[inline(never)]
 #[sanitize(kernel_hwaddress = "off")]
-pub fn report_bad_free(bug: BugType, pointer: u64) {
-    let (start, end) = heap::range();
-    let in_heap = (start..end).contains(&tags::untagged(pointer));
-    let found = if in_heap { heap::find_object(pointer) } else { None };
-    // Where the free was called: the frame after heap::free's own.
+pub fn report_bad_free(bad: BadFree) {
+    let BadFree { bug, pointer, memory_tag, found, free_function, stack_mode } = bad;
+    // Where the free was called: the frame after the heap's free.
     let trace = stacktrace::capture(stacktrace::Mode::FramePointer, TraceOptions::ALL);
-    let free_function = heap::free as fn(u64) as usize as u64;
     let mut entries = trace.entries().map(|entry| entry.address);
     let pc = entries
         .by_ref()
         .find(|&address| {
-            crate::callsites::function_containing(address).is_some_and(|(start, _)| start == free_function)
+            crate::symbols::callsites::function_containing(address).is_some_and(|(start, _)| start == free_function)
         })
         .and_then(|_| entries.next())
         .unwrap_or(0);
@@ -149,12 +177,13 @@ pub fn report_bad_free(bug: BugType, pointer: u64) {
         address: pointer,
         size: 0,
         write: true,
-        pointer_tag: tags::tag_of(pointer),
-        memory_tag: if in_heap { sanitizer::memory_tag(tags::untagged(pointer)) } else { tags::MATCH_ALL },
+        pointer_tag: tag_of(pointer),
+        memory_tag: memory_tag.unwrap_or(Tags::MATCH_ALL),
         pc,
         object: found.map(|(entry, allocation)| object_of(entry, allocation)),
+        stack_mode,
     };
-    publish(&report, RECORDING.load(Ordering::SeqCst));
+    publish(&report);
 }
 
 fn object_of(entry: RingEntry, allocation: Option<RingEntry>) -> Object {
@@ -170,13 +199,14 @@ fn object_of(entry: RingEntry, allocation: Option<RingEntry>) -> Object {
 }
 
 #[sanitize(kernel_hwaddress = "off")]
-fn publish(report: &Report, expected: bool) {
+fn publish(report: &Report) {
     REPORTS.fetch_add(1, Ordering::SeqCst);
     print(report);
-    if RECORDING.load(Ordering::SeqCst) {
+    let recording = RECORDING.load(Ordering::SeqCst);
+    if recording {
         *LAST.lock() = Some(*report);
     }
-    if !expected && !RECOVER.load(Ordering::Relaxed) {
+    if !recording && !RECOVER.load(Ordering::Relaxed) {
         crate::exit(crate::ExitStatus::Panic);
     }
 }
@@ -208,7 +238,7 @@ fn print(report: &Report) {
         ),
     }
     if let Some(object) = report.object {
-        let offset = tags::untagged(report.address) as i64 - tags::untagged(object.address) as i64;
+        let offset = untagged(report.address) as i64 - untagged(object.address) as i64;
         let (distance, place) = if offset < 0 {
             (-offset, "to the left of")
         } else if offset >= object.size as i64 {
@@ -236,14 +266,14 @@ fn print(report: &Report) {
         defmt::error!("  fp #{=usize} {=u64:#x}", index, entry.address);
     }
     if let Some(object) = report.object {
-        print_saved("Allocated by", object.alloc_task, object.alloc_stack);
-        print_saved("Freed by", object.free_task, object.free_stack);
+        print_saved("Allocated by", object.alloc_task, object.alloc_stack, report.stack_mode);
+        print_saved("Freed by", object.free_task, object.free_stack, report.stack_mode);
     }
     defmt::error!("{=str}", RULE);
 }
 
 /// A stack saved in the depot, in the symbolizable `fp #N` format.
-fn print_saved(what: &str, task: Option<u16>, stack: u32) {
+fn print_saved(what: &str, task: Option<u16>, stack: u32, stack_mode: &str) {
     let Some(task) = task else {
         return;
     };
@@ -255,7 +285,7 @@ fn print_saved(what: &str, task: Option<u16>, stack: u32) {
                 defmt::error!("  fp #{=usize} {=u64:#x}", index, address);
             }
         }
-        None => defmt::error!("  (no stack saved: heap stack mode {=str})", heap::stacks().name()),
+        None => defmt::error!("  (no stack saved: heap stack mode {=str})", stack_mode),
     }
 }
 

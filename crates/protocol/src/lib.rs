@@ -1,0 +1,91 @@
+//! The protocol between the tracelab kernel and xtask: names and numbers both sides spell.
+//!
+//! xtask builds the kernel, writes its symbol table, boots it with a command line and reads
+//! its exit status and benchmark rows; the kernel reads the same command line and table and
+//! reports through the same status and names. Each constant lives here once, so that the two
+//! cannot drift. Log-line prefixes stay literals where defmt needs them (its format strings
+//! must be literals).
+#![cfg_attr(not(test), no_std)]
+#![forbid(unsafe_code)]
+
+pub mod ksyms;
+
+/// How a kernel run ends: the semihosting exit code, which QEMU turns into its exit status.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
+pub enum ExitStatus {
+    Success = 0,
+    TestsFailed = 1,
+    /// A panic, an unexpected exception, a KASAN report in panic mode.
+    Panic = 3,
+}
+
+impl ExitStatus {
+    pub const fn code(self) -> i32 {
+        self as i32
+    }
+}
+
+/// Benchmark suites, in the order `xtask bench` runs them with none named (BENCH.md).
+pub mod suite {
+    pub const BASELINE: &str = "baseline";
+    pub const STACKTRACE: &str = "stacktrace";
+    pub const DEPOT: &str = "depot";
+    pub const PROBES: &str = "probes";
+    pub const FTRACE: &str = "ftrace";
+    pub const KASAN_BOOT: &str = "kasan-boot";
+    pub const ALL: [&str; 6] = [BASELINE, STACKTRACE, DEPOT, PROBES, FTRACE, KASAN_BOOT];
+}
+
+/// Keys of the kernel command line (`/chosen/bootargs`), each written `KEY=VALUE`.
+pub mod cmdline {
+    pub const RUN: &str = "run";
+    pub const FILTER: &str = "filter";
+    pub const HZ: &str = "hz";
+    pub const EXIT: &str = "exit";
+    pub const EXPECT_PAUTH: &str = "expect-pauth";
+    pub const BENCH: &str = "bench";
+    pub const REPS: &str = "reps";
+    pub const CLOCK: &str = "clock";
+    pub const ICOUNT: &str = "icount";
+    pub const FTRACE: &str = "ftrace";
+    pub const FTRACE_SCHEME: &str = "ftrace-scheme";
+    pub const TAG_SEED: &str = "tag-seed";
+    pub const KASAN: &str = "kasan";
+}
+
+/// Where each board's loader puts the raw image (physical); kernel.ld links the image there.
+pub mod load_address {
+    pub const QEMU_VIRT: u64 = 0x4008_0000;
+    pub const RPI4: u64 = 0x0008_0000;
+}
+
+/// The kernel's linear map: VA = PA + VA_OFFSET, for RAM, the image and devices (TTBR1, 39-bit).
+pub const VA_OFFSET: u64 = 0xFFFF_FF80_0000_0000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suite_names_are_distinct() {
+        for (index, name) in suite::ALL.iter().enumerate() {
+            assert!(!suite::ALL[index + 1..].contains(name), "{name} twice");
+        }
+    }
+
+    #[test]
+    fn exit_codes_match_what_xtask_expects_of_qemu() {
+        assert_eq!(ExitStatus::Success.code(), 0);
+        assert_eq!(ExitStatus::TestsFailed.code(), 1);
+        assert_eq!(ExitStatus::Panic.code(), 3);
+    }
+
+    #[test]
+    fn load_addresses_lie_in_the_linear_map() {
+        for address in [load_address::QEMU_VIRT, load_address::RPI4] {
+            assert!(address.checked_add(VA_OFFSET).is_some());
+            assert_eq!(address % 0x1_0000, 0, "loaders want 64 KiB alignment");
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! The stack ring: every allocation and free appends {tagged pointer, size, depot handle,
+//! task, alloc/free} here, as in Linux's tag-based KASAN; a report searches it backward, newest
+//! first, for the object a faulting pointer's tag belongs to. The heap owns the one ring (under
+//! its lock); the report only reads entries the heap hands it.
+
+use super::storage::{tag_of, untagged};
+
+/// Entries in the stack ring (each 24 bytes).
+pub const RING_ENTRIES: usize = 8192;
+
+/// One allocation or free in the stack ring.
+#[derive(Clone, Copy, Default)]
+pub struct RingEntry {
+    /// The object's tagged address.
+    pub pointer: u64,
+    pub size: u32,
+    /// Raw depot handle of the stack (0: not saved).
+    pub stack: u32,
+    pub task: u16,
+    /// Object address - block address.
+    pub offset: u16,
+    pub order: u8,
+    pub freed: bool,
+}
+
+impl RingEntry {
+    fn block_start(&self) -> u64 {
+        untagged(self.pointer) - self.offset as u64
+    }
+
+    pub fn block_contains(&self, address: u64) -> bool {
+        (self.block_start()..self.block_start() + (1 << self.order)).contains(&address)
+    }
+}
+
+pub struct Ring {
+    entries: [RingEntry; RING_ENTRIES],
+    /// Total entries ever written; the newest is at (next - 1) % RING_ENTRIES.
+    next: u64,
+}
+
+impl Ring {
+    pub const fn new() -> Self {
+        Self {
+            entries: [RingEntry { pointer: 0, size: 0, stack: 0, task: 0, offset: 0, order: 0, freed: false };
+                RING_ENTRIES],
+            next: 0,
+        }
+    }
+
+    pub fn push(&mut self, entry: RingEntry) {
+        self.entries[(self.next % RING_ENTRIES as u64) as usize] = entry;
+        self.next += 1;
+    }
+
+    /// Entries newest first.
+    pub fn newest_first(&self) -> impl Iterator<Item = &RingEntry> {
+        let count = self.next.min(RING_ENTRIES as u64);
+        (1..=count).map(move |back| &self.entries[((self.next - back) % RING_ENTRIES as u64) as usize])
+    }
+
+    /// What the ring knows about the object a faulting pointer meant: its newest entry whose
+    /// block holds the address and whose tag is the pointer's, else the nearest same-tag object
+    /// within a page; plus the allocation entry before it when that entry is a free.
+    #[sanitize(kernel_hwaddress = "off")]
+    pub fn find_object(&self, address: u64) -> Option<(RingEntry, Option<RingEntry>)> {
+        let tag = tag_of(address);
+        let untagged = untagged(address);
+        let same_tag = || self.newest_first().filter(|entry| tag_of(entry.pointer) == tag);
+        let distance = |entry: &RingEntry| {
+            let start = super::storage::untagged(entry.pointer);
+            let end = start + entry.size as u64;
+            if untagged < start { start - untagged } else { untagged.saturating_sub(end) }
+        };
+        let nearest = || {
+            same_tag()
+                .enumerate()
+                .filter(|(_, entry)| distance(entry) < 4096)
+                .min_by_key(|(newness, entry)| (distance(entry), *newness))
+                .map(|(_, entry)| entry)
+        };
+        let found = *same_tag().find(|entry| entry.block_contains(untagged)).or_else(nearest)?;
+        let allocation = if found.freed {
+            same_tag().find(|entry| entry.pointer == found.pointer && !entry.freed).copied()
+        } else {
+            None
+        };
+        Some((found, allocation))
+    }
+}

@@ -1,0 +1,113 @@
+//! Software tag storage: one shadow byte per 16-byte granule at `mmu::shadow_of(address)`, and
+//! a per-CPU generator that draws object tags.
+//!
+//! A tag is the top byte of a pointer and the shadow byte of each granule it may touch. Three
+//! kinds of value are reserved:
+//! - 0xFF is kernel-hwaddress's match-all tag: the tag of every untagged kernel pointer
+//!   (TTBR1 addresses with TBI1 have top byte 0xFF), so it is never given to an object.
+//! - 0xFE marks memory no object owns: freed objects, the heap's free blocks, the header
+//!   granule before each object and the slack after it.
+//! - 0x00-0x0F: the compiler's inline checks treat a shadow byte below 16 as a short granule
+//!   (PLATFORM.md), even with short granules off; the outline checks here would not, but
+//!   keeping out of that range keeps both schemes sound.
+//!
+//! That leaves 0x10..=0xFD: 238 object tags. The generator is a 32-bit LCG per CPU (one CPU
+//! runs today), seeded from the `tag-seed=` boot parameter, so a run's tags are reproducible.
+
+use super::storage::{TagStorage, untagged};
+use core::sync::atomic::{AtomicU32, Ordering};
+
+/// The default seed when the command line gives none.
+pub const DEFAULT_SEED: u32 = 0x7472_6163;
+
+/// One generator per CPU.
+static STATE: [AtomicU32; 1] = [AtomicU32::new(DEFAULT_SEED)];
+
+/// The shadow-memory implementation of [`TagStorage`].
+pub struct ShadowTags;
+
+impl TagStorage for ShadowTags {
+    const GRANULE: u64 = 16;
+    const MATCH_ALL: u8 = 0xff;
+    const INVALID: u8 = 0xfe;
+    const FIRST_OBJECT_TAG: u8 = 0x10;
+    const LAST_OBJECT_TAG: u8 = 0xfd;
+
+    // Always inlined wrappers around the uninstrumented shadow accesses below, so that a call
+    // through the seam is the same code as the direct call it replaced.
+    #[inline(always)]
+    fn set_range_tag(address: u64, size: u64, tag: u8) {
+        set_memory_tag(address, size, tag)
+    }
+
+    #[inline(always)]
+    fn memory_tag(address: u64) -> u8 {
+        memory_tag(address)
+    }
+
+    #[inline(always)]
+    fn random_tag() -> u8 {
+        next()
+    }
+
+    fn seed(seed: u32) {
+        for (cpu, state) in STATE.iter().enumerate() {
+            state.store(seed ^ (cpu as u32).wrapping_mul(0x9e37_79b9), Ordering::Relaxed);
+        }
+    }
+}
+
+const OBJECT_TAGS: u32 = (ShadowTags::LAST_OBJECT_TAG - ShadowTags::FIRST_OBJECT_TAG) as u32 + 1;
+
+/// The next object tag of this CPU. Callers run with interrupts masked (the heap does), so the
+/// load and store cannot interleave with another user of the same CPU's state.
+#[sanitize(kernel_hwaddress = "off")]
+fn next() -> u8 {
+    let state = &STATE[0];
+    let next = state.load(Ordering::Relaxed).wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+    state.store(next, Ordering::Relaxed);
+    // The high bits of an LCG are the random ones.
+    ShadowTags::FIRST_OBJECT_TAG + ((next >> 24) % OBJECT_TAGS) as u8
+}
+
+/// The tag the shadow holds for the granule of `address`. Always inlined (as is
+/// `set_memory_tag`): the range checks and the heap, all uninstrumented, call it per granule or
+/// per object, and whether LLVM would inline it on its own depends on codegen-unit partitioning.
+/// Its only access is the asm load, which no sanitizer instruments, so the callers' sanitizer
+/// setting does not matter.
+#[inline(always)]
+fn memory_tag(address: u64) -> u8 {
+    let tag: u8;
+    // SAFETY: every address instrumented code can touch has a mapped shadow byte (mm::init).
+    // An asm load: a generic core function (read_volatile) would be instrumented itself and
+    // check the shadow's own (unmapped) shadow.
+    unsafe {
+        core::arch::asm!("ldrb {t:w}, [{a}]", a = in(reg) crate::arch::mmu::shadow_of(address), t = out(reg) tag, options(nostack, readonly, preserves_flags))
+    };
+    tag
+}
+
+/// Writes `tag` to the shadow of every granule of `[address, address + size)` (size a multiple
+/// of 16). Uses asm stores: the shadow has no shadow of its own. Always inlined, see
+/// `memory_tag`.
+#[inline(always)]
+fn set_memory_tag(address: u64, size: u64, tag: u8) {
+    let first = crate::arch::mmu::shadow_of(untagged(address));
+    let word = u64::from_ne_bytes([tag; 8]);
+    let mut offset = 0;
+    let count = size / 16;
+    while offset + 8 <= count {
+        // SAFETY: heap addresses are RAM, whose shadow is mapped read-write (mm::init).
+        unsafe {
+            core::arch::asm!("str {v}, [{a}]", a = in(reg) first + offset, v = in(reg) word, options(nostack, preserves_flags))
+        };
+        offset += 8;
+    }
+    while offset < count {
+        // SAFETY: as above.
+        unsafe {
+            core::arch::asm!("strb {v:w}, [{a}]", a = in(reg) first + offset, v = in(reg) tag as u32, options(nostack, preserves_flags))
+        };
+        offset += 1;
+    }
+}
