@@ -23,7 +23,6 @@ mod stacktrace;
 mod sync;
 mod task;
 mod tests;
-mod uprobes;
 
 use arch::{cpu, mmu::VA_OFFSET};
 use core::sync::atomic::{AtomicBool, Ordering};

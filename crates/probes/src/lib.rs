@@ -185,7 +185,7 @@ pub use encode::{
     ldr_w_unsigned, ldrsw_unsigned, mov_sp, mrs_nzcv, msr_nzcv, stp_offset, str_unsigned, sub_immediate, test_branch,
 };
 pub use insn::{Description, Insn};
-pub use plan::{Method, Plan, Refusal, Text, is_frame_push, plan, runs_anywhere};
+pub use plan::{Method, Plan, Refusal, Rules, Text, is_frame_push, plan, runs_anywhere};
 pub use relocate::{LITERAL_POOL, RelocateError, TRAMPOLINE_WORDS, Trampoline, detour_trampoline, relocate};
 pub use simulate::{
     Access, Condition, Exception, Fault, Indexing, IndirectBranch, LiteralSize, Memory, Register, RegisterFile,

@@ -6,6 +6,7 @@ use crate::simulate::{Indexing, IndirectBranch, Simulated};
 
 /// How a hit performs the displaced instruction.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[cfg_attr(feature = "kernel", derive(defmt::Format))]
 pub enum Method {
     /// Out of line, from a slot `[insn, BRK]`, under hardware single-step.
     SingleStep,
@@ -31,15 +32,33 @@ impl Method {
     }
 }
 
-/// Whose text the probe is on: the rules differ where the trap handler's position differs.
+/// Whose text a probe is on: the rules differ where the trap handler's position differs.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Text {
-    /// EL1 code. The BRK handler runs on the probed context's stack, so an SP-based simulated
-    /// access may reach at most `stack_reach` bytes below SP; `post_handler`: a post-handler
-    /// was asked for.
-    Kernel { stack_reach: i64, post_handler: bool },
+    /// EL1 code: the BRK handler runs on the probed context's stack.
+    Kernel,
     /// EL0 code: the handler runs on the kernel stack, user memory is reached unprivileged.
     User,
+}
+
+impl Text {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Kernel => "kernel text",
+            Self::User => "user text",
+        }
+    }
+}
+
+/// What a registration asks for besides the method.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Rules {
+    pub text: Text,
+    /// Kernel text: how far below SP a simulated SP-based access or SP move may reach (exception
+    /// entry leaves only a gap below the interrupted SP).
+    pub stack_reach: i64,
+    /// A post-handler was asked for (a kernel detour cannot run one).
+    pub post_handler: bool,
 }
 
 /// What a hit does, decided at registration.
@@ -96,8 +115,8 @@ pub const fn is_frame_push(simulated: &Simulated) -> bool {
     )
 }
 
-/// Decides how `method` performs an instruction classified as `classification` on `text`.
-pub fn plan(method: Method, classification: &Classification, text: Text) -> Result<Plan, Refusal> {
+/// Decides how `method` performs an instruction classified as `classification`.
+pub fn plan(method: Method, classification: &Classification, rules: &Rules) -> Result<Plan, Refusal> {
     let simulated = match *classification {
         Classification::Reject(reason) => return Err(Refusal::Rejected(reason)),
         Classification::Simulate(simulated) => Some(simulated),
@@ -106,8 +125,8 @@ pub fn plan(method: Method, classification: &Classification, text: Text) -> Resu
     match method {
         Method::Simulate => {
             let simulated = simulated.ok_or(Refusal::NotSimulated)?;
-            if let Text::Kernel { stack_reach, .. } = text {
-                check_stack_reach(&simulated, stack_reach)?;
+            if rules.text == Text::Kernel {
+                check_stack_reach(&simulated, rules.stack_reach)?;
             }
             Ok(if is_frame_push(&simulated) { Plan::SimulateFramePush } else { Plan::Simulate(simulated) })
         }
@@ -115,10 +134,10 @@ pub fn plan(method: Method, classification: &Classification, text: Text) -> Resu
             Some(simulated) if !runs_anywhere(&simulated) => Err(Refusal::NeedsOriginalPc),
             _ => Ok(Plan::OutOfLine { hardware_step: method == Method::SingleStep }),
         },
-        Method::Detour => match text {
+        Method::Detour => match rules.text {
             // The kernel trampoline relocates every PC-relative form (`relocate.rs`).
-            Text::Kernel { post_handler: true, .. } => Err(Refusal::DetourPostHandler),
-            Text::Kernel { .. } => match simulated {
+            Text::Kernel if rules.post_handler => Err(Refusal::DetourPostHandler),
+            Text::Kernel => match simulated {
                 Some(Simulated::BranchRegister { rn, kind: IndirectBranch::Blr }) if rn.number() == 30 => {
                     Err(Refusal::DetourBlrX30)
                 }

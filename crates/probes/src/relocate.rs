@@ -23,7 +23,7 @@ const SP: u8 = 31;
 /// Bytes the trampoline reserves below SP: x0..x30, sp, pc, pstate (the `Registers` layout),
 /// a multiple of 16 so SP stays aligned (SCTLR_EL1.SA).
 const SAVE_AREA: u16 = 34 * 8;
-const _: () = assert!(SAVE_AREA as usize == core::mem::size_of::<crate::Registers>() && SAVE_AREA % 16 == 0);
+const _: () = assert!(SAVE_AREA as usize == core::mem::size_of::<crate::Registers>() && SAVE_AREA.is_multiple_of(16));
 /// Offsets in the save area (the `Registers` fields).
 const SAVED_X30: u32 = 30 * 8;
 const SAVED_SP: i64 = 31 * 8;

@@ -12,9 +12,9 @@
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use super::{Clock, Label, Plan, row};
+use crate::probes::uprobe as uprobes;
 use crate::probes::{Method, Registers};
 use crate::task::user::{self, Options};
-use crate::uprobes;
 
 core::arch::global_asm!(
     r#"
@@ -123,7 +123,7 @@ pub fn run(plan: &Plan) {
                 unit,
                 (unprobed as f64 - loop_alone as f64) / iterations as f64,
             );
-            for (prefix, returns) in [("uprobe-", None), ("uretprobe-", Some(count_return as uprobes::Handler))] {
+            for (prefix, returns) in [("uprobe-", None), ("uretprobe-", Some(count_return as crate::probes::Handler))] {
                 let case = Label::new(format_args!("{prefix}{name}"));
                 for &method in methods {
                     if let Err(error) = uprobes::register(target, method, count_hit, returns) {

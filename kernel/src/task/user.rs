@@ -271,7 +271,7 @@ pub fn spawn(name: &'static str, entry: u64, arguments: [u64; 3], options: Optio
         }
     };
     build_space(id.0, options);
-    crate::uprobes::on_new_user_task(id.0);
+    crate::probes::uprobe::on_new_user_task(id.0);
     let spsr = if options.irqs_masked { 0x3c0 } else { 0 };
     users()[id.0] =
         UserTask { active: true, entry, arguments, spsr, exit_code: None, fault: None, apia: new_key(id.0) };
@@ -423,10 +423,10 @@ extern "C" fn exception_el0_sync(frame: &mut ExceptionFrame) {
         syscall(frame);
         return;
     }
-    if crate::uprobes::on_el0_exception(frame, class) {
+    if crate::probes::uprobe::on_el0_exception(frame, class) {
         return;
     }
-    let pc = crate::uprobes::attributed_pc(frame.elr);
+    let pc = crate::probes::uprobe::attributed_pc(frame.elr);
     kill_with_fault(UserFault { esr: frame.esr, far: frame.far, pc });
 }
 

@@ -6,7 +6,7 @@ use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use super::{Context, Failure, Outcome, Test, Verdict, check, check_eq, fail};
 use crate::arch::cpu;
 use crate::probes::kretprobe::{self, INSTANCES_PER_CONTEXT};
-use crate::probes::{Method, ProbeError, Registers};
+use crate::probes::{Method, ProbeError, Registers, Text};
 use crate::stacktrace::{self, Mode};
 use unwind::{Trace, TraceOptions};
 
@@ -246,7 +246,10 @@ fn kretprobe_on_asm_targets_every_method(_: &Context) -> Outcome {
     }
     // A `ret` cannot run out of line: the entry probe says so.
     let ret = bench_probe_target_ret as *const () as u64;
-    check!(kretprobe::register(ret, Method::SingleStep, None, log_and_add_1000, 1) == Err(ProbeError::NeedsOriginalPc));
+    check!(
+        kretprobe::register(ret, Method::SingleStep, None, log_and_add_1000, 1)
+            == Err(ProbeError::NeedsOriginalPc(Text::Kernel))
+    );
     check!(kretprobe::counts(ret).is_none());
     check!(kretprobe::unregister(ret) == Err(ProbeError::NotRegistered));
     Ok(Verdict::Passed)
@@ -269,7 +272,7 @@ fn register_rust(
 ) -> Result<bool, Failure> {
     match kretprobe::register(function, method, entry, handler, max_active) {
         Ok(()) => Ok(true),
-        Err(ProbeError::NotSimulated | ProbeError::NeedsOriginalPc) => Ok(false),
+        Err(ProbeError::NotSimulated | ProbeError::NeedsOriginalPc(Text::Kernel)) => Ok(false),
         Err(error) => {
             defmt::error!("  {}: {}", method, error);
             Err(fail("kretprobe registered"))

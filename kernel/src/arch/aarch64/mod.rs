@@ -6,6 +6,7 @@ pub mod exception;
 pub mod mmu;
 pub mod park;
 pub mod patch;
+pub mod step;
 
 use mmu::{Descriptor, VA_OFFSET};
 
