@@ -14,8 +14,8 @@ use super::Registers;
 use super::frame::{FrameRegisters, registers};
 use super::kprobe::{Action, Probe, lookup};
 use crate::arch::exception::ExceptionFrame;
-use crate::arch::step::{MDSCR_KDE, MDSCR_SS, SPSR_BTYPE, SPSR_D, SPSR_DAIF, SPSR_F, SPSR_I, SPSR_SS, set_mdscr};
-use probes::{Fault, Memory, SimulationConfig, simulate};
+use crate::arch::step::{self, MDSCR_KDE, MDSCR_SS, SPSR_BTYPE, SPSR_D, SPSR_DAIF, SPSR_F, SPSR_I, SPSR_SS};
+use probes::{Fault, Memory, Simulated, SimulationConfig, simulate};
 
 /// This CPU's hit state (one CPU for now), in one static so that the hit path materialises one
 /// address (the kernel is built with the large code model: 4 instructions per address).
@@ -85,6 +85,13 @@ impl Memory for KernelMemory {
     }
 }
 
+/// Out of line, so that `on_brk`'s simulate path does not pay for the system-register code.
+#[unsafe(link_section = ".text.noprobe")]
+#[inline(never)]
+fn set_mdscr(bits: u64, on: bool) {
+    step::set_mdscr(bits, on);
+}
+
 /// BRK #0x004. Returns false if no probe is registered at the PC (the caller reports it).
 #[unsafe(link_section = ".text.noprobe")]
 pub fn on_brk(frame: &mut ExceptionFrame) -> bool {
@@ -104,9 +111,9 @@ pub fn on_brk(frame: &mut ExceptionFrame) -> bool {
         (probe.pre)(registers(frame));
     }
     match probe.action {
-        Action::Simulate(simulated) => {
+        Action::Simulate(ref simulated) => {
             let registers = registers(frame);
-            if simulate(&simulated, &mut FrameRegisters(registers), &mut KernelMemory, &CONFIG).is_err() {
+            if !simulate_hit(simulated, registers) {
                 // KernelMemory never returns a fault; only the SP alignment check can fail.
                 return false;
             }
@@ -152,6 +159,14 @@ pub fn on_brk(frame: &mut ExceptionFrame) -> bool {
         Action::Detour { .. } => return false,
     }
     true
+}
+
+/// The simulator's instantiation for kernel probes, out of line: inlined into `on_brk` it makes
+/// every hit (stepped ones too) save and restore more callee-saved registers.
+#[unsafe(link_section = ".text.noprobe")]
+#[inline(never)]
+fn simulate_hit(simulated: &Simulated, registers: &mut Registers) -> bool {
+    simulate(simulated, &mut FrameRegisters(registers), &mut KernelMemory, &CONFIG).is_ok()
 }
 
 /// BRK #0x006 after a slot's instruction (brk-step). False if no slot is being executed there.

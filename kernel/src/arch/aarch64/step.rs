@@ -33,9 +33,9 @@ pub fn unlock_debug() {
 }
 
 /// Sets (`on`) or clears `bits` (`MDSCR_KDE`, `MDSCR_SS`) of MDSCR_EL1. Called from the probe
-/// trap handlers with PSTATE.D set, so no debug exception is taken before the exception return.
-#[unsafe(link_section = ".text.noprobe")]
-#[inline(never)]
+/// trap handlers (`.text.noprobe`, which this inlines into) with PSTATE.D set, so no debug
+/// exception is taken before the exception return.
+#[inline(always)]
 pub fn set_mdscr(bits: u64, on: bool) {
     let mut mdscr: u64;
     // SAFETY: read-modify-write of MDSCR_EL1's step bits; reads and writes one general-purpose

@@ -11,24 +11,8 @@ use crate::bench::{Label, Plan};
 use crate::probes::{self as kprobes, Registers, kretprobe};
 
 core::arch::global_asm!(
+    probe_targets!(".text.bench_probe_targets", "bench_probe_target"),
     r#"
-    .section .text.bench_probe_targets, "ax"
-    .balign 16
-    .global bench_probe_target_nop
-bench_probe_target_nop:
-    nop
-    ret
-    .balign 16
-    .global bench_probe_target_push
-bench_probe_target_push:
-    stp     x29, x30, [sp, #-16]!
-    ldp     x29, x30, [sp], #16
-    ret
-    .balign 16
-    .global bench_probe_target_ret
-bench_probe_target_ret:
-    ret
-
 // x0 = iterations (>= 1), x1 = target; the counter and the target live in callee-saved x19/x20,
 // so the target and any probe handler may use every caller-saved register.
 .macro PROBE_BENCH_LOOP name, body:vararg

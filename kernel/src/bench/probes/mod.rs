@@ -9,6 +9,42 @@
 //! loops are in `kernel.rs`, the EL0 ones in `user.rs`; every probe kind goes through the one
 //! loop [`method_rows`].
 
+/// The asm of the three targets in `section`, named `{prefix}_nop`, `{prefix}_push` and
+/// `{prefix}_ret`: one text for the kernel and the EL0 copies.
+macro_rules! probe_targets {
+    ($section:literal, $prefix:literal) => {
+        concat!(
+            "    .section ",
+            $section,
+            ", \"ax\"\n",
+            "    .balign 16\n",
+            "    .global ",
+            $prefix,
+            "_nop\n",
+            $prefix,
+            "_nop:\n",
+            "    nop\n",
+            "    ret\n",
+            "    .balign 16\n",
+            "    .global ",
+            $prefix,
+            "_push\n",
+            $prefix,
+            "_push:\n",
+            "    stp     x29, x30, [sp, #-16]!\n",
+            "    ldp     x29, x30, [sp], #16\n",
+            "    ret\n",
+            "    .balign 16\n",
+            "    .global ",
+            $prefix,
+            "_ret\n",
+            $prefix,
+            "_ret:\n",
+            "    ret\n",
+        )
+    };
+}
+
 mod kernel;
 mod user;
 

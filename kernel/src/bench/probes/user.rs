@@ -14,24 +14,8 @@ use crate::probes::{Registers, uprobe};
 use crate::task::user::{self, Options};
 
 core::arch::global_asm!(
+    probe_targets!(".text.user", "user_bench_target"),
     r#"
-    .section .text.user, "ax"
-    .balign 16
-    .global user_bench_target_nop
-user_bench_target_nop:
-    nop
-    ret
-    .balign 16
-    .global user_bench_target_push
-user_bench_target_push:
-    stp     x29, x30, [sp, #-16]!
-    ldp     x29, x30, [sp], #16
-    ret
-    .balign 16
-    .global user_bench_target_ret
-user_bench_target_ret:
-    ret
-
 // x0 = iterations (>= 1), x1 = target, x2 = clock (0: PMCCNTR_EL0, 1: CNTVCT_EL0);
 // exit(counter after - counter before).
 .macro USER_BENCH_LOOP name, body:vararg
