@@ -24,7 +24,6 @@ mod sync;
 mod task;
 mod tests;
 mod trap;
-mod uprobes;
 
 use arch::{cpu, mmu::VA_OFFSET};
 use core::sync::atomic::{AtomicBool, Ordering};

@@ -7,7 +7,10 @@
 //! when the probe is registered; [`simulate`] runs the pre-decoded
 //! [`Simulated`] form on every hit without decoding again. [`encode_b`],
 //! [`encode_bl`], [`encode_brk`] and [`NOP`] write the instructions the
-//! kernel patches in. Everything here is `no_std` without `alloc` and never
+//! kernel patches in. [`plan`] decides, per [`Method`], how a hit performs
+//! an instruction or why the method is refused ([`Refusal`]), for kernel and
+//! user text alike; [`detour_trampoline`] builds a detour and [`relocate`]s
+//! the displaced instruction with the named encoders of `encode.rs`. Everything here is `no_std` without `alloc` and never
 //! panics, so it can run in the BRK exception handler.
 //!
 //! # What is simulated, stepped and rejected
@@ -171,12 +174,20 @@
 mod classify;
 mod encode;
 mod insn;
+mod plan;
+mod relocate;
 mod reserved;
 mod simulate;
 
 pub use classify::{Classification, RejectReason, classify};
-pub use encode::{BRANCH_MAX_BACKWARD, BRANCH_MAX_FORWARD, BranchError, NOP, encode_b, encode_bl, encode_brk};
+pub use encode::{
+    BRANCH_MAX_BACKWARD, BRANCH_MAX_FORWARD, BranchError, IMM19_MAX_BACKWARD, IMM19_MAX_FORWARD, NOP, add_immediate,
+    b_cond, blr, br, compare_branch, encode_b, encode_bl, encode_brk, ldp_offset, ldr_literal, ldr_unsigned,
+    ldr_w_unsigned, ldrsw_unsigned, mov_sp, mrs_nzcv, msr_nzcv, stp_offset, str_unsigned, sub_immediate, test_branch,
+};
 pub use insn::{Description, Insn};
+pub use plan::{Method, Plan, Refusal, Rules, Text, is_frame_push, plan, runs_anywhere};
+pub use relocate::{LITERAL_POOL, RelocateError, TRAMPOLINE_WORDS, Trampoline, detour_trampoline, relocate};
 pub use simulate::{
     Access, Condition, Exception, Fault, Indexing, IndirectBranch, LiteralSize, Memory, Register, RegisterFile,
     Registers, Simulated, SimulationConfig, simulate,

@@ -9,10 +9,8 @@ mod baseline;
 mod depot;
 mod ftrace;
 mod kasan_boot;
-mod kretprobes;
 mod probes;
 mod stacktrace;
-mod uprobes;
 
 use crate::arch::{counters, cpu};
 use protocol::suite;

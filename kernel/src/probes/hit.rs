@@ -10,9 +10,12 @@
 
 use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
-use super::{Action, Probe, Registers, lookup};
+use super::Registers;
+use super::frame::{FrameRegisters, registers};
+use super::kprobe::{Action, Probe, lookup};
 use crate::arch::exception::ExceptionFrame;
-use probes::{Fault, Memory, RegisterFile, SimulationConfig, simulate};
+use crate::arch::step::{self, MDSCR_KDE, MDSCR_SS, SPSR_BTYPE, SPSR_D, SPSR_DAIF, SPSR_F, SPSR_I, SPSR_SS};
+use probes::{Fault, Memory, Simulated, SimulationConfig, simulate};
 
 /// This CPU's hit state (one CPU for now), in one static so that the hit path materialises one
 /// address (the kernel is built with the large code model: 4 instructions per address).
@@ -35,75 +38,10 @@ static CPU: CpuState = CpuState {
     step_nesting: AtomicU32::new(0),
 };
 
-const SPSR_SS: u64 = 1 << 21;
-const SPSR_D: u64 = 1 << 9;
-const SPSR_A: u64 = 1 << 8;
-const SPSR_I: u64 = 1 << 7;
-const SPSR_F: u64 = 1 << 6;
-const MDSCR_KDE: u64 = 1 << 13;
-const MDSCR_SS: u64 = 1 << 0;
-
 /// What the simulator needs to know about EL1: SCTLR_EL1.SA is set (arch/aarch64/mod.rs), and
 /// TCR_EL1.TBI0/TBI1 apply to instruction addresses (TBID0/1 are clear).
 const CONFIG: SimulationConfig =
     SimulationConfig { sp_alignment_check: true, guarded_page: false, instruction_tbi: [true, true] };
-
-const _: () = {
-    use core::mem::offset_of;
-    assert!(offset_of!(ExceptionFrame, x) == offset_of!(Registers, x));
-    assert!(offset_of!(ExceptionFrame, sp) == offset_of!(Registers, sp));
-    assert!(offset_of!(ExceptionFrame, elr) == offset_of!(Registers, pc));
-    assert!(offset_of!(ExceptionFrame, spsr) == offset_of!(Registers, pstate));
-};
-
-/// The frame's first 34 words, as the `probes` crate's register file (same layout, checked
-/// above). Changes go straight into what the exception return restores.
-#[inline(always)]
-fn registers(frame: &mut ExceptionFrame) -> &mut Registers {
-    // SAFETY: both are repr(C) with x[31], sp, pc/elr, pstate/spsr at the same offsets, and the
-    // frame is larger; the borrow of the frame is handed on.
-    unsafe { &mut *(frame as *mut ExceptionFrame).cast::<Registers>() }
-}
-
-/// The saved registers as the simulator's register file, with accessors the compiler inlines
-/// into the `simulate` instantiation (the crate's own `Registers` impl is not inlinable across
-/// crates, and a call per register access was a third of a simulated hit).
-struct FrameRegisters<'a>(&'a mut Registers);
-
-impl RegisterFile for FrameRegisters<'_> {
-    #[inline(always)]
-    fn x(&self, n: u8) -> u64 {
-        self.0.x[usize::from(n) % 31]
-    }
-    #[inline(always)]
-    fn set_x(&mut self, n: u8, value: u64) {
-        self.0.x[usize::from(n) % 31] = value;
-    }
-    #[inline(always)]
-    fn sp(&self) -> u64 {
-        self.0.sp
-    }
-    #[inline(always)]
-    fn set_sp(&mut self, value: u64) {
-        self.0.sp = value;
-    }
-    #[inline(always)]
-    fn pc(&self) -> u64 {
-        self.0.pc
-    }
-    #[inline(always)]
-    fn set_pc(&mut self, value: u64) {
-        self.0.pc = value;
-    }
-    #[inline(always)]
-    fn pstate(&self) -> u64 {
-        self.0.pstate
-    }
-    #[inline(always)]
-    fn set_pstate(&mut self, value: u64) {
-        self.0.pstate = value;
-    }
-}
 
 /// Kernel memory as the simulated instruction sees it: the same kind of access it makes (one
 /// `stp` for a pair store). A faulting access is a fault in the BRK handler, which the kernel
@@ -147,17 +85,11 @@ impl Memory for KernelMemory {
     }
 }
 
+/// Out of line, so that `on_brk`'s simulate path does not pay for the system-register code.
 #[unsafe(link_section = ".text.noprobe")]
 #[inline(never)]
 fn set_mdscr(bits: u64, on: bool) {
-    let mut mdscr: u64;
-    // SAFETY: read-modify-write of MDSCR_EL1's KDE/SS bits; PSTATE.D is set in the handler, so
-    // no debug exception is taken until the exception return. No memory is touched.
-    unsafe {
-        core::arch::asm!("mrs {m}, mdscr_el1", m = out(reg) mdscr, options(nomem, nostack, preserves_flags));
-        mdscr = if on { mdscr | bits } else { mdscr & !bits };
-        core::arch::asm!("msr mdscr_el1, {m}", "isb", m = in(reg) mdscr, options(nomem, nostack, preserves_flags));
-    }
+    step::set_mdscr(bits, on);
 }
 
 /// BRK #0x004. Returns false if no probe is registered at the PC (the caller reports it).
@@ -179,14 +111,30 @@ pub fn on_brk(frame: &mut ExceptionFrame) -> bool {
         (probe.pre)(registers(frame));
     }
     match probe.action {
-        Action::Simulate(simulated) => {
+        Action::Simulate(ref simulated) => {
             let registers = registers(frame);
-            if simulate(&simulated, &mut FrameRegisters(registers), &mut KernelMemory, &CONFIG).is_err() {
+            if !simulate_hit(simulated, registers) {
                 // KernelMemory never returns a fault; only the SP alignment check can fail.
                 return false;
             }
             if !missed && let Some(post) = probe.post {
                 post(registers);
+            }
+            CPU.nesting.store(nesting, Ordering::Relaxed);
+        }
+        Action::SimulateFramePush => {
+            // SCTLR_EL1.SA: the original would take an SP alignment fault (reported, as from
+            // the simulator).
+            if frame.sp & 15 != 0 {
+                return false;
+            }
+            let address = frame.sp - 16;
+            let _ = KernelMemory.write_pair(address, [frame.x[29], frame.x[30]]);
+            frame.sp = address;
+            frame.elr += 4;
+            frame.spsr &= !SPSR_BTYPE;
+            if !missed && let Some(post) = probe.post {
+                post(registers(frame));
             }
             CPU.nesting.store(nesting, Ordering::Relaxed);
         }
@@ -205,12 +153,20 @@ pub fn on_brk(frame: &mut ExceptionFrame) -> bool {
                 frame.spsr = (frame.spsr | SPSR_SS | SPSR_I | SPSR_F) & !SPSR_D;
                 set_mdscr(MDSCR_KDE | MDSCR_SS, true);
             } else {
-                frame.spsr |= SPSR_D | SPSR_A | SPSR_I | SPSR_F;
+                frame.spsr |= SPSR_DAIF;
             }
         }
         Action::Detour { .. } => return false,
     }
     true
+}
+
+/// The simulator's instantiation for kernel probes, out of line: inlined into `on_brk` it makes
+/// every hit (stepped ones too) save and restore more callee-saved registers.
+#[unsafe(link_section = ".text.noprobe")]
+#[inline(never)]
+fn simulate_hit(simulated: &Simulated, registers: &mut Registers) -> bool {
+    simulate(simulated, &mut FrameRegisters(registers), &mut KernelMemory, &CONFIG).is_ok()
 }
 
 /// BRK #0x006 after a slot's instruction (brk-step). False if no slot is being executed there.
@@ -244,7 +200,7 @@ fn finish_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
         set_mdscr(MDSCR_KDE | MDSCR_SS, false);
     }
     let saved = CPU.step_spsr.load(Ordering::Relaxed);
-    let restored = SPSR_D | SPSR_A | SPSR_I | SPSR_F | SPSR_SS;
+    let restored = SPSR_DAIF | SPSR_SS;
     frame.spsr = (frame.spsr & !restored) | (saved & restored);
     frame.elr = probe.address + 4;
     CPU.stepping.store(core::ptr::null_mut(), Ordering::Relaxed);

@@ -39,10 +39,11 @@
 //! show the real callers.
 
 use core::cell::UnsafeCell;
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
+use super::cells::PerContext;
 use super::{Method, ProbeError, Registers, refuse};
-use crate::arch::cpu;
+use crate::sync::IrqMask;
 use crate::task::stacks::{self, TASK_SLOTS};
 use unwind::{HijackedReturn, ReturnRepair, ReturnStack};
 
@@ -65,7 +66,12 @@ struct Kretprobe {
     address: AtomicU64,
     /// Set while registered: a return after unregistering still returns, without the handler.
     live: AtomicBool,
-    handlers: UnsafeCell<(Option<EntryHandler>, ReturnHandler)>,
+    /// The handlers as addresses (`Option<EntryHandler>`, null for none; `ReturnHandler`): written
+    /// only under REGISTER while the record is not live and no instance of it is outstanding
+    /// (checked), read by the hit path only while `live` (Acquire) or for an outstanding
+    /// instance, both after the Release store that published them.
+    entry: AtomicPtr<()>,
+    handler: AtomicPtr<()>,
     max_active: AtomicU32,
     active: AtomicU32,
     hits: AtomicU64,
@@ -74,39 +80,28 @@ struct Kretprobe {
 
 fn no_handler(_: &mut Registers, _: u64) {}
 
-struct Records([Kretprobe; MAX_KRETPROBES]);
-
-// SAFETY: `handlers` is written only under REGISTER while the record is not live and no instance
-// of it is outstanding (checked), and read by the hit path only while `live` (Acquire) or for an
-// outstanding instance, both after the Release store that published it. One CPU.
-unsafe impl Sync for Records {}
-
-static RECORDS: Records = Records(
-    [const {
-        Kretprobe {
-            function: AtomicU64::new(0),
-            address: AtomicU64::new(0),
-            live: AtomicBool::new(false),
-            handlers: UnsafeCell::new((None, no_handler)),
-            max_active: AtomicU32::new(0),
-            active: AtomicU32::new(0),
-            hits: AtomicU64::new(0),
-            missed: AtomicU64::new(0),
-        }
-    }; MAX_KRETPROBES],
-);
+static RECORDS: [Kretprobe; MAX_KRETPROBES] = [const {
+    Kretprobe {
+        function: AtomicU64::new(0),
+        address: AtomicU64::new(0),
+        live: AtomicBool::new(false),
+        entry: AtomicPtr::new(core::ptr::null_mut()),
+        handler: AtomicPtr::new(no_handler as ReturnHandler as *mut ()),
+        max_active: AtomicU32::new(0),
+        active: AtomicU32::new(0),
+        hits: AtomicU64::new(0),
+        missed: AtomicU64::new(0),
+    }
+}; MAX_KRETPROBES];
 
 static REGISTER: spin::Mutex<()> = spin::Mutex::new(());
 
-/// The return-instance stacks: one per task slot, then this CPU's IRQ context.
-struct Contexts([UnsafeCell<ReturnStack<INSTANCES_PER_CONTEXT>>; TASK_SLOTS + 1]);
-
-// SAFETY: a context's stack is changed only by code running in that context with IRQs masked
-// (entry, return, task start), and read by walkers running in that context or in an IRQ that
-// interrupted it; pushes write the entry before the length. One CPU.
-unsafe impl Sync for Contexts {}
-
-static CONTEXTS: Contexts = Contexts([const { UnsafeCell::new(ReturnStack::new()) }; TASK_SLOTS + 1]);
+/// The return-instance stacks: one per task slot, then this CPU's IRQ context. A context's stack
+/// is changed only by code running in that context with IRQs masked (entry, return, task start),
+/// and read by walkers running in that context or in an IRQ that interrupted it; pushes write
+/// the entry before the length (`cells::PerContext`).
+static CONTEXTS: PerContext<ReturnStack<INSTANCES_PER_CONTEXT>, { TASK_SLOTS + 1 }> =
+    PerContext::new([const { UnsafeCell::new(ReturnStack::new()) }; TASK_SLOTS + 1]);
 
 /// Set while a return handler runs (IRQs masked): kretprobe hits then are missed.
 static IN_RETURN_HANDLER: AtomicBool = AtomicBool::new(false);
@@ -188,19 +183,18 @@ pub fn register(
     max_active: u32,
 ) -> Result<(), ProbeError> {
     let _guard = REGISTER.lock();
-    if RECORDS.0.iter().any(|record| record.function.load(Ordering::Relaxed) == function) {
+    if RECORDS.iter().any(|record| record.function.load(Ordering::Relaxed) == function) {
         return Err(ProbeError::AlreadyRegistered);
     }
     let Some(record) = RECORDS
-        .0
         .iter()
         .find(|record| record.function.load(Ordering::Relaxed) == 0 && record.active.load(Ordering::Relaxed) == 0)
     else {
         return Err(ProbeError::NoSpace);
     };
     let address = attach_address(function);
-    // SAFETY: the record is free and has no outstanding instance; we hold REGISTER (see Records).
-    unsafe { *record.handlers.get() = (entry, handler) };
+    record.entry.store(entry.map_or(core::ptr::null_mut(), |entry| entry as *mut ()), Ordering::Relaxed);
+    record.handler.store(handler as *mut (), Ordering::Relaxed);
     record.max_active.store(max_active, Ordering::Relaxed);
     record.hits.store(0, Ordering::Relaxed);
     record.missed.store(0, Ordering::Relaxed);
@@ -227,7 +221,7 @@ pub fn unregister(function: u64) -> Result<(), ProbeError> {
 }
 
 fn find(function: u64) -> Option<&'static Kretprobe> {
-    RECORDS.0.iter().find(|record| function != 0 && record.function.load(Ordering::Relaxed) == function)
+    RECORDS.iter().find(|record| function != 0 && record.function.load(Ordering::Relaxed) == function)
 }
 
 /// Hits (returns hijacked) and missed hits of the kretprobe on `function`.
@@ -240,19 +234,18 @@ pub fn outstanding() -> usize {
     let sp: u64;
     // SAFETY: reads SP.
     unsafe { core::arch::asm!("mov {}, sp", out(reg) sp, options(nomem, nostack, preserves_flags)) };
-    // SAFETY: read in the context that owns the stack (see Contexts).
+    // SAFETY: read in the context that owns the stack (see CONTEXTS).
     unsafe { (*context_stack(sp)).len() }
 }
 
 /// A new task starts in task slot `index`: its context has no hijacked returns.
 pub fn forget_task(index: usize) {
-    let daif = cpu::mask_interrupts();
+    let _mask = IrqMask::new();
     // SAFETY: the slot belongs to no running context (spawn is choosing it), IRQs are masked.
-    let stack = unsafe { &mut *CONTEXTS.0[index].get() };
+    let stack = unsafe { &mut *CONTEXTS.get(index) };
     while let Some(instance) = stack.pop() {
         release(&instance);
     }
-    cpu::restore_interrupts(daif);
 }
 
 /// The return-instance stack of the context running on `sp`.
@@ -260,12 +253,12 @@ pub fn forget_task(index: usize) {
 #[inline(always)]
 fn context_stack(sp: u64) -> *mut ReturnStack<INSTANCES_PER_CONTEXT> {
     let index = if stacks::this_irq_slot().contains_stack(sp) { TASK_SLOTS } else { crate::task::current().0 };
-    CONTEXTS.0[index].get()
+    CONTEXTS.get(index)
 }
 
 #[unsafe(link_section = ".text.noprobe")]
 fn release(instance: &HijackedReturn) {
-    if let Some(record) = RECORDS.0.get(instance.cookie as usize) {
+    if let Some(record) = RECORDS.get(instance.cookie as usize) {
         record.active.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -273,20 +266,19 @@ fn release(instance: &HijackedReturn) {
 /// The pre-handler of every kretprobe's entry probe.
 #[unsafe(link_section = ".text.noprobe")]
 fn on_entry(registers: &mut Registers) {
-    let daif = cpu::mask_interrupts();
+    let _mask = IrqMask::new();
     hijack(registers);
-    cpu::restore_interrupts(daif);
 }
 
 #[unsafe(link_section = ".text.noprobe")]
 fn hijack(registers: &mut Registers) {
-    let Some(index) = RECORDS.0.iter().position(|record| {
+    let Some(index) = RECORDS.iter().position(|record| {
         record.live.load(Ordering::Acquire) && record.address.load(Ordering::Relaxed) == registers.pc
     }) else {
         return;
     };
-    let record = &RECORDS.0[index];
-    // SAFETY: IRQs are masked and this is the context that owns the stack (see Contexts).
+    let record = &RECORDS[index];
+    // SAFETY: IRQs are masked and this is the context that owns the stack (see CONTEXTS).
     let stack = unsafe { &mut *context_stack(registers.sp) };
     stack.drop_abandoned(registers.sp, release);
     if IN_RETURN_HANDLER.load(Ordering::Relaxed)
@@ -296,8 +288,9 @@ fn hijack(registers: &mut Registers) {
         record.missed.fetch_add(1, Ordering::Relaxed);
         return;
     }
-    // SAFETY: the record is live (Acquire above), its handlers published (see Records).
-    let (entry, _) = unsafe { *record.handlers.get() };
+    // SAFETY: the record is live (Acquire above), so `entry` holds what `register` stored: null
+    // or an `EntryHandler` (an `Option<fn>` is a nullable code address).
+    let entry = unsafe { core::mem::transmute::<*mut (), Option<EntryHandler>>(record.entry.load(Ordering::Relaxed)) };
     let mut data = 0;
     if let Some(entry) = entry
         && !entry(registers, &mut data)
@@ -325,8 +318,8 @@ fn hijack(registers: &mut Registers) {
 #[unsafe(no_mangle)]
 #[unsafe(link_section = ".text.noprobe")]
 extern "C" fn kretprobe_return(registers: &mut Registers) {
-    let daif = cpu::mask_interrupts();
-    // SAFETY: IRQs are masked and this is the context that owns the stack (see Contexts).
+    let _mask = IrqMask::new();
+    // SAFETY: IRQs are masked and this is the context that owns the stack (see CONTEXTS).
     let stack = unsafe { &mut *context_stack(registers.sp) };
     stack.drop_abandoned(registers.sp, release);
     let Some(instance) = stack.top_at(registers.sp) else {
@@ -334,11 +327,12 @@ extern "C" fn kretprobe_return(registers: &mut Registers) {
     };
     registers.x[30] = instance.real;
     registers.pc = instance.real;
-    if let Some(record) = RECORDS.0.get(instance.cookie as usize)
+    if let Some(record) = RECORDS.get(instance.cookie as usize)
         && record.live.load(Ordering::Acquire)
     {
-        // SAFETY: the record has an outstanding instance, so its handlers stay as published.
-        let (_, handler) = unsafe { *record.handlers.get() };
+        // SAFETY: the record has an outstanding instance, so `handler` stays the `ReturnHandler`
+        // `register` stored (a code address).
+        let handler = unsafe { core::mem::transmute::<*mut (), ReturnHandler>(record.handler.load(Ordering::Relaxed)) };
         IN_RETURN_HANDLER.store(true, Ordering::Relaxed);
         handler(registers, instance.data);
         IN_RETURN_HANDLER.store(false, Ordering::Relaxed);
@@ -354,7 +348,6 @@ extern "C" fn kretprobe_return(registers: &mut Registers) {
     }
     stack.pop();
     release(&instance);
-    cpu::restore_interrupts(daif);
 }
 
 /// What the walkers ask about hijacked returns (`stacktrace.rs`).
@@ -366,13 +359,13 @@ impl ReturnRepair for Repair {
     }
 
     fn frame_return(&self, record: u64) -> Option<u64> {
-        // SAFETY: read from the context that owns the stack or an IRQ above it (see Contexts).
+        // SAFETY: read from the context that owns the stack or an IRQ above it (see CONTEXTS).
         unsafe { (*context_stack(record)).frame_return(record, trampoline()) }
     }
 
     fn shadow_return(&self, slot: u64) -> Option<u64> {
-        let irq = CONTEXTS.0[TASK_SLOTS].get();
-        let task = CONTEXTS.0[crate::task::current().0].get();
+        let irq = CONTEXTS.get(TASK_SLOTS);
+        let task = CONTEXTS.get(crate::task::current().0);
         // SAFETY: as above.
         unsafe { (*task).shadow_return(slot, trampoline()).or_else(|| (*irq).shadow_return(slot, trampoline())) }
     }

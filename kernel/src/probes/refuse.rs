@@ -32,7 +32,7 @@ pub fn text() -> (u64, u64) {
 pub fn check_address(address: u64) -> Result<(), ProbeError> {
     let (start, end) = text();
     if !(start..end).contains(&address) {
-        return Err(ProbeError::NotKernelText);
+        return Err(ProbeError::NotText(probes::Text::Kernel));
     }
     let (user_start, user_length) = crate::task::user::user_text();
     if (user_start..user_start + user_length).contains(&address) {

@@ -270,7 +270,7 @@ pub fn spawn(name: &'static str, entry: u64, arguments: [u64; 3], options: Optio
     let _masked = IrqMask::new();
     let id = super::spawn(name, user_task_main, 0)?;
     build_space(id.0, options);
-    crate::uprobes::on_new_user_task(id.0);
+    crate::probes::uprobe::on_new_user_task(id.0);
     let spsr = if options.irqs_masked { 0x3c0 } else { 0 };
     *user(id.0) = UserTask { active: true, entry, arguments, spsr, exit_code: None, fault: None, apia: new_key(id.0) };
     if options.irqs_masked {

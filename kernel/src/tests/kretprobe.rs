@@ -1,12 +1,13 @@
 //! Kernel return-probe tests: return values and registers through the trampoline under PAC and
 //! SCS, every entry method, recursion, nesting, missed hits, and the walkers' repair.
 
+use crate::sync::IrqSpinLock;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::{Context, Failure, Outcome, Test, Verdict, check, check_eq, fail};
 use crate::arch::cpu;
 use crate::probes::kretprobe::{self, INSTANCES_PER_CONTEXT};
-use crate::probes::{Method, ProbeError, Registers};
+use crate::probes::{Method, ProbeError, Registers, Text};
 use crate::stacktrace::{self, Mode};
 use unwind::{Trace, TraceOptions};
 
@@ -246,7 +247,10 @@ fn kretprobe_on_asm_targets_every_method(_: &Context) -> Outcome {
     }
     // A `ret` cannot run out of line: the entry probe says so.
     let ret = bench_probe_target_ret as *const () as u64;
-    check!(kretprobe::register(ret, Method::SingleStep, None, log_and_add_1000, 1) == Err(ProbeError::NeedsOriginalPc));
+    check!(
+        kretprobe::register(ret, Method::SingleStep, None, log_and_add_1000, 1)
+            == Err(ProbeError::NeedsOriginalPc(Text::Kernel))
+    );
     check!(kretprobe::counts(ret).is_none());
     check!(kretprobe::unregister(ret) == Err(ProbeError::NotRegistered));
     Ok(Verdict::Passed)
@@ -269,7 +273,7 @@ fn register_rust(
 ) -> Result<bool, Failure> {
     match kretprobe::register(function, method, entry, handler, max_active) {
         Ok(()) => Ok(true),
-        Err(ProbeError::NotSimulated | ProbeError::NeedsOriginalPc) => Ok(false),
+        Err(ProbeError::NotSimulated | ProbeError::NeedsOriginalPc(Text::Kernel)) => Ok(false),
         Err(error) => {
             defmt::error!("  {}: {}", method, error);
             Err(fail("kretprobe registered"))
@@ -424,8 +428,8 @@ fn kretprobe_unregistered_while_hijacked(_: &Context) -> Outcome {
 }
 
 /// The traces `traced` takes in its body and its return handler takes at its return.
-static mut BODY_TRACE: Trace = Trace::new();
-static mut HANDLER_TRACE: Trace = Trace::new();
+static BODY_TRACE: IrqSpinLock<Trace> = IrqSpinLock::new(Trace::new());
+static HANDLER_TRACE: IrqSpinLock<Trace> = IrqSpinLock::new(Trace::new());
 static TRACE_MODE: AtomicUsize = AtomicUsize::new(0);
 
 fn trace_mode() -> Mode {
@@ -435,15 +439,13 @@ fn trace_mode() -> Mode {
 #[inline(never)]
 extern "C" fn traced(a: u64, _: u64) -> u64 {
     let trace = stacktrace::capture(trace_mode(), TraceOptions::ALL);
-    // SAFETY: one test task writes these, and reads them only after the call.
-    unsafe { *core::ptr::addr_of_mut!(BODY_TRACE) = trace };
+    *BODY_TRACE.lock() = trace;
     sum(a, 1)
 }
 
 fn trace_at_return(_: &mut Registers, _: u64) {
     let trace = stacktrace::capture(trace_mode(), TraceOptions::ALL);
-    // SAFETY: as above.
-    unsafe { *core::ptr::addr_of_mut!(HANDLER_TRACE) = trace };
+    *HANDLER_TRACE.lock() = trace;
 }
 
 /// One call site for the probed and the unprobed runs (not a tail call), so the newest
@@ -493,9 +495,7 @@ fn traces_show_real_callers(mode: Mode) -> Outcome {
             check!(kretprobe::unregister(target).is_ok());
         }
         check_eq!(result, 2);
-        // SAFETY: written by `traced` and its return handler above, on this task.
-        let (body, at_return) =
-            unsafe { ((*core::ptr::addr_of!(BODY_TRACE)).clone(), (*core::ptr::addr_of!(HANDLER_TRACE)).clone()) };
+        let (body, at_return) = (BODY_TRACE.lock().clone(), HANDLER_TRACE.lock().clone());
         if method.is_none() {
             check!(body.stop_reason().is_complete() && body.len() >= 3);
             unprobed = body;

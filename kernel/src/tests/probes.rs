@@ -12,7 +12,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use super::{Context, Failure, Outcome, Test, Verdict, check, check_eq};
 use crate::arch::exception::{BRK_HARNESS_CAPTURE, BRK_HARNESS_ENTER, ExceptionFrame};
 use crate::arch::patch;
-use crate::probes::{self as kprobes, Method, ProbeError, Registers};
+use crate::probes::{self as kprobes, Method, ProbeError, Registers, Text};
 
 pub const TESTS: &[Test] = &[
     Test { name: "probes_match_unprobed_execution", run: probes_match_unprobed_execution },
@@ -413,7 +413,7 @@ fn expected_error(class: Class, method: Method) -> Option<ProbeError> {
     );
     match method {
         Method::Simulate if steppable => Some(ProbeError::NotSimulated),
-        Method::SingleStep | Method::BrkStep if needs_pc => Some(ProbeError::NeedsOriginalPc),
+        Method::SingleStep | Method::BrkStep if needs_pc => Some(ProbeError::NeedsOriginalPc(Text::Kernel)),
         _ => None,
     }
 }
@@ -691,14 +691,14 @@ fn probe_refusals_say_why(_: &Context) -> Outcome {
     }
     // Not text, misaligned.
     static NOT_TEXT: u32 = 0;
-    check!(refusal(&NOT_TEXT as *const u32 as u64, Method::Simulate, None) == Err(ProbeError::NotKernelText));
+    check!(refusal(&NOT_TEXT as *const u32 as u64, Method::Simulate, None) == Err(ProbeError::NotText(Text::Kernel)));
     // EL0 code inside the kernel image: uprobes' business.
     let (user_text, _) = crate::task::user::user_text();
     check!(refusal(user_text, Method::Simulate, None) == Err(ProbeError::UserText));
     check!(refusal(at + 2, Method::Simulate, None) == Err(ProbeError::Misaligned));
     // Method-specific refusals.
-    check!(refusal_of(0x1400_0010, Method::SingleStep) == Err(ProbeError::NeedsOriginalPc)); // b
-    check!(refusal_of(0xd65f_03c0, Method::BrkStep) == Err(ProbeError::NeedsOriginalPc)); // ret
+    check!(refusal_of(0x1400_0010, Method::SingleStep) == Err(ProbeError::NeedsOriginalPc(Text::Kernel))); // b
+    check!(refusal_of(0xd65f_03c0, Method::BrkStep) == Err(ProbeError::NeedsOriginalPc(Text::Kernel))); // ret
     check!(refusal_of(0x8b01_0000, Method::Simulate) == Err(ProbeError::NotSimulated)); // add x0, x0, x1
     check!(refusal_of(0xa9b0_7bfd, Method::Simulate) == Err(ProbeError::StackBeyondGap)); // stp x29, x30, [sp, #-256]!
     check!(refusal_of(0xd104_03ff, Method::Simulate) == Err(ProbeError::StackBeyondGap)); // sub sp, sp, #256

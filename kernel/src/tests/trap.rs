@@ -33,14 +33,14 @@ fn unowned_brk_is_unexpected(_: &Context) -> Outcome {
     check!(route(brk(BRK_KPROBE_STEP), Level::El1) == Owner::KprobeStep);
     check!(route(brk(BRK_BENCH), Level::El1) == Owner::BenchResume);
     check!(route(brk(crate::arch::exception::BRK_HARNESS_ENTER), Level::El1) == Owner::TestHook);
-    check!(route(brk(crate::uprobes::BRK_UPROBE), Level::El0) == Owner::Uprobe);
+    check!(route(brk(crate::probes::uprobe::BRK_UPROBE), Level::El0) == Owner::Uprobe);
     Ok(Verdict::Passed)
 }
 
 fn unowned_svc_is_unexpected(_: &Context) -> Outcome {
     check!(route(svc(0x1234), Level::El0) == Owner::Unexpected);
     check!(route(svc(crate::task::user::SVC_SYSCALL), Level::El0) == Owner::Syscall);
-    check!(route(svc(crate::uprobes::SVC_UPROBE_DETOUR), Level::El0) == Owner::Uprobe);
+    check!(route(svc(crate::probes::uprobe::SVC_UPROBE_DETOUR), Level::El0) == Owner::Uprobe);
     // The kernel makes no SVCs.
     check!(route(svc(crate::task::user::SVC_SYSCALL), Level::El1) == Owner::Unexpected);
     Ok(Verdict::Passed)

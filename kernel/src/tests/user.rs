@@ -10,10 +10,9 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use super::{Context, Outcome, Test, Verdict, check, check_eq};
 use crate::arch::exception::{ExceptionClass, FaultStatus};
 use crate::drivers::timer;
-use crate::probes::{Method, Registers};
+use crate::probes::{self, Method, ProbeError, Registers, Text, uprobe as uprobes};
 use crate::task::user::{self, ENOSYS, Options, USER_STACK_BASE, USER_STACK_TOP, USER_TEXT, UserFault};
 use crate::task::{self, KillReason, State};
-use crate::uprobes::{self, UprobeError};
 
 pub const TESTS: &[Test] = &[
     Test { name: "user syscalls, TLS and yield", run: user_syscalls_tls_and_yield },
@@ -366,7 +365,7 @@ fn uprobe_methods_match_unprobed_run(_: &Context) -> Outcome {
             for &method in methods {
                 HITS.store(0, Ordering::Relaxed);
                 RETURNS.store(0, Ordering::Relaxed);
-                let returns = uretprobe.then_some(count_return as uprobes::Handler);
+                let returns = uretprobe.then_some(count_return as probes::Handler);
                 if let Err(error) = uprobes::register(target, method, count_hit, returns) {
                     defmt::error!("  {=str} {}: {}", name, method, error);
                     return Err(super::fail("register failed"));
@@ -499,23 +498,23 @@ fn uretprobe_recursion_and_nesting(_: &Context) -> Outcome {
 fn uprobe_refusals_say_why(_: &Context) -> Outcome {
     let push = at(&raw const user_test_push);
     let kernel = uprobe_refusals_say_why as *const () as u64;
-    check!(uprobes::register(kernel, Method::Simulate, count_hit, None) == Err(UprobeError::NotUserText));
-    check!(uprobes::register(push + 2, Method::Simulate, count_hit, None) == Err(UprobeError::Misaligned));
+    check!(uprobes::register(kernel, Method::Simulate, count_hit, None) == Err(ProbeError::NotText(Text::User)));
+    check!(uprobes::register(push + 2, Method::Simulate, count_hit, None) == Err(ProbeError::Misaligned));
     check!(
         uprobes::register(at(&raw const user_test_mul), Method::Simulate, count_hit, None)
-            == Err(UprobeError::NotSimulated)
+            == Err(ProbeError::NotSimulated)
     );
     check!(
         uprobes::register(at(&raw const user_test_ret), Method::SingleStep, count_hit, None)
-            == Err(UprobeError::NeedsOriginalPc)
+            == Err(ProbeError::NeedsOriginalPc(Text::User))
     );
     check!(matches!(
         uprobes::register(at(&raw const user_test_svc), Method::BrkStep, count_hit, None),
-        Err(UprobeError::Rejected(_))
+        Err(ProbeError::Rejected(_))
     ));
     check!(uprobes::register(push, Method::Simulate, count_hit, None).is_ok());
-    check!(uprobes::register(push, Method::Detour, count_hit, None) == Err(UprobeError::AlreadyRegistered));
+    check!(uprobes::register(push, Method::Detour, count_hit, None) == Err(ProbeError::AlreadyRegistered));
     check!(uprobes::unregister(push).is_ok());
-    check!(uprobes::unregister(push) == Err(UprobeError::NotRegistered));
+    check!(uprobes::unregister(push) == Err(ProbeError::NotRegistered));
     Ok(Verdict::Passed)
 }

@@ -17,7 +17,8 @@ use crate::sync::IrqSpinLock;
 use crate::task::stacks::{self, Slot};
 use crate::task::user::{SVC_SYSCALL, UserFault};
 use crate::task::{self, KillReason};
-use crate::uprobes::{BRK_UPROBE, BRK_UPROBE_STEP, BRK_URETPROBE, SVC_UPROBE_DETOUR};
+use crate::probes::uprobe::{BRK_UPROBE, BRK_UPROBE_STEP, SVC_UPROBE_DETOUR};
+use crate::probes::uretprobe::BRK_URETPROBE;
 
 /// Where a synchronous exception came from.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, defmt::Format)]
@@ -110,7 +111,7 @@ extern "C" fn trap_el0_sync(frame: &mut ExceptionFrame) {
     match route(Esr(frame.esr), Level::El0) {
         Owner::Syscall => crate::task::user::syscall(frame),
         Owner::Uprobe => {
-            if !crate::uprobes::on_el0_exception(frame, ExceptionClass::of(frame.esr)) {
+            if !crate::probes::uprobe::on_el0_exception(frame, ExceptionClass::of(frame.esr)) {
                 user_fault(frame)
             }
         }
@@ -129,7 +130,7 @@ extern "C" fn trap_el0_sync(frame: &mut ExceptionFrame) {
 /// detour belongs to the probed instruction) and kills the task.
 #[unsafe(link_section = ".text.noprobe")]
 fn user_fault(frame: &ExceptionFrame) -> ! {
-    let pc = crate::uprobes::attributed_pc(frame.elr);
+    let pc = crate::probes::uprobe::attributed_pc(frame.elr);
     crate::task::user::kill_with_fault(UserFault { esr: frame.esr, far: frame.far, pc })
 }
 

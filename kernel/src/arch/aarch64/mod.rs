@@ -9,6 +9,7 @@ pub mod park;
 pub mod patch;
 pub mod percpu;
 pub mod stack;
+pub mod step;
 
 use mmu::{Descriptor, VA_OFFSET};
 

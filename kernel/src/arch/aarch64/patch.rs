@@ -51,3 +51,49 @@ pub unsafe fn write_literal(address: u64, value: u64) {
         );
     }
 }
+
+/// Writes consecutive instructions from kernel text address `pc` (a probe slot or trampoline),
+/// each made visible to instruction fetch as [`write_instruction`] does.
+///
+/// # Safety
+/// As [`write_instruction`], for every word: in practice, no CPU may execute the words while
+/// they are written.
+pub unsafe fn write_instructions(pc: u64, instructions: &[u32]) {
+    for (index, &instruction) in instructions.iter().enumerate() {
+        // SAFETY: the caller's guarantee, word by word.
+        unsafe { write_instruction(pc + 4 * index as u64, instruction) };
+    }
+}
+
+/// Writes at most 16 bytes of code at `at` in a kernel-writable page that is executed at another
+/// virtual address (a user XOL page, mapped at EL0's `USER_XOL`), and makes them visible to
+/// instruction fetch there: clean to the point of unification by the kernel VA, then invalidate
+/// the whole instruction cache (the executing VA is another address space's).
+///
+/// # Safety
+/// `at` must be 4-aligned kernel data in such a page, `16 - at % 16 >= 4 * code.len()`, and no
+/// CPU may execute the words while they are written.
+pub unsafe fn write_code_alias(at: *mut u32, code: &[u32]) {
+    debug_assert!(code.len() <= 4);
+    for (index, &word) in code.iter().enumerate() {
+        // SAFETY: within the caller's 16 bytes of kernel data.
+        unsafe { at.add(index).write_volatile(word) };
+    }
+    // SAFETY: cache maintenance by VA of mapped kernel data (both ends of the 16 bytes), then an
+    // instruction-cache invalidation to the point of unification: no memory is changed. Reads
+    // `at`, clobbers one scratch register.
+    unsafe {
+        core::arch::asm!(
+            "dc cvau, {a}",
+            "add {b}, {a}, #8",
+            "dc cvau, {b}",
+            "dsb ish",
+            "ic iallu",
+            "dsb ish",
+            "isb",
+            a = in(reg) at as u64,
+            b = out(reg) _,
+            options(nostack, preserves_flags)
+        )
+    };
+}

@@ -1,0 +1,226 @@
+//! The detour relocator: builds a probe's trampoline, and re-encodes the displaced instruction
+//! so that it has, from the trampoline, the effect it had at its original address.
+//!
+//! A trampoline is one chunk of `TRAMPOLINE_WORDS` words: code from word 0, a literal pool of
+//! 64-bit values from word [`LITERAL_POOL`]. [`detour_trampoline`] saves the registers in the
+//! [`Registers`](crate::Registers) layout below SP, calls `entry(probe, &mut registers)`,
+//! restores them, then [`relocate`]s the displaced instruction and branches back. Encodings are
+//! the named encoders of `encode.rs` (Arm ARM C6.2).
+
+use crate::classify::{Classification, RejectReason};
+use crate::encode::{
+    add_immediate, b_cond, blr, br, compare_branch, encode_b, ldp_offset, ldr_literal, ldr_unsigned, ldr_w_unsigned,
+    ldrsw_unsigned, mov_sp, mrs_nzcv, msr_nzcv, stp_offset, str_unsigned, sub_immediate, test_branch,
+};
+use crate::simulate::{IndirectBranch, LiteralSize, Simulated};
+
+/// Words per trampoline chunk (512 bytes).
+pub const TRAMPOLINE_WORDS: usize = 128;
+/// Where the literal pool starts, in words from the chunk start (8-byte aligned).
+pub const LITERAL_POOL: usize = 112;
+
+const SP: u8 = 31;
+/// Bytes the trampoline reserves below SP: x0..x30, sp, pc, pstate (the `Registers` layout),
+/// a multiple of 16 so SP stays aligned (SCTLR_EL1.SA).
+const SAVE_AREA: u16 = 34 * 8;
+const _: () = assert!(SAVE_AREA as usize == core::mem::size_of::<crate::Registers>() && SAVE_AREA.is_multiple_of(16));
+/// Offsets in the save area (the `Registers` fields).
+const SAVED_X30: u32 = 30 * 8;
+const SAVED_SP: i64 = 31 * 8;
+const SAVED_PSTATE: u32 = 33 * 8;
+
+/// Why a detour cannot be built.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum RelocateError {
+    /// `classify` rejects the instruction.
+    Rejected(RejectReason),
+    /// `BLR X30`: the return address and the target share the only free register.
+    BlrX30,
+    /// A branch between the trampoline and the probe or the target is beyond +-128 MiB.
+    OutOfBranchRange,
+    /// The code or the literal pool does not fit in the chunk.
+    TooLong,
+}
+
+/// A trampoline being assembled at `base`: code from word 0, literals from [`LITERAL_POOL`].
+#[derive(Clone, Debug)]
+pub struct Trampoline {
+    base: u64,
+    words: [u32; TRAMPOLINE_WORDS],
+    code_length: usize,
+    literal_count: usize,
+}
+
+impl Trampoline {
+    /// An empty trampoline at `base` (4-aligned), every word `filler`.
+    pub const fn new(base: u64, filler: u32) -> Self {
+        Self { base, words: [filler; TRAMPOLINE_WORDS], code_length: 0, literal_count: 0 }
+    }
+
+    /// Where the trampoline sits.
+    pub const fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// The code, from word 0.
+    pub fn code(&self) -> &[u32] {
+        &self.words[..self.code_length]
+    }
+
+    /// The literal pool, from word [`LITERAL_POOL`].
+    pub fn literals(&self) -> &[u32] {
+        &self.words[LITERAL_POOL..LITERAL_POOL + 2 * self.literal_count]
+    }
+
+    /// Every word of the chunk (unused ones hold the filler).
+    pub const fn words(&self) -> &[u32; TRAMPOLINE_WORDS] {
+        &self.words
+    }
+
+    fn emit(&mut self, word: crate::Insn) -> Result<(), RelocateError> {
+        if self.code_length == LITERAL_POOL {
+            return Err(RelocateError::TooLong);
+        }
+        self.words[self.code_length] = word.0;
+        self.code_length += 1;
+        Ok(())
+    }
+
+    fn here(&self) -> u64 {
+        self.base + 4 * self.code_length as u64
+    }
+
+    /// `LDR Xrt, =value` from a new literal in the pool.
+    fn load_literal(&mut self, rt: u8, value: u64) -> Result<(), RelocateError> {
+        let at = LITERAL_POOL + 2 * self.literal_count;
+        if at + 2 > TRAMPOLINE_WORDS {
+            return Err(RelocateError::TooLong);
+        }
+        self.words[at] = value as u32;
+        self.words[at + 1] = (value >> 32) as u32;
+        self.literal_count += 1;
+        let offset = 4 * (at as i64 - self.code_length as i64);
+        self.emit(ldr_literal(rt, offset))
+    }
+
+    /// `B to` from the next word.
+    fn branch(&mut self, to: u64) -> Result<(), RelocateError> {
+        let word = encode_b(self.here(), to).map_err(|_| RelocateError::OutOfBranchRange)?;
+        self.emit(word)
+    }
+}
+
+/// Builds the detour trampoline at `base` for the probe at `address` displacing `original`:
+/// save, `entry(probe, &mut registers)` (registers: x0..x30, the SP before the trampoline,
+/// pc = `address`, pstate = NZCV), restore, the relocated instruction, branch back.
+pub fn detour_trampoline(
+    base: u64,
+    filler: u32,
+    address: u64,
+    original: u32,
+    classification: &Classification,
+    probe: u64,
+    entry: u64,
+) -> Result<Trampoline, RelocateError> {
+    let mut asm = Trampoline::new(base, filler);
+    // AArch64 has no red zone, so SP moves first.
+    asm.emit(sub_immediate(SP, SP, SAVE_AREA))?;
+    for pair in 0..15u8 {
+        asm.emit(stp_offset(2 * pair, 2 * pair + 1, SP, 16 * i64::from(pair)))?;
+    }
+    asm.emit(str_unsigned(30, SP, SAVED_X30))?;
+    asm.emit(add_immediate(0, SP, SAVE_AREA))?; // the SP before the trampoline
+    asm.emit(mrs_nzcv(1))?;
+    asm.load_literal(2, address)?;
+    asm.emit(stp_offset(0, 2, SP, SAVED_SP))?; // sp, pc
+    asm.emit(str_unsigned(1, SP, SAVED_PSTATE))?; // pstate: NZCV
+    asm.load_literal(0, probe)?;
+    asm.emit(mov_sp(1, SP))?;
+    asm.load_literal(16, entry)?;
+    asm.emit(blr(16))?;
+    asm.emit(ldr_unsigned(1, SP, SAVED_PSTATE))?;
+    asm.emit(msr_nzcv(1))?;
+    for pair in 0..15u8 {
+        asm.emit(ldp_offset(2 * pair, 2 * pair + 1, SP, 16 * i64::from(pair)))?;
+    }
+    asm.emit(ldr_unsigned(30, SP, SAVED_X30))?;
+    asm.emit(add_immediate(SP, SP, SAVE_AREA))?;
+    relocate(&mut asm, address, original, classification)?;
+    Ok(asm)
+}
+
+/// Appends to `asm` a sequence with the effect `original` has at `address` (registers, flags,
+/// memory and the next PC), ending in a branch to where the original would continue.
+pub fn relocate(
+    asm: &mut Trampoline,
+    address: u64,
+    original: u32,
+    classification: &Classification,
+) -> Result<(), RelocateError> {
+    let next = address.wrapping_add(4);
+    let target = |offset: i64| address.wrapping_add_signed(offset);
+    // The conditional forms branch over the fall-through `B next` to the taken `B target`.
+    const OVER_ONE: i64 = 8;
+    match *classification {
+        Classification::Reject(reason) => return Err(RelocateError::Rejected(reason)),
+        Classification::StepOutOfLine
+        | Classification::Simulate(
+            Simulated::LoadStorePair { .. } | Simulated::MoveRegister { .. } | Simulated::AddSubImmediate { .. },
+        )
+        | Classification::Simulate(Simulated::BranchRegister {
+            kind: IndirectBranch::Br | IndirectBranch::Ret, ..
+        }) => {
+            asm.emit(crate::Insn(original))?;
+            asm.branch(next)?;
+        }
+        Classification::Simulate(Simulated::Nop) => asm.branch(next)?,
+        Classification::Simulate(Simulated::Branch { offset, link }) => {
+            if link {
+                asm.load_literal(30, next)?;
+            }
+            asm.branch(target(offset))?;
+        }
+        Classification::Simulate(Simulated::BranchRegister { rn, kind: IndirectBranch::Blr }) => {
+            if rn.number() == 30 {
+                return Err(RelocateError::BlrX30);
+            }
+            asm.load_literal(30, next)?;
+            asm.emit(br(rn.number()))?;
+        }
+        Classification::Simulate(Simulated::BranchConditional { condition, offset }) => {
+            asm.emit(b_cond(condition.bits(), OVER_ONE))?;
+            asm.branch(next)?;
+            asm.branch(target(offset))?;
+        }
+        Classification::Simulate(Simulated::CompareBranch { rt, is_64, if_nonzero, offset }) => {
+            asm.emit(compare_branch(rt.number(), is_64, if_nonzero, OVER_ONE))?;
+            asm.branch(next)?;
+            asm.branch(target(offset))?;
+        }
+        Classification::Simulate(Simulated::TestBranch { rt, bit, if_nonzero, offset }) => {
+            asm.emit(test_branch(rt.number(), bit, if_nonzero, OVER_ONE))?;
+            asm.branch(next)?;
+            asm.branch(target(offset))?;
+        }
+        Classification::Simulate(Simulated::Adr { rd, offset, page }) => {
+            if rd.number() != 31 {
+                let base = if page { address & !0xfff } else { address };
+                asm.load_literal(rd.number(), base.wrapping_add_signed(offset))?;
+            }
+            asm.branch(next)?;
+        }
+        Classification::Simulate(Simulated::LoadLiteral { rt, size, offset }) => {
+            let rt = rt.number();
+            if rt != 31 {
+                asm.load_literal(rt, target(offset))?;
+                asm.emit(match size {
+                    LiteralSize::Word => ldr_w_unsigned(rt, rt, 0),
+                    LiteralSize::Doubleword => ldr_unsigned(rt, rt, 0),
+                    LiteralSize::SignedWord => ldrsw_unsigned(rt, rt, 0),
+                })?;
+            }
+            asm.branch(next)?;
+        }
+    }
+    Ok(())
+}

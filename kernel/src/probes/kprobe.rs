@@ -1,0 +1,256 @@
+//! Kernel probes: register a handler on a kernel text address, and run it on every hit.
+//!
+//! A kernel probe performs its displaced instruction in the way its [`Method`] says:
+//! - [`Method::SingleStep`]: a `BRK #0x004` traps; the handler runs; the instruction executes from
+//!   the probe's out-of-line (XOL) slot `[insn, BRK #0x006]` under hardware single-step
+//!   (MDSCR_EL1.SS, SPSR.SS; ARM ARM D2.12), and the step exception resumes at `address + 4`.
+//! - [`Method::BrkStep`]: the same slot, but the `BRK #0x006` after the instruction brings the CPU
+//!   back (Linux kprobes' way), no hardware step.
+//! - [`Method::Simulate`]: `crates/probes` emulates the instruction on the saved registers and
+//!   memory in the BRK handler; no slot. The frame push `stp x29, x30, [sp, #-16]!` is performed
+//!   directly (`Plan::SimulateFramePush`).
+//! - [`Method::Detour`]: the instruction is replaced by `B trampoline`; the per-probe trampoline
+//!   saves the registers, calls the pre-handler, restores, performs the displaced instruction
+//!   (relocated by `crates/probes`) and branches back; no exception at all.
+//!
+//! Slots and trampolines are generated once, at registration (`slots.rs`); the hit path
+//! (`hit.rs`) finds a probe by PC in a lock-free table and never allocates or decodes. What a
+//! probe may not be placed on, and why, is in `refuse.rs`, `probes::plan` and [`ProbeError`].
+
+use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+
+use super::cells::Records;
+use super::{Handler, ProbeError, refuse, slots};
+use crate::arch::exception::{BRK_KPROBE, STACK_GAP};
+use crate::arch::patch;
+use probes::{Insn, Method, Plan, Rules, Simulated, Text, classify, encode_brk};
+
+/// What a hit does after the pre-handler.
+#[derive(Clone, Copy)]
+pub(super) enum Action {
+    Simulate(Simulated),
+    /// `stp x29, x30, [sp, #-16]!` performed directly.
+    SimulateFramePush,
+    /// Run `[insn, BRK #0x006]` at `slot`, with hardware single-step if `hardware_step`.
+    OutOfLine {
+        slot: u64,
+        hardware_step: bool,
+    },
+    /// The probed word is `B trampoline`; hits never trap.
+    Detour {
+        trampoline: u64,
+    },
+}
+
+/// One registered probe. Written only under [`REGISTRY`] while unpublished; read lock-free by
+/// the hit path once published in [`TABLE`].
+pub struct Probe {
+    pub(super) address: u64,
+    original: u32,
+    pub(super) action: Action,
+    pub(super) pre: Handler,
+    pub(super) post: Option<Handler>,
+    /// Slot-area chunk owned by this probe, if any.
+    chunk: Option<usize>,
+    pub(super) hits: AtomicU64,
+    pub(super) missed: AtomicU64,
+}
+
+/// Probe records, and the number of them.
+const MAX_PROBES: usize = slots::CHUNKS;
+
+static RECORDS: Records<Probe, MAX_PROBES> = Records::new();
+
+fn record_pointer(record: usize) -> *mut Probe {
+    RECORDS.pointer(record)
+}
+
+/// Open-addressed PC -> probe table: null = empty, `TOMBSTONE` = removed.
+const TABLE_SIZE: usize = 256;
+static TABLE: [AtomicPtr<Probe>; TABLE_SIZE] = [const { AtomicPtr::new(core::ptr::null_mut()) }; TABLE_SIZE];
+const TOMBSTONE: *mut Probe = core::ptr::dangling_mut::<Probe>();
+
+/// Registration state: which records and slot chunks are taken.
+struct Registry {
+    records_used: u64,
+    chunks_used: u64,
+}
+
+static REGISTRY: spin::Mutex<Registry> = spin::Mutex::new(Registry { records_used: 0, chunks_used: 0 });
+
+const _: () = assert!(MAX_PROBES <= 64 && slots::CHUNKS <= 64, "one u64 bitmap each");
+
+#[inline(always)]
+fn table_index(address: u64) -> usize {
+    ((address >> 2).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as usize % TABLE_SIZE
+}
+
+/// The probe at `address`, if one is published. Lock-free, O(1) expected.
+#[inline(always)]
+pub(super) fn lookup(address: u64) -> Option<&'static Probe> {
+    let mut index = table_index(address);
+    for _ in 0..TABLE_SIZE {
+        let entry = TABLE[index].load(Ordering::Acquire);
+        if entry.is_null() {
+            return None;
+        }
+        if entry != TOMBSTONE {
+            // SAFETY: published entries point at initialised records in RECORDS (see Records).
+            let probe = unsafe { &*entry };
+            if probe.address == address {
+                return Some(probe);
+            }
+        }
+        index = (index + 1) % TABLE_SIZE;
+    }
+    None
+}
+
+/// Registers a probe at kernel text `address`. `post` runs after the displaced instruction
+/// (not with `Detour`).
+pub fn register(address: u64, method: Method, pre: Handler, post: Option<Handler>) -> Result<(), ProbeError> {
+    if address & 3 != 0 {
+        return Err(ProbeError::Misaligned);
+    }
+    refuse::check_address(address)?;
+    let mut registry = REGISTRY.lock();
+    if lookup(address).is_some() {
+        return Err(ProbeError::AlreadyRegistered);
+    }
+    // SAFETY: address is 4-aligned kernel text (checked above), always mapped readable.
+    let original = unsafe { core::ptr::read_volatile(address as *const u32) };
+    refuse::check_exclusive_window(address)?;
+    let classification = classify(Insn(original));
+    let rules = Rules { text: Text::Kernel, stack_reach: SIMULATE_SP_REACH, post_handler: post.is_some() };
+    let plan =
+        probes::plan(method, &classification, &rules).map_err(|refusal| ProbeError::refused(refusal, Text::Kernel))?;
+    let record = (!registry.records_used).trailing_zeros() as usize;
+    if record >= MAX_PROBES {
+        return Err(ProbeError::NoSpace);
+    }
+    let chunk = if matches!(plan, Plan::OutOfLine { .. } | Plan::Detour) {
+        let chunk = (!registry.chunks_used).trailing_zeros() as usize;
+        if chunk >= slots::CHUNKS {
+            return Err(ProbeError::NoSpace);
+        }
+        Some(chunk)
+    } else {
+        None
+    };
+    let action = match plan {
+        Plan::Simulate(simulated) => Action::Simulate(simulated),
+        Plan::SimulateFramePush => Action::SimulateFramePush,
+        Plan::OutOfLine { hardware_step } => {
+            let slot = slots::chunk_address(chunk.unwrap_or(0));
+            slots::write_out_of_line(slot, original);
+            Action::OutOfLine { slot, hardware_step }
+        }
+        Plan::Detour => {
+            let trampoline = slots::chunk_address(chunk.unwrap_or(0));
+            let probe_pointer = record_pointer(record) as u64;
+            slots::write_detour(trampoline, address, original, &classification, probe_pointer)?;
+            Action::Detour { trampoline }
+        }
+    };
+    let probe =
+        Probe { address, original, action, pre, post, chunk, hits: AtomicU64::new(0), missed: AtomicU64::new(0) };
+    // SAFETY: the record is free (its bit is clear) and unpublished; we hold the lock.
+    unsafe { record_pointer(record).write(probe) };
+    registry.records_used |= 1 << record;
+    if let Some(chunk) = chunk {
+        registry.chunks_used |= 1 << chunk;
+    }
+    publish(address, record_pointer(record));
+    let patched = match action {
+        Action::Detour { trampoline } => match probes::encode_b(address, trampoline) {
+            Ok(branch) => branch.word(),
+            Err(_) => {
+                unpublish(address);
+                release(&mut registry, record, chunk);
+                return Err(ProbeError::OutOfBranchRange);
+            }
+        },
+        _ => encode_brk(BRK_KPROBE).word(),
+    };
+    // SAFETY: address is kernel text; BRK and B may replace any instruction while it runs
+    // (ARM ARM B2.2.5 concurrent modification: B, BL, BRK, NOP, ...).
+    unsafe { patch::write_instruction(address, patched) };
+    Ok(())
+}
+
+/// Unregisters the probe at `address`, restoring the original instruction.
+pub fn unregister(address: u64) -> Result<(), ProbeError> {
+    let mut registry = REGISTRY.lock();
+    let Some(probe) = lookup(address) else {
+        return Err(ProbeError::NotRegistered);
+    };
+    let (original, chunk) = (probe.original, probe.chunk);
+    let record = (0..MAX_PROBES).find(|&record| core::ptr::eq(record_pointer(record), probe));
+    // SAFETY: address is the probed kernel text word; restoring the original is a BRK/B -> insn
+    // change the architecture allows concurrently with execution.
+    unsafe { patch::write_instruction(address, original) };
+    unpublish(address);
+    if let Some(chunk) = chunk {
+        slots::clear(slots::chunk_address(chunk));
+    }
+    if let Some(record) = record {
+        release(&mut registry, record, chunk);
+    }
+    Ok(())
+}
+
+fn release(registry: &mut Registry, record: usize, chunk: Option<usize>) {
+    // The record's bytes stay as they are (Probe has no destructor); its bit marks it free.
+    registry.records_used &= !(1 << record);
+    if let Some(chunk) = chunk {
+        registry.chunks_used &= !(1 << chunk);
+    }
+}
+
+fn publish(address: u64, probe: *mut Probe) {
+    let mut index = table_index(address);
+    loop {
+        let entry = TABLE[index].load(Ordering::Relaxed);
+        if entry.is_null() || entry == TOMBSTONE {
+            TABLE[index].store(probe, Ordering::Release);
+            return;
+        }
+        index = (index + 1) % TABLE_SIZE;
+    }
+}
+
+fn unpublish(address: u64) {
+    let mut index = table_index(address);
+    for _ in 0..TABLE_SIZE {
+        let entry = TABLE[index].load(Ordering::Relaxed);
+        if entry.is_null() {
+            return;
+        }
+        // SAFETY: published entries point at live records.
+        if entry != TOMBSTONE && unsafe { (*entry).address } == address {
+            TABLE[index].store(TOMBSTONE, Ordering::Release);
+            return;
+        }
+        index = (index + 1) % TABLE_SIZE;
+    }
+}
+
+/// Hits and missed (re-entrant) hits of the probe at `address`.
+pub fn counts(address: u64) -> Option<(u64, u64)> {
+    lookup(address).map(|probe| (probe.hits.load(Ordering::Relaxed), probe.missed.load(Ordering::Relaxed)))
+}
+
+/// The start of the slot area (for the no-probe checks in the tests).
+pub fn slot_area_address() -> u64 {
+    slots::chunk_address(0)
+}
+
+/// The first patchable function entry outside the no-probe text, if the build has any (for the
+/// tests).
+pub fn first_patchable_entry() -> Option<u64> {
+    refuse::patchable_entries().iter().copied().find(|&entry| !refuse::is_noprobe(entry))
+}
+
+/// How far below the interrupted SP a simulated access or SP move may reach: the gap exception
+/// entry leaves, minus the 16 bytes the return path stashes x0/x1 in.
+const SIMULATE_SP_REACH: i64 = STACK_GAP as i64 - 16;

@@ -1,0 +1,410 @@
+//! User-space probes (uprobes) on EL0 code, and the EL0 trap entry of every user probe.
+//!
+//! A uprobe displaces one instruction of user text (`.text.user`, shared by every user space
+//! like a file's page cache in Linux) and performs it on every hit in the way its [`Method`] says:
+//! - `SingleStep`: `BRK #0x005` traps from EL0; the handler runs; the task returns to EL0 at the
+//!   probe's slot `[insn, BRK #0x120]` in its XOL page under hardware single-step (MDSCR_EL1.SS,
+//!   SPSR.SS); the step exception from EL0 resumes it at `address + 4`. Two round trips.
+//! - `BrkStep`: the same slot, but the slot's `BRK #0x120` brings the task back. Two round trips.
+//! - `Simulate`: `crates/probes` performs the instruction on the saved user registers, reaching
+//!   user memory with unprivileged LDTR/STTR (task/user.rs): a store to an unmapped user stack
+//!   fails exactly as the task's own store would, and the task gets that fault at the probed PC.
+//!   One round trip.
+//! - `Detour`: the instruction becomes `B trampoline`; the per-probe trampoline in the XOL page
+//!   is `[SVC #0x5550, insn, B address + 4]`: one (cheaper, SVC) round trip, then the displaced
+//!   instruction runs natively at EL0.
+//!
+//! The XOL page (USER_XOL) of each user space holds, per probe index `i`: the step slot at
+//! `16 i`, the detour trampoline at `0x400 + 16 i`, and at `0x800` the uretprobe trampoline
+//! (`uretprobe.rs`). A fault inside a slot or trampoline is attributed to the probed address.
+//!
+//! Everything on the hit path runs in the EL0 exception handler with IRQs masked. Records are
+//! published lock-free (`cells::Records`, one pointer per index), so a hit takes no lock.
+
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+
+use super::cells::Records;
+use super::frame::{FrameRegisters, registers};
+use super::{Handler, ProbeError, uretprobe};
+use crate::arch::exception::{ExceptionClass, ExceptionFrame};
+use crate::arch::patch;
+use crate::arch::step::{MDSCR_SS, SPSR_BTYPE, SPSR_IF, SPSR_SS, set_mdscr};
+use crate::sync::IrqSpinLock;
+use crate::task::stacks::TASK_SLOTS;
+use crate::task::user::{self, USER_XOL, UserFault};
+use probes::{
+    Exception, Fault, Insn, Memory, Method, Plan, Rules, Simulated, SimulationConfig, Text, classify, encode_b,
+    encode_brk, simulate,
+};
+
+/// BRK immediates from EL0: the probe (Linux's uprobe value), the step back, the return.
+pub const BRK_UPROBE: u16 = 0x005;
+pub const BRK_UPROBE_STEP: u16 = 0x120;
+pub use super::uretprobe::BRK_URETPROBE;
+/// SVC immediate of the detour trampolines.
+pub const SVC_UPROBE_DETOUR: u16 = 0x5550;
+
+pub const MAX_UPROBES: usize = 16;
+const DETOUR_OFFSET: u64 = 0x400;
+
+#[derive(Clone, Copy)]
+enum Action {
+    Simulate(Simulated),
+    /// `stp x29, x30, [sp, #-16]!`, the frame push that starts most functions, performed
+    /// directly (`Plan::SimulateFramePush`).
+    SimulateFramePush,
+    OutOfLine {
+        hardware_step: bool,
+    },
+    Detour,
+}
+
+pub(super) struct Uprobe {
+    pub(super) address: u64,
+    kernel_address: u64,
+    original: u32,
+    action: Action,
+    handler: Handler,
+    pub(super) return_handler: Option<Handler>,
+}
+
+/// Probe records by index (the index names its XOL slot and trampoline), and the published
+/// pointer to each (null: free).
+static RECORDS: Records<Uprobe, MAX_UPROBES> = Records::new();
+static PUBLISHED: [AtomicPtr<Uprobe>; MAX_UPROBES] = [const { AtomicPtr::new(core::ptr::null_mut()) }; MAX_UPROBES];
+static HITS: [AtomicU64; MAX_UPROBES] = [const { AtomicU64::new(0) }; MAX_UPROBES];
+pub(super) static RETURNS: [AtomicU64; MAX_UPROBES] = [const { AtomicU64::new(0) }; MAX_UPROBES];
+/// Serialises registration; the hit path never takes it.
+static REGISTER: IrqSpinLock<()> = IrqSpinLock::new(());
+
+/// The step in flight on this CPU: the probe index (`NO_STEP` when none), the SPSR at the hit,
+/// and whether it is a hardware step. Only the EL0 exception handlers (IRQs masked) use it.
+struct StepState {
+    index: AtomicUsize,
+    spsr: AtomicU64,
+    hardware_step: AtomicBool,
+}
+
+const NO_STEP: usize = usize::MAX;
+static STEP: StepState =
+    StepState { index: AtomicUsize::new(NO_STEP), spsr: AtomicU64::new(0), hardware_step: AtomicBool::new(false) };
+
+/// The published record at `index`, if any.
+#[inline(always)]
+pub(super) fn published(index: usize) -> Option<&'static Uprobe> {
+    let pointer = PUBLISHED[index].load(Ordering::Acquire);
+    // SAFETY: a published pointer points at an initialised record (see `cells::Records`).
+    (!pointer.is_null()).then(|| unsafe { &*pointer })
+}
+
+#[inline(always)]
+fn lookup(address: u64) -> Option<(usize, &'static Uprobe)> {
+    (0..MAX_UPROBES).find_map(|index| published(index).filter(|probe| probe.address == address).map(|p| (index, p)))
+}
+
+const fn slot_offset(index: usize) -> u64 {
+    16 * index as u64
+}
+
+const fn detour_offset(index: usize) -> u64 {
+    DETOUR_OFFSET + 16 * index as u64
+}
+
+const SVC_DETOUR: u32 = 0xd400_0001 | ((SVC_UPROBE_DETOUR as u32) << 5);
+const FILLER: [u32; 4] = [encode_brk(BRK_UPROBE_STEP).0; 4];
+
+/// The words a probe owns in every XOL page: (offset, words).
+fn xol_words(index: usize, probe: &Uprobe) -> Result<(u64, [u32; 3]), ProbeError> {
+    match probe.action {
+        Action::OutOfLine { .. } => {
+            Ok((slot_offset(index), [probe.original, encode_brk(BRK_UPROBE_STEP).0, encode_brk(BRK_UPROBE_STEP).0]))
+        }
+        Action::Detour => {
+            let trampoline = USER_XOL + detour_offset(index);
+            let back = encode_b(trampoline + 8, probe.address + 4).map_err(|_| ProbeError::OutOfBranchRange)?;
+            Ok((detour_offset(index), [SVC_DETOUR, probe.original, back.0]))
+        }
+        Action::Simulate(_) | Action::SimulateFramePush => Ok((slot_offset(index), [encode_brk(BRK_UPROBE_STEP).0; 3])),
+    }
+}
+
+/// Writes `words` at byte `offset` of the XOL page of every task slot in `slots`.
+pub(super) fn write_xol(offset: u64, words: &[u32], slots: core::ops::Range<usize>) {
+    for slot in slots {
+        // SAFETY: offset + 4 * words.len() stays within one 16-byte unit of the 4096-byte XOL
+        // page (callers' layout), kernel data executed only at USER_XOL; the words change only
+        // while no task runs the probe's slot or trampoline (registration, task creation).
+        unsafe { patch::write_code_alias(user::xol_page(slot).add(offset as usize / 4), words) };
+    }
+}
+
+/// A new user task in `slot`: a fresh return-instance stack and an XOL page holding every
+/// registered probe's slot or trampoline and the return trampoline.
+pub fn on_new_user_task(slot: usize) {
+    let _lock = REGISTER.lock();
+    uretprobe::reset(slot);
+    for offset in (0..4096).step_by(16) {
+        write_xol(offset, &FILLER, slot..slot + 1);
+    }
+    uretprobe::write_trampoline(slot);
+    for index in 0..MAX_UPROBES {
+        if let Some(probe) = published(index)
+            && let Ok((offset, words)) = xol_words(index, probe)
+        {
+            write_xol(offset, &words, slot..slot + 1);
+        }
+    }
+}
+
+/// Registers a uprobe at user text `address` (a user VA); with `return_handler`, a uretprobe
+/// on the function starting there.
+pub fn register(
+    address: u64,
+    method: Method,
+    handler: Handler,
+    return_handler: Option<Handler>,
+) -> Result<(), ProbeError> {
+    if address & 3 != 0 {
+        return Err(ProbeError::Misaligned);
+    }
+    let kernel_address = user::kernel_text_address(address).ok_or(ProbeError::NotText(Text::User))?;
+    let _lock = REGISTER.lock();
+    if lookup(address).is_some() {
+        return Err(ProbeError::AlreadyRegistered);
+    }
+    let index = (0..MAX_UPROBES).find(|&index| published(index).is_none()).ok_or(ProbeError::NoSpace)?;
+    // SAFETY: kernel_address is user text inside the kernel image, mapped readable.
+    let original = unsafe { core::ptr::read_volatile(kernel_address as *const u32) };
+    let rules = Rules { text: Text::User, stack_reach: 0, post_handler: false };
+    let action = match probes::plan(method, &classify(Insn(original)), &rules) {
+        Ok(Plan::Simulate(simulated)) => Action::Simulate(simulated),
+        Ok(Plan::SimulateFramePush) => Action::SimulateFramePush,
+        Ok(Plan::OutOfLine { hardware_step }) => Action::OutOfLine { hardware_step },
+        Ok(Plan::Detour) => Action::Detour,
+        Err(refusal) => return Err(ProbeError::refused(refusal, Text::User)),
+    };
+    let probe = Uprobe { address, kernel_address, original, action, handler, return_handler };
+    let (offset, words) = xol_words(index, &probe)?;
+    let patched = match action {
+        Action::Detour => {
+            encode_b(address, USER_XOL + detour_offset(index)).map_err(|_| ProbeError::OutOfBranchRange)?.0
+        }
+        _ => encode_brk(BRK_UPROBE).0,
+    };
+    write_xol(offset, &words, 0..TASK_SLOTS);
+    HITS[index].store(0, Ordering::Relaxed);
+    RETURNS[index].store(0, Ordering::Relaxed);
+    // SAFETY: the record is unpublished (its pointer is null) and we hold REGISTER.
+    unsafe { RECORDS.pointer(index).write(probe) };
+    PUBLISHED[index].store(RECORDS.pointer(index), Ordering::Release);
+    // SAFETY: user text is kernel image text (its alias is writable); BRK and B may replace an
+    // instruction concurrently with its execution (ARM ARM B2.2.5).
+    unsafe { patch::write_instruction(kernel_address, patched) };
+    Ok(())
+}
+
+/// Unregisters the uprobe at `address`, restoring the instruction.
+pub fn unregister(address: u64) -> Result<(), ProbeError> {
+    let _lock = REGISTER.lock();
+    let (index, probe) = lookup(address).ok_or(ProbeError::NotRegistered)?;
+    // SAFETY: as in register: the original instruction replaces the BRK/B.
+    unsafe { patch::write_instruction(probe.kernel_address, probe.original) };
+    PUBLISHED[index].store(core::ptr::null_mut(), Ordering::Release);
+    write_xol(slot_offset(index), &FILLER, 0..TASK_SLOTS);
+    write_xol(detour_offset(index), &FILLER, 0..TASK_SLOTS);
+    Ok(())
+}
+
+/// Hits and return-handler runs of the uprobe at `address`.
+pub fn counts(address: u64) -> Option<(u64, u64)> {
+    lookup(address).map(|(index, _)| (HITS[index].load(Ordering::Relaxed), RETURNS[index].load(Ordering::Relaxed)))
+}
+
+pub use super::uretprobe::missed_returns;
+
+/// User memory as the probed EL0 instruction sees it; remembers the ESR of a fault.
+struct UserMemory {
+    esr: u64,
+}
+
+impl Memory for UserMemory {
+    #[inline(always)]
+    fn read_u32(&mut self, address: u64) -> Result<u32, Fault> {
+        match user::load_u32(address) {
+            Ok(value) => Ok(value),
+            Err(esr) => {
+                self.esr = esr;
+                Err(Fault { address, access: probes::Access::Read })
+            }
+        }
+    }
+    #[inline(always)]
+    fn read_u64(&mut self, address: u64) -> Result<u64, Fault> {
+        match user::load_u64(address) {
+            Ok(value) => Ok(value),
+            Err(esr) => {
+                self.esr = esr;
+                Err(Fault { address, access: probes::Access::Read })
+            }
+        }
+    }
+    #[inline(always)]
+    fn write_pair(&mut self, address: u64, values: [u64; 2]) -> Result<(), Fault> {
+        match user::store_pair(address, values) {
+            Ok(()) => Ok(()),
+            Err(esr) => {
+                self.esr = esr;
+                Err(Fault { address, access: probes::Access::Write })
+            }
+        }
+    }
+}
+
+/// EL0: SCTLR_EL1.SA0 is clear; TBI0/TBI1 apply to instruction addresses.
+const USER_CONFIG: SimulationConfig =
+    SimulationConfig { sp_alignment_check: false, guarded_page: false, instruction_tbi: [true, true] };
+
+/// A synchronous exception from EL0 that may be a user probe's (BRK, software step, detour SVC).
+#[unsafe(link_section = ".text.noprobe")]
+pub fn on_el0_exception(frame: &mut ExceptionFrame, class: ExceptionClass) -> bool {
+    let immediate = (frame.esr & 0xffff) as u16;
+    match class {
+        ExceptionClass::Brk => match immediate {
+            BRK_UPROBE => on_brk(frame),
+            BRK_UPROBE_STEP => finish_step(frame, false),
+            BRK_URETPROBE => uretprobe::on_return(frame),
+            _ => false,
+        },
+        ExceptionClass::SoftwareStepLowerEl => finish_step(frame, true),
+        ExceptionClass::Svc64 if immediate == SVC_UPROBE_DETOUR => on_detour(frame),
+        _ => false,
+    }
+}
+
+#[unsafe(link_section = ".text.noprobe")]
+fn on_brk(frame: &mut ExceptionFrame) -> bool {
+    // By reference: a copy of the record (or of its `Simulated`) is a memcpy call per hit.
+    let Some((index, probe)) = lookup(frame.elr) else {
+        return false;
+    };
+    HITS[index].fetch_add(1, Ordering::Relaxed);
+    (probe.handler)(registers(frame));
+    if probe.return_handler.is_some() {
+        uretprobe::hijack_return(frame, index);
+    }
+    match &probe.action {
+        Action::Simulate(simulated) => {
+            let mut memory = UserMemory { esr: 0 };
+            match simulate(simulated, &mut FrameRegisters(registers(frame)), &mut memory, &USER_CONFIG) {
+                Ok(()) => {}
+                Err(Exception::DataAbort(fault)) => user::kill_with_fault(UserFault {
+                    esr: user::lower_el_data_abort(memory.esr),
+                    far: fault.address,
+                    pc: probe.address,
+                }),
+                Err(Exception::SpAlignment { .. }) => user::kill_with_fault(UserFault {
+                    esr: ((ExceptionClass::SpAlignment as u64) << 26) | (1 << 25),
+                    far: 0,
+                    pc: probe.address,
+                }),
+            }
+        }
+        Action::SimulateFramePush => {
+            let address = frame.sp.wrapping_sub(16);
+            if let Err(esr) = user::store_pair(address, [frame.x[29], frame.x[30]]) {
+                user::kill_with_fault(UserFault {
+                    esr: user::lower_el_data_abort(esr),
+                    far: address,
+                    pc: probe.address,
+                });
+            }
+            frame.sp = address;
+            frame.elr += 4;
+            frame.spsr &= !SPSR_BTYPE;
+        }
+        &Action::OutOfLine { hardware_step } => {
+            STEP.index.store(index, Ordering::Relaxed);
+            STEP.spsr.store(frame.spsr, Ordering::Relaxed);
+            STEP.hardware_step.store(hardware_step, Ordering::Relaxed);
+            frame.elr = USER_XOL + slot_offset(index);
+            // IRQs stay masked for the one instruction, so the step state is per CPU.
+            frame.spsr |= SPSR_IF;
+            if hardware_step {
+                frame.spsr |= SPSR_SS;
+                // KDE stays as it is, so EL1 is never stepped.
+                set_mdscr(MDSCR_SS, true);
+            }
+        }
+        Action::Detour => return false,
+    }
+    true
+}
+
+#[unsafe(link_section = ".text.noprobe")]
+fn finish_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
+    let index = STEP.index.load(Ordering::Relaxed);
+    if index == NO_STEP
+        || STEP.hardware_step.load(Ordering::Relaxed) != hardware_step
+        || frame.elr != USER_XOL + slot_offset(index) + 4
+    {
+        return false;
+    }
+    let Some(probe) = published(index) else {
+        return false;
+    };
+    if hardware_step {
+        set_mdscr(MDSCR_SS, false);
+    }
+    let restored = SPSR_IF | SPSR_SS;
+    frame.spsr = (frame.spsr & !restored) | (STEP.spsr.load(Ordering::Relaxed) & restored);
+    frame.elr = probe.address + 4;
+    STEP.index.store(NO_STEP, Ordering::Relaxed);
+    true
+}
+
+#[unsafe(link_section = ".text.noprobe")]
+fn on_detour(frame: &mut ExceptionFrame) -> bool {
+    let offset = frame.elr.wrapping_sub(4).wrapping_sub(USER_XOL + DETOUR_OFFSET);
+    let index = (offset / 16) as usize;
+    if !offset.is_multiple_of(16) || index >= MAX_UPROBES {
+        return false;
+    }
+    let Some(probe) = published(index) else {
+        return false;
+    };
+    HITS[index].fetch_add(1, Ordering::Relaxed);
+    let resume = frame.elr;
+    frame.elr = probe.address;
+    (probe.handler)(registers(frame));
+    frame.elr = resume;
+    if probe.return_handler.is_some() {
+        uretprobe::hijack_return(frame, index);
+    }
+    true
+}
+
+/// The user PC a fault at `elr` is reported at: a fault in a step slot or detour trampoline
+/// belongs to the probed instruction (and ends the step).
+#[unsafe(link_section = ".text.noprobe")]
+pub fn attributed_pc(elr: u64) -> u64 {
+    let index = STEP.index.load(Ordering::Relaxed);
+    if index != NO_STEP && elr == USER_XOL + slot_offset(index) {
+        if STEP.hardware_step.load(Ordering::Relaxed) {
+            set_mdscr(MDSCR_SS, false);
+        }
+        STEP.index.store(NO_STEP, Ordering::Relaxed);
+        if let Some(probe) = published(index) {
+            return probe.address;
+        }
+    }
+    let offset = elr.wrapping_sub(USER_XOL + DETOUR_OFFSET);
+    let index = (offset / 16) as usize;
+    if offset % 16 == 4
+        && index < MAX_UPROBES
+        && let Some(probe) = published(index)
+        && matches!(probe.action, Action::Detour)
+    {
+        return probe.address;
+    }
+    elr
+}
