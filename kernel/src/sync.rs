@@ -67,3 +67,39 @@ impl<T> DerefMut for IrqSpinLockGuard<'_, T> {
         &mut self.guard
     }
 }
+
+/// A fixed set of callbacks that a lower layer runs without naming their owners (tick
+/// consumers, task-lifecycle notifications). Registered at init, in order; running them reads
+/// each place once and takes no lock, so it may run in IRQ context.
+pub struct Hooks<F: Copy + 'static, const N: usize> {
+    places: [spin::Once<F>; N],
+    what: &'static str,
+}
+
+impl<F: Copy + 'static, const N: usize> Hooks<F, N> {
+    /// `what` names the hook point in the panic when more than `N` register.
+    pub const fn new(what: &'static str) -> Self {
+        Self { places: [const { spin::Once::new() }; N], what }
+    }
+
+    /// Adds `hook` after those registered before it; panics when all `N` places are taken.
+    pub fn register(&self, hook: F) {
+        for place in &self.places {
+            let mut taken = false;
+            place.call_once(|| {
+                taken = true;
+                hook
+            });
+            if taken {
+                return;
+            }
+        }
+        panic!("{}: more than {} hooks", self.what, N);
+    }
+
+    /// The registered hooks, in registration order.
+    #[inline]
+    pub fn iter(&self) -> impl Iterator<Item = F> + '_ {
+        self.places.iter().map_while(spin::Once::get).copied()
+    }
+}

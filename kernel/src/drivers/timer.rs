@@ -1,12 +1,12 @@
 //! The EL1 virtual timer as the periodic tick (ARM ARM D11.2, "The Generic Timer").
 
 use aarch64_cpu::registers::{CNTFRQ_EL0, CNTV_CTL_EL0, CNTV_CVAL_EL0, CNTVCT_EL0, Readable, Writeable};
+use crate::sync::Hooks;
 use core::sync::atomic::{AtomicU64, Ordering};
 
 static TICKS: AtomicU64 = AtomicU64::new(0);
 /// What runs on every tick, in registration order (set at init; a tick reads each once).
-static CONSUMERS: [spin::Once<fn()>; MAX_CONSUMERS] = [const { spin::Once::new() }; MAX_CONSUMERS];
-const MAX_CONSUMERS: usize = 4;
+static CONSUMERS: Hooks<fn(), 4> = Hooks::new("timer tick consumers");
 static INTERVAL: AtomicU64 = AtomicU64::new(0);
 static HZ: AtomicU64 = AtomicU64::new(0);
 
@@ -44,28 +44,15 @@ pub fn ticks() -> u64 {
 }
 
 /// Adds `consumer` to what every tick runs (IRQ context, after the count). At init, before the
-/// timer starts; panics when all `MAX_CONSUMERS` places are taken.
+/// timer starts.
 pub fn on_tick(consumer: fn()) {
-    let mut registered = false;
-    for place in &CONSUMERS {
-        if place.is_completed() {
-            continue;
-        }
-        place.call_once(|| {
-            registered = true;
-            consumer
-        });
-        if registered {
-            return;
-        }
-    }
-    panic!("timer: more than {} tick consumers", MAX_CONSUMERS);
+    CONSUMERS.register(consumer);
 }
 
 /// The tick interrupt: count it, run the consumers, arm the next one.
 pub fn handle_tick() {
     TICKS.fetch_add(1, Ordering::Relaxed);
-    for consumer in CONSUMERS.iter().map_while(spin::Once::get) {
+    for consumer in CONSUMERS.iter() {
         consumer();
     }
     let next = CNTV_CVAL_EL0.get() + INTERVAL.load(Ordering::Relaxed);

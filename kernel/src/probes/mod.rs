@@ -40,7 +40,11 @@ pub use refuse::is_noprobe;
 /// Changing `pc` or `sp` is not supported.
 pub type Handler = fn(&mut Registers);
 
-/// Makes debug exceptions (software step) possible at EL1: called once at boot.
+/// Makes debug exceptions (software step) possible at EL1 and hooks the probes into task
+/// lifecycle: called once at boot.
 pub fn init() {
     crate::arch::step::unlock_debug();
+    // A reused task slot must not inherit return instances or an old XOL page.
+    crate::task::on_spawn(kretprobe::forget_task);
+    crate::task::user::on_spawn(uprobe::on_new_user_task);
 }

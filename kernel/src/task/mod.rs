@@ -11,7 +11,7 @@ pub mod stacks;
 pub mod user;
 
 use crate::arch::cpu;
-use crate::sync::IrqMask;
+use crate::sync::{Hooks, IrqMask};
 use core::sync::atomic::{AtomicBool, Ordering};
 use stacks::{SHADOW_STACK_SIZE, Slot, TASK_SLOTS};
 
@@ -137,6 +137,15 @@ pub enum SpawnError {
     NoFreeSlot,
 }
 
+/// What runs when a task slot is given to a new task (kernel or user), IRQs masked: owners of
+/// per-task state (kretprobe return instances) drop what the slot's last task left.
+static SPAWN_HOOKS: Hooks<fn(usize), 2> = Hooks::new("task spawn hooks");
+
+/// Adds `hook(slot index)` to what every spawn runs. At init.
+pub fn on_spawn(hook: fn(usize)) {
+    SPAWN_HOOKS.register(hook);
+}
+
 /// Starts `entry(argument)` as a new task, runnable at the next scheduling point.
 pub fn spawn(name: &'static str, entry: extern "C" fn(u64), argument: u64) -> Result<TaskId, SpawnError> {
     with_irqs_masked(|| {
@@ -145,7 +154,9 @@ pub fn spawn(name: &'static str, entry: extern "C" fn(u64), argument: u64) -> Re
             .find(|&index| !matches!(scheduler.tasks[index].state, State::Runnable))
             .ok_or(SpawnError::NoFreeSlot)?;
         let slot = stacks::slot(index);
-        crate::probes::kretprobe::forget_task(index);
+        for hook in SPAWN_HOOKS.iter() {
+            hook(index);
+        }
         // A clean shadow stack (its high-water mark is read from it) with its end marker.
         // SAFETY: the slot's shadow-stack page is mapped and belongs to no live task.
         unsafe { core::ptr::write_bytes(slot.shadow_stack_base() as *mut u8, 0, SHADOW_STACK_SIZE as usize) };

@@ -35,7 +35,7 @@ use super::stacks::TASK_SLOTS;
 use super::{SpawnError, TaskId, scheduler};
 use crate::arch::exception::{Esr, ExceptionFrame, STACK_GAP};
 use crate::arch::mmu::pa_of;
-use crate::sync::IrqMask;
+use crate::sync::{Hooks, IrqMask};
 
 /// Where `.text.user` is mapped in every user space.
 pub const USER_TEXT: u64 = 0x40_0000;
@@ -262,6 +262,15 @@ impl Options {
     pub const DEFAULT: Self = Self { irqs_masked: false, unmap_lowest_stack_page: false };
 }
 
+/// What runs when an EL0 task's address space is built, before it first runs, IRQs masked
+/// (uprobes write the new space's XOL page).
+static USER_SPAWN_HOOKS: Hooks<fn(usize), 2> = Hooks::new("user task spawn hooks");
+
+/// Adds `hook(slot index)` to what every EL0 spawn runs. At init.
+pub fn on_spawn(hook: fn(usize)) {
+    USER_SPAWN_HOOKS.register(hook);
+}
+
 /// Starts an EL0 task at user text address `entry` with x0..x2 = `arguments`, runnable at the
 /// next scheduling point.
 pub fn spawn(name: &'static str, entry: u64, arguments: [u64; 3], options: Options) -> Result<TaskId, SpawnError> {
@@ -270,7 +279,9 @@ pub fn spawn(name: &'static str, entry: u64, arguments: [u64; 3], options: Optio
     let _masked = IrqMask::new();
     let id = super::spawn(name, user_task_main, 0)?;
     build_space(id.0, options);
-    crate::probes::uprobe::on_new_user_task(id.0);
+    for hook in USER_SPAWN_HOOKS.iter() {
+        hook(id.0);
+    }
     let spsr = if options.irqs_masked { 0x3c0 } else { 0 };
     *user(id.0) = UserTask { active: true, entry, arguments, spsr, exit_code: None, fault: None, apia: new_key(id.0) };
     if options.irqs_masked {
