@@ -151,10 +151,12 @@ pub fn check(image: &KernelImage) -> Result<Option<String>, Failure> {
         dtb: None,
         serial: None,
     };
+    let started = std::time::Instant::now();
     let rows = match super::measure(&plan) {
         Ok(samples) => results::as_written(&Row::aggregate(&samples)),
         Err(failure) => return Ok(Some(failure.message)),
     };
+    println!("icount gate: {} measured in {:.1} s", SUITES.join(", "), started.elapsed().as_secs_f64());
     let (text, failure) = judge(&baseline.rows, &rows).render(&baseline.provenance.commit);
     print!("{text}");
     Ok(failure)

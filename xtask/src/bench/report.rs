@@ -542,6 +542,20 @@ mod tests {
     }
 
     #[test]
+    fn the_pages_links_lead_to_headings_of_the_contract() {
+        let contract = std::fs::read_to_string(crate::build::workspace_root().join("docs/reference/bench.md"))
+            .expect("the bench contract is in the repository");
+        assert!(contract.lines().any(|line| line == "### Generated results"));
+        for suite in super::super::SUITES {
+            assert!(
+                contract.lines().any(|line| line == format!("### {}", suite.name)),
+                "no section for {}",
+                suite.name
+            );
+        }
+    }
+
+    #[test]
     fn every_contract_metric_has_a_meaning() {
         for (suite, metric) in [
             ("baseline", "per_op"),
