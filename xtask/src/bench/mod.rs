@@ -239,6 +239,8 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     let images =
         by_variant.iter().map(|(variant, _)| build::kernel(args.board, *variant)).collect::<Result<Vec<_>, _>>()?;
 
+    // The tree as it is when the kernels were built: a commit made while QEMU runs is not theirs.
+    let mut provenance = provenance(args.board, args.reps);
     let runs = (by_variant.len() * cpus.len() * modes.len()) as u64;
     let progress = indicatif::ProgressBar::new(runs).with_style(
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed} {msg}").expect("valid template"),
@@ -276,7 +278,7 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     }
     progress.finish_and_clear();
     let rows = results::as_written(&Row::aggregate(&samples));
-    let provenance = provenance(args.board, args.reps);
+    provenance.date = Some(utc_now());
     let out = args.out.clone().unwrap_or_else(|| target_dir().join("bench"));
     let json = results::to_json(&provenance, &rows);
     let report = report::render(&provenance, &rows);
