@@ -384,13 +384,13 @@ fn provenance_lines(provenance: &Provenance, rows: &[&Row]) -> String {
     let variants = distinct(rows.iter().map(|row| format!("`{}`", row.variant.name())));
     let _ = writeln!(text, "- build variant: {}", variants.join(", "));
     let modes = distinct(rows.iter().map(|row| row.mode));
-    let reps = provenance.reps.map(|reps| format!(" ({reps} reps)")).unwrap_or_default();
+    let reps = provenance.reps.map(|reps| format!(" of {reps} reps")).unwrap_or_default();
     let modes: Vec<String> = modes
         .iter()
         .map(|mode| match mode {
             Mode::Icount => "icount (instruction counts, deterministic, one rep)".to_string(),
             Mode::Wall => format!("wall (virtual ns of TCG emulation, medians{reps})"),
-            Mode::Hardware => format!("hardware (PMU cycles{reps})"),
+            Mode::Hardware => format!("hardware (PMU cycles, medians{reps})"),
         })
         .collect();
     let _ = writeln!(text, "- mode: {}", modes.join("; "));
@@ -439,10 +439,13 @@ pub fn pages(provenance: &Provenance, rows: &[Row]) -> Vec<(String, String)> {
             }
             text.push_str("\n## Metrics\n\n");
             for metric in distinct(in_suite.iter().map(|row| row.metric.as_str())) {
-                let unit = in_suite.iter().find(|row| row.metric == metric).map_or("", |row| row.unit.as_str());
+                let units = distinct(
+                    in_suite.iter().filter(|row| row.metric == metric).map(|row| mode_unit(row.mode, &row.unit)),
+                );
                 let _ = writeln!(
                     text,
-                    "- `{metric}` ({unit}): {} ([contract](../reference/bench.md#{}))",
+                    "- `{metric}` ({}): {} ([contract](../reference/bench.md#{}))",
+                    units.join(", "),
                     meaning(suite, metric),
                     suite
                 );
@@ -537,7 +540,7 @@ mod tests {
         let (suite, text) = &pages[0];
         assert_eq!(suite, "depot");
         assert!(text.contains("- commit: `abc1234-dirty`") && text.contains("- date: 2026-11-23 19:00:00 UTC"));
-        assert!(text.contains("- `hit_rate` (percent): percent of lookups that found their stack ([contract](../reference/bench.md#depot))"), "{text}");
+        assert!(text.contains("- `hit_rate` (icount percent): percent of lookups that found their stack ([contract](../reference/bench.md#depot))"), "{text}");
         assert!(text.contains("This run is icount only"));
     }
 
