@@ -240,7 +240,9 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
         by_variant.iter().map(|(variant, _)| build::kernel(args.board, *variant)).collect::<Result<Vec<_>, _>>()?;
 
     // The tree as it is when the kernels were built: a commit made while QEMU runs is not theirs.
-    let mut provenance = provenance(args.board, args.reps);
+    // icount is deterministic and runs one rep whatever --reps says.
+    let reps = if modes == [Mode::Icount] { 1 } else { args.reps };
+    let mut provenance = provenance(args.board, reps);
     let runs = (by_variant.len() * cpus.len() * modes.len()) as u64;
     let progress = indicatif::ProgressBar::new(runs).with_style(
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed} {msg}").expect("valid template"),
