@@ -117,7 +117,8 @@ impl Verdict {
         }
         let failure = (!self.regressions.is_empty()).then(|| {
             let names: Vec<_> = self.regressions.iter().map(|(row, _)| name(row)).collect();
-            format!("{} rows above the icount baseline: {}", names.len(), names.join("; "))
+            let rows = if names.len() == 1 { "row" } else { "rows" };
+            format!("{} {rows} above the icount baseline: {}", names.len(), names.join("; "))
         });
         (text, failure)
     }
