@@ -102,7 +102,9 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
     if args.filter.is_empty() {
         let image = build::kernel(Board::Virt, BuildVariant::Full)?;
         failure_paths(&image, &mut tally)?;
-        bench_harness(&build::kernel(Board::Virt, BuildVariant::Prod)?, &mut tally)?;
+        let prod = build::kernel(Board::Virt, BuildVariant::Prod)?;
+        bench_harness(&prod, &mut tally)?;
+        report_check(&mut tally, "icount regression gate", crate::bench::gate::check(&prod)?.as_ref());
     }
     println!("{} passed, {} failed, {} skipped", tally.passed, tally.failed, tally.skipped);
     if timed_out {
