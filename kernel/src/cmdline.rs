@@ -4,7 +4,8 @@
 //! `expect-pauth=QARMA5|QARMA3|IMPDEF|none` (what xtask knows the CPU variant has);
 //! benchmarks: `run=bench bench=SUITE,... reps=N clock=cycles|ns icount=0|1`;
 //! function tracing from boot: `ftrace=PATTERN ftrace-scheme=list|call-ops|vector`; the sanitizer
-//! heap: `tag-seed=N` (decimal or 0x-hex: the tag generator's seed), `kasan=panic|recover`.
+//! heap: `tag-seed=N` (decimal or 0x-hex: the tag generator's seed), `kasan=panic|recover`;
+//! probes from boot: `kprobe=SYMBOL[+OFFSET]:METHOD`, `kretprobe=SYMBOL:METHOD` (repeatable).
 
 #[derive(Clone, Copy, PartialEq, Eq, defmt::Format)]
 pub enum Run {
@@ -39,6 +40,8 @@ pub struct CommandLine {
     pub tag_seed: u32,
     /// Continue after a KASAN report instead of stopping (`kasan=recover`).
     pub kasan_recover: bool,
+    /// `kprobe=`/`kretprobe=` requests, registered at boot (demo/boot_probes.rs).
+    pub boot_probes: crate::demo::boot_probes::Requests,
 }
 
 impl CommandLine {
@@ -57,6 +60,7 @@ impl CommandLine {
             ftrace_scheme: crate::ftrace::Scheme::CallOps,
             tag_seed: crate::mm::tags::DEFAULT_SEED,
             kasan_recover: false,
+            boot_probes: crate::demo::boot_probes::Requests::new(),
         };
         for word in bootargs.split_whitespace() {
             let (key, value) = word.split_once('=').unwrap_or((word, ""));
@@ -90,6 +94,8 @@ impl CommandLine {
                 ("exit", "semihosting") => line.semihosting = true,
                 ("exit", "park") => line.semihosting = false,
                 ("expect-pauth", name) => line.expect_pauth = Some(name),
+                ("kprobe", spec) => line.boot_probes.push(crate::demo::boot_probes::Kind::Kprobe, spec),
+                ("kretprobe", spec) => line.boot_probes.push(crate::demo::boot_probes::Kind::Kretprobe, spec),
                 ("ftrace", pattern) => line.ftrace = Some(pattern),
                 ("ftrace-scheme", "list") => line.ftrace_scheme = crate::ftrace::Scheme::List,
                 ("ftrace-scheme", "call-ops") => line.ftrace_scheme = crate::ftrace::Scheme::CallOps,

@@ -10,8 +10,8 @@ mod depot;
 mod ftrace;
 mod kasan_boot;
 mod kretprobes;
-mod probes;
-mod stacktrace;
+pub(crate) mod probes;
+pub(crate) mod stacktrace;
 mod uprobes;
 
 use crate::arch::{counters, cpu};

@@ -55,10 +55,10 @@ bench_probe_target_ret:
 
 unsafe extern "C" {
     pub(super) fn bench_probe_target_nop();
-    pub(super) fn bench_probe_target_push();
+    pub(crate) fn bench_probe_target_push();
     pub(super) fn bench_probe_target_ret();
     fn bench_probe_loop_alone(iterations: u64, target: u64);
-    pub(super) fn bench_probe_loop_call(iterations: u64, target: u64);
+    pub(crate) fn bench_probe_loop_call(iterations: u64, target: u64);
 }
 
 static HITS: AtomicU64 = AtomicU64::new(0);
@@ -67,9 +67,14 @@ fn count_hit(_: &mut Registers) {
     HITS.fetch_add(1, Ordering::Relaxed);
 }
 
+/// Calls per measured loop: the demo measures with the same count, so its figures are the bench's.
+pub(crate) fn iterations(plan: &Plan) -> u64 {
+    if plan.icount { 10_000 } else { 20_000 }
+}
+
 pub(super) type Loop = unsafe extern "C" fn(u64, u64);
 
-pub(super) fn measure(plan: &Plan, body: Loop, iterations: u64, target: u64) -> u64 {
+pub(crate) fn measure(plan: &Plan, body: Loop, iterations: u64, target: u64) -> u64 {
     // The same indirect call for every case, its target loaded before the window opens.
     let body = core::hint::black_box(body);
     // SAFETY: the loops call `target`, one of the asm targets above (probed or not), which only
@@ -78,7 +83,7 @@ pub(super) fn measure(plan: &Plan, body: Loop, iterations: u64, target: u64) -> 
 }
 
 pub fn run(plan: &Plan) {
-    let iterations: u64 = if plan.icount { 10_000 } else { 20_000 };
+    let iterations = iterations(plan);
     let targets: [(&str, u64, &[Method]); 3] = [
         ("nop", bench_probe_target_nop as *const () as u64, &Method::ALL),
         ("push", bench_probe_target_push as *const () as u64, &Method::ALL),
