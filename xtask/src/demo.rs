@@ -69,9 +69,7 @@ impl Presenter {
         if text.starts_with("demo: kprobe ") || text.starts_with("demo: kretprobe ") {
             let names: Vec<String> = ["pc=", "lr=", "to="]
                 .iter()
-                .filter_map(|key| {
-                    Some(format!("{}{}", key.trim_end_matches('='), describe(symbols, field(text, key)?)))
-                })
+                .filter_map(|key| Some(format!("{key}{}", describe(symbols, field(text, key)?))))
                 .collect();
             if !names.is_empty() {
                 return vec![format!("{line}  [{}]", names.join(", "))];
@@ -208,12 +206,8 @@ fn check_run(
             texts.iter().filter_map(|text| text.strip_prefix("demo: stacks #")).filter_map(stack_row).collect();
         let fp: Vec<String> = rows.iter().filter(|row| row.1 != 0).map(|row| symbols.caller(row.1)).collect();
         let scs: Vec<String> = rows.iter().filter(|row| row.2 != 0).map(|row| symbols.caller(row.2)).collect();
-        let expected = [
-            "kernel::demo::stacks::innermost",
-            "kernel::demo::stacks::middle",
-            "kernel::demo::stacks::outer",
-            "kernel::demo::stacks::show",
-        ];
+        let expected =
+            ["kernel::demo::stacks::innermost", "kernel::demo::stacks::middle", "kernel::demo::stacks::outer"];
         let problem = if fp.len() < expected.len() {
             Some(format!("{} frames", fp.len()))
         } else if fp != scs {

@@ -8,7 +8,7 @@
 //! the ELF's symbol table.
 
 use crate::log::LogLine;
-use object::{Object, ObjectSymbol, SymbolKind};
+use object::{Object, ObjectSection, ObjectSymbol, SectionKind, SymbolKind};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -115,9 +115,21 @@ pub struct FunctionTable {
 impl FunctionTable {
     pub fn from_elf(elf: &[u8]) -> Option<Self> {
         let file = object::File::parse(elf).ok()?;
+        // Functions, and the untyped labels asm code defines in executable sections (the
+        // bench's probe targets, the boot code); not the `$x` mapping symbols.
+        let in_text = |symbol: &object::Symbol| {
+            symbol.section_index().and_then(|index| file.section_by_index(index).ok()).map(|section| section.kind())
+                == Some(SectionKind::Text)
+        };
         let mut functions: Vec<(u64, u64, String)> = file
             .symbols()
-            .filter(|symbol| symbol.kind() == SymbolKind::Text && symbol.is_definition())
+            .filter(|symbol| {
+                symbol.kind() == SymbolKind::Text
+                    || (symbol.kind() == SymbolKind::Unknown
+                        && in_text(symbol)
+                        && symbol.name().is_ok_and(|name| !name.is_empty() && !name.starts_with('$')))
+            })
+            .filter(|symbol| symbol.is_definition() || symbol.kind() == SymbolKind::Unknown)
             .filter_map(|symbol| {
                 let name = symbol.name().ok()?;
                 Some((symbol.address(), symbol.size(), format!("{:#}", rustc_demangle::demangle(name))))
