@@ -154,14 +154,15 @@ impl Cost {
     }
 }
 
-/// One named check and what was wrong, if anything.
+/// One named check and what was wrong, if anything (`note`: the figures behind a pass).
 struct Check {
     name: String,
     problem: Option<String>,
+    note: Option<String>,
 }
 
 fn check(name: impl Into<String>, problem: Option<String>) -> Check {
-    Check { name: name.into(), problem }
+    Check { name: name.into(), problem, note: None }
 }
 
 /// The lines of a block that starts with a line beginning `title` and continues with `  fp #N`.
@@ -361,7 +362,8 @@ fn check_run(
             }
             Some(_) => None,
         };
-        checks.push(check(name, problem));
+        let note = rows.get(&cost.key()).map(|row| format!("demo {}, bench {} {}", cost.value, row.value, row.unit));
+        checks.push(Check { note, ..check(name, problem) });
     }
     checks
 }
@@ -396,6 +398,12 @@ pub fn test(variants: &[BuildVariant], cpus: &[CpuVariant], boards: &[Board]) ->
         let suites = if variant == BuildVariant::Plain { "probes" } else { "stacktrace,probes" };
         let bench_args = format!("run=bench bench={suites} reps=1 clock=cycles icount=1 exit=semihosting {expect}");
         let bench = qemu::run(&machine, &image, &bench_args, timeout, false)?;
+        println!(
+            "demo checks [variant {}]: demo run {:.1} s, bench run ({suites}) {:.1} s",
+            variant.name(),
+            demo.elapsed.as_secs_f64(),
+            bench.elapsed.as_secs_f64()
+        );
         let mut checks = check_run(&demo.log, demo.status, &symbols, variant, &bench_rows(&bench.log));
         if bench.status != Some(0) {
             checks.push(check("demo's bench run", Some(format!("bench exited with {:?}", bench.status))));
@@ -405,7 +413,8 @@ pub fn test(variants: &[BuildVariant], cpus: &[CpuVariant], boards: &[Board]) ->
             let configuration = format!("{} variant {}", machine.describe(), variant.name());
             match &check.problem {
                 None => {
-                    println!("check [{}, {configuration}]: ok", check.name);
+                    let note = check.note.as_ref().map(|note| format!(" ({note})")).unwrap_or_default();
+                    println!("check [{}, {configuration}]: ok{note}", check.name);
                     passed += 1;
                 }
                 Some(problem) => {
