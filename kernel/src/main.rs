@@ -72,6 +72,9 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     task::user::init();
     let traceable = ftrace::init();
 
+    if cmdline.run == cmdline::Run::Demo {
+        demo::heading("banner");
+    }
     defmt::info!(
         "tracelab {=str} (variant {=str}, board {=str}, SoC {=str}, model {=str})",
         env!("CARGO_PKG_VERSION"),

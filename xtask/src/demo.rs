@@ -62,8 +62,12 @@ impl Presenter {
             };
             let unit = if cost.unit == "ns" { "virtual ns (TCG emulation time, not hardware)" } else { &cost.unit };
             return vec![format!(
-                "  cost: {} {} {}: {:.1} {unit} {what} (bench row {} {} {} {})",
-                cost.suite, cost.case, cost.params, cost.value, cost.suite, cost.case, cost.params, cost.metric
+                "  cost: {} {unit} {what}   [bench row: {} {} {} {}]",
+                figure(cost.value),
+                cost.suite,
+                cost.case,
+                cost.params,
+                cost.metric
             )];
         }
         if text.starts_with("demo: kprobe ") || text.starts_with("demo: kretprobe ") {
@@ -95,6 +99,11 @@ impl Presenter {
         }
         lines
     }
+}
+
+/// A measured figure: whole numbers as they are, others to one decimal.
+fn figure(value: f64) -> String {
+    if value.fract() == 0.0 { format!("{value}") } else { format!("{value:.1}") }
 }
 
 /// `FUNCTION+0xOFFSET` for a return address or PC.

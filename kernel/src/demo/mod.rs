@@ -48,7 +48,7 @@ pub fn run(options: &Options) {
     defmt::info!("demo: done");
 }
 
-fn heading(title: &str) {
+pub fn heading(title: &str) {
     defmt::info!("demo: == {=str} ==", title);
 }
 
