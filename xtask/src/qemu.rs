@@ -436,6 +436,9 @@ pub fn run_interactive(args: &QemuArgs) -> Result<u8, Failure> {
         dtb: None,
     };
     machine.validate()?;
+    if args.filter.is_some() && !matches!(args.run, RunMode::Test | RunMode::Bench) {
+        return Err(Failure::usage("--filter selects tests (--run test) or bench suites (--run bench)"));
+    }
     for spec in args.kprobes.iter().chain(&args.kretprobes) {
         if spec.split_whitespace().count() != 1 || !spec.contains(':') {
             return Err(Failure::usage(format!("--kprobe/--kretprobe {spec:?}: expected SYMBOL[+OFFSET]:METHOD")));
