@@ -377,6 +377,63 @@ fn check_run(
     checks
 }
 
+/// What the boot-probe checks probe: the demo calls `heading` once per heading it prints and
+/// `depot_statistics` once, in every variant.
+const BOOT_PROBED: &str = "kernel::demo::depot_statistics";
+const BOOT_PROBED_HEADING: &str = "kernel::demo::heading";
+
+/// `kprobe=`/`kretprobe=` from the command line: a kprobe reports as many hits as the function
+/// printed headings, a kretprobe on a function called once 1 hit, each with a cost; an unknown
+/// symbol and an offset off an instruction boundary each give one line with the reason, and the
+/// run still ends well.
+fn boot_probe_checks(machine: &Machine, image: &build::KernelImage, expect: &str) -> Result<Vec<Check>, Failure> {
+    let bootargs = format!(
+        "run=demo icount=1 exit=semihosting {expect} kprobe={BOOT_PROBED_HEADING}:brk-step \
+         kretprobe={BOOT_PROBED}:brk-step kprobe=no::such::function:simulate kprobe={BOOT_PROBED}+2:detour"
+    );
+    let run = qemu::run(machine, image, &bootargs, Some(Duration::from_secs(120)), false)?;
+    let texts: Vec<&str> = run.log.iter().map(|line| line.text.as_str()).collect();
+    let line_for = |prefix: String| texts.iter().find(|text| text.starts_with(&prefix)).copied();
+    let counted = |kind: &str, function: &str, method: &str, hits: usize| {
+        let prefix = format!("{kind}={function}:{method}: ");
+        match line_for(prefix.clone()) {
+            Some(line) if line.starts_with(&format!("{prefix}{hits} hits, 0 missed; a {method} hit costs ")) => None,
+            other => Some(format!("expected {hits} hits: {other:?}")),
+        }
+    };
+    // Headings printed once the probe was registered (the banner's comes before).
+    let registered = format!("kprobe={BOOT_PROBED_HEADING}:brk-step: registered");
+    let headings = texts
+        .iter()
+        .skip_while(|text| !text.starts_with(&registered))
+        .filter(|text| text.starts_with("demo: == "))
+        .count();
+    let refused = |spec: &str, reason: &str| match line_for(format!("kprobe={spec}: not registered: ")) {
+        Some(line) if line.ends_with(reason) => None,
+        other => Some(format!("{other:?}")),
+    };
+    let ended = (run.status != Some(0) || !texts.contains(&"demo: done")).then(|| format!("status {:?}", run.status));
+    Ok(vec![
+        check(
+            "boot kprobe=: one hit per call and its cost",
+            counted("kprobe", BOOT_PROBED_HEADING, "brk-step", headings),
+        ),
+        check(
+            "boot kretprobe= on a function called once: 1 hit and its cost",
+            counted("kretprobe", BOOT_PROBED, "brk-step", 1),
+        ),
+        check(
+            "boot kprobe= on an unknown symbol says why",
+            refused("no::such::function:simulate", "no such function in the kernel's symbol table"),
+        ),
+        check(
+            "boot kprobe= off an instruction boundary says why",
+            refused(&format!("{BOOT_PROBED}+2:detour"), "(A64 instructions are 4 bytes)"),
+        ),
+        check("boot probes: a refused request does not stop the run", ended),
+    ])
+}
+
 /// The bench rows of a run's log.
 fn bench_rows(log: &[LogLine]) -> Vec<Cost> {
     log.iter().filter_map(|line| line.text.strip_prefix("bench row: ")).filter_map(Cost::parse).collect()
@@ -417,6 +474,7 @@ pub fn test(variants: &[BuildVariant], cpus: &[CpuVariant], boards: &[Board]) ->
         if bench.status != Some(0) {
             checks.push(check("demo's bench run", Some(format!("bench exited with {:?}", bench.status))));
         }
+        checks.extend(boot_probe_checks(&machine, &image, &expect)?);
         let mut any_failed = false;
         for check in &checks {
             let configuration = format!("{} variant {}", machine.describe(), variant.name());
