@@ -396,7 +396,8 @@ fn boot_probe_checks(machine: &Machine, image: &build::KernelImage, expect: &str
     let line_for = |prefix: String| texts.iter().find(|text| text.starts_with(&prefix)).copied();
     let counted = |kind: &str, function: &str, method: &str, hits: usize| {
         let prefix = format!("{kind}={function}:{method}: ");
-        match line_for(prefix.clone()) {
+        // The end-of-run line, not the registration line.
+        match texts.iter().find(|text| text.starts_with(&prefix) && text.contains(" hits, ")) {
             Some(line) if line.starts_with(&format!("{prefix}{hits} hits, 0 missed; a {method} hit costs ")) => None,
             other => Some(format!("expected {hits} hits: {other:?}")),
         }
