@@ -70,6 +70,11 @@ impl Presenter {
                 cost.metric
             )];
         }
+        if let Some(rest) = text.strip_prefix("demo: kprobe target ")
+            && let Some(target) = rest.split_whitespace().next().and_then(hex)
+        {
+            return vec![format!("{line}  [{}]", describe(symbols, target))];
+        }
         if text.starts_with("demo: kprobe ") || text.starts_with("demo: kretprobe ") {
             let names: Vec<String> = ["pc=", "lr=", "to="]
                 .iter()
