@@ -52,7 +52,11 @@ impl Presenter {
             let Some((index, fp, scs)) = stack_row(row) else { return vec![line.to_string()] };
             let describe = |address: u64| if address == 0 { "-".to_string() } else { describe(symbols, address) };
             let mark = if fp == scs { "" } else { "   <- differs" };
-            return vec![format!("  #{index:<2} {:<52} {}{mark}", describe(fp), describe(scs))];
+            let row = format!("  #{index:<2} {:<58} {}{mark}", describe(fp), describe(scs));
+            if index == 0 {
+                return vec![format!("      {:<58} {}", "frame records (x29 chain)", "shadow call stack (x18)"), row];
+            }
+            return vec![row];
         }
         if let Some(cost) = text.strip_prefix("demo cost: ").and_then(Cost::parse) {
             let what = match cost.metric.as_str() {
@@ -111,10 +115,11 @@ fn figure(value: f64) -> String {
     if value.fract() == 0.0 { format!("{value}") } else { format!("{value:.1}") }
 }
 
-/// `FUNCTION+0xOFFSET` for a return address or PC.
+/// `FUNCTION+0xOFFSET/0xSIZE` (Linux's backtrace form) for a return address or PC.
 fn describe(symbols: &FunctionTable, address: u64) -> String {
-    match symbols.start_of(address) {
-        Some((start, name)) => format!("{name}+{:#x}", address - start),
+    match symbols.extent(address) {
+        Some((start, end, name)) if end != u64::MAX => format!("{name}+{:#x}/{:#x}", address - start, end - start),
+        Some((start, _, name)) => format!("{name}+{:#x}", address - start),
         None => format!("{address:#x}"),
     }
 }
@@ -583,9 +588,10 @@ mod tests {
     #[test]
     fn side_by_side_rows_are_symbolized() {
         let mut presenter = Presenter { symbols: Some(symbols()), rings: RingReader::default() };
+        assert_eq!(presenter.present(&line("demo: stacks #0 fp=0x1104 scs=0x1104")).len(), 2);
         let shown = presenter.present(&line("demo: stacks #1 fp=0x1208 scs=0x1208"));
         assert_eq!(shown.len(), 1);
-        assert!(shown[0].contains("kernel::demo::stacks::outer+0x8"), "{}", shown[0]);
+        assert!(shown[0].contains("kernel::demo::stacks::outer+0x8/0x100"), "{}", shown[0]);
         assert!(!shown[0].contains("differs"));
     }
 }

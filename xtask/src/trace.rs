@@ -157,14 +157,14 @@ impl FunctionTable {
 
     /// The function whose code holds `address`.
     pub fn containing(&self, address: u64) -> Option<&str> {
-        self.start_of(address).map(|(_, name)| name)
+        self.extent(address).map(|(_, _, name)| name)
     }
 
-    /// The start and name of the function whose code holds `address`.
-    pub fn start_of(&self, address: u64) -> Option<(u64, &str)> {
+    /// The start, end and name of the function whose code holds `address`.
+    pub fn extent(&self, address: u64) -> Option<(u64, u64, &str)> {
         let index = self.functions.partition_point(|(start, _, _)| *start <= address).checked_sub(1)?;
         let (start, end, name) = &self.functions[index];
-        (address < *end).then_some((*start, name.as_str()))
+        (address < *end).then_some((*start, *end, name.as_str()))
     }
 
     /// The function a record's `ip` is the entry of (the trampoline passes the symbol address).
