@@ -66,7 +66,9 @@ impl Presenter {
             };
             let unit = if cost.unit == "ns" { "virtual ns (TCG emulation time, not hardware)" } else { &cost.unit };
             return vec![format!(
-                "  cost: {} {unit} {what}   [bench row: {} {} {} {}]",
+                "  cost: {} {}: {} {unit} {what}   [bench row {} {} {} {}]",
+                cost.case,
+                cost.params,
                 figure(cost.value),
                 cost.suite,
                 cost.case,
