@@ -103,6 +103,9 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
         let image = build::kernel(Board::Virt, BuildVariant::Full)?;
         failure_paths(&image, &mut tally)?;
         bench_harness(&build::kernel(Board::Virt, BuildVariant::Prod)?, &mut tally)?;
+        let (passed, failed) = crate::demo::test(&args.variants, &args.cpus, &args.boards)?;
+        tally.passed += passed;
+        tally.failed += failed;
     }
     println!("{} passed, {} failed, {} skipped", tally.passed, tally.failed, tally.skipped);
     if timed_out {
