@@ -4,7 +4,8 @@
 //! `expect-pauth=QARMA5|QARMA3|IMPDEF|none` (what xtask knows the CPU variant has);
 //! benchmarks: `run=bench bench=SUITE,... reps=N clock=cycles|ns icount=0|1`;
 //! function tracing from boot: `ftrace=PATTERN ftrace-scheme=list|call-ops|vector`; the sanitizer
-//! heap: `tag-seed=N` (decimal or 0x-hex: the tag generator's seed), `kasan=panic|recover`.
+//! heap: `tag-seed=N` (decimal or 0x-hex: the tag generator's seed), `kasan=panic|recover`;
+//! probes from boot: `kprobe=SYMBOL[+OFFSET]:METHOD`, `kretprobe=SYMBOL:METHOD` (repeatable).
 //! The keys are `protocol::cmdline`'s, which xtask spells too.
 
 use protocol::cmdline as key;
@@ -44,6 +45,8 @@ pub struct CommandLine {
     pub tag_seed: u32,
     /// Continue after a KASAN report instead of stopping (`kasan=recover`).
     pub kasan_recover: bool,
+    /// `kprobe=`/`kretprobe=` requests, registered at boot (demo/boot_probes.rs).
+    pub boot_probes: crate::demo::boot_probes::Requests,
 }
 
 impl CommandLine {
@@ -62,6 +65,7 @@ impl CommandLine {
             ftrace_scheme: crate::ftrace::Scheme::CallOps,
             tag_seed: crate::mm::kasan::shadow::DEFAULT_SEED,
             kasan_recover: false,
+            boot_probes: crate::demo::boot_probes::Requests::new(),
         };
         for word in bootargs.split_whitespace() {
             let (key, value) = word.split_once('=').unwrap_or((word, ""));
@@ -96,6 +100,8 @@ impl CommandLine {
                 (key::EXIT, "semihosting") => line.semihosting = true,
                 (key::EXIT, "park") => line.semihosting = false,
                 (key::EXPECT_PAUTH, name) => line.expect_pauth = Some(name),
+                (key::KPROBE, spec) => line.boot_probes.push(crate::demo::boot_probes::Kind::Kprobe, spec),
+                (key::KRETPROBE, spec) => line.boot_probes.push(crate::demo::boot_probes::Kind::Kretprobe, spec),
                 (key::FTRACE, pattern) => line.ftrace = Some(pattern),
                 (key::FTRACE_SCHEME, "list") => line.ftrace_scheme = crate::ftrace::Scheme::List,
                 (key::FTRACE_SCHEME, "call-ops") => line.ftrace_scheme = crate::ftrace::Scheme::CallOps,

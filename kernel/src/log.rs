@@ -1,4 +1,4 @@
-//! The defmt global logger: rzCOBS-framed defmt records on the console PL011.
+//! The defmt global logger: rzCOBS-framed, timestamped defmt records on the console PL011.
 //!
 //! xtask decodes the stream with the kernel ELF. A record begun while another is being written
 //! (an exception or panic inside a log call) first closes the interrupted frame with a 0x00
@@ -48,6 +48,16 @@ pub fn drain() {
     if let Some(Some(uart)) = CONSOLE.try_lock().as_deref() {
         uart.drain();
     }
+}
+
+// Every record carries the time since boot, as dmesg's `[    0.001234]`: the virtual counter in
+// microseconds (xtask prints it before the line).
+defmt::timestamp!("{=u64:us}", microseconds_since_boot());
+
+#[unsafe(link_section = ".text.noprobe")]
+fn microseconds_since_boot() -> u64 {
+    let frequency = crate::drivers::timer::frequency().max(1);
+    (u128::from(crate::drivers::timer::counter()) * 1_000_000 / u128::from(frequency)) as u64
 }
 
 #[defmt::global_logger]

@@ -12,6 +12,7 @@ mod arch;
 mod bench;
 mod board;
 mod cmdline;
+mod demo;
 mod drivers;
 mod dt;
 mod ftrace;
@@ -67,6 +68,9 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     task::user::init();
     let traceable = ftrace::init();
 
+    if cmdline.run == cmdline::Run::Demo {
+        demo::heading("banner");
+    }
     defmt::info!(
         "tracelab {=str} (variant {=str}, board {=str}, SoC {=str}, model {=str})",
         env!("CARGO_PKG_VERSION"),
@@ -115,20 +119,24 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
         layout.tables_used
     );
     cpu::enable_interrupts();
+    demo::boot_probes::register_all(&cmdline.boot_probes);
     let boot_tracer =
         cmdline.ftrace.and_then(|pattern| ftrace::tracers::trace_from_boot(pattern, cmdline.ftrace_scheme));
 
     match cmdline.run {
         cmdline::Run::Demo => {
-            defmt::info!("demo: nothing else to show yet; `cargo xtask test` runs the kernel tests");
+            demo::run(&demo::Options { icount: cmdline.icount, boot_trace: boot_tracer.and(cmdline.ftrace) });
             if let Some(tracer) = boot_tracer {
                 ftrace::tracers::stop_boot_trace(tracer);
             }
+            demo::boot_probes::report(cmdline.icount);
             exit(ExitStatus::Success)
         }
         cmdline::Run::Bench => {
             let plan = bench::Plan { clock: cmdline.bench_clock, icount: cmdline.icount, reps: cmdline.bench_reps };
-            match bench::run(cmdline.bench_suites, &plan) {
+            let result = bench::run(cmdline.bench_suites, &plan);
+            demo::boot_probes::report(cmdline.icount);
+            match result {
                 Ok(()) => exit(ExitStatus::Success),
                 Err(_) => exit(ExitStatus::TestsFailed),
             }
@@ -167,6 +175,7 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
             if let Some(tracer) = boot_tracer {
                 ftrace::tracers::stop_boot_trace(tracer);
             }
+            demo::boot_probes::report(cmdline.icount);
             exit(if summary.failed == 0 { ExitStatus::Success } else { ExitStatus::TestsFailed })
         }
     }

@@ -8,11 +8,16 @@ use std::fmt;
 pub struct LogLine {
     pub level: Option<defmt_parser::Level>,
     pub text: String,
+    /// Seconds since boot (`0.001234`), printed before the line as dmesg does.
+    pub timestamp: Option<String>,
 }
 
 impl fmt::Display for LogLine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use defmt_parser::Level;
+        if let Some(timestamp) = &self.timestamp {
+            write!(f, "[{timestamp:>12}] ")?;
+        }
         match self.level {
             Some(Level::Warn) => write!(f, "WARN  {}", self.text),
             Some(Level::Error) => write!(f, "ERROR {}", self.text),
@@ -122,12 +127,15 @@ impl KernelLog {
                     let text = frame.display_message().to_string();
                     let text =
                         self.symbolizer.as_ref().and_then(|symbolizer| symbolizer.annotate(&text)).unwrap_or(text);
-                    new.push(LogLine { level: frame.level(), text })
+                    let timestamp = frame.display_timestamp().map(|timestamp| timestamp.to_string());
+                    new.push(LogLine { level: frame.level(), text, timestamp })
                 }
                 Err(DecodeError::UnexpectedEof) => break,
-                Err(DecodeError::Malformed) if self.table.encoding().can_recover() => {
-                    new.push(LogLine { level: None, text: "[xtask: malformed defmt frame skipped]".into() })
-                }
+                Err(DecodeError::Malformed) if self.table.encoding().can_recover() => new.push(LogLine {
+                    level: None,
+                    text: "[xtask: malformed defmt frame skipped]".into(),
+                    timestamp: None,
+                }),
                 Err(DecodeError::Malformed) => break,
             }
         }

@@ -6,6 +6,7 @@
 mod bench;
 mod bootfiles;
 mod build;
+mod demo;
 mod flash;
 mod ksyms;
 mod lint;
@@ -14,6 +15,7 @@ mod qemu;
 mod sdimage;
 mod serial;
 mod test;
+mod trace;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

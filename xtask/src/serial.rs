@@ -40,6 +40,8 @@ pub fn read_run(
 ) -> Result<SerialRun, Failure> {
     let elf = std::fs::read(elf_path).map_err(|error| Failure::usage(format!("{}: {error}", elf_path.display())))?;
     let mut log = KernelLog::with_symbols(&elf, elf_path)?;
+    // Demo lines rendered, the function tracer's ring written to target/trace/ (as for QEMU).
+    let mut presenter = echo.then(|| crate::demo::Presenter::new(&elf));
     let (sender, receiver) = std::sync::mpsc::channel::<Vec<u8>>();
     // The reader thread blocks in read(); it ends with the stream (or with the process).
     std::thread::spawn(move || {
@@ -61,8 +63,8 @@ pub fn read_run(
         match receiver.recv_timeout(wait.min(Duration::from_millis(200))) {
             Ok(bytes) => {
                 for line in log.feed(&bytes) {
-                    if echo {
-                        println!("{line}");
+                    if let Some(presenter) = presenter.as_mut() {
+                        presenter.present(&line).iter().for_each(|text| println!("{text}"));
                     }
                     status = status.or(exit_sentinel(&line.text));
                 }

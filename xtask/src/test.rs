@@ -105,6 +105,9 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
         let prod = build::kernel(Board::Virt, BuildVariant::Prod)?;
         bench_harness(&prod, &mut tally)?;
         report_check(&mut tally, "icount regression gate", crate::bench::gate::check(&prod)?.as_ref());
+        let (passed, failed) = crate::demo::test(&args.variants, &args.cpus, &args.boards)?;
+        tally.passed += passed;
+        tally.failed += failed;
     }
     println!("{} passed, {} failed, {} skipped", tally.passed, tally.failed, tally.skipped);
     if timed_out {

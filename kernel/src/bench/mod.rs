@@ -9,8 +9,8 @@ mod baseline;
 mod depot;
 mod ftrace;
 mod kasan_boot;
-mod probes;
-mod stacktrace;
+pub(crate) mod probes;
+pub(crate) mod stacktrace;
 
 use crate::arch::{counters, cpu};
 use protocol::suite;

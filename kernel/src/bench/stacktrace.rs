@@ -43,11 +43,21 @@ fn nothing(_mode: Mode, _depth: usize, _depot: bool) {
     black_box(());
 }
 
+/// What one trace of `depth` entries costs at the caller's point: N traces minus the same loop
+/// calling an empty function, per trace. The demo measures its point with this too.
+pub(crate) fn per_trace(plan: &Plan, mode: Mode, depth: usize, depot: bool) -> f64 {
+    let iterations: u64 = if plan.icount { 1_000 } else { 20_000 };
+    let body = black_box(trace_once as fn(Mode, usize, bool));
+    let empty = black_box(nothing as fn(Mode, usize, bool));
+    let alone = plan.measure(|| (0..iterations).for_each(|_| empty(mode, depth, depot)));
+    let cost = plan.measure(|| (0..iterations).for_each(|_| body(mode, depth, depot)));
+    (cost as f64 - alone as f64) / iterations as f64
+}
+
 pub fn run(plan: &Plan) {
     if !crate::SHADOW_CALL_STACK {
         defmt::warn!("bench stacktrace: variant without a shadow call stack, scs cases skipped");
     }
-    let iterations: u64 = if plan.icount { 1_000 } else { 20_000 };
     for _ in 0..plan.reps {
         for depth in DEPTHS {
             let params = Label::new(format_args!("depth={depth}"));
@@ -57,13 +67,7 @@ pub fn run(plan: &Plan) {
                     continue;
                 }
                 let mut result = 0.0;
-                recurse(depth, &mut || {
-                    let body = black_box(trace_once as fn(Mode, usize, bool));
-                    let empty = black_box(nothing as fn(Mode, usize, bool));
-                    let alone = plan.measure(|| (0..iterations).for_each(|_| empty(mode, depth, depot)));
-                    let cost = plan.measure(|| (0..iterations).for_each(|_| body(mode, depth, depot)));
-                    result = (cost as f64 - alone as f64) / iterations as f64;
-                });
+                recurse(depth, &mut || result = per_trace(plan, mode, depth, depot));
                 row("stacktrace", case, params, "per_trace", plan.unit(), result);
             }
         }

@@ -1,5 +1,5 @@
 //! The tracers: a counting tracer (the bench's relevant tracer) and a function tracer that
-//! records `(timestamp, ip, parent ip)` into a ring buffer for xtask to symbolize.
+//! records `(timestamp, ip, parent ip)` into a ring buffer, streamed whole to xtask.
 //!
 //! Both run inside the trampoline with IRQs masked and the CPU's recursion guard held, so a
 //! per-CPU counter or ring slot needs no atomic read-modify-write: only this CPU writes it.
@@ -103,22 +103,34 @@ impl FunctionTracer {
         })
     }
 
-    /// Prints the last `count` records as `ftrace #N t=TICKS ip=0x.. parent=0x..` lines, which
-    /// xtask symbolizes (`function <- caller`).
-    pub fn dump(&self, count: u64) {
-        let kept = self.written().min(RING as u64);
-        defmt::info!("ftrace: {=u64} calls recorded, last {=u64}:", self.written(), count.min(kept));
-        for index in kept.saturating_sub(count)..kept {
+    /// Streams every record still in the ring, oldest first, for xtask to write as Linux's
+    /// `trace` file and as Chrome/Perfetto JSON (xtask/src/trace.rs): a header line
+    /// `ftrace ring: KEPT of WRITTEN calls, HZ Hz, cpu 0, task NAME-ID`, one
+    /// `ftrace record: TIMESTAMP IP PARENT` line per record (raw: xtask symbolizes), then
+    /// `ftrace ring end`. Over the log, so it works on a serial line (no semihosting files).
+    /// `task` is the one task that ran the traced window, or `<...>-0` when that is not known:
+    /// a record holds no task, which would lengthen every traced call. Call with the tracer off.
+    pub fn stream(&self, task: &str) {
+        let written = self.written();
+        let kept = written.min(RING as u64);
+        defmt::info!(
+            "ftrace ring: {=u64} of {=u64} calls, {=u64} Hz, cpu 0, task {=str}",
+            kept,
+            written,
+            crate::drivers::timer::frequency(),
+            task
+        );
+        for index in 0..kept {
             if let Some(record) = self.get(index) {
                 defmt::info!(
-                    "ftrace #{=u64} t={=u64} ip={=u64:#x} parent={=u64:#x}",
-                    index,
+                    "ftrace record: {=u64} {=u64:#x} {=u64:#x}",
                     record.timestamp,
                     record.ip,
                     record.parent_ip
                 );
             }
         }
+        defmt::info!("ftrace ring end");
     }
 }
 
@@ -142,10 +154,14 @@ pub fn trace_from_boot(pattern: &str, scheme: super::Scheme) -> Option<ftrace::T
     }
 }
 
-/// Stops the boot tracer and dumps its last records.
+/// Stops the boot tracer and streams its whole ring.
 pub fn stop_boot_trace(tracer: ftrace::TracerId) {
     match super::unregister(tracer) {
-        Ok(_) => FUNCTION_TRACER.dump(16),
+        Ok(_) => {
+            defmt::info!("ftrace: {=u64} calls recorded", FUNCTION_TRACER.written());
+            // Tasks switched while tracing from boot: the ring cannot say which ran a call.
+            FUNCTION_TRACER.stream("<...>-0");
+        }
         Err(error) => defmt::error!("ftrace: cannot stop the boot tracer: {}", error),
     }
     defmt::info!("ftrace: {=u64} recursive calls skipped by the guard", super::recursions());
