@@ -50,6 +50,19 @@ pub fn drain() {
     }
 }
 
+// Every record carries the time since the counter started, shown like dmesg's `[    1.234567]`.
+defmt::timestamp!("{=u64:us}", uptime_us());
+
+/// Microseconds of CNTVCT_EL0 (0 while its frequency reads 0, as it may before firmware sets it).
+#[unsafe(link_section = ".text.noprobe")]
+fn uptime_us() -> u64 {
+    let (count, frequency) = (crate::drivers::timer::counter(), crate::drivers::timer::frequency());
+    if frequency == 0 {
+        return 0;
+    }
+    count / frequency * 1_000_000 + count % frequency * 1_000_000 / frequency
+}
+
 #[defmt::global_logger]
 struct Logger;
 
