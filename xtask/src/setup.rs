@@ -26,6 +26,10 @@ pub struct SetupArgs {
     /// Do not fetch the Raspberry Pi 4 boot files (only `--board rpi4` needs them).
     #[arg(long)]
     pub no_boot_files: bool,
+    /// With --dry-run: plan from the apt sources under this directory (laid out like
+    /// /etc/apt) instead of the machine's, as if QEMU were missing.
+    #[arg(long, requires = "dry_run")]
+    pub apt_dir: Option<std::path::PathBuf>,
 }
 
 /// `cargo xtask setup`: QEMU, then the Pi 4 boot files.
@@ -38,7 +42,10 @@ pub fn run(args: &SetupArgs) -> Result<u8, Failure> {
         Some((_, version)) => eprintln!("xtask: qemu-system-aarch64 {version} is too old (>= {MIN_QEMU_MAJOR} needed)"),
         None => eprintln!("xtask: qemu-system-aarch64 is not installed"),
     }
-    let host = Host::probe();
+    let mut host = Host::probe();
+    if let Some(apt_dir) = &args.apt_dir {
+        host.apt_sources = read_apt_sources(apt_dir);
+    }
     if args.dry_run {
         match qemu_plan(&host) {
             Ok(plan) => {
