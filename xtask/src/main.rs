@@ -37,8 +37,8 @@ struct Cli {
 enum Command {
     /// Build the kernel, boot it in QEMU and stream its decoded log; exits with the kernel's status.
     Qemu(qemu::QemuArgs),
-    /// Host crate tests, then the kernel test suite in QEMU across CPU variants, entry levels
-    /// and build variants. Ends with `N passed, N failed`.
+    /// Host crate tests, then the kernel test suite in QEMU across build variants, CPU variants,
+    /// entry levels and GICs (the default set; `--matrix` for all). Ends with `N passed, N failed`.
     Test(test::TestArgs),
     /// Benchmark suites in QEMU per CPU variant and mode: results.json, report.md, SVG charts.
     Bench(bench::BenchArgs),

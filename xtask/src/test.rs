@@ -131,7 +131,7 @@ impl Selection {
         if self.boards.contains(&Board::Virt) {
             let levels = self.levels.iter().map(|(el, gic)| format!("EL{el}/GICv{gic}")).collect::<Vec<_>>().join(", ");
             eprintln!(
-                "  virt: variants {variants} x CPUs {} x {levels} ({} runs)",
+                "  virt: variants {variants} x CPUs {} x {levels} ({} QEMU runs)",
                 names(&self.cpus),
                 self.variants.len() * self.cpus.len() * self.levels.len()
             );
