@@ -38,18 +38,30 @@ fn open_error(path: &Path, error: &serialport::Error) -> String {
     if !denied {
         return format!("{}: {error}", path.display());
     }
-    let group = device_group(path).unwrap_or_else(|| "dialout".into());
-    format!(
-        "{}: permission denied; add yourself to its group with `sudo usermod -aG {group} $USER` and log in \
-         again (or run once with sudo)",
-        path.display()
-    )
+    match device_group(path) {
+        Some(group) => format!(
+            "{}: permission denied; add yourself to its group with `sudo usermod -aG {group} $USER` and log \
+             in again (or run once with sudo)",
+            path.display()
+        ),
+        None => format!(
+            "{}: permission denied, and its group may not open it either; run with sudo, or let your \
+             user open it (a udev rule for the adapter, or `sudo chmod a+rw {}` until it is unplugged)",
+            path.display(),
+            path.display()
+        ),
+    }
 }
 
-/// The name of the group owning the device file (often `dialout` or `uucp`).
+/// The name of the group owning the device file (often `dialout` or `uucp`), when that group
+/// may read and write it and is not root's.
 fn device_group(path: &Path) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
-    let gid = std::fs::metadata(path).ok()?.gid().to_string();
+    let metadata = std::fs::metadata(path).ok()?;
+    if metadata.mode() & 0o060 != 0o060 || metadata.gid() == 0 {
+        return None;
+    }
+    let gid = metadata.gid().to_string();
     let groups = std::fs::read_to_string("/etc/group").ok()?;
     groups.lines().find_map(|line| {
         let mut fields = line.split(':');
