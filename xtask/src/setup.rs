@@ -115,6 +115,10 @@ pub fn ensure_qemu() -> Result<(), Failure> {
             let _ = CHECKED.set(());
             Ok(())
         }
+        Some((_, version)) if status.success() => Err(Failure::usage(format!(
+            "the package manager installed QEMU {version}, older than {MIN_QEMU_MAJOR}: install QEMU \
+             {MIN_QEMU_MAJOR} from your distribution's backports or from source"
+        ))),
         _ => Err(Failure::usage(format!("installing QEMU failed; the command was: {}", plan.command))),
     }
 }
