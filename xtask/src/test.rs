@@ -490,6 +490,9 @@ fn run_configuration(
     if passed + failed + skipped == 0 {
         problems.push("no test ran".into());
     }
+    if let Err(problem) = timestamps_run_forward(&result.log) {
+        problems.push(problem);
+    }
     // The KTAP lines say the same as the result lines, so KTAP parsers see what xtask counts.
     if done && let Err(problem) = ktap.agrees_with(passed, failed, skipped) {
         problems.push(format!("KTAP output: {problem}"));
@@ -529,6 +532,27 @@ fn run_configuration(
         }
     }
     Ok(ConfigurationRun { timed_out: result.status.is_none(), unmatched: false })
+}
+
+/// Every record carries the counter's time (`S.UUUUUU`), and it never runs backwards.
+fn timestamps_run_forward(log: &[crate::log::LogLine]) -> Result<(), String> {
+    let microseconds = |text: &str| -> Option<u64> {
+        let (seconds, micros) = text.split_once('.')?;
+        Some(seconds.parse::<u64>().ok()? * 1_000_000 + micros.parse::<u64>().ok()?)
+    };
+    let mut previous = 0;
+    for line in log.iter().filter(|line| line.level.is_some()) {
+        let time = line
+            .timestamp
+            .as_deref()
+            .and_then(microseconds)
+            .ok_or_else(|| format!("log line without a timestamp: {line}"))?;
+        if time < previous {
+            return Err(format!("timestamp runs backwards at: {line}"));
+        }
+        previous = time;
+    }
+    Ok(())
 }
 
 /// The kernel's KTAP lines: `KTAP version 1`, the plan `1..N`, `ok N NAME [# SKIP REASON]`,
@@ -608,6 +632,22 @@ mod tests {
     const RUN: &str = "banner\nKTAP version 1\n1..3\ntest start: a\ntest ok: a\nok 1 a\n\
                        test skipped: b c (no SCS in plain)\nok 2 b c # SKIP no SCS in plain\n\
                        ERROR test FAILED: d\nnot ok 3 d\ntests done: 1 passed, 1 failed, 1 skipped";
+
+    #[test]
+    fn timestamps_must_be_present_and_forward() {
+        let line = |timestamp: Option<&str>| crate::log::LogLine {
+            level: Some(defmt_parser::Level::Info),
+            timestamp: timestamp.map(str::to_string),
+            text: "x".into(),
+        };
+        assert_eq!(timestamps_run_forward(&[line(Some("0.000900")), line(Some("1.000001"))]), Ok(()));
+        assert!(
+            timestamps_run_forward(&[line(Some("1.000001")), line(Some("0.999999"))])
+                .unwrap_err()
+                .contains("backwards")
+        );
+        assert!(timestamps_run_forward(&[line(None)]).unwrap_err().contains("without a timestamp"));
+    }
 
     #[test]
     fn ktap_lines_are_parsed() {
