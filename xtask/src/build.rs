@@ -99,10 +99,11 @@ pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
 }
 
-/// Cargo's target directory: `CARGO_TARGET_DIR` (relative to the workspace root) or `target/`.
+/// Cargo's target directory: `CARGO_TARGET_DIR` (relative to the current directory, as cargo
+/// reads it) or `target/` at the workspace root.
 pub fn target_dir() -> PathBuf {
     match std::env::var_os("CARGO_TARGET_DIR").filter(|dir| !dir.is_empty()) {
-        Some(dir) => workspace_root().join(dir),
+        Some(dir) => std::env::current_dir().unwrap_or_else(|_| workspace_root()).join(dir),
         None => workspace_root().join("target"),
     }
 }
