@@ -50,14 +50,17 @@ pub fn drain() {
     }
 }
 
-// Every record carries the time since boot, as dmesg's `[    0.001234]`: the virtual counter in
-// microseconds (xtask prints it before the line).
-defmt::timestamp!("{=u64:us}", microseconds_since_boot());
+// Every record carries the time since the counter started, shown like dmesg's `[    1.234567]`.
+defmt::timestamp!("{=u64:us}", uptime_us());
 
+/// Microseconds of CNTVCT_EL0 (0 while its frequency reads 0, as it may before firmware sets it).
 #[unsafe(link_section = ".text.noprobe")]
-fn microseconds_since_boot() -> u64 {
-    let frequency = crate::drivers::timer::frequency().max(1);
-    (u128::from(crate::drivers::timer::counter()) * 1_000_000 / u128::from(frequency)) as u64
+fn uptime_us() -> u64 {
+    let (count, frequency) = (crate::drivers::timer::counter(), crate::drivers::timer::frequency());
+    if frequency == 0 {
+        return 0;
+    }
+    count / frequency * 1_000_000 + count % frequency * 1_000_000 / frequency
 }
 
 #[defmt::global_logger]

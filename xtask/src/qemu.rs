@@ -1,4 +1,4 @@
-//! QEMU: CPU variants, machine options, installation, and runs under a kill-on-drop timeout.
+//! QEMU: CPU variants, machine options, and runs under a kill-on-drop timeout.
 
 use crate::Failure;
 use crate::build::{self, Board, BuildVariant};
@@ -478,69 +478,5 @@ pub fn run_interactive(args: &QemuArgs) -> Result<u8, Failure> {
     }
 }
 
-const MIN_QEMU_MAJOR: u32 = 10;
-
-/// The installed QEMU's version (e.g. `10.0.2`), for result files.
-pub fn version() -> String {
-    installed_version().map(|(_, version)| version).unwrap_or_else(|| "unknown".into())
-}
-
-fn installed_version() -> Option<(u32, String)> {
-    let output = Command::new("qemu-system-aarch64").arg("--version").output().ok()?;
-    let text = String::from_utf8_lossy(&output.stdout);
-    let version = text.split_whitespace().skip_while(|word| *word != "version").nth(1)?.to_string();
-    let major = version.split('.').next()?.parse().ok()?;
-    Some((major, version))
-}
-
-/// Makes sure `qemu-system-aarch64` 10 or newer is there: installs it with apt (from
-/// bookworm-backports on Debian 12) when running as root, else says exactly what to run.
-pub fn ensure_installed() -> Result<(), Failure> {
-    static CHECKED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
-    if CHECKED.get().is_some() {
-        return Ok(());
-    }
-    if matches!(installed_version(), Some((major, _)) if major >= MIN_QEMU_MAJOR) {
-        let _ = CHECKED.set(());
-        return Ok(());
-    }
-    let codename = std::fs::read_to_string("/etc/os-release")
-        .ok()
-        .and_then(|text| text.lines().find_map(|line| line.strip_prefix("VERSION_CODENAME=").map(str::to_string)))
-        .unwrap_or_default();
-    let backports = codename == "bookworm";
-    let sources = "/etc/apt/sources.list.d/tracelab-bookworm-backports.sources";
-    let install = if backports {
-        "apt-get install -y -t bookworm-backports qemu-system-arm"
-    } else {
-        "apt-get install -y qemu-system-arm"
-    };
-    let manual = if backports {
-        format!(
-            "printf 'Types: deb\\nURIs: http://deb.debian.org/debian\\nSuites: bookworm-backports\\nComponents: main\\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\\n' > {sources} && apt-get update && {install}"
-        )
-    } else {
-        format!("apt-get update && {install}")
-    };
-    let is_root = Command::new("id").arg("-u").output().is_ok_and(|output| output.stdout.trim_ascii() == b"0");
-    let has_apt = Command::new("apt-get").arg("--version").output().is_ok();
-    if !(is_root && has_apt) {
-        return Err(Failure::usage(format!(
-            "qemu-system-aarch64 {MIN_QEMU_MAJOR} or newer is missing; install it with: {manual}"
-        )));
-    }
-    eprintln!("xtask: qemu-system-aarch64 >= {MIN_QEMU_MAJOR} missing, installing: {manual}");
-    let status = Command::new("sh")
-        .args(["-c", &manual])
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .stdout(Stdio::null())
-        .status()
-        .map_err(|error| Failure::usage(format!("cannot run sh: {error}")))?;
-    match installed_version() {
-        Some((major, _)) if status.success() && major >= MIN_QEMU_MAJOR => {
-            let _ = CHECKED.set(());
-            Ok(())
-        }
-        _ => Err(Failure::usage(format!("installing QEMU failed; run as root: {manual}"))),
-    }
-}
+// Installation lives with the rest of the host set-up.
+pub use crate::setup::{ensure_qemu as ensure_installed, qemu_version as version};
