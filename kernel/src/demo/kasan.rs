@@ -3,7 +3,7 @@
 //! `allocate_object`, `free_object` and `read_object` are the allocation, free and access sites
 //! xtask looks for in the report's stacks (`Allocated by`, `Freed by`, the faulting stack).
 
-use crate::mm::kasan::{abi as sanitizer, heap, report as kasan_report};
+use crate::mm::kasan::{self as sanitizer, heap, report as kasan_report};
 use core::hint::black_box;
 
 pub fn show() {
