@@ -53,21 +53,28 @@ pub struct Record {
 
 const RING: usize = 4096;
 
+/// One ring slot: a `Record` in relaxed atomics. A relaxed store is the same `str` as a plain
+/// one, and a reader racing the writer sees a mixed record at worst, never undefined behaviour.
+/// 32 bytes, not 24: atomics cannot pair into one `stp`, and a power-of-two stride (a shifted
+/// add, no multiply) wins that instruction back, so `record` stays as long as it was.
+#[repr(C, align(32))]
+struct Slot {
+    timestamp: AtomicU64,
+    ip: AtomicU64,
+    parent_ip: AtomicU64,
+}
+
 /// The function tracer: a ring of the last `RING` calls (per CPU; one CPU here).
 pub struct FunctionTracer {
     pub ops: Ops,
-    ring: core::cell::UnsafeCell<[Record; RING]>,
+    ring: [Slot; RING],
     /// Records written so far (the next slot is `written % RING`).
     written: AtomicU64,
 }
 
-// SAFETY: the ring is written only by `record`, on one CPU with IRQs masked and the recursion
-// guard held, and read by `last` after the tracer is unregistered (no writer left).
-unsafe impl Sync for FunctionTracer {}
-
 pub static FUNCTION_TRACER: FunctionTracer = FunctionTracer {
     ops: Ops { func: record, private: 0 },
-    ring: core::cell::UnsafeCell::new([Record { timestamp: 0, ip: 0, parent_ip: 0 }; RING]),
+    ring: [const { Slot { timestamp: AtomicU64::new(0), ip: AtomicU64::new(0), parent_ip: AtomicU64::new(0) } }; RING],
     written: AtomicU64::new(0),
 };
 
@@ -78,8 +85,12 @@ unsafe extern "C" fn record(ip: u64, parent_ip: u64, _: &Ops, _: &mut Regs) {
     let timestamp: u64;
     // SAFETY: reads the virtual counter; no memory access.
     unsafe { core::arch::asm!("mrs {}, cntvct_el0", out(reg) timestamp, options(nomem, nostack, preserves_flags)) };
-    // SAFETY: see the `Sync` impl: this CPU is the only writer and cannot be interrupted here.
-    unsafe { (*tracer.ring.get())[written as usize % RING] = Record { timestamp, ip, parent_ip } };
+    // Only this CPU writes the ring, with IRQs masked and the recursion guard held: plain relaxed
+    // stores, no read-modify-write; the release on `written` publishes the slot.
+    let slot = &tracer.ring[written as usize % RING];
+    slot.timestamp.store(timestamp, Ordering::Relaxed);
+    slot.ip.store(ip, Ordering::Relaxed);
+    slot.parent_ip.store(parent_ip, Ordering::Relaxed);
     tracer.written.store(written + 1, Ordering::Release);
 }
 
@@ -98,8 +109,12 @@ impl FunctionTracer {
         let written = self.written();
         let kept = written.min(RING as u64);
         (index < kept).then(|| {
-            // SAFETY: the caller unregistered the tracer, so nothing writes the ring.
-            unsafe { (*self.ring.get())[((written - kept + index) % RING as u64) as usize] }
+            let slot = &self.ring[((written - kept + index) % RING as u64) as usize];
+            Record {
+                timestamp: slot.timestamp.load(Ordering::Relaxed),
+                ip: slot.ip.load(Ordering::Relaxed),
+                parent_ip: slot.parent_ip.load(Ordering::Relaxed),
+            }
         })
     }
 

@@ -4,6 +4,7 @@
 use super::{Context, Outcome, Test, Verdict, check};
 use crate::arch::cpu;
 use crate::stacktrace::{self, Mode};
+use crate::sync::IrqMask;
 use crate::task::{self, KillReason, State};
 use crate::{drivers::timer, symbols::callsites};
 use core::hint::black_box;
@@ -343,10 +344,11 @@ fn traces_agree_in_irqs_at_random_points(context: &Context) -> Outcome {
         let (seed, depth) = (chain.seed, chain.depth);
         let delay = chain.random() % (timer::frequency() / 10_000);
         let deadline = timer::counter() + timer::frequency() / 10;
-        let daif = cpu::mask_interrupts();
-        stacktrace::arm_irq_capture();
-        timer::fire_in(delay);
-        cpu::restore_interrupts(daif);
+        {
+            let _mask = IrqMask::new();
+            stacktrace::arm_irq_capture();
+            timer::fire_in(delay);
+        }
         let capture = loop {
             chain.seed = seed;
             black_box(next(&mut chain, depth));
@@ -372,14 +374,13 @@ fn traces_agree_in_irqs_at_random_points(context: &Context) -> Outcome {
 /// Waits for the timer IRQ at a known instruction: the `wfi` below, after the frame is set up.
 #[inline(never)]
 fn wait_here() {
-    let daif = cpu::mask_interrupts();
+    let mask = IrqMask::new();
     stacktrace::arm_irq_capture();
     timer::fire_in(timer::frequency() / 10_000);
     // IRQs stay masked while waiting: the wfi completes when the IRQ is pending, then the IRQ
     // is taken right after, at a known PC (the instruction after the wfi).
     cpu::wait_for_interrupt();
-    cpu::restore_interrupts(daif);
-    black_box(daif);
+    drop(mask);
 }
 
 fn traces_agree_in_an_irq_at_a_known_point(_: &Context) -> Outcome {
