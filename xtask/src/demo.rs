@@ -196,11 +196,12 @@ fn report_block<'a>(log: &'a [LogLine], title: &str) -> Vec<&'a str> {
         .collect()
 }
 
-/// The functions the `fp #N 0x..` lines of a block return into.
+/// The functions the `fp #N ...` lines of a block return into. The return address is the line's
+/// one bare hex word: raw (`fp #N 0xADDR`) or symbolized (`fp #N FUNCTION+0xOFF/0xSIZE 0xADDR file:line`).
 fn block_functions(symbols: &FunctionTable, lines: &[&str]) -> Vec<String> {
     lines
         .iter()
-        .filter_map(|line| line.split_whitespace().nth(2).and_then(hex))
+        .filter_map(|line| line.split_whitespace().skip(2).find_map(hex))
         .map(|address| symbols.caller(address))
         .collect()
 }

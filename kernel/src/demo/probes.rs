@@ -9,9 +9,9 @@
 use super::cost;
 use crate::bench::probes::{bench_probe_loop_call, bench_probe_target_push, iterations, measure};
 use crate::bench::{Label, Plan};
+use crate::probes::uprobe as uprobes;
 use crate::probes::{self as kprobes, Method, Registers, kretprobe};
 use crate::task::user::{self, Options};
-use crate::probes::uprobe as uprobes;
 use core::sync::atomic::{AtomicU64, Ordering};
 
 /// The arguments of the single call: what the handler must see in x0..x2.
