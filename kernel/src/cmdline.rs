@@ -4,7 +4,8 @@
 //! `expect-pauth=QARMA5|QARMA3|IMPDEF|none` (what xtask knows the CPU variant has);
 //! benchmarks: `run=bench bench=SUITE,... reps=N clock=cycles|ns icount=0|1`;
 //! function tracing from boot: `ftrace=PATTERN ftrace-scheme=list|call-ops|vector`; the sanitizer
-//! heap: `tag-seed=N` (decimal or 0x-hex: the tag generator's seed), `kasan=panic|recover`.
+//! heap: `tag-seed=N` (decimal or 0x-hex: the tag generator's seed), `kasan=panic|recover`,
+//! `kasan.stack_sample=N` (collect one allocation stack in N, N >= 1; default 1).
 
 #[derive(Clone, Copy, PartialEq, Eq, defmt::Format)]
 pub enum Run {
@@ -39,6 +40,8 @@ pub struct CommandLine {
     pub tag_seed: u32,
     /// Continue after a KASAN report instead of stopping (`kasan=recover`).
     pub kasan_recover: bool,
+    /// `kasan.stack_sample=N`: one allocation stack in N is collected (free stacks always).
+    pub stack_sample: u32,
 }
 
 impl CommandLine {
@@ -57,6 +60,7 @@ impl CommandLine {
             ftrace_scheme: crate::ftrace::Scheme::CallOps,
             tag_seed: crate::mm::tags::DEFAULT_SEED,
             kasan_recover: false,
+            stack_sample: 1,
         };
         for word in bootargs.split_whitespace() {
             let (key, value) = word.split_once('=').unwrap_or((word, ""));
@@ -83,6 +87,14 @@ impl CommandLine {
                 },
                 ("kasan", "panic") => line.kasan_recover = false,
                 ("kasan", "recover") => line.kasan_recover = true,
+                ("kasan.stack_sample", every) => match every.parse::<u32>() {
+                    Ok(every) if every >= 1 => line.stack_sample = every,
+                    _ => defmt::warn!(
+                        "cmdline: kasan.stack_sample={=str} is not a number >= 1, keeping {=u32}",
+                        every,
+                        line.stack_sample
+                    ),
+                },
                 ("hz", hz) => match hz.parse::<u64>() {
                     Ok(hz) if (1..=10_000).contains(&hz) => line.hz = hz,
                     _ => defmt::warn!("cmdline: hz={=str} is not in 1..=10000, keeping {=u64}", hz, line.hz),

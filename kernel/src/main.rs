@@ -64,6 +64,8 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     stacktrace::init_depot();
     mm::heap::init(layout.free.base + VA_OFFSET, layout.free.size, cmdline.tag_seed);
     mm::kasan_report::set_recover(cmdline.kasan_recover);
+    stacktrace::seed_stack_sample(cmdline.tag_seed);
+    stacktrace::set_stack_sample(cmdline.stack_sample);
     callsites::init();
     drivers::interrupts::init(layout.gic, platform.virtual_timer_intid);
     drivers::timer::start(cmdline.hz);

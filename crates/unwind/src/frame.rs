@@ -169,7 +169,6 @@ where
     /// monotonicity and the stack's bound of the next record (one branch for the three).
     /// Everything else (markers, moving to another stack, repairs, corruption reasons) is
     /// on the slow path. The trampoline is read once per walk.
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline(always)]
     fn frame_records(&self, start: FrameStart, options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
         let mut sink = Sink::new(options, buffer);
@@ -348,7 +347,6 @@ where
 }
 
 /// Records an exception boundary's PC; the interrupted x29 to go on from.
-#[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
 #[inline(always)]
 fn interrupted_context(sink: &mut Sink, pc: u64, interrupted_fp: u64) -> Result<u64, StopReason> {
     match sink.push(pc, true) {

@@ -61,21 +61,18 @@ impl AddressLayout {
     }
 
     /// Whether a raw saved word can be a kernel return address (bit 55 set).
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline(always)]
     pub const fn is_upper_half(raw: u64) -> bool {
         raw & (1 << UPPER_HALF_BIT) != 0
     }
 
     /// Strips an upper-half word (checked with [`Self::is_upper_half`] first): one `orr`.
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline(always)]
     pub const fn strip_upper(&self, raw: u64) -> u64 {
         raw | self.upper
     }
 
     /// Strips any address as XPACI does ([`strip_pac_va_bits`]): for exception PCs.
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline(always)]
     pub const fn strip(&self, address: u64) -> u64 {
         if Self::is_upper_half(address) { address | self.upper } else { address & !self.upper }

@@ -119,7 +119,6 @@ where
     /// one `orr` (PAC strip), the store, and one compare for both the segment's base and the
     /// depth limit (the copy's length is computed before the loop). A hijacked return is
     /// found by its slot after the copy, only when a repair was given.
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline(always)]
     fn copy_segment(&self, segment: &ShadowSegment, sink: &mut Sink, trampoline: u64) -> Result<(), StopReason> {
         let Some(magic_slot) = segment.stack.magic_slot() else {

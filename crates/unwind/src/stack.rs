@@ -16,6 +16,7 @@ pub trait StackMemory {
     /// The default reads them one by one; an implementation with plain loads lets the
     /// compiler make one `ldp` of them.
     #[inline(always)]
+    #[allow(clippy::manual_map, reason = "`Option::map` is a core helper the uninstrumented walkers would not inline")]
     fn read_pair(&self, address: u64) -> Option<(u64, u64)> {
         match self.read_u64(address) {
             Some(first) => match self.read_u64(address + 8) {

@@ -162,7 +162,6 @@ pub struct Walked {
 
 impl Walked {
     /// The entries the walk initialised in `buffer` (the buffer it was given).
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline(always)]
     pub fn entries<'b>(&self, buffer: &'b [MaybeUninit<u64>]) -> &'b [u64] {
         let len = if self.len < buffer.len() { self.len } else { buffer.len() };
@@ -192,7 +191,6 @@ impl Trace {
     }
 
     /// Runs `walk` on this trace's buffer and keeps what it reports.
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline(always)]
     pub fn fill(&mut self, walk: impl FnOnce(&mut [MaybeUninit<u64>]) -> Walked) -> &mut Self {
         let walked = walk(&mut self.addresses);
@@ -276,7 +274,6 @@ pub(crate) struct Sink {
 }
 
 impl Sink {
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline(always)]
     pub(crate) fn new(options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Self {
         let mut limit = if options.max_depth < MAX_FRAMES { options.max_depth } else { MAX_FRAMES };
@@ -299,7 +296,6 @@ impl Sink {
     }
 
     /// Starts (or goes on) skipping `skip` entries into the buffer's first slots.
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline(always)]
     fn start_skip(&mut self, skip: usize) {
         self.dst = 0;
@@ -319,7 +315,6 @@ impl Sink {
 
     /// Called when `dst == end`: true if the walk may go on (a skipping phase ended), false
     /// when an entry would be kept in a full buffer (the depth limit).
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline(always)]
     pub(crate) fn next_phase(&mut self) -> bool {
         if !self.skipping || self.limit == 0 {
@@ -330,7 +325,6 @@ impl Sink {
     }
 
     /// Writes `address` at `dst` (the caller checked `dst < end`).
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline(always)]
     pub(crate) fn write(&mut self, address: u64) {
         // SAFETY: dst < end <= limit <= the buffer's length.
@@ -339,7 +333,6 @@ impl Sink {
     }
 
     /// Records `address` (for an exception PC: `exact`), moving to the next phase if needed.
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline(always)]
     pub(crate) fn push(&mut self, address: u64, exact: bool) -> Result<(), StopReason> {
         if self.dst == self.end && !self.next_phase() {
@@ -353,14 +346,12 @@ impl Sink {
     }
 
     /// Overwrites entry `index` (a kept one) with a repaired address.
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline(always)]
     pub(crate) fn read_back(&self, index: usize) -> u64 {
         // SAFETY: index < dst: written by this walk.
         unsafe { self.base.add(index).read() }
     }
 
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline(always)]
     pub(crate) fn overwrite(&mut self, index: usize, address: u64) {
         // SAFETY: index < dst <= the buffer's length.
@@ -368,14 +359,12 @@ impl Sink {
     }
 
     /// Whether entries are being kept (not skipped).
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline(always)]
     pub(crate) fn keeping(&self) -> bool {
         !self.skipping
     }
 
     /// The walk's result: kept entries only (a walk that ended while skipping kept none).
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline(always)]
     pub(crate) fn finish(&self, stop: StopReason) -> Walked {
         let len = if self.skipping { 0 } else { self.dst };

@@ -255,7 +255,10 @@ fn print_saved(what: &str, task: Option<u16>, stack: u32) {
                 defmt::error!("  fp #{=usize} {=u64:#x}", index, address);
             }
         }
-        None => defmt::error!("  (no stack saved: heap stack mode {=str})", heap::stacks().name()),
+        None => match stacktrace::unsaved_reason(stack) {
+            Some(reason) => defmt::error!("  {=str}", reason),
+            None => defmt::error!("  (no stack saved: heap stack mode {=str})", heap::stacks().name()),
+        },
     }
 }
 
