@@ -46,6 +46,22 @@ impl StackMemory for KernelMemory {
         // which are mapped; stack words are plain data that no one writes during the walk.
         Some(unsafe { *(address as *const u64) })
     }
+
+    #[inline(always)]
+    fn read_below(&self, slot: &mut u64) -> Option<u64> {
+        let value;
+        // SAFETY: as above (the walker asks only for in-use shadow-stack slots). The load's
+        // pre-index writes the new slot address back; reads memory, no stack, no flags.
+        unsafe {
+            core::arch::asm!(
+                "ldr {value}, [{slot}, #-8]!",
+                slot = inout(reg) *slot,
+                value = lateout(reg) value,
+                options(nostack, readonly, preserves_flags)
+            )
+        };
+        Some(value)
+    }
 }
 
 /// Kernel memory read the way an instrumented unwinder reads it: `read_volatile`, each word
@@ -139,18 +155,21 @@ fn frame_pointer() -> u64 {
     fp
 }
 
-/// Collects the running context's stack into `buffer`: entry 0 is the return address into the
-/// caller of this function (before `options.skip`), then its callers, as far as
-/// `options.max_depth` and the buffer's length allow. The one entry point of every collection.
-#[inline(never)]
-#[sanitize(kernel_hwaddress = "off")]
+/// Collects the running context's stack into `buffer`: entry 0 is the return address of the
+/// function this is inlined into (into its caller; before `options.skip`), then its callers, as
+/// far as `options.max_depth` and the buffer's length allow. The one entry point of every
+/// collection. Always inlined, so the walk costs no call of its own: call it from a function
+/// exempt from the sanitizer (`#[sanitize(kernel_hwaddress = "off")]`), whose frame record and
+/// shadow-stack push must exist (a non-leaf function: it calls the walk's slow paths).
+#[inline(always)]
 pub fn collect(mode: Mode, options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
     collect_from_here(mode, options, buffer, false)
 }
 
 /// [`collect`]'s frame walk compiled with the sanitizer's checks, its memory read a plain
 /// `read_volatile`: what an instrumented unwinder costs (bench `kasan-boot`, `fp-instrumented`).
-#[inline(never)]
+/// Always inlined, as `collect` (the instrumented part is the walk itself).
+#[inline(always)]
 pub fn collect_instrumented(options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
     collect_from_here(Mode::FramePointer, options, buffer, true)
 }
@@ -188,11 +207,8 @@ fn collect_from_here(mode: Mode, options: TraceOptions, buffer: &mut [MaybeUnini
                     // SAFETY: irq_frame points to the interrupted context's saved frame while
                     // the IRQ runs (context.S), and this code runs inside that IRQ.
                     let frame = unsafe { &*frame };
-                    segments[1] = ShadowSegment::interrupted(
-                        shadow_stack(crate::task::current_slot()),
-                        frame.x[18],
-                        frame.elr,
-                    );
+                    segments[1] =
+                        ShadowSegment::interrupted(shadow_stack(crate::task::current_slot()), frame.x[18], frame.elr);
                     count = 2;
                 }
             }
@@ -209,8 +225,7 @@ fn collect_from_here(mode: Mode, options: TraceOptions, buffer: &mut [MaybeUnini
 #[sanitize(kernel_hwaddress = "off")]
 pub fn capture(mode: Mode, options: TraceOptions) -> Trace {
     let mut trace = Trace::new();
-    // One more entry: the return into this function.
-    trace.fill(|buffer| collect(mode, TraceOptions::new(options.skip + 1, options.max_depth), buffer));
+    trace.fill(|buffer| collect(mode, options, buffer));
     trace
 }
 
@@ -307,7 +322,6 @@ const _: () = assert!(stackdepot::SPARE_BITS == 5 && stackdepot::OFFSET_BITS + s
 
 /// The word a sanitizer keeps for a collected stack: the raw depot handle, or a reason with
 /// handle 0 (`Full`: [`STACK_DEPOT_FULL`]; any other failure: 0).
-#[sanitize(kernel_hwaddress = "off")]
 #[inline(always)]
 pub fn stack_word(saved: Result<DepotHandle, DepotError>) -> u32 {
     match saved {
@@ -355,7 +369,6 @@ pub fn stack_sample() -> u32 {
 /// periodically (every Nth allocation of a loop would always be the same site). Callers run in
 /// task context with IRQs unmasked, so the draw is made with IRQs masked (the per-CPU state's
 /// load and store must not interleave with an IRQ on this CPU).
-#[sanitize(kernel_hwaddress = "off")]
 #[inline(always)]
 pub fn sample_allocation() -> bool {
     let every = STACK_SAMPLE.load(Ordering::Relaxed);

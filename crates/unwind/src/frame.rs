@@ -134,18 +134,18 @@ where
         self.walk(FrameStart::Context { pc, fp }, options, buffer)
     }
 
-    /// The frame walk, uninstrumented with the `kernel` feature: what every caller uses.
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
-    #[inline]
+    /// The frame walk: what every caller uses. Always inlined, so it is instrumented as its
+    /// caller is (the kernel's callers are exempt from the sanitizer).
+    #[inline(always)]
     pub fn walk(&self, start: FrameStart, options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
         self.frame_records(start, options, buffer)
     }
 
-    /// The same walk compiled with the sanitizer's checks (no `sanitize` attribute), so that
-    /// every word the memory implementation reads with plain loads goes through the
-    /// compiler's check, as Linux builds its unwinder by default. For measurements only
-    /// (bench `kasan-boot`, case `fp-instrumented`).
-    #[inline]
+    /// The same walk, not inlined and compiled with the sanitizer's checks (no `sanitize`
+    /// attribute), so that every word the memory implementation reads with plain loads goes
+    /// through the compiler's check, as Linux builds its unwinder by default. For measurements
+    /// only (bench `kasan-boot`, case `fp-instrumented`).
+    #[inline(never)]
     pub fn walk_instrumented(
         &self,
         start: FrameStart,
@@ -191,48 +191,75 @@ where
             Ok(here) => here,
             Err(stop) => return sink.finish(stop),
         };
-        loop {
-            let (next, raw) = match self.memory.read_pair(fp) {
-                Some(pair) => pair,
-                None => return sink.finish(self.unreadable(fp)),
+        // The hot loop keeps its write position in a pointer; the sink is synced before any
+        // slow path that reads or moves it.
+        let mut cursor = sink.cursor();
+        let mut end = sink.phase_end();
+        let mut last_record = here.last_record;
+        'walk: loop {
+            // A step that needs the slow path leaves with what it found, `fp` still the
+            // record it was reading.
+            let event = match fast_step(&self.memory, fp, upper, trampoline, &mut cursor, end, last_record) {
+                Ok(next) => {
+                    fp = next;
+                    continue 'walk;
+                }
+                Err(event) => event,
             };
-            if !AddressLayout::is_upper_half(raw) {
-                // A marker, a zero return address or a TTBR0 value.
-                if raw == 0 && next == 0 {
-                    let marker = fp;
-                    let interrupted = match self.read_marker(fp, here.stack) {
-                        Ok((pc, interrupted)) => interrupted_context(&mut sink, self.layout.strip(pc), interrupted),
-                        Err(stop) => Err(stop),
-                    };
-                    fp = match interrupted {
-                        Ok(interrupted) => interrupted,
-                        Err(stop) => return sink.finish(stop),
-                    };
-                    here = match self.enter(fp, Some(Position { record: marker, ..here })) {
-                        Ok(here) => here,
-                        Err(stop) => return sink.finish(stop),
-                    };
-                    continue;
+            sink.sync(cursor);
+            let next = match event {
+                Event::Unreadable => return sink.finish(self.unreadable(fp)),
+                Event::NotKernel { next, raw } => {
+                    if raw == 0 && next == 0 {
+                        let marker = fp;
+                        let interrupted = match self.read_marker(fp, here.stack) {
+                            Ok((pc, interrupted)) => interrupted_context(&mut sink, self.layout.strip(pc), interrupted),
+                            Err(stop) => Err(stop),
+                        };
+                        fp = match interrupted {
+                            Ok(interrupted) => interrupted,
+                            Err(stop) => return sink.finish(stop),
+                        };
+                        here = match self.enter(fp, Some(Position { record: marker, ..here })) {
+                            Ok(here) => here,
+                            Err(stop) => return sink.finish(stop),
+                        };
+                        cursor = sink.cursor();
+                        end = sink.phase_end();
+                        last_record = here.last_record;
+                        continue;
+                    }
+                    let corruption =
+                        if raw == 0 { Corruption::ZeroReturnAddress } else { Corruption::LowerHalfAddress };
+                    return sink.finish(StopReason::Corrupt { address: fp, corruption });
                 }
-                let corruption = if raw == 0 { Corruption::ZeroReturnAddress } else { Corruption::LowerHalfAddress };
-                return sink.finish(StopReason::Corrupt { address: fp, corruption });
-            }
-            let mut address = raw | upper;
-            if address == trampoline || sink.dst == sink.end {
-                if address == trampoline {
-                    address = self.repaired_frame(fp, address);
+                Event::RepairOrFull { next, mut address } => {
+                    if address == trampoline {
+                        address = self.repaired_frame(fp, address);
+                    }
+                    if sink.dst == sink.end && !sink.next_phase() {
+                        return sink.finish(StopReason::DepthLimit);
+                    }
+                    if let Err(stop) = sink.push(address, false) {
+                        return sink.finish(stop);
+                    }
+                    if !refused_record(next, fp, last_record) {
+                        cursor = sink.cursor();
+                        end = sink.phase_end();
+                        fp = next;
+                        continue;
+                    }
+                    next
                 }
-                if sink.dst == sink.end && !sink.next_phase() {
-                    return sink.finish(StopReason::DepthLimit);
-                }
-            }
-            sink.write(address);
-            if next & 7 != 0 || next <= fp || next > here.last_record {
-                here = match self.enter(next, Some(Position { record: fp, ..here })) {
-                    Ok(here) => here,
-                    Err(stop) => return sink.finish(stop),
-                };
-            }
+                Event::Refused { next } => next,
+            };
+            here = match self.enter(next, Some(Position { record: fp, ..here })) {
+                Ok(here) => here,
+                Err(stop) => return sink.finish(stop),
+            };
+            cursor = sink.cursor();
+            end = sink.phase_end();
+            last_record = here.last_record;
             fp = next;
         }
     }
@@ -344,6 +371,117 @@ where
             _ => Err(StopReason::Corrupt { address: fp, corruption: Corruption::UnknownMarkerKind }),
         }
     }
+}
+
+/// Whether a return address needs the slow path: it is the trampoline (`address ==
+/// trampoline`) or the phase is full (`cursor == end`). On arm64 one `cmp`, one `ccmp`, one
+/// branch: LLVM splits an `|` of two compares into two branches, so the compares are asm (with
+/// the branch as an asm goto); elsewhere (host tests) the same test in Rust.
+#[inline(always)]
+fn repair_or_depth_limit(address: u64, trampoline: u64, cursor: *mut u64, end: *mut u64) -> bool {
+    #[cfg(target_arch = "aarch64")]
+    {
+        // SAFETY: compares registers and branches to the label; no memory, no stack. Reads
+        // `address`, `trampoline`, `cursor`, `end`, clobbers only the flags (no
+        // `preserves_flags`).
+        unsafe {
+            core::arch::asm!(
+                "cmp {address}, {trampoline}",
+                // Not the trampoline: compare the cursor with the end; else Z = 1.
+                "ccmp {cursor}, {end}, #4, ne",
+                "b.eq {slow}",
+                address = in(reg) address,
+                trampoline = in(reg) trampoline,
+                cursor = in(reg) cursor,
+                end = in(reg) end,
+                slow = label { return true; },
+                options(nomem, nostack)
+            )
+        };
+        false
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        (address == trampoline) | (cursor == end)
+    }
+}
+
+/// Whether the fast path may not follow `next` from the record at `fp`: `next` misaligned,
+/// not above `fp` (strict monotonicity), or above `last_record` (the 16-byte record would not
+/// fit in the current stack). On arm64 `tst`, two `ccmp`s, one branch (see
+/// [`repair_or_depth_limit`] for why asm); elsewhere the same test in Rust.
+#[inline(always)]
+fn refused_record(next: u64, fp: u64, last_record: u64) -> bool {
+    #[cfg(target_arch = "aarch64")]
+    {
+        // SAFETY: as in repair_or_depth_limit: registers and flags only.
+        unsafe {
+            core::arch::asm!(
+                // Z = 1 if aligned.
+                "tst {next}, #7",
+                // Aligned: compare with fp; misaligned: NZCV = 0000 (not HI).
+                "ccmp {next}, {fp}, #0, eq",
+                // Above fp: compare with the last record; else NZCV = 0010 (HI).
+                "ccmp {next}, {last}, #2, hi",
+                "b.hi {slow}",
+                next = in(reg) next,
+                fp = in(reg) fp,
+                last = in(reg) last_record,
+                slow = label { return true; },
+                options(nomem, nostack)
+            )
+        };
+        false
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        (next & 7 != 0) | (next <= fp) | (next > last_record)
+    }
+}
+
+/// Why a fast step left the fast path.
+#[derive(Clone, Copy)]
+enum Event {
+    /// The record could not be read.
+    Unreadable,
+    /// The saved LR's bit 55 is clear: a marker, zero or a TTBR0 value.
+    NotKernel { next: u64, raw: u64 },
+    /// The (stripped) return address is the trampoline, or the phase is full: nothing written.
+    RepairOrFull { next: u64, address: u64 },
+    /// The entry was written; `next` is not a record the fast path may follow.
+    Refused { next: u64 },
+}
+
+/// One record on the fast path: read `{next, lr}` at `fp`, check the LR's bit 55, strip it,
+/// check for the trampoline and the phase's end, write it, check `next`. `Ok(next)` to go on.
+#[inline(always)]
+fn fast_step<M: StackMemory + ?Sized>(
+    memory: &M,
+    fp: u64,
+    upper: u64,
+    trampoline: u64,
+    cursor: &mut *mut u64,
+    end: *mut u64,
+    last_record: u64,
+) -> Result<u64, Event> {
+    let (next, raw) = match memory.read_pair(fp) {
+        Some(pair) => pair,
+        None => return Err(Event::Unreadable),
+    };
+    if !AddressLayout::is_upper_half(raw) {
+        return Err(Event::NotKernel { next, raw });
+    }
+    let address = raw | upper;
+    if repair_or_depth_limit(address, trampoline, *cursor, end) {
+        return Err(Event::RepairOrFull { next, address });
+    }
+    // SAFETY: cursor < end <= the buffer's end (checked just above).
+    unsafe { cursor.write(address) };
+    *cursor = cursor.wrapping_add(1);
+    if refused_record(next, fp, last_record) {
+        return Err(Event::Refused { next });
+    }
+    Ok(next)
 }
 
 /// Records an exception boundary's PC; the interrupted x29 to go on from.

@@ -94,8 +94,10 @@ where
     /// running context, each next one the context it interrupted. Reads only
     /// `[base, pointer)` of each segment, after checking that `base`, `end`,
     /// `pointer` are 8-aligned and `base <= pointer <= end - 8`.
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
-    #[inline]
+    ///
+    /// Always inlined, so it is instrumented as its caller is (the kernel's callers are exempt
+    /// from the sanitizer).
+    #[inline(always)]
     pub fn walk(&self, segments: &[ShadowSegment], options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
         let mut sink = Sink::new(options, buffer);
         let trampoline = match self.repair {
@@ -153,42 +155,64 @@ where
             let stop_at = if available > room { slot - 8 * room } else { base };
             let first = sink.dst;
             let from = slot;
-            while slot > stop_at {
-                slot -= 8;
-                let raw = match self.memory.read_u64(slot) {
+            let mut cursor = sink.cursor();
+            // A read pointer of its own (pre-decremented), not used after the loop.
+            let mut at = slot;
+            while at > stop_at {
+                let raw = match self.memory.read_below(&mut at) {
                     Some(raw) => raw,
-                    None => return Err(StopReason::Unreadable { address: slot }),
+                    None => {
+                        sink.sync(cursor);
+                        return Err(StopReason::Unreadable { address: at });
+                    }
                 };
                 if !AddressLayout::is_upper_half(raw) {
-                    return Err(rejected_slot(slot, raw));
+                    sink.sync(cursor);
+                    return Err(rejected_slot(at, raw));
                 }
-                sink.write(raw | upper);
+                // SAFETY: at most `room` entries are written from the cursor: inside the phase.
+                unsafe { cursor.write(raw | upper) };
+                cursor = cursor.wrapping_add(1);
             }
+            slot = stop_at;
+            sink.sync(cursor);
             if trampoline != 0 && sink.keeping() {
-                self.repair_run(sink, first, from, trampoline);
+                repair_run(self.repair, sink.base(), first, sink.dst, from, trampoline);
             }
         }
         Ok(())
     }
+}
 
-    /// Replaces hijacked returns among entries `first..` (copied from the slots below `from`).
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
-    #[inline(never)]
-    #[cold]
-    fn repair_run(&self, sink: &mut Sink, first: usize, from: u64, trampoline: u64) {
-        let Some(repair) = self.repair else {
-            return;
-        };
-        let mut index = first;
-        while index < sink.dst {
-            if sink.read_back(index) == trampoline {
-                let slot = from - 8 * (index - first + 1) as u64;
-                if let Some(real) = repair.shadow_return(slot) {
-                    sink.overwrite(index, real);
-                }
+/// Replaces hijacked returns among entries `first..last` of `base` (copied from the slots
+/// below `from`, newest first).
+#[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+#[inline(never)]
+#[cold]
+fn repair_run(
+    repair: Option<&dyn ReturnRepair>,
+    base: *mut u64,
+    first: usize,
+    last: usize,
+    from: u64,
+    trampoline: u64,
+) {
+    let Some(repair) = repair else {
+        return;
+    };
+    let mut index = first;
+    while index < last {
+        // SAFETY: entries first..last were written by the copy (the caller's buffer).
+        let entry = unsafe { base.add(index) };
+        // SAFETY: as above.
+        if unsafe { entry.read() } == trampoline {
+            let slot = from - 8 * (index - first + 1) as u64;
+            if let Some(real) = repair.shadow_return(slot) {
+                // SAFETY: as above.
+                unsafe { entry.write(real) };
             }
-            index += 1;
         }
+        index += 1;
     }
 }
 

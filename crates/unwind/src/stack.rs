@@ -26,6 +26,15 @@ pub trait StackMemory {
             None => None,
         }
     }
+
+    /// Moves `*slot` down one word and reads the word there: the shadow-stack copy's step
+    /// (newest first). The default is `read_u64(*slot - 8)`; a kernel implementation can make
+    /// it one pre-indexed load.
+    #[inline(always)]
+    fn read_below(&self, slot: &mut u64) -> Option<u64> {
+        *slot -= 8;
+        self.read_u64(*slot)
+    }
 }
 
 impl<M: StackMemory + ?Sized> StackMemory for &M {
@@ -37,6 +46,11 @@ impl<M: StackMemory + ?Sized> StackMemory for &M {
     #[inline(always)]
     fn read_pair(&self, address: u64) -> Option<(u64, u64)> {
         (**self).read_pair(address)
+    }
+
+    #[inline(always)]
+    fn read_below(&self, slot: &mut u64) -> Option<u64> {
+        (**self).read_below(slot)
     }
 }
 

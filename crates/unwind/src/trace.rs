@@ -345,17 +345,29 @@ impl Sink {
         Ok(())
     }
 
-    /// Overwrites entry `index` (a kept one) with a repaired address.
+    /// Where the next entry goes, for a hot loop that writes through a pointer.
     #[inline(always)]
-    pub(crate) fn read_back(&self, index: usize) -> u64 {
-        // SAFETY: index < dst: written by this walk.
-        unsafe { self.base.add(index).read() }
+    pub(crate) fn cursor(&self) -> *mut u64 {
+        self.base.wrapping_add(self.dst)
     }
 
+    /// Where the current phase ends, as a pointer (see [`Self::cursor`]).
     #[inline(always)]
-    pub(crate) fn overwrite(&mut self, index: usize, address: u64) {
-        // SAFETY: index < dst <= the buffer's length.
-        unsafe { self.base.add(index).write(address) };
+    pub(crate) fn phase_end(&self) -> *mut u64 {
+        self.base.wrapping_add(self.end)
+    }
+
+    /// Takes back a hot loop's cursor (a pointer from [`Self::cursor`], advanced by the
+    /// entries it wrote, never past [`Self::phase_end`]).
+    #[inline(always)]
+    pub(crate) fn sync(&mut self, cursor: *mut u64) {
+        self.dst = (cursor as usize - self.base as usize) / 8;
+    }
+
+    /// The buffer's start (for a repair after a copy).
+    #[inline(always)]
+    pub(crate) fn base(&self) -> *mut u64 {
+        self.base
     }
 
     /// Whether entries are being kept (not skipped).

@@ -32,6 +32,7 @@ fn recurse(remaining: usize, leaf: &mut dyn FnMut()) -> usize {
 }
 
 #[inline(never)]
+#[sanitize(kernel_hwaddress = "off")]
 fn trace_once(mode: Mode, depth: usize, depot: bool) {
     let mut buffer = [MaybeUninit::uninit(); unwind::MAX_FRAMES];
     let walked = stacktrace::collect(mode, TraceOptions::new(0, depth), &mut buffer);

@@ -236,8 +236,8 @@ fn assert_not_in_irq() {
 /// handle 0 with the reason in the spare bits (`stacktrace::STACK_NOT_SAMPLED` for an allocation
 /// that `kasan.stack_sample` left out, `STACK_DEPOT_FULL`), or 0 (no stacks, no depot).
 ///
-/// Through `stacktrace::collect`, the walker path every other user takes; its first two
-/// entries (into this function, into allocate/free) are skipped. The buffer is not zeroed: the
+/// Through `stacktrace::collect` (inlined here), the walker path every other user takes; its
+/// first entry (the return into allocate/free) is skipped. The buffer is not zeroed: the
 /// walk writes the entries it reports.
 #[inline(never)]
 #[sanitize(kernel_hwaddress = "off")]
@@ -249,7 +249,7 @@ fn collect_stack(allocation: bool) -> u32 {
         return stacktrace::STACK_NOT_SAMPLED;
     }
     let mut buffer = [core::mem::MaybeUninit::uninit(); unwind::MAX_FRAMES];
-    let options = unwind::TraceOptions::new(2, unwind::MAX_FRAMES);
+    let options = unwind::TraceOptions::new(1, unwind::MAX_FRAMES);
     let walked = if instrumented {
         stacktrace::collect_instrumented(options, &mut buffer)
     } else {

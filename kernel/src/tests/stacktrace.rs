@@ -1,7 +1,7 @@
 //! Tasks, overflow detection, and the frame-pointer and shadow-call-stack walkers on real stacks:
 //! random recursive call chains, IRQs at random and at known points, PAC bits, corrupted records.
 
-use super::{Context, Outcome, Test, Verdict, check};
+use super::{Context, Outcome, Test, Verdict, check, check_eq};
 use crate::arch::{cpu, exception};
 use crate::stacktrace::{self, Mode};
 use crate::task::{self, KillReason, State};
@@ -20,6 +20,13 @@ pub const TESTS: &[Test] = &[
     Test { name: "traces_agree_in_an_irq_at_a_known_point", run: traces_agree_in_an_irq_at_a_known_point },
     Test { name: "corrupted_frame_record_stops_the_walk", run: corrupted_frame_record_stops_the_walk },
     Test { name: "save_stack_switches_mode_at_run_time", run: save_stack_switches_mode_at_run_time },
+    Test { name: "short_buffer_stops_at_its_length", run: short_buffer_stops_at_its_length },
+    Test {
+        name: "depot_hash_instruction_matches_the_portable_crc",
+        run: depot_hash_instruction_matches_the_portable_crc,
+    },
+    Test { name: "full_depot_keeps_handle_zero_and_says_why", run: full_depot_keeps_handle_zero_and_says_why },
+    Test { name: "sampled_allocation_stacks", run: sampled_allocation_stacks },
 ];
 
 fn no_scs() -> Option<Outcome> {
@@ -475,5 +482,114 @@ fn save_stack_switches_mode_at_run_time(_: &Context) -> Outcome {
     // Entry 0 returns into this test's caller, the test runner.
     let runner = super::run as *const () as u64;
     check!(callsites::function_containing(saved[0] - 4).map(|(start, _)| start) == Some(runner));
+    Ok(Verdict::Passed)
+}
+
+// --- one walker path: buffers, the depot, sampling --------------------------------------------
+
+/// The same walk into a 3-entry buffer: the first three entries, then the depth limit.
+#[inline(never)]
+fn collect_both_lengths(mode: Mode) -> Result<(), &'static str> {
+    let mut long = [core::mem::MaybeUninit::uninit(); unwind::MAX_FRAMES];
+    let mut short = [core::mem::MaybeUninit::uninit(); 3];
+    let full = stacktrace::collect(mode, TraceOptions::ALL, &mut long);
+    let cut = stacktrace::collect(mode, TraceOptions::ALL, &mut short);
+    if full.len <= 3 || cut.len != 3 || cut.stop != unwind::StopReason::DepthLimit {
+        return Err("a 3-entry buffer did not stop the walk at 3 with the depth limit");
+    }
+    // Entry 0 returns into this function from two different calls: compare the callers.
+    if full.entries(&long)[1..3] != cut.entries(&short)[1..3] {
+        return Err("the short walk's entries differ from the long walk's");
+    }
+    Ok(())
+}
+
+fn short_buffer_stops_at_its_length(_: &Context) -> Outcome {
+    if crate::BUILD_VARIANT == "plain" {
+        return Ok(Verdict::Skipped("variant plain keeps no frame records"));
+    }
+    collect_both_lengths(Mode::FramePointer).map_err(super::fail)?;
+    if crate::SHADOW_CALL_STACK {
+        collect_both_lengths(Mode::ShadowCallStack).map_err(super::fail)?;
+    }
+    Ok(Verdict::Passed)
+}
+
+fn depot_hash_instruction_matches_the_portable_crc(_: &Context) -> Outcome {
+    // The kernel hashes with `crc32cx`, the host tests with the bit-by-bit CRC: they must agree.
+    let mut state = 0x1234_5678_9abc_def1_u64;
+    let mut frames = [0u64; 64];
+    for length in 1..=64 {
+        for frame in frames.iter_mut().take(length) {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            *frame = state;
+        }
+        check_eq!(stackdepot::hash_frames(&frames[..length]), stackdepot::hash_frames_portable(&frames[..length]));
+    }
+    Ok(Verdict::Passed)
+}
+
+fn full_depot_keeps_handle_zero_and_says_why(_: &Context) -> Outcome {
+    static SMALL: stackdepot::StackDepot<16, 1> = stackdepot::StackDepot::new();
+    static mut POOL: [u8; 512] = [0; 512];
+    // SAFETY: handed to the depot once (this test runs once per boot).
+    let pool = unsafe { &mut *core::ptr::addr_of_mut!(POOL) };
+    if SMALL.add_pool(pool).is_err() {
+        return Err(super::fail("the small depot refused its pool"));
+    }
+    let mut word = 0;
+    for id in 0..64u64 {
+        let frames = [0xffff_ff80_4008_0000 + id * 0x40, 0xffff_ff80_4008_1000];
+        word = stacktrace::stack_word(SMALL.save(&frames));
+        if stackdepot::DepotHandle::from_raw(word).is_none() {
+            break;
+        }
+    }
+    // The depot filled up: the heap's word holds handle 0 and the reason.
+    check_eq!(word, stacktrace::STACK_DEPOT_FULL);
+    check_eq!(word & ((1 << 27) - 1), 0);
+    check!(stackdepot::DepotHandle::from_raw(word).is_none());
+    check!(stacktrace::unsaved_reason(word) == Some("(stack not saved: depot full)"));
+    check!(stacktrace::unsaved_reason(0).is_none());
+    Ok(Verdict::Passed)
+}
+
+fn sampled_allocation_stacks(_: &Context) -> Outcome {
+    use crate::mm::heap::{self, Stacks};
+    if !crate::SHADOW_CALL_STACK {
+        return Ok(Verdict::Skipped("heap stacks need frame pointers and the shadow call stack (full, prod)"));
+    }
+    let (mode, every) = (heap::stacks(), stacktrace::stack_sample());
+    heap::set_stacks(Stacks::FramePointer);
+    stacktrace::set_stack_sample(8);
+    let mut sampled = [0u32; 8];
+    let mut total = 0u32;
+    let mut frees_saved = true;
+    for index in 0..800usize {
+        let object = heap::allocate(32, 16).ok_or_else(|| super::fail("heap full"))?;
+        let allocated = heap::newest_entry(object, false).map_or(0, |entry| entry.stack);
+        heap::free(object);
+        let freed = heap::newest_entry(object, true).map_or(0, |entry| entry.stack);
+        frees_saved &= stackdepot::DepotHandle::from_raw(freed).is_some();
+        if stackdepot::DepotHandle::from_raw(allocated).is_some() {
+            sampled[index % 8] += 1;
+            total += 1;
+        } else if allocated != stacktrace::STACK_NOT_SAMPLED {
+            stacktrace::set_stack_sample(every);
+            heap::set_stacks(mode);
+            return Err(super::fail("an allocation stack neither saved nor marked not sampled"));
+        }
+    }
+    stacktrace::set_stack_sample(every);
+    heap::set_stacks(mode);
+    defmt::info!("  {=u32} of 800 allocation stacks sampled, by index mod 8: {=[?]}", total, sampled[..]);
+    // About 1 in 8 (100 expected; 4 standard deviations either side), free stacks always, and
+    // not a counter: a counter would sample one residue mod 8 only.
+    check!((60..=140).contains(&total));
+    check!(frees_saved);
+    check!(sampled.iter().filter(|&&count| count > 0).count() >= 6);
+    check!(stacktrace::unsaved_reason(stacktrace::STACK_NOT_SAMPLED) == Some("(stack not sampled)"));
     Ok(Verdict::Passed)
 }
