@@ -48,6 +48,24 @@ impl StackMemory for KernelMemory {
     }
 
     #[inline(always)]
+    fn read_pair(&self, address: u64) -> Option<(u64, u64)> {
+        let (first, second);
+        // SAFETY: as above (a frame record: two words inside a declared stack). One `ldp`, so
+        // that the compiler neither splits the record nor moves half of it past a branch;
+        // reads memory, no stack, no flags.
+        unsafe {
+            core::arch::asm!(
+                "ldp {first}, {second}, [{address}]",
+                address = in(reg) address,
+                first = lateout(reg) first,
+                second = lateout(reg) second,
+                options(nostack, readonly, preserves_flags)
+            )
+        };
+        Some((first, second))
+    }
+
+    #[inline(always)]
     fn read_below(&self, slot: &mut u64) -> Option<u64> {
         let value;
         // SAFETY: as above (the walker asks only for in-use shadow-stack slots). The load's

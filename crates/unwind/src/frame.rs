@@ -207,9 +207,18 @@ where
                 Err(event) => event,
             };
             sink.sync(cursor);
+            if let Event::Unreadable = event {
+                return sink.finish(self.unreadable(fp));
+            }
+            // The slow path reads the record again (it was readable, and a walked stack does
+            // not change under the walk), so that the fast step hands over no register but `fp`.
+            let (next, raw) = match self.memory.read_pair(fp) {
+                Some(pair) => pair,
+                None => return sink.finish(self.unreadable(fp)),
+            };
             let next = match event {
                 Event::Unreadable => return sink.finish(self.unreadable(fp)),
-                Event::NotKernel { next, raw } => {
+                Event::NotKernel => {
                     if raw == 0 && next == 0 {
                         let marker = fp;
                         let interrupted = match self.read_marker(fp, here.stack) {
@@ -233,7 +242,8 @@ where
                         if raw == 0 { Corruption::ZeroReturnAddress } else { Corruption::LowerHalfAddress };
                     return sink.finish(StopReason::Corrupt { address: fp, corruption });
                 }
-                Event::RepairOrFull { next, mut address } => {
+                Event::RepairOrFull => {
+                    let mut address = raw | upper;
                     if address == trampoline {
                         address = self.repaired_frame(fp, address);
                     }
@@ -251,7 +261,7 @@ where
                     }
                     next
                 }
-                Event::Refused { next } => next,
+                Event::Refused => next,
             };
             here = match self.enter(next, Some(Position { record: fp, ..here })) {
                 Ok(here) => here,
@@ -373,6 +383,51 @@ where
     }
 }
 
+/// Why a fast step left the fast path (the slow path reads the record again).
+#[derive(Clone, Copy)]
+enum Event {
+    /// The record could not be read.
+    Unreadable,
+    /// The saved LR's bit 55 is clear: a marker, zero or a TTBR0 value.
+    NotKernel,
+    /// The (stripped) return address is the trampoline, or the phase is full: nothing written.
+    RepairOrFull,
+    /// The entry was written; the saved fp is not a record the fast path may follow.
+    Refused,
+}
+
+/// One record on the fast path: read `{next, lr}` at `fp`, check the LR's bit 55, strip it,
+/// check for the trampoline and the phase's end, write it, check `next`. `Ok(next)` to go on.
+#[inline(always)]
+fn fast_step<M: StackMemory + ?Sized>(
+    memory: &M,
+    fp: u64,
+    upper: u64,
+    trampoline: u64,
+    cursor: &mut *mut u64,
+    end: *mut u64,
+    last_record: u64,
+) -> Result<u64, Event> {
+    let (next, raw) = match memory.read_pair(fp) {
+        Some(pair) => pair,
+        None => return Err(Event::Unreadable),
+    };
+    if !AddressLayout::is_upper_half(raw) {
+        return Err(Event::NotKernel);
+    }
+    let address = raw | upper;
+    if repair_or_depth_limit(address, trampoline, *cursor, end) {
+        return Err(Event::RepairOrFull);
+    }
+    // SAFETY: cursor < end <= the buffer's end (checked just above).
+    unsafe { cursor.write(address) };
+    *cursor = cursor.wrapping_add(1);
+    if refused_record(next, fp, last_record) {
+        return Err(Event::Refused);
+    }
+    Ok(next)
+}
+
 /// Whether a return address needs the slow path: it is the trampoline (`address ==
 /// trampoline`) or the phase is full (`cursor == end`). On arm64 one `cmp`, one `ccmp`, one
 /// branch: LLVM splits an `|` of two compares into two branches, so the compares are asm (with
@@ -423,65 +478,21 @@ fn refused_record(next: u64, fp: u64, last_record: u64) -> bool {
                 "ccmp {next}, {fp}, #0, eq",
                 // Above fp: compare with the last record; else NZCV = 0010 (HI).
                 "ccmp {next}, {last}, #2, hi",
-                "b.hi {slow}",
+                // Accepted (the walk goes on) on LS; refused falls through.
+                "b.ls {accepted}",
                 next = in(reg) next,
                 fp = in(reg) fp,
                 last = in(reg) last_record,
-                slow = label { return true; },
+                accepted = label { return false; },
                 options(nomem, nostack)
             )
         };
-        false
+        true
     }
     #[cfg(not(target_arch = "aarch64"))]
     {
         (next & 7 != 0) | (next <= fp) | (next > last_record)
     }
-}
-
-/// Why a fast step left the fast path.
-#[derive(Clone, Copy)]
-enum Event {
-    /// The record could not be read.
-    Unreadable,
-    /// The saved LR's bit 55 is clear: a marker, zero or a TTBR0 value.
-    NotKernel { next: u64, raw: u64 },
-    /// The (stripped) return address is the trampoline, or the phase is full: nothing written.
-    RepairOrFull { next: u64, address: u64 },
-    /// The entry was written; `next` is not a record the fast path may follow.
-    Refused { next: u64 },
-}
-
-/// One record on the fast path: read `{next, lr}` at `fp`, check the LR's bit 55, strip it,
-/// check for the trampoline and the phase's end, write it, check `next`. `Ok(next)` to go on.
-#[inline(always)]
-fn fast_step<M: StackMemory + ?Sized>(
-    memory: &M,
-    fp: u64,
-    upper: u64,
-    trampoline: u64,
-    cursor: &mut *mut u64,
-    end: *mut u64,
-    last_record: u64,
-) -> Result<u64, Event> {
-    let (next, raw) = match memory.read_pair(fp) {
-        Some(pair) => pair,
-        None => return Err(Event::Unreadable),
-    };
-    if !AddressLayout::is_upper_half(raw) {
-        return Err(Event::NotKernel { next, raw });
-    }
-    let address = raw | upper;
-    if repair_or_depth_limit(address, trampoline, *cursor, end) {
-        return Err(Event::RepairOrFull { next, address });
-    }
-    // SAFETY: cursor < end <= the buffer's end (checked just above).
-    unsafe { cursor.write(address) };
-    *cursor = cursor.wrapping_add(1);
-    if refused_record(next, fp, last_record) {
-        return Err(Event::Refused { next });
-    }
-    Ok(next)
 }
 
 /// Records an exception boundary's PC; the interrupted x29 to go on from.
