@@ -124,11 +124,27 @@ fn stack_pointer() -> u64 {
     sp
 }
 
+unsafe extern "C" {
+    /// The first stack slot (kernel.ld; task/stacks.rs reads it too).
+    static __stack_slots_start: u8;
+}
+
+/// This CPU's IRQ slot, computed here rather than through `stacks::irq_slot` (which the
+/// sanitizer-exempt walk path could not inline in `full`): tasks' slots, then per CPU its IRQ
+/// and overflow slots.
+#[inline(always)]
+fn irq_slot_here() -> Slot {
+    // SAFETY: only the address of the linker symbol is taken.
+    let start = unsafe { &__stack_slots_start as *const u8 as u64 };
+    Slot(start + stacks::TASK_SLOTS as u64 * SLOT_SIZE)
+}
+
 #[inline(always)]
 fn place_of(slot: Slot) -> Place {
-    if slot == stacks::irq_slot(0) {
+    let irq = irq_slot_here();
+    if slot == irq {
         Place::Irq
-    } else if slot == stacks::overflow_slot(0) {
+    } else if slot.0 == irq.0 + SLOT_SIZE {
         Place::Overflow
     } else {
         Place::Task
@@ -158,10 +174,12 @@ fn declared_stacks(place: Place, here: Slot, buffer: &mut [StackRange; 3]) -> &[
     &buffer[..count]
 }
 
-/// The repair, if a return may be hijacked in the contexts a walk from `place` visits: read once
-/// per walk (a task without hijacked returns, the common case, costs the walk nothing more).
+/// The repair for a shadow-stack walk, if a return may be hijacked in the contexts it visits:
+/// asked once per walk, since the copy then scans what it copied (a task without hijacked
+/// returns, the common case, costs the walk nothing more). The frame walk always has the
+/// repair: it compares each return address with the trampoline in a branch it has anyway.
 #[inline(always)]
-fn repair_for(place: Place) -> Option<&'static dyn ReturnRepair> {
+fn shadow_repair_for(place: Place) -> Option<&'static dyn ReturnRepair> {
     if place == Place::Task && kretprobe::outstanding() == 0 { None } else { Some(&Repair) }
 }
 
@@ -197,20 +215,16 @@ pub fn collect_instrumented(options: TraceOptions, buffer: &mut [MaybeUninit<u64
 fn collect_from_here(mode: Mode, options: TraceOptions, buffer: &mut [MaybeUninit<u64>], checked: bool) -> Walked {
     let here = slot_of(stack_pointer());
     let place = place_of(here);
-    let repair = repair_for(place);
     match mode {
         Mode::FramePointer => {
             let mut ranges = [StackRange::new(0, 0, StackKind::Task); 3];
             let stacks = declared_stacks(place, here, &mut ranges);
             let start = FrameStart::Record(frame_pointer());
             if checked {
-                let walker = FrameWalker::new(&CheckedMemory, stacks, LAYOUT);
-                let walker = if let Some(repair) = repair { walker.with_repair(repair) } else { walker };
+                let walker = FrameWalker::new(&CheckedMemory, stacks, LAYOUT).with_repair(&Repair);
                 return walker.walk_instrumented(start, options, buffer);
             }
-            let walker = FrameWalker::new(&KernelMemory, stacks, LAYOUT);
-            let walker = if let Some(repair) = repair { walker.with_repair(repair) } else { walker };
-            walker.walk(start, options, buffer)
+            FrameWalker::new(&KernelMemory, stacks, LAYOUT).with_repair(&Repair).walk(start, options, buffer)
         }
         Mode::ShadowCallStack => {
             // The newest entry is this function's own return address (its caller): the same
@@ -231,7 +245,7 @@ fn collect_from_here(mode: Mode, options: TraceOptions, buffer: &mut [MaybeUnini
                 }
             }
             let walker = ShadowWalker::new(&KernelMemory, LAYOUT);
-            let walker = if let Some(repair) = repair { walker.with_repair(repair) } else { walker };
+            let walker = if let Some(repair) = shadow_repair_for(place) { walker.with_repair(repair) } else { walker };
             walker.walk(&segments[..count], options, buffer)
         }
     }
@@ -358,6 +372,39 @@ pub fn unsaved_reason(word: u32) -> Option<&'static str> {
     }
 }
 
+/// A relaxed atomic load, as one `ldr`: the heap's sanitizer-exempt path cannot inline core's
+/// atomic methods in `full` (each would be an instrumented call).
+#[inline(always)]
+fn relaxed_load_u32(atomic: &AtomicU32) -> u32 {
+    let value: u32;
+    // SAFETY: an aligned 32-bit load of an atomic's own memory: a relaxed atomic load.
+    unsafe {
+        core::arch::asm!("ldr {v:w}, [{a}]", a = in(reg) atomic as *const AtomicU32, v = lateout(reg) value, options(nostack, readonly, preserves_flags))
+    };
+    value
+}
+
+/// A relaxed atomic load, as one `ldr` (see `relaxed_load_u32`).
+#[inline(always)]
+fn relaxed_load_u64(atomic: &AtomicU64) -> u64 {
+    let value: u64;
+    // SAFETY: an aligned 64-bit load of an atomic's own memory: a relaxed atomic load.
+    unsafe {
+        core::arch::asm!("ldr {v}, [{a}]", a = in(reg) atomic as *const AtomicU64, v = lateout(reg) value, options(nostack, readonly, preserves_flags))
+    };
+    value
+}
+
+/// A relaxed atomic store, as one `str` (see `relaxed_load_u32`).
+#[inline(always)]
+fn relaxed_store_u64(atomic: &AtomicU64, value: u64) {
+    // SAFETY: an aligned 64-bit store to an atomic's own memory (interior mutability): a
+    // relaxed atomic store.
+    unsafe {
+        core::arch::asm!("str {v}, [{a}]", a = in(reg) atomic as *const AtomicU64, v = in(reg) value, options(nostack, preserves_flags))
+    };
+}
+
 /// `kasan.stack_sample=N`: one allocation stack in N is collected (free stacks always).
 static STACK_SAMPLE: AtomicU32 = AtomicU32::new(1);
 /// The per-CPU draw (xorshift64), seeded from `tag-seed` (one CPU runs today).
@@ -389,17 +436,17 @@ pub fn stack_sample() -> u32 {
 /// load and store must not interleave with an IRQ on this CPU).
 #[inline(always)]
 pub fn sample_allocation() -> bool {
-    let every = STACK_SAMPLE.load(Ordering::Relaxed);
+    let every = relaxed_load_u32(&STACK_SAMPLE);
     if every <= 1 {
         return true;
     }
     let daif = cpu::mask_interrupts();
     let state = &SAMPLE_STATE[0];
-    let mut x = state.load(Ordering::Relaxed);
+    let mut x = relaxed_load_u64(state);
     x ^= x << 13;
     x ^= x >> 7;
     x ^= x << 17;
-    state.store(x, Ordering::Relaxed);
+    relaxed_store_u64(state, x);
     cpu::restore_interrupts(daif);
     // The high 32 bits scaled to 0..every: 0 with probability 1/every.
     ((x >> 32) * u64::from(every)) >> 32 == 0

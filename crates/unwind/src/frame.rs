@@ -174,10 +174,10 @@ where
         let mut sink = Sink::new(options, buffer);
         let upper = self.layout.upper_bits();
         // 0 never equals a stripped address (its upper bits are set): no repair, no match.
-        let trampoline = match self.repair {
+        let trampoline = opaque(match self.repair {
             Some(repair) => repair.trampoline(),
             None => 0,
-        };
+        });
         let mut fp = match start {
             FrameStart::Record(fp) => fp,
             FrameStart::Context { pc, fp } => {
@@ -492,6 +492,24 @@ fn refused_record(next: u64, fp: u64, last_record: u64) -> bool {
     #[cfg(not(target_arch = "aarch64"))]
     {
         (next & 7 != 0) | (next <= fp) | (next > last_record)
+    }
+}
+
+/// `value`, which the optimizer may no longer treat as a constant: a trampoline address known
+/// at build time would otherwise be rematerialized inside the loop (four instructions per
+/// frame in the kernel's large code model) instead of staying in a register.
+#[inline(always)]
+fn opaque(value: u64) -> u64 {
+    #[cfg(target_arch = "aarch64")]
+    {
+        let mut value = value;
+        // SAFETY: an empty asm that "changes" one register: no instruction, no memory, no flags.
+        unsafe { core::arch::asm!("/* {0} */", inout(reg) value, options(pure, nomem, nostack, preserves_flags)) };
+        value
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        value
     }
 }
 
