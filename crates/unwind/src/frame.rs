@@ -447,8 +447,8 @@ fn repair_or_depth_limit(address: u64, trampoline: u64, cursor: *mut u64, end: *
                 "b.eq {slow}",
                 address = in(reg) address,
                 trampoline = in(reg) trampoline,
-                cursor = in(reg) cursor,
-                end = in(reg) end,
+                cursor = in(reg) cursor as usize,
+                end = in(reg) end as usize,
                 slow = label { return true; },
                 options(nomem, nostack)
             )

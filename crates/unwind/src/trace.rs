@@ -174,7 +174,7 @@ impl Walked {
 /// A stack trace of at most [`MAX_FRAMES`] entries, newest first, with the reason the walk
 /// stopped: a caller-owned buffer that a walk fills in place ([`Trace::fill`]), for callers that
 /// keep or print a trace. Creating one writes nothing to the buffer.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct Trace {
     addresses: [MaybeUninit<u64>; MAX_FRAMES],
     walked: Walked,
