@@ -5,7 +5,8 @@
 //! benchmarks: `run=bench bench=SUITE,... reps=N clock=cycles|ns icount=0|1`;
 //! function tracing from boot: `ftrace=PATTERN ftrace-scheme=list|call-ops|vector`; the sanitizer
 //! heap: `tag-seed=N` (decimal or 0x-hex: the tag generator's seed), `kasan=panic|recover`;
-//! probes from boot: `kprobe=SYMBOL[+OFFSET]:METHOD`, `kretprobe=SYMBOL:METHOD` (repeatable).
+//! probes from boot: `kprobe=SYMBOL[+OFFSET]:METHOD`, `kretprobe=SYMBOL:METHOD` (repeatable);
+//! `kasan.stack_sample=N` (collect one allocation stack in N, N >= 1; default 1).
 //! The keys are `protocol::cmdline`'s, which xtask spells too.
 
 use protocol::cmdline as key;
@@ -47,6 +48,8 @@ pub struct CommandLine {
     pub kasan_recover: bool,
     /// `kprobe=`/`kretprobe=` requests, registered at boot (demo/boot_probes.rs).
     pub boot_probes: crate::demo::boot_probes::Requests,
+    /// `kasan.stack_sample=N`: one allocation stack in N is collected (free stacks always).
+    pub stack_sample: u32,
 }
 
 impl CommandLine {
@@ -66,6 +69,7 @@ impl CommandLine {
             tag_seed: crate::mm::kasan::shadow::DEFAULT_SEED,
             kasan_recover: false,
             boot_probes: crate::demo::boot_probes::Requests::new(),
+            stack_sample: 1,
         };
         for word in bootargs.split_whitespace() {
             let (key, value) = word.split_once('=').unwrap_or((word, ""));
@@ -93,6 +97,14 @@ impl CommandLine {
                 },
                 (key::KASAN, "panic") => line.kasan_recover = false,
                 (key::KASAN, "recover") => line.kasan_recover = true,
+                (key::KASAN_STACK_SAMPLE, every) => match every.parse::<u32>() {
+                    Ok(every) if every >= 1 => line.stack_sample = every,
+                    _ => defmt::warn!(
+                        "cmdline: kasan.stack_sample={=str} is not a number >= 1, keeping {=u32}",
+                        every,
+                        line.stack_sample
+                    ),
+                },
                 (key::HZ, hz) => match hz.parse::<u64>() {
                     Ok(hz) if (1..=10_000).contains(&hz) => line.hz = hz,
                     _ => defmt::warn!("cmdline: hz={=str} is not in 1..=10000, keeping {=u64}", hz, line.hz),

@@ -59,6 +59,8 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     stacktrace::init_depot();
     mm::kasan::heap::init(layout.free.base + VA_OFFSET, layout.free.size, cmdline.tag_seed);
     mm::kasan::report::set_recover(cmdline.kasan_recover);
+    stacktrace::seed_stack_sample(cmdline.tag_seed);
+    stacktrace::set_stack_sample(cmdline.stack_sample);
     symbols::callsites::init();
     drivers::interrupts::init(layout.gic, platform.virtual_timer_intid);
     drivers::timer::on_tick(task::tick);

@@ -52,6 +52,7 @@ pub mod cmdline {
     pub const FTRACE_SCHEME: &str = "ftrace-scheme";
     pub const TAG_SEED: &str = "tag-seed";
     pub const KASAN: &str = "kasan";
+    pub const KASAN_STACK_SAMPLE: &str = "kasan.stack_sample";
     pub const KPROBE: &str = "kprobe";
     pub const KRETPROBE: &str = "kretprobe";
 }

@@ -2,13 +2,15 @@
 //! with and without the stack depot, at depths 4 to 64 (BENCH.md).
 //!
 //! A recursion of `depth` frames is built, then the leaf takes N traces of exactly `depth`
-//! entries; per_trace = (that loop - the same loop without the trace) / N. With `+depot`, each
-//! trace is also saved in the depot: after the first save it is a lookup hit, as most of the
-//! allocation stacks a sanitizer saves are.
+//! entries through `stacktrace::collect` (the entry point the heap, reports and the tick use),
+//! into a buffer on the stack; per_trace = (that loop - the same loop without the trace) / N.
+//! With `+depot`, each trace is also saved in the depot: after the first save it is a lookup hit,
+//! as most of the allocation stacks a sanitizer saves are.
 
 use super::{Label, Plan, row};
 use crate::stacktrace::{self, Mode};
 use core::hint::black_box;
+use core::mem::MaybeUninit;
 use unwind::TraceOptions;
 
 const DEPTHS: [usize; 5] = [4, 8, 16, 32, 64];
@@ -30,12 +32,14 @@ fn recurse(remaining: usize, leaf: &mut dyn FnMut()) -> usize {
 }
 
 #[inline(never)]
+#[sanitize(kernel_hwaddress = "off")]
 fn trace_once(mode: Mode, depth: usize, depot: bool) {
-    let trace = stacktrace::capture(mode, TraceOptions::new(0, depth));
+    let mut buffer = [MaybeUninit::uninit(); unwind::MAX_FRAMES];
+    let walked = stacktrace::collect(mode, TraceOptions::new(0, depth), &mut buffer);
     if depot {
-        let _ = black_box(stacktrace::DEPOT.save(trace.addresses()));
+        let _ = black_box(stacktrace::DEPOT.save(walked.entries(&buffer)));
     }
-    black_box(&trace);
+    black_box((&walked, &buffer));
 }
 
 #[inline(never)]

@@ -32,9 +32,10 @@
 //! # Stacks, locks and interrupts
 //!
 //! The stack of each alloc and free is collected outside the lock (`collect_stack`: a frame
-//! record walk or a shadow-call-stack copy of the current task's stack, as Linux's SW_TAGS
+//! record walk or a shadow-call-stack copy through `stacktrace::collect`, as Linux's SW_TAGS
 //! saves them), in the mode chosen at run time ([`set_stacks`]: none, fp, scs, each with or without the depot; `-no-depot` collects the
-//! trace and drops it, which is the seed's "saving to stack depot commented out"). The lock
+//! trace and drops it, which is the seed's "saving to stack depot commented out"). With
+//! `kasan.stack_sample=N` one allocation stack in N is collected (free stacks always). The lock
 //! covers the backing allocator, the header and the ring, and is taken with IRQs masked, so an
 //! interrupt can never spin on a lock its own CPU holds. The heap refuses IRQ context (panics):
 //! the tick path never allocates, which also keeps the depot's miss-path spin lock out of IRQs.
@@ -54,7 +55,6 @@
 use super::report::{self, BadFree as BadFreeReport, BugType};
 use super::ring::{Ring, RingEntry};
 use super::storage::{TagStorage, Tags, tag_of, untagged, with_tag};
-use crate::arch::cpu;
 use crate::stacktrace::{self, Mode};
 use crate::sync::IrqMask;
 use buddy_system_allocator::Heap;
@@ -95,7 +95,8 @@ static STATE: spin::Mutex<State> = spin::Mutex::new(State { backing: Heap::new()
 static HEAP_START: AtomicU64 = AtomicU64::new(0);
 static HEAP_END: AtomicU64 = AtomicU64::new(0);
 
-/// How alloc and free collect their stacks (switchable at run time).
+/// How alloc and free collect their stacks (switchable at run time). Every mode that walks
+/// goes through `stacktrace::collect`, the kernel's one walker path.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, defmt::Format)]
 #[repr(u8)]
 pub enum Stacks {
@@ -104,21 +105,19 @@ pub enum Stacks {
     FramePointerNoDepot,
     ShadowCallStack,
     ShadowCallStackNoDepot,
-    /// The general walkers of stacktrace.rs (IRQ and overflow stacks, PAC stripping through
-    /// the unwind crate's checks) instead of the heap's task-only loops, with the depot.
-    FramePointerUnwinder,
-    ShadowCallStackUnwinder,
+    /// The frame walk compiled with the sanitizer's checks on every word it reads (as Linux
+    /// builds its unwinder by default), with the depot.
+    FramePointerInstrumented,
 }
 
 impl Stacks {
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 6] = [
         Self::None,
         Self::FramePointer,
         Self::FramePointerNoDepot,
         Self::ShadowCallStack,
         Self::ShadowCallStackNoDepot,
-        Self::FramePointerUnwinder,
-        Self::ShadowCallStackUnwinder,
+        Self::FramePointerInstrumented,
     ];
 
     pub fn name(self) -> &'static str {
@@ -128,12 +127,11 @@ impl Stacks {
             Self::FramePointerNoDepot => "fp-no-depot",
             Self::ShadowCallStack => "scs",
             Self::ShadowCallStackNoDepot => "scs-no-depot",
-            Self::FramePointerUnwinder => "fp-unwinder",
-            Self::ShadowCallStackUnwinder => "scs-unwinder",
+            Self::FramePointerInstrumented => "fp-instrumented",
         }
     }
 
-    /// Which walk, whether to save in the depot, whether through stacktrace.rs.
+    /// Which walk, whether to save in the depot, whether the walk is the instrumented one.
     fn walker(self) -> Option<(Mode, bool, bool)> {
         match self {
             Self::None => None,
@@ -141,8 +139,7 @@ impl Stacks {
             Self::FramePointerNoDepot => Some((Mode::FramePointer, false, false)),
             Self::ShadowCallStack => Some((Mode::ShadowCallStack, true, false)),
             Self::ShadowCallStackNoDepot => Some((Mode::ShadowCallStack, false, false)),
-            Self::FramePointerUnwinder => Some((Mode::FramePointer, true, true)),
-            Self::ShadowCallStackUnwinder => Some((Mode::ShadowCallStack, true, true)),
+            Self::FramePointerInstrumented => Some((Mode::FramePointer, true, true)),
         }
     }
 }
@@ -184,99 +181,35 @@ fn assert_not_in_irq() {
     assert!(!crate::task::stacks::this_irq_slot().contains_stack(sp), "the heap is not for IRQ context");
 }
 
-/// Collects the stack of allocate/free's caller in the current mode; the raw depot handle or 0.
+/// Collects the stack of allocate/free's caller in the current mode: the raw depot handle, or
+/// handle 0 with the reason in the spare bits (`stacktrace::STACK_NOT_SAMPLED` for an allocation
+/// that `kasan.stack_sample` left out, `STACK_DEPOT_FULL`), or 0 (no stacks, no depot).
 ///
-/// The heap runs in task context only, so its walks are the short task-only forms of
-/// stacktrace.rs's: the frame-pointer walk follows x29 records inside the current task's stack,
-/// the shadow-call-stack copy reads the task's shadow stack from x18 down to its base. Both give
-/// return addresses newest first, PAC-stripped; the first (into allocate/free) is skipped.
+/// Through `stacktrace::collect` (inlined here), the walker path every other user takes; its
+/// first entry (the return into allocate/free) is skipped. The buffer is not zeroed: the
+/// walk writes the entries it reports.
 #[inline(never)]
 #[sanitize(kernel_hwaddress = "off")]
-fn collect_stack() -> u32 {
-    let Some((mode, depot, general)) = stacks().walker() else {
+fn collect_stack(allocation: bool) -> u32 {
+    let Some((mode, depot, instrumented)) = stacks().walker() else {
         return 0;
     };
-    if general {
-        // Skip this function and allocate/free, as the loops below do.
-        let trace = stacktrace::capture(mode, unwind::TraceOptions::new(2, unwind::MAX_FRAMES));
-        return stacktrace::DEPOT.save(trace.addresses()).map_or(0, |handle| handle.to_raw());
+    if allocation && !stacktrace::sample_allocation() {
+        return stacktrace::STACK_NOT_SAMPLED;
     }
-    // Not zeroed: a memset of 512 bytes would cost more than the walk (and core's memset is
-    // instrumented). The walks write entries 0..count, and only those are read.
-    let mut buffer = core::mem::MaybeUninit::<[u64; unwind::MAX_FRAMES]>::uninit();
-    let base = buffer.as_mut_ptr() as *mut u64;
-    let count = match mode {
-        Mode::FramePointer => walk_frame_records(base),
-        Mode::ShadowCallStack => copy_shadow_stack(base),
+    let mut buffer = [core::mem::MaybeUninit::uninit(); unwind::MAX_FRAMES];
+    let options = unwind::TraceOptions::new(1, unwind::MAX_FRAMES);
+    let walked = if instrumented {
+        stacktrace::collect_instrumented(options, &mut buffer)
+    } else {
+        stacktrace::collect(mode, options, &mut buffer)
     };
-    // SAFETY: the walk initialised entries 0..count (count <= MAX_FRAMES) of the buffer.
-    let frames = unsafe { core::slice::from_raw_parts(base, count) };
+    let frames = walked.entries(&buffer);
     if !depot {
         core::hint::black_box(frames);
         return 0;
     }
-    stacktrace::DEPOT.save(frames).map_or(0, |handle| handle.to_raw())
-}
-
-/// Return addresses from this function's caller's frame record outward (the frame walk), into
-/// `frames[0..count]` (room for MAX_FRAMES); returns count.
-#[inline(always)]
-fn walk_frame_records(frames: *mut u64) -> usize {
-    let slot = crate::task::current_slot();
-    let (low, high) = (slot.stack_base(), slot.stack_top());
-    let mut fp: u64;
-    // SAFETY: reads x29.
-    unsafe { core::arch::asm!("mov {}, x29", out(reg) fp, options(nomem, nostack, preserves_flags)) };
-    let mut count = 0;
-    let mut skip = 1;
-    while count < unwind::MAX_FRAMES && fp >= low && fp + 16 <= high && fp.is_multiple_of(8) {
-        let (next, lr): (u64, u64);
-        // SAFETY: fp lies inside the current task's (mapped) stack, checked above; asm loads are
-        // not instrumented.
-        unsafe {
-            core::arch::asm!("ldp {n}, {l}, [{f}]", f = in(reg) fp, n = out(reg) next, l = out(reg) lr, options(nostack, readonly, preserves_flags))
-        };
-        if lr == 0 {
-            break;
-        }
-        if skip > 0 {
-            skip -= 1;
-        } else {
-            // SAFETY: count < MAX_FRAMES, the caller's buffer size.
-            unsafe { frames.add(count).write(cpu::strip_pac(lr)) };
-            count += 1;
-        }
-        // Frame records move strictly up the stack.
-        if next <= fp {
-            break;
-        }
-        fp = next;
-    }
-    count
-}
-
-/// The task's shadow call stack, newest entry first (the shadow-call-stack copy), into
-/// `frames[0..count]` (room for MAX_FRAMES); returns count.
-#[inline(always)]
-fn copy_shadow_stack(frames: *mut u64) -> usize {
-    let base = crate::task::current_slot().shadow_stack_base();
-    let mut pointer = cpu::shadow_call_stack_pointer();
-    // The newest entry is collect_stack's own return address (into allocate/free).
-    pointer = pointer.saturating_sub(8);
-    let mut count = 0;
-    while count < unwind::MAX_FRAMES && pointer > base {
-        pointer -= 8;
-        let lr: u64;
-        // SAFETY: base < pointer < x18: used entries of the current task's shadow stack,
-        // mapped; asm loads are not instrumented.
-        unsafe {
-            core::arch::asm!("ldr {l}, [{p}]", p = in(reg) pointer, l = out(reg) lr, options(nostack, readonly, preserves_flags))
-        };
-        // SAFETY: count < MAX_FRAMES, the caller's buffer size.
-        unsafe { frames.add(count).write(cpu::strip_pac(lr)) };
-        count += 1;
-    }
-    count
+    stacktrace::stack_word(stacktrace::DEPOT.save(frames))
 }
 
 fn current_task() -> u16 {
@@ -302,7 +235,7 @@ fn locked<R>(f: impl FnOnce(&mut State) -> R) -> R {
 #[sanitize(kernel_hwaddress = "off")]
 pub fn allocate(size: usize, align: usize) -> Option<u64> {
     assert_not_in_irq();
-    let stack = collect_stack();
+    let stack = collect_stack(true);
     let size = size as u64;
     let align = (align as u64).max(GRANULE);
     let rounded = round_up(size.max(1), GRANULE);
@@ -378,7 +311,7 @@ fn check_free(state: &State, pointer: u64) -> Result<Header, BadFree> {
 #[sanitize(kernel_hwaddress = "off")]
 pub fn free(pointer: u64) {
     assert_not_in_irq();
-    let stack = collect_stack();
+    let stack = collect_stack(false);
     let verdict = locked(|state| {
         let header = check_free(state, pointer)?;
         let object = untagged(pointer);
@@ -437,7 +370,7 @@ fn refuse_free(bad: BadFree, pointer: u64) {
 #[sanitize(kernel_hwaddress = "off")]
 pub fn reallocate(pointer: u64, align: usize, new_size: usize) -> Option<u64> {
     assert_not_in_irq();
-    let stack = collect_stack();
+    let stack = collect_stack(true);
     let in_place = locked(|state| {
         let header = check_free(state, pointer).ok()?;
         let new_rounded = round_up((new_size as u64).max(1), GRANULE);

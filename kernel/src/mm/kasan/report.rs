@@ -285,7 +285,10 @@ fn print_saved(what: &str, task: Option<u16>, stack: u32, stack_mode: &str) {
                 defmt::error!("  fp #{=usize} {=u64:#x}", index, address);
             }
         }
-        None => defmt::error!("  (no stack saved: heap stack mode {=str})", stack_mode),
+        None => match crate::stacktrace::unsaved_reason(stack) {
+            Some(reason) => defmt::error!("  {=str}", reason),
+            None => defmt::error!("  (no stack saved: heap stack mode {=str})", stack_mode),
+        },
     }
 }
 
