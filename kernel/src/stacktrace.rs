@@ -13,6 +13,7 @@
 use crate::arch::cpu;
 use crate::arch::exception::ExceptionFrame;
 use crate::probes::kretprobe::{self, Repair};
+use crate::sync::{IrqSpinLock, StaticBlocks};
 use crate::task::stacks::{self, SLOT_SIZE, Slot};
 use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
@@ -310,12 +311,10 @@ pub fn print_both_of(frame: &ExceptionFrame, slot: Slot) {
 /// The kernel's stack depot and its pool memory (permanent records: traces are never freed).
 pub static DEPOT: StackDepot<4096, 16> = StackDepot::new();
 const POOL_SIZE: usize = 256 << 10;
-static mut DEPOT_POOLS: [[u8; POOL_SIZE]; 4] = [[0; POOL_SIZE]; 4];
+static DEPOT_POOLS: StaticBlocks<4, POOL_SIZE> = StaticBlocks::new();
 
 pub fn init_depot() {
-    // SAFETY: the pools are handed to the depot once, at init, and never touched again here.
-    let pools = unsafe { &mut *core::ptr::addr_of_mut!(DEPOT_POOLS) };
-    for pool in pools.iter_mut() {
+    while let Some(pool) = DEPOT_POOLS.claim() {
         DEPOT.add_pool(pool).expect("the depot takes four pools");
     }
 }
@@ -457,23 +456,17 @@ pub struct IrqCapture {
 }
 
 static IRQ_CAPTURE_ARMED: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
-static IRQ_CAPTURE_DONE: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
-static mut IRQ_CAPTURE: IrqCapture = IrqCapture { frame_pointer: Trace::new(), shadow: Trace::new(), pc: 0 };
+static IRQ_CAPTURE: IrqSpinLock<Option<IrqCapture>> = IrqSpinLock::new(None);
 
 /// Asks the next timer tick to capture both traces in IRQ context.
 pub fn arm_irq_capture() {
-    IRQ_CAPTURE_DONE.store(false, Ordering::Relaxed);
+    *IRQ_CAPTURE.lock() = None;
     IRQ_CAPTURE_ARMED.store(true, Ordering::Release);
 }
 
 /// The capture, once the tick has taken it.
-pub fn take_irq_capture() -> Option<&'static IrqCapture> {
-    if !IRQ_CAPTURE_DONE.swap(false, Ordering::Acquire) {
-        return None;
-    }
-    // SAFETY: DONE was set (release) after the IRQ wrote the capture, and the IRQ writes again
-    // only after the next arm_irq_capture, which the caller does after it is done reading.
-    Some(unsafe { &*core::ptr::addr_of!(IRQ_CAPTURE) })
+pub fn take_irq_capture() -> Option<IrqCapture> {
+    IRQ_CAPTURE.lock().take()
 }
 
 /// Called by the timer tick (IRQ context).
@@ -486,7 +479,5 @@ pub fn on_tick() {
     let pc = if frame.is_null() { 0 } else { unsafe { (*frame).elr } };
     let frame_pointer = capture(Mode::FramePointer, TraceOptions::ALL);
     let shadow = capture(Mode::ShadowCallStack, TraceOptions::ALL);
-    // SAFETY: only this IRQ path writes IRQ_CAPTURE, between arm and DONE (see take_irq_capture).
-    unsafe { *core::ptr::addr_of_mut!(IRQ_CAPTURE) = IrqCapture { frame_pointer, shadow, pc } };
-    IRQ_CAPTURE_DONE.store(true, Ordering::Release);
+    *IRQ_CAPTURE.lock() = Some(IrqCapture { frame_pointer, shadow, pc });
 }

@@ -9,6 +9,7 @@
 //! own, built in static memory (no allocator).
 
 use super::{Label, Plan, row};
+use crate::sync::StaticBlocks;
 use core::hint::black_box;
 use stackdepot::StackDepot;
 
@@ -16,23 +17,17 @@ const POOL_SIZE: usize = 256 << 10;
 const POOLS: usize = 96;
 /// 24 MiB of pool memory, handed out to the cases' depots as they need it: 10 MiB for the
 /// per-operation cases (every insert-miss is a new record), 10.3 MiB for 65,536 distinct stacks.
-static mut POOL_MEMORY: [[u8; POOL_SIZE]; POOLS] = [[0; POOL_SIZE]; POOLS];
-static mut POOLS_USED: usize = 0;
+static POOL_MEMORY: StaticBlocks<POOLS, POOL_SIZE> = StaticBlocks::new();
 
 type BenchDepot = StackDepot<65536, 48>;
 static DEPOT_OPS: BenchDepot = StackDepot::new();
 static DEPOT_SATURATION: [BenchDepot; 3] = [const { StackDepot::new() }; 3];
 
-/// Gives `depot` `count` more pools. Single-threaded bench code.
+/// Gives `depot` `count` more pools.
 fn grow(depot: &BenchDepot, count: usize) -> bool {
     for _ in 0..count {
-        // SAFETY: the bench runs on one task; each pool is handed out once.
-        let pool = unsafe {
-            if POOLS_USED == POOLS {
-                return false;
-            }
-            POOLS_USED += 1;
-            &mut *core::ptr::addr_of_mut!(POOL_MEMORY[POOLS_USED - 1])
+        let Some(pool) = POOL_MEMORY.claim() else {
+            return false;
         };
         if depot.add_pool(pool).is_err() {
             return false;

@@ -364,7 +364,7 @@ fn traces_agree_in_irqs_at_random_points(context: &Context) -> Outcome {
             }
             check!(timer::counter() < deadline);
         };
-        match check_irq_capture(capture, false) {
+        match check_irq_capture(&capture, false) {
             Ok(true) => checked += 1,
             Ok(false) => {}
             Err(what) => {
@@ -404,7 +404,7 @@ fn traces_agree_in_an_irq_at_a_known_point(_: &Context) -> Outcome {
         check!(timer::counter() < deadline);
     };
     check!(callsites::function_containing(capture.pc).map(|(start, _)| start) == Some(wait_here as *const () as u64));
-    check!(check_irq_capture(capture, true) == Ok(true));
+    check!(check_irq_capture(&capture, true) == Ok(true));
     // The interrupted part of the trace reaches through the whole chain.
     check!(capture.frame_pointer.addresses().iter().filter(|&&address| is_chain_function(address - 4)).count() >= 25);
     Ok(Verdict::Passed)
