@@ -104,14 +104,13 @@ pub fn run(plan: &Plan) {
 
 /// Stacks of `lookup-hit-mixed`.
 const MIXED: usize = 256;
-static mut MIXED_STACKS: [[u64; 16]; MIXED] = [[0; 16]; MIXED];
 
 /// `lookup-hit-mixed`: every lookup a hit on one of 256 depth-16 stacks, in a fixed
 /// pseudo-random order, so no lookup finds its record (or its chain) where the previous left it.
 fn lookup_hit_mixed(plan: &Plan, iterations: u64, salt: &mut u64) {
     *salt += 1;
-    // SAFETY: the bench runs on one task; only this function touches MIXED_STACKS.
-    let stacks = unsafe { &mut *core::ptr::addr_of_mut!(MIXED_STACKS) };
+    // On the heap, filled before the measured window opens.
+    let mut stacks = alloc::vec![[0u64; 16]; MIXED];
     let mut frames = [0u64; 64];
     for (index, stack) in stacks.iter_mut().enumerate() {
         stack.copy_from_slice(synthetic_stack(index as u64, *salt, 16, &mut frames));

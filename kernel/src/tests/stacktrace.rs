@@ -534,9 +534,11 @@ fn depot_hash_instruction_matches_the_portable_crc(_: &Context) -> Outcome {
 
 fn full_depot_keeps_handle_zero_and_says_why(_: &Context) -> Outcome {
     static SMALL: stackdepot::StackDepot<16, 1> = stackdepot::StackDepot::new();
-    static mut POOL: [u8; 512] = [0; 512];
-    // SAFETY: handed to the depot once (this test runs once per boot).
-    let pool = unsafe { &mut *core::ptr::addr_of_mut!(POOL) };
+    static POOL: crate::sync::StaticBlocks<1, 512> = crate::sync::StaticBlocks::new();
+    // The test runs once per boot: a second run would find the pool claimed.
+    let Some(pool) = POOL.claim() else {
+        return Err(super::fail("the small depot's pool was claimed before"));
+    };
     if SMALL.add_pool(pool).is_err() {
         return Err(super::fail("the small depot refused its pool"));
     }
