@@ -5,8 +5,10 @@
 //! Access checks exist only in the `full` build: the corpus skips elsewhere. The free-path checks
 //! (double and invalid free) belong to the allocator and run in every build. Cases that SW_TAGS
 //! cannot catch (an overflow inside the last granule, a tag collision) are checked as not caught.
-//! Recover mode lets each bad access happen: bad writes land only in a block's slack, its header
-//! or freed memory at offsets that are never the buddy allocator's free-list links.
+//! Recover mode lets each bad access the compiler checked happen (the runtime's intrinsics do
+//! not carry out a reported one): bad writes within a granule of an object land in the guard
+//! granules around it (heap.rs), never in a header or a free-list link; the `kasan_sound_*`
+//! cases prove it, and that the heap still works after each.
 
 use super::{Context, Failure, Outcome, Test, Verdict, check, check_eq, fail};
 use crate::mm::kasan::heap::{self, Stacks};
@@ -45,6 +47,16 @@ pub const TESTS: &[Test] = &[
     Test { name: "kasan_stack_modes", run: kasan_stack_modes },
     Test { name: "kasan_not_caught_inside_last_granule", run: kasan_not_caught_inside_last_granule },
     Test { name: "kasan_not_caught_tag_collision", run: kasan_not_caught_tag_collision },
+    Test { name: "kasan_sound_memmove_negative_size", run: kasan_sound_memmove_negative_size },
+    Test { name: "kasan_sound_intrinsic_not_carried_out", run: kasan_sound_intrinsic_not_carried_out },
+    Test { name: "kasan_sound_overflow_spares_metadata", run: kasan_sound_overflow_spares_metadata },
+    Test { name: "kasan_sound_overflow_spares_free_list", run: kasan_sound_overflow_spares_free_list },
+    Test { name: "kasan_sound_double_free_after_ring_wrap", run: kasan_sound_double_free_after_ring_wrap },
+    Test { name: "kasan_sound_match_all_free_realloc", run: kasan_sound_match_all_free_realloc },
+    Test { name: "kasan_sound_prefers_live_object", run: kasan_sound_prefers_live_object },
+    Test { name: "kasan_sound_realloc_after_free", run: kasan_sound_realloc_after_free },
+    Test { name: "kasan_sound_zero_size", run: kasan_sound_zero_size },
+    Test { name: "kasan_sound_bad_frees", run: kasan_sound_bad_frees },
 ];
 
 const NO_CHECKS: &str = "no compiler tag checks in this build (only `full` has kernel-hwaddress)";
@@ -193,8 +205,7 @@ fn kasan_oob_right_small(_: &Context) -> Outcome {
     if !CHECKS_COMPILED_IN {
         return Ok(Verdict::Skipped(NO_CHECKS));
     }
-    // 96 bytes in a 128-byte block: the bad write lands in the block's slack (recover mode
-    // lets it happen, so a corpus write must never hit another object or the free lists).
+    // The bad write lands in the trailing guard granule (recover mode lets it happen).
     let object = allocate(96);
     let expect = Expect { bug: BugType::OutOfBounds, size: 1, write: true, site: site(kasan_oob_right_small) };
     let report = expect_report(expect, || write_u8(object + 96, 0x5a))?;
@@ -276,14 +287,15 @@ fn kasan_realloc_grow_oob(_: &Context) -> Outcome {
     if !CHECKS_COMPILED_IN {
         return Ok(Verdict::Skipped(NO_CHECKS));
     }
-    let object = allocate(192);
-    let grown = heap::reallocate(object, 16, 224).expect("the heap has room");
+    // 160 bytes in a 256-byte block (header, guard, object, trailing guard): 192 still fits.
+    let object = allocate(160);
+    let grown = heap::reallocate(object, 16, 192).expect("the heap has room");
     check_eq!(grown, object);
-    // The last byte of the new size is fine, the next one (block slack) is not.
-    let (count, _) = kasan::recording(|| write_u8(grown + 223, 1));
+    // The last byte of the new size is fine, the next one (the trailing guard) is not.
+    let (count, _) = kasan::recording(|| write_u8(grown + 191, 1));
     check_eq!(count, 0);
     let expect = Expect { bug: BugType::OutOfBounds, size: 1, write: true, site: site(kasan_realloc_grow_oob) };
-    expect_report(expect, || write_u8(grown + 224, 1))?;
+    expect_report(expect, || write_u8(grown + 192, 1))?;
     heap::free(grown);
     Ok(Verdict::Passed)
 }
@@ -602,4 +614,270 @@ fn kasan_not_caught_tag_collision(_: &Context) -> Outcome {
         heap::free(object);
     }
     Ok(Verdict::Passed)
+}
+
+/// Allocates and frees 64 objects of each size, writing and reading them whole, and checks that
+/// nothing was reported: the heap a recovered bug left behind still works.
+fn churn(sizes: &[usize]) -> Outcome {
+    let (count, _) = kasan::recording(|| {
+        for &size in sizes {
+            let mut objects = [0u64; 64];
+            for (index, object) in objects.iter_mut().enumerate() {
+                *object = allocate(size);
+                for offset in 0..size as u64 {
+                    write_u8(*object + offset, index as u8);
+                }
+            }
+            for (index, object) in objects.iter().enumerate() {
+                for offset in 0..size as u64 {
+                    if read_u8(*object + offset) != index as u8 {
+                        // An object overlapping another: count it as a report.
+                        write_u8(*object + size as u64 + 16, 0);
+                    }
+                }
+            }
+            for object in objects {
+                heap::free(object);
+            }
+        }
+    });
+    check_eq!(count, 0);
+    Ok(Verdict::Passed)
+}
+
+fn kasan_sound_memmove_negative_size(_: &Context) -> Outcome {
+    if !CHECKS_COMPILED_IN {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    // Linux's kmalloc_memmove_negative_size: (size_t)-2 wraps a naive range check.
+    let object = allocate(64);
+    for offset in 0..64 {
+        write_u8(object + offset, offset as u8);
+    }
+    let site = site(kasan_sound_memmove_negative_size);
+    let report = expect_report(Expect { bug: BugType::OutOfBounds, size: u64::MAX - 1, write: false, site }, || {
+        // SAFETY: deliberately a size that overflows the address space: the sanitizer must
+        // report it and move nothing.
+        unsafe { core::ptr::copy((object + 4) as *const u8, object as *mut u8, black_box(usize::MAX - 1)) }
+    })?;
+    check_eq!(report.address, object + 4);
+    for offset in 0..64 {
+        check_eq!(read_u8(object + offset), offset as u8);
+    }
+    let (count, _) = kasan::recording(|| heap::free(object));
+    check_eq!(count, 0);
+    churn(&[48, 64, 80])
+}
+
+fn kasan_sound_intrinsic_not_carried_out(_: &Context) -> Outcome {
+    if !CHECKS_COMPILED_IN {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    let object = allocate(112);
+    let past = untagged(object) + 112;
+    // SAFETY: the granule after the object is the block's (untagged read of heap memory).
+    let before = unsafe { (past as *const u64).read_volatile() };
+    let site = site(kasan_sound_intrinsic_not_carried_out);
+    expect_report(Expect { bug: BugType::OutOfBounds, size: 16, write: true, site }, || {
+        // SAFETY: deliberately straddles the object's end: reported, so not carried out.
+        unsafe { core::ptr::write_bytes((object + 104) as *mut u8, 0xaa, black_box(16)) }
+    })?;
+    // SAFETY: as above.
+    check_eq!(unsafe { (past as *const u64).read_volatile() }, before);
+    check!(read_u8(object + 104) != 0xaa || read_u8(object + 111) != 0xaa);
+    heap::free(object);
+    Ok(Verdict::Passed)
+}
+
+fn kasan_sound_overflow_spares_metadata(_: &Context) -> Outcome {
+    if !CHECKS_COMPILED_IN {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    // Sizes with no slack in the old layout (2^k - 16): a recovered store one granule past the
+    // object hit the next block's header.
+    let site = site(kasan_sound_overflow_spares_metadata);
+    for size in [112u64, 240, 496, 1008] {
+        let objects: [u64; 4] = core::array::from_fn(|_| allocate(size as usize));
+        for &object in &objects {
+            expect_report(Expect { bug: BugType::OutOfBounds, size: 8, write: true, site }, || {
+                write_u64(object + size, u64::MAX)
+            })?;
+            expect_report(Expect { bug: BugType::OutOfBounds, size: 8, write: true, site }, || {
+                write_u64(object + size + 8, u64::MAX)
+            })?;
+            expect_report(Expect { bug: BugType::OutOfBounds, size: 8, write: true, site }, || {
+                write_u64(object - 8, u64::MAX)
+            })?;
+            expect_report(Expect { bug: BugType::OutOfBounds, size: 8, write: true, site }, || {
+                write_u64(object - 16, u64::MAX)
+            })?;
+        }
+        // Every object is still whole and frees cleanly.
+        let (count, _) = kasan::recording(|| {
+            for &object in &objects {
+                black_box(read_u64(object + size - 8));
+                heap::free(object);
+            }
+        });
+        check_eq!(count, 0);
+        churn(&[size as usize - 16, size as usize, size as usize + 16])?;
+    }
+    Ok(Verdict::Passed)
+}
+
+fn kasan_sound_overflow_spares_free_list(_: &Context) -> Outcome {
+    if !CHECKS_COMPILED_IN {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    // Linux's krealloc_more_oob: 201 grown to 235, a write at 235 + one granule; the block
+    // after may be free, its first word a free-list link.
+    let site = site(kasan_sound_overflow_spares_free_list);
+    let object = allocate(201);
+    let after = allocate(201);
+    heap::free(after);
+    let grown = heap::reallocate(object, 16, 235).expect("the heap has room");
+    let end = round_up16(235);
+    expect_report(Expect { bug: BugType::OutOfBounds, size: 8, write: true, site }, || {
+        write_u64(grown + end, u64::MAX)
+    })?;
+    expect_report(Expect { bug: BugType::OutOfBounds, size: 8, write: true, site }, || {
+        write_u64(grown + end + 8, u64::MAX)
+    })?;
+    heap::free(grown);
+    churn(&[200, 235, 256])
+}
+
+fn round_up16(size: u64) -> u64 {
+    (size + 15) & !15
+}
+
+fn kasan_sound_double_free_after_ring_wrap(_: &Context) -> Outcome {
+    let object = allocate(48);
+    // A live neighbour keeps the freed block from merging; the churn uses another block order.
+    let neighbour = allocate(48);
+    heap::free(object);
+    for _ in 0..(crate::mm::kasan::ring::RING_ENTRIES / 2 + 64) {
+        let other = allocate(1000);
+        heap::free(other);
+    }
+    check!(heap::newest_entry(object, true).is_none());
+    let (count, report) = kasan::recording(|| heap::free(object));
+    check_eq!(count, 1);
+    check!(report.is_some_and(|report| report.bug == BugType::DoubleFree && report.address == object));
+    heap::free(neighbour);
+    Ok(Verdict::Passed)
+}
+
+fn kasan_sound_match_all_free_realloc(_: &Context) -> Outcome {
+    // An untagged kernel pointer carries 0xFF, which every access accepts: free and realloc do.
+    let object = allocate(40);
+    let (count, _) = kasan::recording(|| heap::free(with_tag(object, Tags::MATCH_ALL)));
+    check_eq!(count, 0);
+    check_eq!(Tags::memory_tag(untagged(object)), Tags::INVALID);
+    let again = allocate(40);
+    let mut grown = None;
+    let (count, _) = kasan::recording(|| grown = heap::reallocate(with_tag(again, Tags::MATCH_ALL), 16, 64));
+    check_eq!(count, 0);
+    let Some(grown) = grown else {
+        return Err(fail("realloc of a match-all pointer returned null"));
+    };
+    check!(Tags::is_object_tag(tag_of(grown)));
+    let moved = heap::reallocate(with_tag(grown, Tags::MATCH_ALL), 16, 4000).expect("the heap has room");
+    check_eq!(Tags::memory_tag(untagged(grown)), Tags::INVALID);
+    let (count, _) = kasan::recording(|| heap::free(moved));
+    check_eq!(count, 0);
+    Ok(Verdict::Passed)
+}
+
+fn kasan_sound_prefers_live_object(_: &Context) -> Outcome {
+    if !CHECKS_COMPILED_IN {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    // A dead neighbour with the live object's tag, in the block right after it: an overflow
+    // past the live object is its out-of-bounds, not the dead one's use-after-free.
+    let live = allocate(112);
+    let mut neighbour = allocate(112);
+    let mut tries = 0;
+    while tag_of(neighbour) != tag_of(live) {
+        heap::free(neighbour);
+        neighbour = allocate(112);
+        tries += 1;
+        if tries > 4000 {
+            return Err(fail("no neighbour with the same tag"));
+        }
+    }
+    heap::free(neighbour);
+    let site = site(kasan_sound_prefers_live_object);
+    for offset in [112, 120, 128] {
+        let report = expect_report(Expect { bug: BugType::OutOfBounds, size: 1, write: false, site }, || {
+            black_box(read_u8(live + offset));
+        })?;
+        check_eq!(report.object.map_or(0, |object| object.address), live);
+    }
+    heap::free(live);
+    Ok(Verdict::Passed)
+}
+
+fn kasan_sound_realloc_after_free(_: &Context) -> Outcome {
+    // Linux's krealloc_uaf: reallocating a freed object is a use-after-free, and changes nothing.
+    let object = allocate(201);
+    heap::free(object);
+    let (count, report) = kasan::recording(|| {
+        black_box(heap::reallocate(object, 16, 19));
+    });
+    check_eq!(count, 1);
+    check!(report.is_some_and(|report| report.bug == BugType::UseAfterFree && report.address == object));
+    check_eq!(Tags::memory_tag(untagged(object)), Tags::INVALID);
+    churn(&[19, 201])
+}
+
+fn kasan_sound_zero_size(_: &Context) -> Outcome {
+    let object = allocate(0);
+    check!(Tags::is_object_tag(tag_of(object)));
+    // No granule is the object's.
+    check_eq!(Tags::memory_tag(untagged(object)), Tags::INVALID);
+    if CHECKS_COMPILED_IN {
+        let site = site(kasan_sound_zero_size);
+        expect_report(Expect { bug: BugType::OutOfBounds, size: 1, write: false, site }, || {
+            black_box(read_u8(object));
+        })?;
+    }
+    let (count, _) = kasan::recording(|| heap::free(object));
+    check_eq!(count, 0);
+    let (count, report) = kasan::recording(|| heap::free(object));
+    check_eq!(count, 1);
+    check!(report.is_some_and(|report| report.bug == BugType::DoubleFree));
+    Ok(Verdict::Passed)
+}
+
+fn kasan_sound_bad_frees(_: &Context) -> Outcome {
+    // Never allocated (inside a free block), interior, wrong tag, unaligned, out of the heap,
+    // just below the heap, at the heap's end: each reported as an invalid free, nothing freed.
+    let object = allocate(64);
+    let big = allocate(8000);
+    heap::free(big);
+    let (start, end) = heap::range();
+    let other_tag = if tag_of(object) == Tags::LAST_OBJECT_TAG { Tags::FIRST_OBJECT_TAG } else { tag_of(object) + 1 };
+    let bad = [
+        with_tag(untagged(big) + 1024, tag_of(object)),
+        object + 32,
+        with_tag(object, other_tag),
+        object + 8,
+        with_tag(start, tag_of(object)),
+        with_tag(start + 16, Tags::MATCH_ALL),
+        with_tag(start - 64, tag_of(object)),
+        with_tag(end, tag_of(object)),
+        with_tag(end - 16, tag_of(object)),
+        0x10,
+        with_tag(object, Tags::INVALID),
+    ];
+    for pointer in bad {
+        let (count, report) = kasan::recording(|| heap::free(pointer));
+        check_eq!(count, 1);
+        check!(report.is_some_and(|report| report.bug == BugType::InvalidFree && report.address == pointer));
+    }
+    check_eq!(Tags::memory_tag(untagged(object)), tag_of(object));
+    let (count, _) = kasan::recording(|| heap::free(object));
+    check_eq!(count, 0);
+    churn(&[64, 8000])
 }

@@ -175,8 +175,9 @@ pub fn report_bad_free(bad: BadFree) {
     let report = Report {
         bug,
         address: pointer,
-        size: 0,
-        write: true,
+        // A reallocation of a freed object reads it (Linux's krealloc checks one byte).
+        size: if bug == BugType::UseAfterFree { 1 } else { 0 },
+        write: bug != BugType::UseAfterFree,
         pointer_tag: tag_of(pointer),
         memory_tag: memory_tag.unwrap_or(Tags::MATCH_ALL),
         pc,
