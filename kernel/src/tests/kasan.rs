@@ -57,6 +57,42 @@ pub const TESTS: &[Test] = &[
     Test { name: "kasan_sound_realloc_after_free", run: kasan_sound_realloc_after_free },
     Test { name: "kasan_sound_zero_size", run: kasan_sound_zero_size },
     Test { name: "kasan_sound_bad_frees", run: kasan_sound_bad_frees },
+    Test { name: "kasan_kmalloc_oob_right", run: linux::kasan_kmalloc_oob_right },
+    Test { name: "kasan_kmalloc_oob_left", run: linux::kasan_kmalloc_oob_left },
+    Test { name: "kasan_kmalloc_node_oob_right", run: linux::kasan_kmalloc_node_oob_right },
+    Test { name: "kasan_kmalloc_track_caller_oob_right", run: linux::kasan_kmalloc_track_caller_oob_right },
+    Test { name: "kasan_kmalloc_big_oob_right", run: linux::kasan_kmalloc_big_oob_right },
+    Test { name: "kasan_kmalloc_large_oob_right", run: linux::kasan_kmalloc_large_oob_right },
+    Test { name: "kasan_kmalloc_large_uaf", run: linux::kasan_kmalloc_large_uaf },
+    Test { name: "kasan_kmalloc_large_invalid_free", run: linux::kasan_kmalloc_large_invalid_free },
+    Test { name: "kasan_krealloc_more_oob", run: linux::kasan_krealloc_more_oob },
+    Test { name: "kasan_krealloc_less_oob", run: linux::kasan_krealloc_less_oob },
+    Test { name: "kasan_krealloc_large_more_oob", run: linux::kasan_krealloc_large_more_oob },
+    Test { name: "kasan_krealloc_large_less_oob", run: linux::kasan_krealloc_large_less_oob },
+    Test { name: "kasan_krealloc_uaf", run: linux::kasan_krealloc_uaf },
+    Test { name: "kasan_kmalloc_oob_16", run: linux::kasan_kmalloc_oob_16 },
+    Test { name: "kasan_kmalloc_uaf_16", run: linux::kasan_kmalloc_uaf_16 },
+    Test { name: "kasan_kmalloc_oob_in_memset", run: linux::kasan_kmalloc_oob_in_memset },
+    Test { name: "kasan_kmalloc_oob_memset_2", run: linux::kasan_kmalloc_oob_memset_2 },
+    Test { name: "kasan_kmalloc_oob_memset_4", run: linux::kasan_kmalloc_oob_memset_4 },
+    Test { name: "kasan_kmalloc_oob_memset_8", run: linux::kasan_kmalloc_oob_memset_8 },
+    Test { name: "kasan_kmalloc_oob_memset_16", run: linux::kasan_kmalloc_oob_memset_16 },
+    Test { name: "kasan_kmalloc_memmove_negative_size", run: linux::kasan_kmalloc_memmove_negative_size },
+    Test { name: "kasan_kmalloc_memmove_invalid_size", run: linux::kasan_kmalloc_memmove_invalid_size },
+    Test { name: "kasan_kmalloc_uaf", run: linux::kasan_kmalloc_uaf },
+    Test { name: "kasan_kmalloc_uaf_memset", run: linux::kasan_kmalloc_uaf_memset },
+    Test { name: "kasan_kmalloc_uaf2", run: linux::kasan_kmalloc_uaf2 },
+    Test { name: "kasan_kmalloc_uaf3", run: linux::kasan_kmalloc_uaf3 },
+    Test { name: "kasan_kmalloc_double_kzfree", run: linux::kasan_kmalloc_double_kzfree },
+    Test { name: "kasan_atomics", run: linux::kasan_atomics },
+    Test { name: "kasan_memchr", run: linux::kasan_memchr },
+    Test { name: "kasan_memcmp", run: linux::kasan_memcmp },
+    Test { name: "kasan_strings", run: linux::kasan_strings },
+    Test { name: "kasan_bitops_tags", run: linux::kasan_bitops_tags },
+    Test { name: "kasan_match_all_not_assigned", run: linux::kasan_match_all_not_assigned },
+    Test { name: "kasan_match_all_ptr_tag", run: linux::kasan_match_all_ptr_tag },
+    Test { name: "kasan_match_all_mem_tag", run: linux::kasan_match_all_mem_tag },
+    Test { name: "kasan_rust_uaf", run: linux::kasan_rust_uaf },
 ];
 
 const NO_CHECKS: &str = "no compiler tag checks in this build (only `full` has kernel-hwaddress)";
@@ -87,6 +123,8 @@ fn write_u64(address: u64, value: u64) {
     unsafe { (address as *mut u64).write_volatile(value) }
 }
 
+/// Always inlined, so that the allocation stack's first frame is the test function's.
+#[inline(always)]
 fn allocate(size: usize) -> u64 {
     heap::allocate(size, 16).expect("the heap has room")
 }
@@ -110,8 +148,18 @@ struct Expect {
 
 /// Runs `bug` in recover mode and checks that it caused exactly the expected report.
 fn expect_report(expect: Expect, bug: impl FnOnce()) -> Result<Report, Failure> {
-    let (count, report) = kasan::recording(bug);
-    check_eq!(count, 1);
+    expect_reports(expect, 1..=1, bug)
+}
+
+/// Runs `bug` in recover mode and checks that it caused `count` reports, the last as expected
+/// (a string helper that goes on reading a freed string reports each byte).
+fn expect_reports(
+    expect: Expect,
+    count: core::ops::RangeInclusive<u64>,
+    bug: impl FnOnce(),
+) -> Result<Report, Failure> {
+    let (reports, report) = kasan::recording(bug);
+    check!(count.contains(&reports));
     let Some(report) = report else {
         return Err(fail("no report recorded"));
     };
@@ -880,4 +928,745 @@ fn kasan_sound_bad_frees(_: &Context) -> Outcome {
     let (count, _) = kasan::recording(|| heap::free(object));
     check_eq!(count, 0);
     churn(&[64, 8000])
+}
+
+/// The cases of Linux's `mm/kasan/kasan_test_c.c` that apply to a heap-only tag-based sanitizer
+/// (no slab caches, mempools, vmalloc, page allocator, RCU, workqueues or user copies), with
+/// Linux's sizes and offsets (granule 16, `KMALLOC_MAX_CACHE_SIZE` 8192, `OOB_TAG_OFF` 16).
+/// Each asserts the bug type, access size, direction, tags and the first frame of the stacks,
+/// then audits the heap ([`audit`]).
+mod linux {
+    use super::*;
+    use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+    const GRANULE: usize = 16;
+    const KMALLOC_MAX_CACHE_SIZE: usize = 8192;
+    const OOB_TAG_OFF: usize = GRANULE;
+
+    /// Whether the first frame of a saved stack lies in `function`.
+    fn first_frame_in(stack: u32, function: u64) -> bool {
+        let mut buffer = [0; stackdepot::MAX_FRAMES];
+        report::saved_frames(stack, &mut buffer).first().is_some_and(|&address| {
+            crate::symbols::callsites::function_containing(address).is_some_and(|(start, _)| start == function)
+        })
+    }
+
+    /// `expect_report`, plus: the pointer and memory tags, and stacks whose first frame is the
+    /// test function's (when stacks are collected: builds with frame pointers).
+    fn expect(
+        bug: BugType,
+        size: u64,
+        write: bool,
+        site: u64,
+        memory_tag: Option<u8>,
+        access: impl FnOnce(),
+    ) -> Result<Report, Failure> {
+        let report = expect_report(Expect { bug, size, write, site }, access)?;
+        check_eq!(report.pointer_tag, tag_of(report.address));
+        if let Some(memory_tag) = memory_tag {
+            check_eq!(report.memory_tag, memory_tag);
+        }
+        if let Some(object) = report.object {
+            check!(first_frame_in(object.alloc_stack, site));
+            if object.free_task.is_some() {
+                check!(first_frame_in(object.free_stack, site));
+            }
+        }
+        Ok(report)
+    }
+
+    /// The heap audit after a case: every live header and its shadow (heap::audit), then 64
+    /// allocations and frees of each of the victim's and its neighbours' sizes, written and
+    /// read whole, with no report; then the headers again.
+    fn audit(sizes: &[usize]) -> Outcome {
+        if let Err(problem) = heap::audit() {
+            return Err(fail(problem));
+        }
+        let mut neighbours = Vec::new();
+        for &size in sizes {
+            neighbours.extend([size.saturating_sub(GRANULE).max(1), size, size + GRANULE]);
+        }
+        churn(&neighbours)?;
+        if let Err(problem) = heap::audit() {
+            return Err(fail(problem));
+        }
+        Ok(Verdict::Passed)
+    }
+
+    #[inline(never)]
+    fn read_u128(address: u64) -> u128 {
+        // SAFETY: as in read_u8 (a 16-byte access: the check covers all of it).
+        unsafe { (address as *const u128).read_volatile() }
+    }
+
+    #[inline(never)]
+    fn memset(address: u64, byte: u8, count: usize) {
+        // SAFETY: tests pass heap ranges, possibly bad: the sanitizer must report them.
+        unsafe { core::ptr::write_bytes(address as *mut u8, byte, black_box(count)) }
+    }
+
+    #[inline(never)]
+    fn memmove(destination: u64, source: u64, count: usize) {
+        // SAFETY: as in memset.
+        unsafe { core::ptr::copy(source as *const u8, destination as *mut u8, black_box(count)) }
+    }
+
+    #[inline(never)]
+    fn memcpy(destination: u64, source: u64, count: usize) {
+        // SAFETY: as in memset.
+        unsafe { core::ptr::copy_nonoverlapping(source as *const u8, destination as *mut u8, black_box(count)) }
+    }
+
+    fn site(function: fn(&Context) -> Outcome) -> u64 {
+        super::site(function)
+    }
+
+    const OOB: BugType = BugType::OutOfBounds;
+    const UAF: BugType = BugType::UseAfterFree;
+    const INVALID: Option<u8> = Some(Tags::INVALID);
+
+    pub fn kasan_kmalloc_oob_right(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        let size = 128 - GRANULE - 5;
+        let ptr = allocate(size);
+        let here = site(kasan_kmalloc_oob_right);
+        // The access inside the last granule is SW_TAGS's blind spot; the next granule:
+        let report = expect(OOB, 1, true, here, INVALID, || write_u8(ptr + size as u64 + 5, b'y'))?;
+        check_eq!(report.address, ptr + 112);
+        expect(OOB, 1, false, here, INVALID, || {
+            black_box(read_u8(ptr + (size + GRANULE + 5) as u64));
+        })?;
+        heap::free(ptr);
+        audit(&[107])
+    }
+
+    pub fn kasan_kmalloc_oob_left(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        let ptr = allocate(15);
+        expect(OOB, 1, false, site(kasan_kmalloc_oob_left), INVALID, || {
+            black_box(read_u8(ptr - 1));
+        })?;
+        heap::free(ptr);
+        audit(&[15])
+    }
+
+    pub fn kasan_kmalloc_node_oob_right(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        let ptr = allocate(4096);
+        expect(OOB, 1, false, site(kasan_kmalloc_node_oob_right), INVALID, || {
+            black_box(read_u8(ptr + 4096));
+        })?;
+        heap::free(ptr);
+        audit(&[4096])
+    }
+
+    pub fn kasan_kmalloc_track_caller_oob_right(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        let size = 128 - GRANULE;
+        let ptr = allocate(size);
+        expect(OOB, 1, true, site(kasan_kmalloc_track_caller_oob_right), INVALID, || {
+            write_u8(ptr + size as u64, b'y')
+        })?;
+        heap::free(ptr);
+        audit(&[112])
+    }
+
+    pub fn kasan_kmalloc_big_oob_right(_: &Context) -> Outcome {
+        let size = KMALLOC_MAX_CACHE_SIZE - 256;
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        let ptr = allocate(size);
+        expect(OOB, 1, true, site(kasan_kmalloc_big_oob_right), INVALID, || {
+            write_u8(ptr + (size + OOB_TAG_OFF) as u64, 0)
+        })?;
+        heap::free(ptr);
+        audit(&[size])
+    }
+
+    pub fn kasan_kmalloc_large_oob_right(_: &Context) -> Outcome {
+        let size = KMALLOC_MAX_CACHE_SIZE + 10;
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        let ptr = allocate(size);
+        expect(OOB, 1, true, site(kasan_kmalloc_large_oob_right), INVALID, || {
+            write_u8(ptr + (size + OOB_TAG_OFF) as u64, 0)
+        })?;
+        heap::free(ptr);
+        audit(&[size])
+    }
+
+    pub fn kasan_kmalloc_large_uaf(_: &Context) -> Outcome {
+        let size = KMALLOC_MAX_CACHE_SIZE + 10;
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        let ptr = allocate(size);
+        heap::free(ptr);
+        expect(UAF, 1, false, site(kasan_kmalloc_large_uaf), INVALID, || {
+            black_box(read_u8(ptr));
+        })?;
+        audit(&[size])
+    }
+
+    pub fn kasan_kmalloc_large_invalid_free(_: &Context) -> Outcome {
+        let size = KMALLOC_MAX_CACHE_SIZE + 10;
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        let ptr = allocate(size);
+        let (count, report) = kasan::recording(|| heap::free(ptr + 1));
+        check_eq!(count, 1);
+        check!(report.is_some_and(|report| report.bug == BugType::InvalidFree && report.address == ptr + 1));
+        let (count, _) = kasan::recording(|| heap::free(ptr));
+        check_eq!(count, 0);
+        audit(&[size])
+    }
+
+    /// Linux's krealloc_more_oob_helper.
+    #[inline(always)]
+    fn krealloc_more(size1: usize, size2: usize, here: u64) -> Outcome {
+        let ptr1 = allocate(size1);
+        let ptr2 = heap::reallocate(ptr1, 16, size2).expect("the heap has room");
+        let (count, _) = kasan::recording(|| {
+            write_u8(ptr2 + size1 as u64 - 1, b'x');
+            write_u8(ptr2 + size1 as u64, b'x');
+            write_u8(ptr2 + size2 as u64 - 1, b'x');
+        });
+        check_eq!(count, 0);
+        let aligned = round_up16(size2 as u64);
+        let report = expect(OOB, 1, true, here, INVALID, || write_u8(ptr2 + aligned, b'x'))?;
+        check_eq!(report.address, ptr2 + aligned);
+        heap::free(ptr2);
+        Ok(Verdict::Passed)
+    }
+
+    /// Linux's krealloc_less_oob_helper.
+    #[inline(always)]
+    fn krealloc_less(size1: usize, size2: usize, here: u64) -> Outcome {
+        let ptr1 = allocate(size1);
+        let ptr2 = heap::reallocate(ptr1, 16, size2).expect("the heap has room");
+        let (count, _) = kasan::recording(|| write_u8(ptr2 + size2 as u64 - 1, b'x'));
+        check_eq!(count, 0);
+        let aligned = round_up16(size2 as u64);
+        expect(OOB, 1, true, here, INVALID, || write_u8(ptr2 + aligned, b'x'))?;
+        // The last byte of the old size is gone too.
+        expect(OOB, 1, true, here, INVALID, || write_u8(ptr2 + size1 as u64 - 1, b'x'))?;
+        heap::free(ptr2);
+        Ok(Verdict::Passed)
+    }
+
+    pub fn kasan_krealloc_more_oob(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        krealloc_more(201, 235, site(kasan_krealloc_more_oob))?;
+        audit(&[201, 235])
+    }
+
+    pub fn kasan_krealloc_less_oob(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        krealloc_less(235, 201, site(kasan_krealloc_less_oob))?;
+        audit(&[201, 235])
+    }
+
+    pub fn kasan_krealloc_large_more_oob(_: &Context) -> Outcome {
+        let (size1, size2) = (KMALLOC_MAX_CACHE_SIZE + 201, KMALLOC_MAX_CACHE_SIZE + 235);
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        krealloc_more(size1, size2, site(kasan_krealloc_large_more_oob))?;
+        audit(&[size1, size2])
+    }
+
+    pub fn kasan_krealloc_large_less_oob(_: &Context) -> Outcome {
+        let (size1, size2) = (KMALLOC_MAX_CACHE_SIZE + 235, KMALLOC_MAX_CACHE_SIZE + 201);
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        krealloc_less(size1, size2, site(kasan_krealloc_large_less_oob))?;
+        audit(&[size1, size2])
+    }
+
+    pub fn kasan_krealloc_uaf(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        let (size1, size2) = (201, 19);
+        let ptr1 = allocate(size1);
+        heap::free(ptr1);
+        let here = site(kasan_krealloc_uaf);
+        let mut ptr2 = Some(0);
+        let report = expect(UAF, 1, false, here, INVALID, || ptr2 = heap::reallocate(ptr1, 16, size2))?;
+        check!(ptr2.is_none());
+        check_eq!(report.address, ptr1);
+        expect(UAF, 1, false, here, INVALID, || {
+            black_box(read_u8(ptr1));
+        })?;
+        audit(&[201, 19])
+    }
+
+    pub fn kasan_kmalloc_oob_16(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        // Linux runs this one for generic KASAN only: a 16-byte copy into a 13-byte object
+        // stays in its last granule, not caught without short granules (checked as such).
+        let ptr1 = allocate(16 - 3);
+        let ptr2 = allocate(16);
+        let (count, _) = kasan::recording(|| memcpy(ptr1, ptr2, 16));
+        check_eq!(count, 0);
+        heap::free(ptr2);
+        let report = expect(UAF, 16, false, site(kasan_kmalloc_oob_16), INVALID, || {
+            black_box(read_u128(ptr2));
+        })?;
+        check_eq!(report.address, ptr2);
+        heap::free(ptr1);
+        audit(&[13, 16])
+    }
+
+    pub fn kasan_kmalloc_uaf_16(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        let ptr1 = allocate(16);
+        let ptr2 = allocate(16);
+        heap::free(ptr2);
+        expect(UAF, 16, false, site(kasan_kmalloc_uaf_16), INVALID, || {
+            let value = read_u128(ptr2);
+            // SAFETY: ptr1 is a live 16-byte object.
+            unsafe { (ptr1 as *mut u128).write_volatile(value) };
+        })?;
+        heap::free(ptr1);
+        audit(&[16])
+    }
+
+    pub fn kasan_kmalloc_oob_in_memset(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        let size = 128 - GRANULE;
+        let ptr = allocate(size);
+        let report = expect(OOB, (size + GRANULE) as u64, true, site(kasan_kmalloc_oob_in_memset), INVALID, || {
+            memset(ptr, 0, size + GRANULE)
+        })?;
+        check_eq!(report.address, ptr);
+        heap::free(ptr);
+        audit(&[112])
+    }
+
+    /// Linux's kmalloc_oob_memset_N: `memset(ptr + size - (N - 1), 0, N)` on 112 bytes. Inlined:
+    /// the allocation stack's first frame is the test's.
+    #[inline(always)]
+    fn oob_memset(count: usize, here: u64) -> Outcome {
+        let size = 128 - GRANULE;
+        let ptr = allocate(size);
+        let start = ptr + (size - (count - 1)) as u64;
+        let report = expect(OOB, count as u64, true, here, INVALID, || memset(start, 0, count))?;
+        check_eq!(report.address, start);
+        heap::free(ptr);
+        Ok(Verdict::Passed)
+    }
+
+    pub fn kasan_kmalloc_oob_memset_2(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        oob_memset(2, site(kasan_kmalloc_oob_memset_2))?;
+        audit(&[112])
+    }
+
+    pub fn kasan_kmalloc_oob_memset_4(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        oob_memset(4, site(kasan_kmalloc_oob_memset_4))?;
+        audit(&[112])
+    }
+
+    pub fn kasan_kmalloc_oob_memset_8(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        oob_memset(8, site(kasan_kmalloc_oob_memset_8))?;
+        audit(&[112])
+    }
+
+    pub fn kasan_kmalloc_oob_memset_16(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        oob_memset(16, site(kasan_kmalloc_oob_memset_16))?;
+        audit(&[112])
+    }
+
+    pub fn kasan_kmalloc_memmove_negative_size(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        let size = 64;
+        let ptr = allocate(size);
+        memset(ptr, 0, size);
+        let invalid_size = (-2isize) as usize;
+        let report = expect(OOB, invalid_size as u64, false, site(kasan_kmalloc_memmove_negative_size), None, || {
+            memmove(ptr, ptr + 4, invalid_size)
+        })?;
+        check_eq!(report.address, ptr + 4);
+        heap::free(ptr);
+        audit(&[64])
+    }
+
+    pub fn kasan_kmalloc_memmove_invalid_size(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        let size = 64;
+        let ptr = allocate(size);
+        memset(ptr, 0, size);
+        let report = expect(OOB, size as u64, false, site(kasan_kmalloc_memmove_invalid_size), INVALID, || {
+            memmove(ptr, ptr + 4, size)
+        })?;
+        check_eq!(report.address, ptr + 4);
+        heap::free(ptr);
+        audit(&[64])
+    }
+
+    pub fn kasan_kmalloc_uaf(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        let ptr = allocate(10);
+        heap::free(ptr);
+        expect(UAF, 1, false, site(kasan_kmalloc_uaf), INVALID, || {
+            black_box(read_u8(ptr + 8));
+        })?;
+        audit(&[10])
+    }
+
+    pub fn kasan_kmalloc_uaf_memset(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        let size = 33;
+        let ptr = allocate(size);
+        heap::free(ptr);
+        let report = expect(UAF, size as u64, true, site(kasan_kmalloc_uaf_memset), INVALID, || memset(ptr, 0, size))?;
+        check_eq!(report.address, ptr);
+        audit(&[33])
+    }
+
+    pub fn kasan_kmalloc_uaf2(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        let size = 43;
+        let ptr1 = allocate(size);
+        heap::free(ptr1);
+        let mut ptr2 = allocate(size);
+        // Linux retries on a tag collision too (a collision is not caught).
+        let mut tries = 0;
+        while tag_of(ptr2) == tag_of(ptr1) && tries < 8 {
+            heap::free(ptr2);
+            ptr2 = allocate(size);
+            tries += 1;
+        }
+        check!(ptr1 != ptr2);
+        let memory_tag = if untagged(ptr1) == untagged(ptr2) { Some(tag_of(ptr2)) } else { INVALID };
+        let report = expect(UAF, 1, false, site(kasan_kmalloc_uaf2), memory_tag, || {
+            black_box(read_u8(ptr1 + 40));
+        })?;
+        check_eq!(report.object.map_or(0, |object| object.address), ptr1);
+        heap::free(ptr2);
+        audit(&[43])
+    }
+
+    pub fn kasan_kmalloc_uaf3(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        let size = 100;
+        let ptr1 = allocate(size);
+        heap::free(ptr1);
+        let ptr2 = allocate(size);
+        heap::free(ptr2);
+        expect(UAF, 1, false, site(kasan_kmalloc_uaf3), INVALID, || {
+            black_box(read_u8(ptr1 + 8));
+        })?;
+        audit(&[100])
+    }
+
+    pub fn kasan_kmalloc_double_kzfree(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        let ptr = allocate(16);
+        // kfree_sensitive: zero, then free.
+        memset(ptr, 0, 16);
+        heap::free(ptr);
+        let (count, report) = kasan::recording(|| {
+            heap::free(ptr);
+        });
+        check_eq!(count, 1);
+        let Some(report) = report else {
+            return Err(fail("no report recorded"));
+        };
+        check!(report.bug == BugType::DoubleFree);
+        check_eq!(report.address, ptr);
+        check_eq!(report.pointer_tag, tag_of(ptr));
+        check_eq!(report.memory_tag, Tags::INVALID);
+        let here = site(kasan_kmalloc_double_kzfree);
+        check!(
+            report.object.is_some_and(
+                |object| first_frame_in(object.alloc_stack, here) && first_frame_in(object.free_stack, here)
+            )
+        );
+        audit(&[16])
+    }
+
+    pub fn kasan_atomics(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        let a1 = allocate(48);
+        let a2 = allocate(8);
+        let here = site(kasan_atomics);
+        // Out of bounds of a1 (its first granule past the end) and, after free, of a2.
+        for (target, bug) in [(a1 + 48, OOB), (a2, UAF)] {
+            if bug == UAF {
+                heap::free(a2);
+            }
+            // SAFETY: deliberately a bad word (heap memory, mapped, aligned): every atomic
+            // access to it must be reported.
+            let word = unsafe { &*(target as *const AtomicU32) };
+            let wide = unsafe { &*(target as *const AtomicU64) };
+            expect(bug, 4, false, here, INVALID, || {
+                black_box(word.load(Ordering::SeqCst));
+            })?;
+            expect(bug, 4, true, here, INVALID, || word.store(42, Ordering::SeqCst))?;
+            expect(bug, 4, true, here, INVALID, || {
+                black_box(word.swap(42, Ordering::SeqCst));
+            })?;
+            expect(bug, 4, true, here, INVALID, || {
+                black_box(word.compare_exchange(21, 42, Ordering::SeqCst, Ordering::SeqCst)).ok();
+            })?;
+            expect(bug, 4, true, here, INVALID, || {
+                black_box(word.fetch_add(1, Ordering::SeqCst));
+            })?;
+            expect(bug, 4, true, here, INVALID, || {
+                black_box(word.fetch_sub(1, Ordering::SeqCst));
+            })?;
+            expect(bug, 8, true, here, INVALID, || {
+                black_box(wide.fetch_and(0xff, Ordering::SeqCst));
+            })?;
+            expect(bug, 8, true, here, INVALID, || {
+                black_box(wide.fetch_or(0xff, Ordering::SeqCst));
+            })?;
+            expect(bug, 8, true, here, INVALID, || {
+                black_box(wide.fetch_xor(0xff, Ordering::SeqCst));
+            })?;
+        }
+        heap::free(a1);
+        audit(&[48, 8])
+    }
+
+    pub fn kasan_memchr(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        // Linux: 24 bytes, rounded up to OOB_TAG_OFF (32); memchr over size + 1.
+        let size = round_up16(24) as usize;
+        let ptr = allocate(size);
+        memset(ptr, 0, size);
+        let report = expect(OOB, 1, false, site(kasan_memchr), INVALID, || {
+            black_box(memchr(ptr, b'1', size + 1));
+        })?;
+        check_eq!(report.address, ptr + size as u64);
+        heap::free(ptr);
+        audit(&[32])
+    }
+
+    /// A byte-wise memchr (the kernel has no C string library; Rust's slice search would read
+    /// whole words and report another access size than Linux's byte-wise test).
+    #[inline(never)]
+    fn memchr(address: u64, byte: u8, count: usize) -> Option<usize> {
+        (0..count).find(|&index| read_u8(address + index as u64) == byte)
+    }
+
+    #[inline(never)]
+    fn memcmp(left: u64, right: u64, count: usize) -> i32 {
+        for index in 0..count as u64 {
+            let (a, b) = (read_u8(left + index), read_u8(right + index));
+            if a != b {
+                return a as i32 - b as i32;
+            }
+        }
+        0
+    }
+
+    #[inline(never)]
+    fn strlen(address: u64) -> usize {
+        let mut length = 0;
+        while read_u8(address + length as u64) != 0 {
+            length += 1;
+        }
+        length
+    }
+
+    pub fn kasan_memcmp(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        let size = round_up16(24) as usize;
+        let ptr = allocate(size);
+        let arr = [0u8; 33];
+        memset(ptr, 0, size);
+        let report = expect(OOB, 1, false, site(kasan_memcmp), INVALID, || {
+            black_box(memcmp(ptr, arr.as_ptr() as u64, size + 1));
+        })?;
+        check_eq!(report.address, ptr + size as u64);
+        heap::free(ptr);
+        audit(&[32])
+    }
+
+    pub fn kasan_strings(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        let size = 128;
+        let ptr = allocate(size);
+        memset(ptr, b'a', size - 1);
+        write_u8(ptr + size as u64 - 1, 0);
+        heap::free(ptr);
+        let here = site(kasan_strings);
+        let other = b"abc\0";
+        // strlen, strchr, strcmp on the freed string. strlen goes on reading the freed bytes
+        // (recover mode), one report each up to the first zero (freed memory keeps no promise
+        // about its contents: at most the 128 bytes up to the terminator).
+        let report = expect_reports(Expect { bug: UAF, size: 1, write: false, site: here }, 1..=128, || {
+            black_box(strlen(ptr));
+        })?;
+        check!(untagged(report.address) >= untagged(ptr) && untagged(report.address) < untagged(ptr) + 128);
+        expect(UAF, 1, false, here, INVALID, || {
+            black_box(memchr(ptr, b'z', 1));
+        })?;
+        expect(UAF, 1, false, here, INVALID, || {
+            black_box(memcmp(ptr, other.as_ptr() as u64, 1));
+        })?;
+        audit(&[128])
+    }
+
+    pub fn kasan_bitops_tags(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        // Linux: 48 zeroed bytes, bit ops at bits + 48 with nr = BITS_PER_LONG (the word at
+        // bits + 56) and nr = BITS_PER_LONG + BITS_PER_BYTE (the same word).
+        let bits = allocate(48);
+        memset(bits, 0, 48);
+        let here = site(kasan_bitops_tags);
+        for nr in [64u64, 72] {
+            let word_address = bits + 48 + (nr / 64) * 8;
+            let mask = 1u64 << (nr % 64);
+            // SAFETY: a deliberately out-of-bounds, aligned word of heap memory.
+            let word = unsafe { &*(word_address as *const AtomicU64) };
+            expect(OOB, 8, true, here, INVALID, || {
+                black_box(word.fetch_or(mask, Ordering::SeqCst)); // set_bit
+            })?;
+            expect(OOB, 8, true, here, INVALID, || {
+                black_box(word.fetch_and(!mask, Ordering::SeqCst)); // clear_bit
+            })?;
+            expect(OOB, 8, true, here, INVALID, || {
+                black_box(word.fetch_xor(mask, Ordering::SeqCst)); // change_bit
+            })?;
+            expect(OOB, 8, false, here, INVALID, || {
+                black_box(word.load(Ordering::Relaxed) & mask != 0); // test_bit
+            })?;
+        }
+        heap::free(bits);
+        audit(&[48])
+    }
+
+    pub fn kasan_match_all_not_assigned(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        // No object ever gets the match-all tag (or the invalid one).
+        for index in 0..1000 {
+            let size = 1 + index % 1024;
+            let ptr = allocate(size);
+            let tag = tag_of(ptr);
+            heap::free(ptr);
+            check!(Tags::is_object_tag(tag));
+        }
+        audit(&[1024])
+    }
+
+    pub fn kasan_match_all_ptr_tag(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        let ptr = allocate(128);
+        let tag = tag_of(ptr);
+        // The match-all pointer tag accesses anything.
+        let (count, _) = kasan::recording(|| {
+            write_u8(with_tag(ptr, Tags::MATCH_ALL), 0);
+            black_box(read_u8(with_tag(ptr, Tags::MATCH_ALL)));
+        });
+        check_eq!(count, 0);
+        // Every other tag is reported (one in 16 of the object tags, and the invalid tag).
+        for other in (Tags::FIRST_OBJECT_TAG..=Tags::LAST_OBJECT_TAG).step_by(16).chain([Tags::INVALID]) {
+            if other == tag {
+                continue;
+            }
+            let (count, report) = kasan::recording(|| write_u8(with_tag(ptr, other), 0));
+            check_eq!(count, 1);
+            check!(report.is_some_and(|report| report.pointer_tag == other && report.memory_tag == tag));
+        }
+        heap::free(ptr);
+        audit(&[128])
+    }
+
+    pub fn kasan_match_all_mem_tag(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        // Memory tagged 0xFF is not match-all: a pointer with another tag is reported.
+        let ptr = allocate(128);
+        let tag = tag_of(ptr);
+        Tags::set_range_tag(ptr, 16, Tags::MATCH_ALL);
+        let (count, report) = kasan::recording(|| write_u8(ptr, 0));
+        Tags::set_range_tag(ptr, 16, tag);
+        check_eq!(count, 1);
+        check!(report.is_some_and(|report| report.pointer_tag == tag && report.memory_tag == Tags::MATCH_ALL));
+        heap::free(ptr);
+        audit(&[128])
+    }
+
+    pub fn kasan_rust_uaf(_: &Context) -> Outcome {
+        if !CHECKS_COMPILED_IN {
+            return Ok(Verdict::Skipped(NO_CHECKS));
+        }
+        // Linux's kasan_test_rust.rs: a Vec's buffer read after the Vec is dropped.
+        let mut numbers: Vec<u8> = Vec::with_capacity(16);
+        numbers.push(0x5a);
+        let address = numbers.as_ptr() as u64;
+        drop(black_box(numbers));
+        let expect_site = site(kasan_rust_uaf);
+        let report = expect_report(Expect { bug: UAF, size: 1, write: false, site: expect_site }, || {
+            black_box(read_u8(address));
+        })?;
+        check_eq!(report.memory_tag, Tags::INVALID);
+        audit(&[16])
+    }
 }
