@@ -935,6 +935,16 @@ fn kasan_sound_bad_frees(_: &Context) -> Outcome {
 /// Linux's sizes and offsets (granule 16, `KMALLOC_MAX_CACHE_SIZE` 8192, `OOB_TAG_OFF` 16).
 /// Each asserts the bug type, access size, direction, tags and the first frame of the stacks,
 /// then audits the heap ([`audit`]).
+///
+/// Left out, and why: `ksize_unpoisons_memory`, `ksize_uaf` (no usable-size API);
+/// `kasan_stack_oob`, `kasan_alloca_oob_left/right`, `kasan_global_oob_left/right` (only the
+/// heap is tagged: no stack or global instrumentation); `kmem_cache_*`, `kmem_cache_rcu_*`,
+/// `kmem_cache_bulk`, `mempool_*` (no slab caches, no mempools); `vmalloc_*`, `vmap_tags`,
+/// `vm_map_ram_tags` (no vmalloc); `page_alloc_oob_right`, `page_alloc_uaf`, `kfree_via_page`,
+/// `kfree_via_phys` (no page-allocator API beside the heap); `rcu_uaf`, `workqueue_uaf` (no RCU,
+/// no workqueues); `copy_user_test_oob` (user copies do not go through the heap's checks);
+/// `kasan_bitops_generic` (generic KASAN only). `kmalloc_oob_16` keeps its use-after-free half;
+/// its overflow half stays inside the last granule (short granules only).
 mod linux {
     use super::*;
     use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -1449,6 +1459,7 @@ mod linux {
             // SAFETY: deliberately a bad word (heap memory, mapped, aligned): every atomic
             // access to it must be reported.
             let word = unsafe { &*(target as *const AtomicU32) };
+            // SAFETY: the same word, 8-byte aligned (a1 + 48 and a2 are granule-aligned).
             let wide = unsafe { &*(target as *const AtomicU64) };
             expect(bug, 4, false, here, INVALID, || {
                 black_box(word.load(Ordering::SeqCst));
