@@ -304,9 +304,9 @@ fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Fa
         ("hang", "run=hang exit=semihosting", None, "test start: deliberate_hang"),
         (
             "use-after-free",
-            "run=use-after-free exit=semihosting",
+            "run=use-after-free kasan.fault=panic exit=semihosting",
             Some(ExitStatus::Panic.code()),
-            "BUG: KASAN: use-after-free",
+            "BUG: KASAN: slab-use-after-free",
         ),
     ];
     for (name, bootargs, expected_status, expected_line) in checks {

@@ -24,7 +24,9 @@
 //! ((X - X-no-depot) / collections), derived from the case totals, where collections = the
 //! workload's allocations + frees; the allocator's share of the `no-stacks` total
 //! (`allocator_pct`: alloc and free calls timed one by one); the depot after the workload
-//! (`records`, `bytes`, `hash_collisions`, case `depot`).
+//! (`records`, `bytes`, `hash_collisions`, case `depot`); from the timed run, the mean cost of
+//! one call (`alloc_per_call`, `free_per_call` on `no-stacks`: instructions under icount, the
+//! counter reads around each call included).
 
 use super::{Plan, row};
 use crate::arch::counters;
@@ -78,20 +80,34 @@ struct Workload {
     allocator: u64,
     /// Heap calls that collect a stack (allocations and frees).
     collections: u64,
+    /// Counter ticks and calls of the timed allocations and frees.
+    alloc: (u64, u64),
+    free: (u64, u64),
 }
 
 impl Workload {
     fn new(timed: bool) -> Self {
-        Self { live: [0; LIVE_SLOTS], sequence: Sequence(0x6b61_7361), timed, allocator: 0, collections: 0 }
+        Self {
+            live: [0; LIVE_SLOTS],
+            sequence: Sequence(0x6b61_7361),
+            timed,
+            allocator: 0,
+            collections: 0,
+            alloc: (0, 0),
+            free: (0, 0),
+        }
     }
 
-    fn timed<R>(&mut self, f: impl FnOnce() -> R) -> R {
+    fn timed<R>(&mut self, is_alloc: bool, f: impl FnOnce() -> R) -> R {
         if !self.timed {
             return f();
         }
         let start = counters::cycles();
         let result = f();
-        self.allocator += counters::cycles() - start;
+        let cost = counters::cycles() - start;
+        self.allocator += cost;
+        let call = if is_alloc { &mut self.alloc } else { &mut self.free };
+        *call = (call.0 + cost, call.1 + 1);
         result
     }
 
@@ -100,7 +116,7 @@ impl Workload {
     fn allocate_here(&mut self) {
         let size = self.sequence.size();
         let slot = self.sequence.next() as usize % LIVE_SLOTS;
-        let object = self.timed(|| heap::allocate(size, 16)).expect("the bench heap has room");
+        let object = self.timed(true, || heap::allocate(size, 16)).expect("the bench heap has room");
         self.collections += 1;
         let words = size / 8;
         for index in 0..words {
@@ -115,7 +131,7 @@ impl Workload {
         black_box(sum);
         let old = core::mem::replace(&mut self.live[slot], object);
         if old != 0 {
-            self.timed(|| heap::free(old));
+            self.timed(false, || heap::free(old));
             self.collections += 1;
         }
     }
@@ -124,7 +140,7 @@ impl Workload {
         for slot in 0..LIVE_SLOTS {
             let old = core::mem::replace(&mut self.live[slot], 0);
             if old != 0 {
-                self.timed(|| heap::free(old));
+                self.timed(false, || heap::free(old));
                 self.collections += 1;
             }
         }
@@ -248,6 +264,9 @@ pub fn run(plan: &Plan) {
         crate::arch::cpu::restore_interrupts(daif);
         let share = if total > 0.0 { workload.allocator as f64 * 100.0 / total } else { 0.0 };
         row("kasan-boot", "no-stacks", "-", "allocator_pct", "percent", share);
+        for (metric, (cost, calls)) in [("alloc_per_call", workload.alloc), ("free_per_call", workload.free)] {
+            row("kasan-boot", "no-stacks", "-", metric, plan.unit(), cost as f64 / calls.max(1) as f64);
+        }
     }
     heap::set_stacks(saved.0);
     stacktrace::set_stack_sample(saved.1);

@@ -3,31 +3,46 @@
 //! # Layout of a block
 //!
 //! `buddy_system_allocator` hands out power-of-two blocks. The tag layer puts one header granule
-//! (16 bytes) at the start of each block and the object after it (at `max(16, align)`), its
-//! size rounded up to 16:
+//! two granules below the object (at the block's start unless the alignment exceeds 32), a guard
+//! granule right before the object, the object (its size rounded up to 16) and at least one
+//! guard granule after it:
 //!
 //! ```text
-//! block:  [ header | object, 16-byte granules ... | slack up to the power of two ]
-//! tags:     0xFE     T T T T ...                    0xFE
+//! block:  [ header | guard | object, 16-byte granules ... | guard | slack up to the power of two ]
+//! tags:     0xFE     0xFE    T T T T ...                    0xFE    0xFE
 //! ```
 //!
-//! The object's tag T comes from the tag storage's generator (storage.rs, shadow.rs) and is written to the shadow
-//! of each of its granules and to the pointer's top byte. The header and the slack keep the
-//! "invalid" tag 0xFE, so an access just left or right of an object always mismatches (a
-//! redzone that Linux's SW_TAGS does not have: there, neighbours differ only by tag, 1/238
-//! collisions). Free re-tags the object 0xFE. The backing allocator only ever sees untagged
-//! (0xFF, match-all) pointers, so its own instrumented accesses to free blocks pass.
+//! The object's tag T comes from the tag storage's generator (storage.rs, shadow.rs) and is
+//! written to the shadow of each of its granules and to the pointer's top byte. Header, guards
+//! and slack keep the "invalid" tag 0xFE, so an access just left or right of an object always
+//! mismatches (a redzone that Linux's SW_TAGS does not have: there, neighbours differ only by
+//! tag, 1/238 collisions). Free re-tags the object 0xFE. The backing allocator only ever sees
+//! untagged (0xFF, match-all) pointers, so its own instrumented accesses to free blocks pass.
+//!
+//! # Metadata that a recovered overflow cannot reach
+//!
+//! In recover mode a reported store the compiler inserted is carried out. The guards make sure
+//! that no such store within one granule of an object lands in metadata: left of the object it
+//! hits the guard, right of it the trailing guard; the header (and, once the block is free, the
+//! buddy allocator's free-list link, the block's first word) is two granules away from its own
+//! object and one guard granule away from the previous block's. Nothing reads the guards. The
+//! cost is memory: a block holds `32 + round_up(size, 16) + 16` bytes rounded up to a power of
+//! two (a 112-byte object takes a 256-byte block instead of 128); no instruction on the alloc
+//! and free paths. The runtime's own intrinsics (abi.rs) never carry out a reported access.
+//! `check_free` still checks the header (magic, state, tag, geometry inside the heap, and that
+//! the shadow agrees), so a wild write further away is refused, not trusted.
 //!
 //! # Metadata: header and stack ring
 //!
-//! The header holds what the free path needs (requested size, block order, offset, tag and a
-//! live/freed magic) and is the only way to recognise the start of a live object. Stacks live
-//! apart, in a stack ring as in Linux's tag-based KASAN: every allocation and free appends
-//! {tagged pointer, size, depot handle, task, alloc/free} to a ring of `RING_ENTRIES`; a report
-//! searches it backward, newest first, for the object the faulting pointer's tag belongs to.
-//! The header's first word is overwritten by the buddy allocator's free-list link once the block
-//! is free; the ring is not, so a use-after-free report still names both stacks (until the ring
-//! wraps).
+//! The header holds what the free path needs (requested size, block order, offset, tag, a
+//! live/freed state and a live magic) and is the only way to recognise the start of a live
+//! object. Stacks live apart, in a stack ring as in Linux's tag-based KASAN: every allocation
+//! and free appends {tagged pointer, size, depot handle, task, alloc/free} to a ring of
+//! `RING_ENTRIES`; a report searches it backward, newest first, for the object the faulting
+//! pointer's tag belongs to, preferring an object that is live now. The header's first word
+//! (the magic) is overwritten by the buddy allocator's free-list link once the block is free;
+//! its second (size, offset, order, tag, state) is not, so a double free is recognised after
+//! the ring wrapped, and the ring still names both stacks of a use-after-free until it wraps.
 //!
 //! # Stacks, locks and interrupts
 //!
@@ -69,21 +84,39 @@ const INVALID: u8 = Tags::INVALID;
 pub const HEAP_SIZE: u64 = 16 << 20;
 
 const LIVE_MAGIC: u64 = 0x4c49_5645_0000_0000;
-const FREED_MAGIC: u64 = 0x4652_4545_0000_0000;
+/// `Header::state` of a live and of a freed object.
+const LIVE: u8 = 0x4c;
+const FREED: u8 = 0x46;
+/// The header's distance below the object, and the object's least offset in its block: header
+/// granule, then a guard granule, then the object.
+const HEADER_BELOW: u64 = 2 * GRANULE;
+/// The guard granule every block keeps after its object (the least slack).
+const TRAILING_GUARD: u64 = GRANULE;
 
-/// The header granule before each object.
+/// The header granule, two granules below each object (at the block's start when the object's
+/// alignment is at most 32). Its first word is the word the buddy allocator's free-list link
+/// overwrites when the block is free; everything a freed header must still say (state, tag,
+/// offset) is in the second.
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct Header {
+    /// LIVE_MAGIC xor the object's untagged address while live; the free-list link once free.
+    magic: u64,
     /// Requested size in bytes.
     size: u32,
-    /// Object address - block address.
-    offset: u16,
+    /// log2 of (object address - block address).
+    offset_log2: u8,
     /// log2 of the block size.
     order: u8,
     tag: u8,
-    /// LIVE_MAGIC or FREED_MAGIC, xor the object's untagged address.
-    magic: u64,
+    /// LIVE or FREED.
+    state: u8,
+}
+
+impl Header {
+    fn offset(&self) -> u64 {
+        1 << (self.offset_log2 & 31)
+    }
 }
 
 struct State {
@@ -230,29 +263,43 @@ fn locked<R>(f: impl FnOnce(&mut State) -> R) -> R {
 }
 
 /// Allocates `size` bytes aligned to `align` (at least 16); the tagged pointer, or None when the
-/// heap is exhausted.
+/// heap is exhausted. A zero-byte object owns no granule: every access to it is reported.
 #[inline(never)]
 #[sanitize(kernel_hwaddress = "off")]
 pub fn allocate(size: usize, align: usize) -> Option<u64> {
     assert_not_in_irq();
     let stack = collect_stack(true);
+    allocate_with_stack(size, align, stack)
+}
+
+/// The allocation itself, recording `stack` (allocate's, or reallocate's when it moves an
+/// object: its caller is the one that asked). Always inlined: allocate's code stays one body.
+#[inline(always)]
+fn allocate_with_stack(size: usize, align: usize, stack: u32) -> Option<u64> {
     let size = size as u64;
     let align = (align as u64).max(GRANULE);
-    let rounded = round_up(size.max(1), GRANULE);
-    let offset = align.max(GRANULE);
-    if size > u32::MAX as u64 || offset > u16::MAX as u64 {
+    if size > u32::MAX as u64 || align > u16::MAX as u64 {
         return None;
     }
-    let block_size = (offset + rounded).next_power_of_two().max(align);
+    let rounded = round_up(size, GRANULE);
+    let offset = align.max(HEADER_BELOW);
+    let block_size = (offset + rounded + TRAILING_GUARD).next_power_of_two().max(align);
     let layout = Layout::from_size_align(block_size as usize, align as usize).ok()?;
     let (block, tag) = locked(|state| {
         let block = state.backing.alloc(layout).ok()?.as_ptr() as u64;
         let tag = Tags::random_tag();
         let object = block + offset;
         let order = block_size.trailing_zeros() as u8;
-        let header = Header { size: size as u32, offset: offset as u16, order, tag, magic: LIVE_MAGIC ^ object };
-        // SAFETY: the header granule lies in the block just allocated (offset >= 16).
-        unsafe { ((object - GRANULE) as *mut Header).write(header) };
+        let header = Header {
+            magic: LIVE_MAGIC ^ object,
+            size: size as u32,
+            offset_log2: offset.trailing_zeros() as u8,
+            order,
+            tag,
+            state: LIVE,
+        };
+        // SAFETY: the header granule lies in the block just allocated (offset >= 32).
+        unsafe { ((object - HEADER_BELOW) as *mut Header).write(header) };
         let pointer = with_tag(object, tag);
         let entry = RingEntry {
             pointer,
@@ -279,34 +326,72 @@ enum BadFree {
     Invalid,
 }
 
-/// Checks that `pointer` is the start of a live object with its tag; its header if so.
+/// The header two granules below `object` (untagged, in the heap).
+#[inline(always)]
+fn header_of(object: u64) -> Header {
+    // SAFETY: callers checked that object - 32 lies in the heap, mapped RAM; an untagged read.
+    unsafe { ((object - HEADER_BELOW) as *const Header).read() }
+}
+
+/// Whether `header`'s geometry fits an object at `object` in the heap: the block it implies is
+/// aligned, inside the heap, and holds header, guard, object and trailing guard.
+#[inline(always)]
+fn plausible(header: &Header, object: u64) -> bool {
+    let (start, end) = range();
+    let order = header.order as u64;
+    let offset_log2 = header.offset_log2 as u64;
+    if !(5..ORDER as u64).contains(&order) || !(5..=15).contains(&offset_log2) || offset_log2 >= order {
+        return false;
+    }
+    let block = object.wrapping_sub(header.offset());
+    let block_size = 1 << order;
+    block.is_multiple_of(block_size)
+        && block >= start
+        && block <= end - block_size
+        && header.offset() + round_up(header.size as u64, GRANULE) + TRAILING_GUARD <= block_size
+}
+
+/// Checks that `pointer` is the start of a live object with its tag (or the match-all tag,
+/// which any access accepts too); its header if so.
 #[sanitize(kernel_hwaddress = "off")]
 fn check_free(state: &State, pointer: u64) -> Result<Header, BadFree> {
     let tag = tag_of(pointer);
     let address = untagged(pointer);
     let (start, end) = range();
-    if !Tags::is_object_tag(tag) || !address.is_multiple_of(GRANULE) || address < start + GRANULE || address >= end {
+    let tag_acceptable = Tags::is_object_tag(tag) || tag == Tags::MATCH_ALL;
+    if !tag_acceptable || !address.is_multiple_of(GRANULE) || address < start + HEADER_BELOW || address >= end {
         return Err(BadFree::Invalid);
     }
-    // SAFETY: address - 16 lies in the heap (checked above), mapped RAM; an untagged read.
-    let header = unsafe { ((address - GRANULE) as *const Header).read() };
-    if Tags::memory_tag(address) != tag {
-        // Freed already? The ring remembers recent frees, the header the rest (its magic
-        // survives the buddy allocator's free-list link, which overwrites the first word only).
+    let header = header_of(address);
+    let tag_matches = tag == Tags::MATCH_ALL || tag == header.tag;
+    let live = header.state == LIVE && header.magic == LIVE_MAGIC ^ address && plausible(&header, address);
+    if !live || !tag_matches {
+        // Freed already? The header says so while the block is free or until it is reused (the
+        // state byte is not the word the buddy allocator's free-list link overwrites); the ring
+        // remembers recent frees of a block live again under another tag.
+        let freed_header = header.state == FREED && tag_matches && plausible(&header, address);
         let freed_in_ring =
-            state.ring.newest_first().find(|entry| entry.pointer == pointer).is_some_and(|entry| entry.freed);
-        let freed_header = header.magic == FREED_MAGIC ^ address && header.tag == tag;
-        return Err(if freed_in_ring || freed_header { BadFree::Double } else { BadFree::Invalid });
+            state
+                .ring
+                .newest_first()
+                .find(|entry| {
+                    if tag == Tags::MATCH_ALL { untagged(entry.pointer) == address } else { entry.pointer == pointer }
+                })
+                .is_some_and(|entry| entry.freed);
+        return Err(if freed_header || freed_in_ring { BadFree::Double } else { BadFree::Invalid });
     }
-    let header_is_invalid_granule = Tags::memory_tag(address - GRANULE) == INVALID;
-    if !header_is_invalid_granule || header.magic != LIVE_MAGIC ^ address || header.tag != tag {
+    // The shadow agrees with the header: the object's first granule (if it has one) carries its
+    // tag, the guard granule before it is invalid.
+    let first_granule_ok = header.size == 0 || Tags::memory_tag(address) == header.tag;
+    if !first_granule_ok || Tags::memory_tag(address - GRANULE) != INVALID {
         return Err(BadFree::Invalid);
     }
     Ok(header)
 }
 
-/// Frees the object at `pointer` (as returned by [`allocate`]). A pointer that is not the start
-/// of a live object with its tag is reported (double free or invalid free) and left alone.
+/// Frees the object at `pointer` (as returned by [`allocate`], or with the match-all tag). A
+/// pointer that is not the start of a live object with its tag is reported (double free or
+/// invalid free) and left alone.
 #[inline(never)]
 #[sanitize(kernel_hwaddress = "off")]
 pub fn free(pointer: u64) {
@@ -315,18 +400,17 @@ pub fn free(pointer: u64) {
     let verdict = locked(|state| {
         let header = check_free(state, pointer)?;
         let object = untagged(pointer);
-        let rounded = round_up((header.size as u64).max(1), GRANULE);
-        Tags::set_range_tag(object, rounded, INVALID);
-        let block = object - header.offset as u64;
-        let freed = Header { magic: FREED_MAGIC ^ object, ..header };
+        Tags::set_range_tag(object, round_up(header.size as u64, GRANULE), INVALID);
+        let block = object - header.offset();
+        let freed = Header { magic: 0, state: FREED, ..header };
         // SAFETY: the header granule of a live object (checked), still ours until dealloc.
-        unsafe { ((object - GRANULE) as *mut Header).write(freed) };
+        unsafe { ((object - HEADER_BELOW) as *mut Header).write(freed) };
         let entry = RingEntry {
-            pointer,
+            pointer: with_tag(object, header.tag),
             size: header.size,
             stack,
             task: current_task(),
-            offset: header.offset,
+            offset: header.offset() as u16,
             order: header.order,
             freed: true,
         };
@@ -337,22 +421,23 @@ pub fn free(pointer: u64) {
         Ok(())
     });
     if let Err(bad) = verdict {
-        refuse_free(bad, pointer);
+        let bug = match bad {
+            BadFree::Double => BugType::DoubleFree,
+            BadFree::Invalid => BugType::InvalidFree,
+        };
+        refuse_free(bug, pointer, free as fn(u64) as usize as u64);
         // Not a tail call: the report finds the free's caller after this function's frame.
         core::hint::black_box(pointer);
     }
 }
 
-/// Reports a free that `check_free` refused. Out of line and cold, so that the free path's
-/// own code stays what it was; the report finds the free's caller after `free`'s frame.
+/// Reports a free or reallocation that `check_free` refused. Out of line and cold, so that the
+/// free path's own code stays what it was; the report finds the caller after the frame of
+/// `function` (free or reallocate).
 #[cold]
 #[inline(never)]
 #[sanitize(kernel_hwaddress = "off")]
-fn refuse_free(bad: BadFree, pointer: u64) {
-    let bug = match bad {
-        BadFree::Double => BugType::DoubleFree,
-        BadFree::Invalid => BugType::InvalidFree,
-    };
+fn refuse_free(bug: BugType, pointer: u64, function: u64) {
     let (start, end) = range();
     let in_heap = (start..end).contains(&untagged(pointer));
     report::report_bad_free(BadFreeReport {
@@ -360,25 +445,37 @@ fn refuse_free(bad: BadFree, pointer: u64) {
         pointer,
         memory_tag: if in_heap { Some(Tags::memory_tag(untagged(pointer))) } else { None },
         found: if in_heap { find_object(pointer) } else { None },
-        free_function: free as fn(u64) as usize as u64,
+        free_function: function,
         stack_mode: stacks().name(),
     });
 }
 
+/// What a reallocation found under the lock.
+enum Resize {
+    /// Resized in place: the tagged pointer.
+    InPlace(u64),
+    /// Does not fit its block: the tagged pointer and the old size.
+    Move(u64, usize),
+}
+
 /// Resizes the object at `pointer` to `new_size`, in place when it fits in its block (the tag
-/// stays, granules past the new size become invalid), else by moving it.
+/// stays, granules past the new size become invalid), else by moving it. A freed pointer is a
+/// use-after-free (as Linux's krealloc reports it), any other bad pointer an invalid free; both
+/// return None and leave the heap alone.
+#[inline(never)]
 #[sanitize(kernel_hwaddress = "off")]
 pub fn reallocate(pointer: u64, align: usize, new_size: usize) -> Option<u64> {
     assert_not_in_irq();
     let stack = collect_stack(true);
-    let in_place = locked(|state| {
-        let header = check_free(state, pointer).ok()?;
-        let new_rounded = round_up((new_size as u64).max(1), GRANULE);
-        if new_size as u64 > u32::MAX as u64 || header.offset as u64 + new_rounded > 1 << header.order {
-            return None;
-        }
+    let resize = locked(|state| {
+        let header = check_free(state, pointer)?;
         let object = untagged(pointer);
-        let old_rounded = round_up((header.size as u64).max(1), GRANULE);
+        let tagged = with_tag(object, header.tag);
+        let new_rounded = round_up(new_size as u64, GRANULE);
+        if new_size as u64 > u32::MAX as u64 || header.offset() + new_rounded + TRAILING_GUARD > 1 << header.order {
+            return Ok(Resize::Move(tagged, header.size as usize));
+        }
+        let old_rounded = round_up(header.size as u64, GRANULE);
         if new_rounded > old_rounded {
             Tags::set_range_tag(object + old_rounded, new_rounded - old_rounded, header.tag);
         } else {
@@ -386,43 +483,107 @@ pub fn reallocate(pointer: u64, align: usize, new_size: usize) -> Option<u64> {
         }
         let resized = Header { size: new_size as u32, ..header };
         // SAFETY: the header granule of a live object (checked).
-        unsafe { ((object - GRANULE) as *mut Header).write(resized) };
+        unsafe { ((object - HEADER_BELOW) as *mut Header).write(resized) };
         let entry = RingEntry {
-            pointer,
+            pointer: tagged,
             size: new_size as u32,
             stack,
             task: current_task(),
-            offset: header.offset,
+            offset: header.offset() as u16,
             order: header.order,
             freed: false,
         };
         state.ring.push(entry);
-        Some(())
+        Ok(Resize::InPlace(tagged))
     });
-    if in_place.is_some() {
-        return Some(pointer);
+    match resize {
+        Ok(Resize::InPlace(tagged)) => Some(tagged),
+        Ok(Resize::Move(old, old_size)) => {
+            let new = allocate_with_stack(new_size, align, stack)?;
+            // SAFETY: both are live objects of at least min(old, new) bytes; untagged copies
+            // (the sizes are the heap's own, not the caller's).
+            unsafe {
+                core::ptr::copy_nonoverlapping(
+                    untagged(old) as *const u8,
+                    untagged(new) as *mut u8,
+                    old_size.min(new_size),
+                )
+            };
+            free(old);
+            Some(new)
+        }
+        Err(bad) => {
+            let bug = match bad {
+                BadFree::Double => BugType::UseAfterFree,
+                BadFree::Invalid => BugType::InvalidFree,
+            };
+            refuse_free(bug, pointer, reallocate as fn(u64, usize, usize) -> Option<u64> as usize as u64);
+            core::hint::black_box(pointer);
+            None
+        }
     }
-    let old_size = locked(|state| check_free(state, pointer).map(|header| header.size as usize));
-    let Ok(old_size) = old_size else {
-        // Not a live object: free() reports it.
-        free(pointer);
-        return None;
-    };
-    let new = allocate(new_size, align)?;
-    // SAFETY: both are live objects of at least min(old, new) bytes; untagged copies (the
-    // sizes are the heap's own, not the caller's).
-    unsafe {
-        core::ptr::copy_nonoverlapping(untagged(pointer) as *const u8, untagged(new) as *mut u8, old_size.min(new_size))
-    };
-    free(pointer);
-    Some(new)
+}
+
+/// Whether the ring entry's object is live now: its header says so, with the entry's tag.
+#[sanitize(kernel_hwaddress = "off")]
+fn is_live(entry: &RingEntry) -> bool {
+    let object = untagged(entry.pointer);
+    let (start, end) = range();
+    if object < start + HEADER_BELOW || object >= end {
+        return false;
+    }
+    let header = header_of(object);
+    header.state == LIVE && header.magic == LIVE_MAGIC ^ object && header.tag == tag_of(entry.pointer)
 }
 
 /// What the stack ring knows about the object a faulting pointer meant (ring.rs); None when
 /// the heap is locked (a report from inside the heap's own critical section).
 #[sanitize(kernel_hwaddress = "off")]
 pub fn find_object(address: u64) -> report::Found {
-    STATE.try_lock()?.ring.find_object(address)
+    STATE.try_lock()?.ring.find_object(address, is_live)
+}
+
+/// The heap audit the corpus runs after each case: every live object the stack ring remembers
+/// has a plausible header (geometry inside the heap, its tag, its size) and the shadow the
+/// layout says (header and guard granules invalid, the object's granules its tag, the slack
+/// invalid). Objects allocated before the ring wrapped are not seen; the backing allocator's
+/// free lists are private to it and are exercised by the caller's allocations instead. The
+/// number of live objects checked, or what is wrong.
+#[sanitize(kernel_hwaddress = "off")]
+pub fn audit() -> Result<usize, &'static str> {
+    locked(|state| {
+        let mut checked = 0;
+        for (index, entry) in state.ring.newest_first().enumerate() {
+            if entry.freed || !is_live(entry) {
+                continue;
+            }
+            let object = untagged(entry.pointer);
+            let header = header_of(object);
+            if !plausible(&header, object) {
+                return Err("a live header is implausible");
+            }
+            // Only the newest entry about an address says what is there now (a reallocation in
+            // place adds one, a later object may have the same tag); looked for only when the
+            // header and the entry differ.
+            let superseded = || state.ring.newest_first().take(index).any(|newer| untagged(newer.pointer) == object);
+            if (header.size != entry.size || header.order != entry.order) && !superseded() {
+                return Err("a live header disagrees with the ring");
+            }
+            let rounded = round_up(header.size as u64, GRANULE);
+            let block = object - header.offset();
+            let block_end = block + (1 << header.order);
+            let mut granule = object - HEADER_BELOW;
+            while granule < block_end {
+                let expected = if (object..object + rounded).contains(&granule) { header.tag } else { INVALID };
+                if Tags::memory_tag(granule) != expected {
+                    return Err("a live block's shadow disagrees with its header");
+                }
+                granule += GRANULE;
+            }
+            checked += 1;
+        }
+        Ok(checked)
+    })
 }
 
 /// The newest ring entries about `pointer` (tests read the stacks recorded for an object).
