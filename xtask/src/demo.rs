@@ -254,9 +254,9 @@ fn check_run(
     if variant == BuildVariant::Full {
         let allocated = block_functions(symbols, &report_block(log, "Allocated by task"));
         let freed = block_functions(symbols, &report_block(log, "Freed by task"));
-        let faulting = block_functions(symbols, &report_block(log, "Faulting stack:"));
+        let faulting = block_functions(symbols, &report_block(log, "Call trace:"));
         let names = |functions: &[String], name: &str| functions.iter().any(|function| function == name);
-        let problem = if !has("BUG: KASAN: use-after-free") || !has("demo: kasan: 1 report, use-after-free") {
+        let problem = if !has("BUG: KASAN: slab-use-after-free") || !has("demo: kasan: 1 report, slab-use-after-free") {
             Some("no use-after-free report, or not exactly one".to_string())
         } else if !names(&allocated, "kernel::demo::kasan::show")
             || !allocated.iter().any(|f| f.contains("allocate_object"))
