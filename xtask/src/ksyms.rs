@@ -9,7 +9,9 @@
 
 use crate::Failure;
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
-use protocol::ksyms::{ENTRY, Entry, HEADER, MAGIC};
+use protocol::ksyms::serialize;
+#[cfg(test)]
+use protocol::ksyms::{ENTRY, HEADER, MAGIC};
 
 /// Fills the `.ksyms` section of the ELF image `elf` in place.
 pub fn embed(elf: &mut [u8]) -> Result<usize, Failure> {
@@ -45,23 +47,6 @@ pub fn embed(elf: &mut [u8]) -> Result<usize, Failure> {
     section[..table.len()].copy_from_slice(&table);
     section[table.len()..].fill(0);
     Ok(table.len())
-}
-
-fn serialize(functions: &[(u64, String)]) -> Vec<u8> {
-    let names_start = HEADER + ENTRY * functions.len();
-    let mut table = Vec::with_capacity(names_start + functions.iter().map(|(_, name)| name.len()).sum::<usize>());
-    table.extend_from_slice(&MAGIC.to_le_bytes());
-    table.extend_from_slice(&(functions.len() as u32).to_le_bytes());
-    let mut name_offset = names_start;
-    for (address, name) in functions {
-        let entry = Entry { address: *address, name_offset: name_offset as u32, name_length: name.len() as u32 };
-        table.extend_from_slice(&entry.to_bytes());
-        name_offset += name.len();
-    }
-    for (_, name) in functions {
-        table.extend_from_slice(name.as_bytes());
-    }
-    table
 }
 
 #[cfg(test)]

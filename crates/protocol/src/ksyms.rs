@@ -101,24 +101,33 @@ impl<'a> Table<'a> {
     }
 }
 
+/// The table for `functions` (sorted by address, one name each), as xtask writes it into the image.
+#[cfg(any(test, feature = "writer"))]
+pub fn serialize<S: AsRef<str>>(functions: &[(u64, S)]) -> std::vec::Vec<u8> {
+    let names_start = HEADER + ENTRY * functions.len();
+    let names: usize = functions.iter().map(|(_, name)| name.as_ref().len()).sum();
+    let mut table = std::vec::Vec::with_capacity(names_start + names);
+    table.extend_from_slice(&MAGIC.to_le_bytes());
+    table.extend_from_slice(&(functions.len() as u32).to_le_bytes());
+    let mut name_offset = names_start;
+    for (address, name) in functions {
+        let name_length = name.as_ref().len();
+        let entry = Entry { address: *address, name_offset: name_offset as u32, name_length: name_length as u32 };
+        table.extend_from_slice(&entry.to_bytes());
+        name_offset += name_length;
+    }
+    for (_, name) in functions {
+        table.extend_from_slice(name.as_ref().as_bytes());
+    }
+    table
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn table(functions: &[(u64, &str)]) -> Vec<u8> {
-        let mut bytes = Vec::new();
-        bytes.extend_from_slice(&MAGIC.to_le_bytes());
-        bytes.extend_from_slice(&(functions.len() as u32).to_le_bytes());
-        let mut offset = HEADER + ENTRY * functions.len();
-        for (address, name) in functions {
-            let entry = Entry { address: *address, name_offset: offset as u32, name_length: name.len() as u32 };
-            bytes.extend_from_slice(&entry.to_bytes());
-            offset += name.len();
-        }
-        for (_, name) in functions {
-            bytes.extend_from_slice(name.as_bytes());
-        }
-        bytes
+        serialize(functions)
     }
 
     #[test]

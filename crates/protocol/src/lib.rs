@@ -5,7 +5,7 @@
 //! reports through the same status and names. Each constant lives here once, so that the two
 //! cannot drift. Log-line prefixes stay literals where defmt needs them (its format strings
 //! must be literals).
-#![cfg_attr(not(test), no_std)]
+#![cfg_attr(not(any(test, feature = "writer")), no_std)]
 #![forbid(unsafe_code)]
 
 pub mod ksyms;
