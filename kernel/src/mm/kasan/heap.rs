@@ -324,7 +324,11 @@ fn allocate_with_stack(size: usize, align: usize, stack: u32) -> Option<u64> {
     })?;
     // The block is ours: tag the object outside the lock (the rest of the block is already
     // invalid: blocks are tagged 0xFE while free).
-    Tags::tag_object(block + offset, size, tag);
+    if Tags::SHORT_GRANULES {
+        Tags::tag_object(block + offset, size, tag);
+    } else {
+        Tags::set_range_tag(block + offset, rounded, tag);
+    }
     Some(with_tag(block + offset, tag))
 }
 
@@ -488,10 +492,12 @@ pub fn reallocate(pointer: u64, align: usize, new_size: usize) -> Option<u64> {
         if Tags::SHORT_GRANULES {
             // The old last granule may be short and the new one may be: tag the object anew.
             Tags::tag_object(object, new_size as u64, header.tag);
+            if new_rounded < old_rounded {
+                Tags::set_range_tag(object + new_rounded, old_rounded - new_rounded, INVALID);
+            }
         } else if new_rounded > old_rounded {
             Tags::set_range_tag(object + old_rounded, new_rounded - old_rounded, header.tag);
-        }
-        if new_rounded < old_rounded {
+        } else {
             Tags::set_range_tag(object + new_rounded, old_rounded - new_rounded, INVALID);
         }
         let resized = Header { size: new_size as u32, ..header };

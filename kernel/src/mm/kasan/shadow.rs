@@ -14,8 +14,10 @@
 //! That leaves 0x10..=0xFD: 238 object tags. With short granules (`--kasan-short-granules`,
 //! HWASan's scheme; Linux's SW_TAGS has none) 0x01..=0x0F are in use too, as lengths: the
 //! memory tag of an object's partly used last granule is the number of bytes it uses, and the
-//! granule's last byte (never part of the object) holds the object's tag. The generator is a 32-bit LCG per CPU (one CPU
-//! runs today), seeded from the `tag-seed=` boot parameter, so a run's tags are reproducible.
+//! granule's last byte (never part of the object) holds the object's tag.
+//!
+//! The generator is a 32-bit LCG per CPU (one CPU runs today), seeded from the `tag-seed=` boot
+//! parameter, so a run's tags are reproducible.
 
 use super::storage::{TagStorage, untagged};
 use core::sync::atomic::{AtomicU32, Ordering};
