@@ -11,6 +11,10 @@ pub const KERNEL_TARGET: &str = "aarch64-unknown-none-softfloat";
 /// (`SHADOW_OFFSET`) and its `sanitizer_checks_run` test fails if they disagree.
 const HWASAN_MAPPING_OFFSET: &str = "0xFFFFFFC800000000";
 
+/// Short granules off (the `full` default, Linux's SW_TAGS) and on (`--kasan-short-granules`).
+const SHORT_GRANULES_OFF: &str = "-Cllvm-args=-hwasan-use-short-granules=0";
+const SHORT_GRANULES_ON: &str = "-Cllvm-args=-hwasan-use-short-granules=1";
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
 pub enum BuildVariant {
     /// SCS + pac-ret + patchable entries + frame pointers + kernel-hwaddress.
@@ -54,7 +58,7 @@ impl BuildVariant {
                 // sbfx(addr, 4, 52) + offset and tail-calls __hwasan_tag_mismatch on a mismatch.
                 &[
                     "-Cllvm-args=-hwasan-inline-fast-path-checks=0",
-                    "-Cllvm-args=-hwasan-use-short-granules=0",
+                    SHORT_GRANULES_OFF,
                     "-Cllvm-args=-hwasan-instrument-stack=0",
                     // memcpy/memmove/memset become calls to __hwasan_mem*, which check the
                     // whole range once (mm/sanitizer.rs) before doing the operation.
@@ -108,9 +112,64 @@ pub fn target_dir() -> PathBuf {
     }
 }
 
+/// Options of the `full` variant's sanitizer that change its code: each combination is a
+/// build of its own (own target directory: core and alloc carry the checks too).
+#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
+pub struct SanitizerOptions {
+    /// HWASan's short granules: the shadow byte of an object's partly used last granule holds
+    /// the used length (1..15) and the granule's last byte the tag, so an access past the end
+    /// inside that granule is caught (Linux's SW_TAGS cannot).
+    pub short_granules: bool,
+}
+
+impl SanitizerOptions {
+    /// The target-directory suffix and the log's name for these options ("" for the default).
+    pub fn suffix(self) -> &'static str {
+        if self.short_granules { "-short-granules" } else { "" }
+    }
+}
+
+/// The command-line flag for [`SanitizerOptions`] (flattened into qemu, test and bench).
+#[derive(clap::Args, Clone, Copy, Default, Debug)]
+pub struct SanitizerArgs {
+    /// With --variant full only: build with short granules (`-hwasan-use-short-granules=1`,
+    /// `__hwasan_check_*_short_v2` thunks): overflows inside an object's last granule are caught.
+    #[arg(long)]
+    pub kasan_short_granules: bool,
+}
+
+impl SanitizerArgs {
+    /// The options for `variant`; refused (exit 2) when asked for on a variant without the
+    /// sanitizer's checks.
+    pub fn options(self, variants: &[BuildVariant]) -> Result<SanitizerOptions, Failure> {
+        if self.kasan_short_granules
+            && let Some(other) = variants.iter().find(|variant| **variant != BuildVariant::Full)
+        {
+            return Err(Failure::usage(format!(
+                "--kasan-short-granules needs --variant full (got {}; valid: full)",
+                other.name()
+            )));
+        }
+        Ok(SanitizerOptions { short_granules: self.kasan_short_granules })
+    }
+}
+
 /// Every rustc flag of a kernel build in `variant`.
 pub fn kernel_rustflags(variant: BuildVariant) -> Vec<String> {
-    let mut flags = variant.rustflags().iter().map(|flag| flag.to_string()).collect::<Vec<_>>();
+    kernel_rustflags_with(variant, SanitizerOptions::default())
+}
+
+/// Every rustc flag of a kernel build in `variant` with the sanitizer's `options` (`full` only).
+pub fn kernel_rustflags_with(variant: BuildVariant, options: SanitizerOptions) -> Vec<String> {
+    let short_granules = variant == BuildVariant::Full && options.short_granules;
+    let mut flags = variant
+        .rustflags()
+        .iter()
+        .map(|flag| match *flag {
+            SHORT_GRANULES_OFF if short_granules => SHORT_GRANULES_ON.to_string(),
+            flag => flag.to_string(),
+        })
+        .collect::<Vec<_>>();
     // The kernel runs in the upper half but defmt's interned strings are symbols at 1..65535
     // (their addresses are the log ids): only the large code model reaches both.
     flags.push("-Ccode-model=large".to_string());
@@ -122,15 +181,22 @@ pub fn kernel_rustflags(variant: BuildVariant) -> Vec<String> {
 
 /// Builds the kernel for `board` in `variant`, checks its patchable entries, writes a raw image.
 pub fn kernel(board: Board, variant: BuildVariant) -> Result<KernelImage, Failure> {
+    kernel_with(board, variant, SanitizerOptions::default())
+}
+
+/// [`kernel`] with the sanitizer's `options` (which only `full` accepts: see [`SanitizerArgs`]).
+pub fn kernel_with(board: Board, variant: BuildVariant, options: SanitizerOptions) -> Result<KernelImage, Failure> {
     let root = workspace_root();
+    let options = if variant == BuildVariant::Full { options } else { SanitizerOptions::default() };
+    let build_name = format!("{}{}", variant.name(), options.suffix());
     // One target directory per build variant, shared by both boards: core, alloc and every
     // dependency are built once per variant (they do not depend on the board feature), only the
     // kernel crate twice. Each board's artifacts are copied to their own directory.
     let kernel_dir = target_dir().join("kernel");
-    let artifact_dir = kernel_dir.join(board.name()).join(variant.name());
-    let target_dir = kernel_dir.join(variant.name());
-    let flags = kernel_rustflags(variant);
-    eprintln!("xtask: building kernel ({}, variant {})", board.name(), variant.name());
+    let artifact_dir = kernel_dir.join(board.name()).join(&build_name);
+    let target_dir = kernel_dir.join(&build_name);
+    let flags = kernel_rustflags_with(variant, options);
+    eprintln!("xtask: building kernel ({}, variant {build_name})", board.name());
     let status = Command::new(env!("CARGO"))
         .current_dir(&root)
         .args(["build", "--release", "--package", "kernel", "--target", KERNEL_TARGET])
@@ -143,6 +209,7 @@ pub fn kernel(board: Board, variant: BuildVariant) -> Result<KernelImage, Failur
         .env_remove("RUSTFLAGS")
         .env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"))
         .env("TRACELAB_VARIANT", variant.name())
+        .env("TRACELAB_KASAN_SHORT_GRANULES", if options.short_granules { "1" } else { "0" })
         .env("DEFMT_LOG", "info")
         .status()
         .map_err(|error| Failure::usage(format!("cannot run cargo: {error}")))?;

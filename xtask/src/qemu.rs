@@ -60,6 +60,8 @@ pub struct QemuArgs {
     pub board: Board,
     #[arg(long, value_enum, default_value = "full")]
     pub variant: BuildVariant,
+    #[command(flatten)]
+    pub sanitizer: build::SanitizerArgs,
     /// Exception level QEMU enters the kernel at on virt (2 = `virtualization=on`); rpi4: 2.
     #[arg(long, value_parser = clap::value_parser!(u8).range(1..=2))]
     pub el: Option<u8>,
@@ -450,7 +452,7 @@ pub fn run_interactive(args: &QemuArgs) -> Result<u8, Failure> {
         eprintln!("xtask: {}", files.source);
         machine.dtb = Some(files.dtb);
     }
-    let image = build::kernel(args.board, args.variant)?;
+    let image = build::kernel_with(args.board, args.variant, args.sanitizer.options(&[args.variant])?)?;
     let bootargs = args.bootargs(machine.cpu);
     eprintln!(
         "xtask: booting {} (variant {}{}): {bootargs}",

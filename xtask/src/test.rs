@@ -12,7 +12,8 @@
 //! so one of them, beside `pauth=off` and the Cortex-A72, keeps every distinct path. On QEMU
 //! `raspi4b` (the Pi 4 board) every build variant runs once: Cortex-A72, EL2, GIC-400. Each kernel
 //! test counts once per configuration it ran in. `--filter` runs one configuration unless
-//! `--matrix` is given.
+//! `--matrix` is given. When `full` is in the set, the `kasan_` corpus runs once more in the
+//! short-granule build (`--kasan-short-granules`; virt, EL1, GICv2, `max,pauth=off` if selected).
 
 use crate::Failure;
 use crate::build::{self, Board, BuildVariant};
@@ -40,6 +41,8 @@ pub struct TestArgs {
     /// Only these boards (repeatable; default: virt and rpi4).
     #[arg(long = "board", value_enum)]
     pub boards: Vec<Board>,
+    #[command(flatten)]
+    pub sanitizer: build::SanitizerArgs,
     #[command(flatten)]
     pub boot_files: crate::bootfiles::BootFileArgs,
     /// Skip the host crate tests.
@@ -157,6 +160,10 @@ impl Selection {
                 DEFAULT_PAUTH_CPU.name()
             );
         }
+        if args.filter.is_empty() && self.variants.contains(&BuildVariant::Full) && !args.sanitizer.kasan_short_granules
+        {
+            eprintln!("  virt: the `kasan_` corpus in full with --kasan-short-granules, EL1/GICv2 (one QEMU run)");
+        }
         if args.filter.is_empty() {
             eprintln!("  then: the rpi4 SD card image and serial checks, the failure paths, the bench harness");
         }
@@ -171,6 +178,7 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
     }
     qemu::ensure_installed()?;
     let selection = Selection::new(args);
+    let sanitizer = args.sanitizer.options(&selection.variants)?;
     selection.describe(args);
     let Selection { variants, cpus, boards, levels, .. } = &selection;
     let mut timed_out = false;
@@ -183,12 +191,13 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
         None
     };
     'variants: for &variant in variants {
+        let build_name = format!("{}{}", variant.name(), sanitizer.suffix());
         if boards.contains(&Board::Virt) {
-            let image = build::kernel(Board::Virt, variant)?;
+            let image = build::kernel_with(Board::Virt, variant, sanitizer)?;
             for &cpu in cpus {
                 for &(el, gic) in levels {
                     let machine = Machine { board: Board::Virt, cpu, el, gic, icount: true, dtb: None };
-                    let run = run_configuration(&machine, variant, &image, args, "", &mut tally)?;
+                    let run = run_configuration(&machine, &build_name, &image, args, "", &mut tally)?;
                     timed_out |= run.timed_out;
                     // Every configuration registers the same tests: one empty match is all.
                     if run.unmatched {
@@ -202,12 +211,12 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
             if variant != BuildVariant::Plain && selection.ftrace {
                 let cpu = selection.ftrace_cpu();
                 let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 3, icount: true, dtb: None };
-                timed_out |= run_configuration(&machine, variant, &image, args, "ftrace=*", &mut tally)?.timed_out;
+                timed_out |= run_configuration(&machine, &build_name, &image, args, "ftrace=*", &mut tally)?.timed_out;
             }
         }
         // QEMU raspi4b: the Pi 4's Cortex-A72, entered at EL2, GIC-400, the Pi 4 device tree.
         if let Some(dtb) = &rpi4_dtb {
-            let image = build::kernel(Board::Rpi4, variant)?;
+            let image = build::kernel_with(Board::Rpi4, variant, sanitizer)?;
             let machine = Machine {
                 board: Board::Rpi4,
                 cpu: CpuVariant::CortexA72,
@@ -216,7 +225,7 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
                 icount: false,
                 dtb: Some(dtb.clone()),
             };
-            let run = run_configuration(&machine, variant, &image, args, "", &mut tally)?;
+            let run = run_configuration(&machine, &build_name, &image, args, "", &mut tally)?;
             timed_out |= run.timed_out;
             if run.unmatched {
                 unmatched = true;
@@ -227,6 +236,17 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
     if unmatched {
         println!("no kernel test name contains `{}`", args.filter);
         return Ok(2);
+    }
+    // The sanitizer corpus once more in the short-granule build of `full` (one configuration:
+    // what changes is the heap's tagging and the check thunks, not the machine).
+    if args.filter.is_empty() && !sanitizer.short_granules && variants.contains(&BuildVariant::Full) {
+        let short = build::SanitizerOptions { short_granules: true };
+        let image = build::kernel_with(Board::Virt, BuildVariant::Full, short)?;
+        let cpu = if cpus.contains(&CpuVariant::MaxNoPauth) { CpuVariant::MaxNoPauth } else { cpus[0] };
+        let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 2, icount: true, dtb: None };
+        let build_name = format!("full{}", short.suffix());
+        let run = run_configuration(&machine, &build_name, &image, args, "filter=kasan_", &mut tally)?;
+        timed_out |= run.timed_out;
     }
     if args.filter.is_empty() && rpi4_dtb.is_some() {
         rpi4_checks(&args.boot_files, &mut tally)?;
@@ -438,7 +458,7 @@ struct ConfigurationRun {
 /// One QEMU run of the kernel suite.
 fn run_configuration(
     machine: &Machine,
-    variant: BuildVariant,
+    build_name: &str,
     image: &build::KernelImage,
     args: &TestArgs,
     extra_bootargs: &str,
@@ -459,7 +479,7 @@ fn run_configuration(
     let configuration = format!(
         "{} variant {}{}{extra_bootargs}",
         machine.describe(),
-        variant.name(),
+        build_name,
         if extra_bootargs.is_empty() { "" } else { " " }
     );
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);

@@ -4,7 +4,8 @@
 //!
 //! Access checks exist only in the `full` build: the corpus skips elsewhere. The free-path checks
 //! (double and invalid free) belong to the allocator and run in every build. Cases that SW_TAGS
-//! cannot catch (an overflow inside the last granule, a tag collision) are checked as not caught.
+//! cannot catch (an overflow inside the last granule, a tag collision) are checked as not caught;
+//! with short granules (`--kasan-short-granules`) the first is caught, and checked as such.
 //! Recover mode lets each bad access the compiler checked happen (the runtime's intrinsics do
 //! not carry out a reported one): bad writes within a granule of an object land in the guard
 //! granules around it (heap.rs), never in a header or a free-list link; the `kasan_sound_*`
@@ -112,6 +113,12 @@ fn write_u8(address: u64, value: u8) {
 }
 
 #[inline(never)]
+fn read_u16(address: u64) -> u16 {
+    // SAFETY: as in read_u8.
+    unsafe { (address as *const u16).read_unaligned() }
+}
+
+#[inline(never)]
 fn read_u64(address: u64) -> u64 {
     // SAFETY: as in read_u8.
     unsafe { (address as *const u64).read_volatile() }
@@ -212,9 +219,14 @@ fn kasan_heap_tags_objects(_: &Context) -> Outcome {
         check!(Tags::is_object_tag(tag));
         check_eq!(*object % 16, 0);
         // Every granule of the object carries its tag, the header granule before it does not.
+        // With short granules a partly used last granule holds its length, the tag in its last byte.
         let untagged = untagged(*object);
-        for granule in (0..(1 + index as u64 * 37)).step_by(16) {
-            check_eq!(Tags::memory_tag(untagged + granule), tag);
+        let size = 1 + index as u64 * 37;
+        for granule in (0..size).step_by(16) {
+            check_eq!(Tags::object_tag(untagged + granule), tag);
+            let used = (size - granule).min(16);
+            let expected = if kasan::SHORT_GRANULES && used < 16 { used as u8 } else { tag };
+            check_eq!(Tags::memory_tag(untagged + granule), expected);
         }
         check_eq!(Tags::memory_tag(untagged - 16), Tags::INVALID);
     }
@@ -615,18 +627,63 @@ fn kasan_stack_modes(_: &Context) -> Outcome {
     result
 }
 
+/// An overflow inside an object's last granule: SW_TAGS's blind spot (documented not caught),
+/// caught with short granules (`--kasan-short-granules`). Asserts what each build does, so it
+/// fails if either changes.
 fn kasan_not_caught_inside_last_granule(_: &Context) -> Outcome {
     if !CHECKS_COMPILED_IN {
         return Ok(Verdict::Skipped(NO_CHECKS));
     }
-    // 13 bytes occupy one granule; bytes 13-15 carry the object's tag too (no short granules).
     let object = allocate(13);
-    let (count, _) = kasan::recording(|| {
+    if kasan::SHORT_GRANULES {
+        // The granule's memory tag is 13 (bytes used), its last byte the tag: each byte past the
+        // end is caught, reads and writes, every byte before it passes. Byte 15 (the tag byte)
+        // is only read: a recovered write there would change the tag.
+        let (count, _) = kasan::recording(|| {
+            for offset in 0..13 {
+                black_box(read_u8(object + offset));
+            }
+            write_u8(object + 12, 1);
+        });
+        check_eq!(count, 0);
         for offset in 13..16 {
-            write_u8(object + offset, 1);
+            let (count, report) = kasan::recording(|| {
+                black_box(read_u8(object + offset));
+            });
+            check_eq!(count, 1);
+            check!(report.is_some_and(|report| report.bug == BugType::OutOfBounds
+                && report.address == object + offset
+                && report.memory_tag == 13
+                && report.pointer_tag == tag_of(object)));
         }
-    });
-    check_eq!(count, 0);
+        let (count, _) = kasan::recording(|| write_u8(object + 13, 1));
+        check_eq!(count, 1);
+        // A 2-byte read that starts inside and ends past the object, and one through the
+        // runtime's range check (an odd size, `__hwasan_loadN`'s rule).
+        let (count, _) = kasan::recording(|| {
+            black_box(read_u16(object + 12));
+        });
+        check_eq!(count, 1);
+        let (count, _) = kasan::recording(|| {
+            let mut copy = [0u8; 13];
+            // SAFETY: reads the 13 bytes of the live object (no report expected) through the
+            // runtime's memcpy check, then 14 (one past the end).
+            unsafe { core::ptr::copy_nonoverlapping(object as *const u8, copy.as_mut_ptr(), black_box(13)) };
+            let mut longer = [0u8; 14];
+            // SAFETY: as above, one byte too many: reported and not carried out.
+            unsafe { core::ptr::copy_nonoverlapping(object as *const u8, longer.as_mut_ptr(), black_box(14)) };
+            black_box((copy, longer));
+        });
+        check_eq!(count, 1);
+    } else {
+        // 13 bytes occupy one granule; bytes 13-15 carry the object's tag too.
+        let (count, _) = kasan::recording(|| {
+            for offset in 13..16 {
+                write_u8(object + offset, 1);
+            }
+        });
+        check_eq!(count, 0);
+    }
     // The next granule is caught.
     let (count, _) = kasan::recording(|| {
         black_box(read_u8(object + 16));
@@ -945,8 +1002,10 @@ fn kasan_sound_bad_frees(_: &Context) -> Outcome {
 /// `vm_map_ram_tags` (no vmalloc); `page_alloc_oob_right`, `page_alloc_uaf`, `kfree_via_page`,
 /// `kfree_via_phys` (no page-allocator API beside the heap); `rcu_uaf`, `workqueue_uaf` (no RCU,
 /// no workqueues); `copy_user_test_oob` (user copies do not go through the heap's checks);
-/// `kasan_bitops_generic` (generic KASAN only). `kmalloc_oob_16` keeps its use-after-free half;
-/// its overflow half stays inside the last granule (short granules only).
+/// `kasan_bitops_generic` (generic KASAN only). Linux's generic-only halves that overflow inside
+/// the last granule (`kmalloc_oob_16`'s copy, `kmalloc_oob_right`'s `ptr[size]`, the krealloc
+/// helpers' `ptr2[size2]`) are caught with short granules (`--kasan-short-granules`) and
+/// checked as not caught without them.
 mod linux {
     use super::*;
     use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -1044,7 +1103,8 @@ mod linux {
         let size = 128 - GRANULE - 5;
         let ptr = allocate(size);
         let here = site(kasan_kmalloc_oob_right);
-        // The access inside the last granule is SW_TAGS's blind spot; the next granule:
+        // Linux's generic-only half: inside the last granule (short granules only).
+        write_inside_last_granule(ptr + size as u64, size, here)?;
         let report = expect(OOB, 1, true, here, INVALID, || write_u8(ptr + size as u64 + 5, b'y'))?;
         check_eq!(report.address, ptr + 112);
         expect(OOB, 1, false, here, INVALID, || {
@@ -1144,6 +1204,25 @@ mod linux {
         audit(&[size])
     }
 
+    /// A 1-byte write at `address`, past its object's end but inside its last granule: caught
+    /// with short granules (memory tag: the bytes used), SW_TAGS's documented blind spot without
+    /// (checked as not caught). Linux runs these halves for generic KASAN only. Inlined: the
+    /// allocation stack's first frame stays the test's.
+    #[inline(always)]
+    fn write_inside_last_granule(address: u64, object_size: usize, here: u64) -> Outcome {
+        // The granule's last byte holds a short granule's tag: a recovered write must miss it.
+        check!(address % 16 != 15);
+        if kasan::SHORT_GRANULES {
+            let used = object_size % GRANULE;
+            let report = expect(OOB, 1, true, here, Some(used as u8), || write_u8(address, b'x'))?;
+            check_eq!(report.address, address);
+        } else {
+            let (count, _) = kasan::recording(|| write_u8(address, b'x'));
+            check_eq!(count, 0);
+        }
+        Ok(Verdict::Passed)
+    }
+
     /// Linux's krealloc_more_oob_helper.
     #[inline(always)]
     fn krealloc_more(size1: usize, size2: usize, here: u64) -> Outcome {
@@ -1155,6 +1234,7 @@ mod linux {
             write_u8(ptr2 + size2 as u64 - 1, b'x');
         });
         check_eq!(count, 0);
+        write_inside_last_granule(ptr2 + size2 as u64, size2, here)?;
         let aligned = round_up16(size2 as u64);
         let report = expect(OOB, 1, true, here, INVALID, || write_u8(ptr2 + aligned, b'x'))?;
         check_eq!(report.address, ptr2 + aligned);
@@ -1169,6 +1249,8 @@ mod linux {
         let ptr2 = heap::reallocate(ptr1, 16, size2).expect("the heap has room");
         let (count, _) = kasan::recording(|| write_u8(ptr2 + size2 as u64 - 1, b'x'));
         check_eq!(count, 0);
+        write_inside_last_granule(ptr2 + size2 as u64, size2, here)?;
+        write_inside_last_granule(ptr2 + size2 as u64 + 2, size2, here)?;
         let aligned = round_up16(size2 as u64);
         expect(OOB, 1, true, here, INVALID, || write_u8(ptr2 + aligned, b'x'))?;
         // The last byte of the old size is gone too.
@@ -1234,13 +1316,20 @@ mod linux {
             return Ok(Verdict::Skipped(NO_CHECKS));
         }
         // Linux runs this one for generic KASAN only: a 16-byte copy into a 13-byte object
-        // stays in its last granule, not caught without short granules (checked as such).
+        // stays in its last granule, caught with short granules only (checked as such in each
+        // build); then the use-after-free of the source.
         let ptr1 = allocate(16 - 3);
         let ptr2 = allocate(16);
-        let (count, _) = kasan::recording(|| memcpy(ptr1, ptr2, 16));
-        check_eq!(count, 0);
+        let here = site(kasan_kmalloc_oob_16);
+        if kasan::SHORT_GRANULES {
+            let report = expect(OOB, 16, true, here, Some(13), || memcpy(ptr1, ptr2, 16))?;
+            check_eq!(report.address, ptr1);
+        } else {
+            let (count, _) = kasan::recording(|| memcpy(ptr1, ptr2, 16));
+            check_eq!(count, 0);
+        }
         heap::free(ptr2);
-        let report = expect(UAF, 16, false, site(kasan_kmalloc_oob_16), INVALID, || {
+        let report = expect(UAF, 16, false, here, INVALID, || {
             black_box(read_u128(ptr2));
         })?;
         check_eq!(report.address, ptr2);
@@ -1394,7 +1483,9 @@ mod linux {
             tries += 1;
         }
         check!(ptr1 != ptr2);
-        let memory_tag = if untagged(ptr1) == untagged(ptr2) { Some(tag_of(ptr2)) } else { INVALID };
+        // Byte 40 lies in the last granule, short (11 bytes used) with short granules.
+        let reused_tag = if kasan::SHORT_GRANULES { (size % GRANULE) as u8 } else { tag_of(ptr2) };
+        let memory_tag = if untagged(ptr1) == untagged(ptr2) { Some(reused_tag) } else { INVALID };
         let report = expect(UAF, 1, false, site(kasan_kmalloc_uaf2), memory_tag, || {
             black_box(read_u8(ptr1 + 40));
         })?;

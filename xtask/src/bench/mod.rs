@@ -114,6 +114,9 @@ pub struct BenchArgs {
     /// Build variant for every suite (default: each suite's own, `prod` for most).
     #[arg(long, value_enum)]
     pub variant: Option<BuildVariant>,
+    /// Rows measured this way carry the param `granules=short` (docs/reference/bench.md).
+    #[command(flatten)]
+    pub sanitizer: build::SanitizerArgs,
     /// icount: instruction counts, deterministic; wall: virtual ns of TCG emulation, N reps.
     #[arg(long, value_enum, default_value = "both")]
     pub mode: ModeArg,
@@ -136,7 +139,7 @@ pub struct BenchArgs {
     /// Run the gate's suites (icount, max,pauth=off, prod) and write the icount baseline that
     /// `cargo xtask test` checks against (xtask/baseline/icount.json). Commit it with the reason
     /// for every row that rose.
-    #[arg(long, conflicts_with_all = ["suites", "cpus", "variant", "mode", "serial"])]
+    #[arg(long, conflicts_with_all = ["suites", "cpus", "variant", "mode", "serial", "kasan_short_granules"])]
     pub update_baseline: bool,
     #[arg(long, value_enum, default_value = "virt")]
     pub board: Board,
@@ -237,8 +240,12 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
         }
         (Board::Rpi4, Some(_)) => None,
     };
-    let images =
-        by_variant.iter().map(|(variant, _)| build::kernel(args.board, *variant)).collect::<Result<Vec<_>, _>>()?;
+    let variants: Vec<BuildVariant> = by_variant.iter().map(|(variant, _)| *variant).collect();
+    let sanitizer = args.sanitizer.options(&variants)?;
+    let images = by_variant
+        .iter()
+        .map(|(variant, _)| build::kernel_with(args.board, *variant, sanitizer))
+        .collect::<Result<Vec<_>, _>>()?;
 
     // The tree as it is when the kernels were built: a commit made while QEMU runs is not theirs.
     // icount is deterministic and runs one rep whatever --reps says.
@@ -269,7 +276,16 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
                     serial: args.serial.as_deref(),
                 };
                 match measure(&plan) {
-                    Ok(mut more) => samples.append(&mut more),
+                    Ok(mut more) => {
+                        // Another build of the same variant: its rows keep the suite's cases
+                        // and are told apart by a param, so existing rows keep their identity.
+                        if sanitizer.short_granules {
+                            for sample in &mut more {
+                                sample.params.push(("granules".into(), "short".into()));
+                            }
+                        }
+                        samples.append(&mut more)
+                    }
                     Err(failure) => {
                         progress.finish_and_clear();
                         return Err(failure);

@@ -71,6 +71,16 @@ const MEANINGS: &[Meaning] = &[
         metric: "allocator_pct",
         text: "the allocator's share of the `no-stacks` total (alloc and free calls timed one by one)",
     },
+    Meaning {
+        suite: "kasan-boot",
+        metric: "alloc_per_call",
+        text: "instructions of one heap allocation on `no-stacks` (the counter reads included)",
+    },
+    Meaning {
+        suite: "kasan-boot",
+        metric: "free_per_call",
+        text: "instructions of one heap free on `no-stacks` (the counter reads included)",
+    },
     Meaning { suite: "kasan-boot", metric: "records", text: "stacks in the depot after the workload" },
     Meaning { suite: "kasan-boot", metric: "bytes", text: "memory those records take" },
     Meaning { suite: "kasan-boot", metric: "hash_collisions", text: "records whose hash equals another record's" },
@@ -566,6 +576,8 @@ mod tests {
             ("probes", "per_hit"),
             ("ftrace", "overhead"),
             ("kasan-boot", "overhead_pct"),
+            ("kasan-boot", "alloc_per_call"),
+            ("kasan-boot", "free_per_call"),
         ] {
             assert!(!meaning(suite, metric).starts_with("(not described"), "{suite} {metric}");
         }

@@ -18,11 +18,20 @@ use super::storage::{TagStorage, Tags};
 // kasan_sw_tags.S): x0 = address, x1 = access info; the thunk has already reserved 256 bytes of
 // stack and stored x0/x1 at [sp] and x29/x30 at [sp, #232]. Everything but x16/x17 must survive,
 // so x2-x15 (caller-saved under AAPCS) are saved here before calling Rust.
+//
+// `__hwasan_tag_mismatch_v2` is what the short-granule thunks (`__hwasan_check_x<R>_<info>_short_v2`,
+// `--kasan-short-granules`) tail-call, with the same convention: they read the shadow through
+// x20 (the shadow base every instrumented function loads; callee-saved, so nothing here
+// touches it) and call only once the short-granule rule too has refused the access. The v1
+// entry keeps the thunks without that rule correct in a short-granule kernel: the Rust side
+// applies the rule again before reporting (`sanitizer_tag_mismatch`).
 core::arch::global_asm!(
     r#"
     .section .text.sanitizer, "ax"
     .global __hwasan_tag_mismatch
+    .global __hwasan_tag_mismatch_v2
 __hwasan_tag_mismatch:
+__hwasan_tag_mismatch_v2:
     stp     x2, x3, [sp, #16]
     stp     x4, x5, [sp, #32]
     stp     x6, x7, [sp, #48]
@@ -71,7 +80,7 @@ fn check_range(address: u64, size: u64, write: bool, return_address: u64) -> boo
     let mut granule = untagged & !(Tags::GRANULE - 1);
     while granule < end {
         let memory_tag = Tags::memory_tag(granule);
-        if memory_tag != pointer_tag {
+        if memory_tag != pointer_tag && !Tags::short_granule_accepts(granule, memory_tag, pointer_tag, end) {
             record(Mismatch { address, size, write, pointer_tag, memory_tag, return_address });
             return true;
         }
@@ -165,11 +174,17 @@ fn return_address() -> u64 {
 #[unsafe(link_section = ".text.sanitizer")]
 extern "C" fn sanitizer_tag_mismatch(address: u64, info: u64, return_address: u64) {
     let memory_tag = Tags::memory_tag(address);
+    let size = 1 << (info & 0xf);
+    let pointer_tag = (address >> 56) as u8;
+    let end = untag(address).wrapping_add(size);
+    if Tags::short_granule_accepts(untag(address) & !(Tags::GRANULE - 1), memory_tag, pointer_tag, end) {
+        return;
+    }
     record(Mismatch {
         address,
-        size: 1 << (info & 0xf),
+        size,
         write: info & 0x10 != 0,
-        pointer_tag: (address >> 56) as u8,
+        pointer_tag,
         memory_tag,
         return_address: crate::arch::cpu::strip_pac(return_address),
     });

@@ -61,6 +61,15 @@
 //! -> tag the object's shadow (one byte per granule). free: collect stack -> mask, lock, check
 //! the pointer (tag vs shadow, header magic), re-tag 0xFE, ring entry, buddy free -> unlock.
 //!
+//! # Short granules
+//!
+//! With `--kasan-short-granules` (`full` only) an object whose size is not a multiple of 16 has
+//! a short last granule (shadow.rs): its memory tag is the number of bytes used and its last
+//! byte, past the object's end, holds the object's tag, so an access past the end inside that
+//! granule is caught. Free re-tags every granule 0xFE as before; the tag byte stays behind in
+//! memory nobody owns. A recovered store the compiler let through can overwrite the tag byte
+//! (as in HWASan); the audit checks it.
+//!
 //! # Build variants
 //!
 //! Tags are assigned in every build: the shadow exists in all of them, and the free-path checks
@@ -315,7 +324,11 @@ fn allocate_with_stack(size: usize, align: usize, stack: u32) -> Option<u64> {
     })?;
     // The block is ours: tag the object outside the lock (the rest of the block is already
     // invalid: blocks are tagged 0xFE while free).
-    Tags::set_range_tag(block + offset, rounded, tag);
+    if Tags::SHORT_GRANULES {
+        Tags::tag_object(block + offset, size, tag);
+    } else {
+        Tags::set_range_tag(block + offset, rounded, tag);
+    }
     Some(with_tag(block + offset, tag))
 }
 
@@ -382,7 +395,7 @@ fn check_free(state: &State, pointer: u64) -> Result<Header, BadFree> {
     }
     // The shadow agrees with the header: the object's first granule (if it has one) carries its
     // tag, the guard granule before it is invalid.
-    let first_granule_ok = header.size == 0 || Tags::memory_tag(address) == header.tag;
+    let first_granule_ok = header.size == 0 || Tags::object_tag(address) == header.tag;
     if !first_granule_ok || Tags::memory_tag(address - GRANULE) != INVALID {
         return Err(BadFree::Invalid);
     }
@@ -476,7 +489,13 @@ pub fn reallocate(pointer: u64, align: usize, new_size: usize) -> Option<u64> {
             return Ok(Resize::Move(tagged, header.size as usize));
         }
         let old_rounded = round_up(header.size as u64, GRANULE);
-        if new_rounded > old_rounded {
+        if Tags::SHORT_GRANULES {
+            // The old last granule may be short and the new one may be: tag the object anew.
+            Tags::tag_object(object, new_size as u64, header.tag);
+            if new_rounded < old_rounded {
+                Tags::set_range_tag(object + new_rounded, old_rounded - new_rounded, INVALID);
+            }
+        } else if new_rounded > old_rounded {
             Tags::set_range_tag(object + old_rounded, new_rounded - old_rounded, header.tag);
         } else {
             Tags::set_range_tag(object + new_rounded, old_rounded - new_rounded, INVALID);
@@ -572,11 +591,22 @@ pub fn audit() -> Result<usize, &'static str> {
             let rounded = round_up(header.size as u64, GRANULE);
             let block = object - header.offset();
             let block_end = block + (1 << header.order);
+            let used_in_last = header.size as u64 % GRANULE;
             let mut granule = object - HEADER_BELOW;
             while granule < block_end {
-                let expected = if (object..object + rounded).contains(&granule) { header.tag } else { INVALID };
+                let in_object = (object..object + rounded).contains(&granule);
+                let short =
+                    Tags::SHORT_GRANULES && in_object && granule + GRANULE == object + rounded && used_in_last != 0;
+                let expected = match (in_object, short) {
+                    (true, true) => used_in_last as u8,
+                    (true, false) => header.tag,
+                    (false, _) => INVALID,
+                };
                 if Tags::memory_tag(granule) != expected {
                     return Err("a live block's shadow disagrees with its header");
+                }
+                if short && Tags::object_tag(granule) != header.tag {
+                    return Err("a live object's short granule lost its tag byte");
                 }
                 granule += GRANULE;
             }

@@ -20,6 +20,7 @@ pub mod shadow;
 pub mod storage;
 
 pub use report::recording;
+pub use shadow::SHORT_GRANULES;
 
 /// Whether this kernel was built with the sanitizer's checks (build variant `full`).
 pub const CHECKS_COMPILED_IN: bool = matches!(crate::BUILD_VARIANT.as_bytes(), b"full");

@@ -35,6 +35,11 @@
 //! ==================================================================
 //! ```
 //!
+//! With short granules (`--kasan-short-granules`) the memory tag of an object's partly used
+//! last granule is its length (`0d`: 13 bytes used), as HWASan prints it, and a second table,
+//! HWASan's "Tags for short granules around the buggy address", shows the tag in each short
+//! granule's last byte.
+//!
 //! Linux's layout and bug names (6.3+): tools that parse Linux's KASAN reports parse these. The
 //! function after `in` is the faulting one, `NAME+0xOFF/0xSIZE` from the kernel's own symbol
 //! tables (the callsite table and `.ksyms`); the stacks are addresses that xtask symbolizes.
@@ -361,6 +366,45 @@ fn print_memory_state(address: u64) {
         let _ = write!(line, "{}{:016x}:", if row == buggy_row { '>' } else { ' ' }, row);
         for granule in 0..GRANULES_PER_ROW {
             let _ = write!(line, " {:02x}", Tags::memory_tag(row + granule * Tags::GRANULE));
+        }
+        defmt::error!("{=str}", line.as_str());
+        if row == buggy_row {
+            let column = 1 + 16 + 1 + 3 * ((address - row) / Tags::GRANULE) as usize;
+            let mut marker = Line::new();
+            for _ in 0..column {
+                let _ = marker.write_str(" ");
+            }
+            let _ = marker.write_str("^");
+            defmt::error!("{=str}", marker.as_str());
+        }
+        row += row_bytes;
+    }
+    if Tags::SHORT_GRANULES {
+        print_short_granule_tags(address, buggy_row, start, end);
+    }
+}
+
+/// HWASan's second table, for kernels with short granules: the tag kept in the last byte of
+/// each short granule (`..` for the others) in the buggy row and its neighbours, since the
+/// memory state shows only the short granules' lengths.
+fn print_short_granule_tags(address: u64, buggy_row: u64, start: u64, end: u64) {
+    use core::fmt::Write;
+    let row_bytes = GRANULES_PER_ROW * Tags::GRANULE;
+    defmt::error!("Tags for short granules around the buggy address (one tag corresponds to 16 bytes):");
+    let first = buggy_row.saturating_sub(row_bytes).max(start);
+    let last = (buggy_row + row_bytes).min(end - row_bytes);
+    let mut row = first;
+    while row <= last {
+        let mut line = Line::new();
+        let _ = write!(line, "{}{:016x}:", if row == buggy_row { '>' } else { ' ' }, row);
+        for granule in 0..GRANULES_PER_ROW {
+            let granule = row + granule * Tags::GRANULE;
+            let memory_tag = Tags::memory_tag(granule);
+            if Tags::object_tag(granule) == memory_tag {
+                let _ = line.write_str(" ..");
+            } else {
+                let _ = write!(line, " {:02x}", Tags::object_tag(granule));
+            }
         }
         defmt::error!("{=str}", line.as_str());
         if row == buggy_row {

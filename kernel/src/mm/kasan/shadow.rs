@@ -11,14 +11,26 @@
 //!   (PLATFORM.md), even with short granules off; the outline checks here would not, but
 //!   keeping out of that range keeps both schemes sound.
 //!
-//! That leaves 0x10..=0xFD: 238 object tags. The generator is a 32-bit LCG per CPU (one CPU
-//! runs today), seeded from the `tag-seed=` boot parameter, so a run's tags are reproducible.
+//! That leaves 0x10..=0xFD: 238 object tags. With short granules (`--kasan-short-granules`,
+//! HWASan's scheme; Linux's SW_TAGS has none) 0x01..=0x0F are in use too, as lengths: the
+//! memory tag of an object's partly used last granule is the number of bytes it uses, and the
+//! granule's last byte (never part of the object) holds the object's tag.
+//!
+//! The generator is a 32-bit LCG per CPU (one CPU runs today), seeded from the `tag-seed=` boot
+//! parameter, so a run's tags are reproducible.
 
 use super::storage::{TagStorage, untagged};
 use core::sync::atomic::{AtomicU32, Ordering};
 
 /// The default seed when the command line gives none.
 pub const DEFAULT_SEED: u32 = 0x7472_6163;
+
+/// Whether this kernel was built with short granules (xtask's `--kasan-short-granules`, which
+/// also switches the compiler's check thunks to `__hwasan_check_*_short_v2`).
+pub const SHORT_GRANULES: bool = match option_env!("TRACELAB_KASAN_SHORT_GRANULES") {
+    Some(value) => matches!(value.as_bytes(), b"1"),
+    None => false,
+};
 
 /// One generator per CPU.
 static STATE: [AtomicU32; 1] = [AtomicU32::new(DEFAULT_SEED)];
@@ -32,6 +44,7 @@ impl TagStorage for ShadowTags {
     const INVALID: u8 = 0xfe;
     const FIRST_OBJECT_TAG: u8 = 0x10;
     const LAST_OBJECT_TAG: u8 = 0xfd;
+    const SHORT_GRANULES: bool = SHORT_GRANULES;
 
     // Always inlined wrappers around the uninstrumented shadow accesses below, so that a call
     // through the seam is the same code as the direct call it replaced.
@@ -43,6 +56,33 @@ impl TagStorage for ShadowTags {
     #[inline(always)]
     fn memory_tag(address: u64) -> u8 {
         memory_tag(address)
+    }
+
+    #[inline(always)]
+    fn tag_object(address: u64, size: u64, tag: u8) {
+        let used = size % Self::GRANULE;
+        if !Self::SHORT_GRANULES || used == 0 {
+            set_memory_tag(address, size.next_multiple_of(Self::GRANULE), tag);
+            return;
+        }
+        let last = address + size - used;
+        set_memory_tag(address, last - address, tag);
+        set_memory_tag(last, Self::GRANULE, used as u8);
+        store_byte(last + Self::GRANULE - 1, tag);
+    }
+
+    #[inline(always)]
+    fn object_tag(address: u64) -> u8 {
+        let tag = memory_tag(address);
+        if Self::SHORT_GRANULES && is_short(tag) { load_byte(address | (Self::GRANULE - 1)) } else { tag }
+    }
+
+    #[inline(always)]
+    fn short_granule_accepts(granule: u64, memory_tag: u8, pointer_tag: u8, end: u64) -> bool {
+        Self::SHORT_GRANULES
+            && is_short(memory_tag)
+            && end.wrapping_sub(granule) <= memory_tag as u64
+            && load_byte(granule | (Self::GRANULE - 1)) == pointer_tag
     }
 
     #[inline(always)]
@@ -110,4 +150,32 @@ fn set_memory_tag(address: u64, size: u64, tag: u8) {
         };
         offset += 1;
     }
+}
+
+/// Whether a memory tag is a short granule's length.
+#[inline(always)]
+fn is_short(memory_tag: u8) -> bool {
+    (1..ShadowTags::GRANULE as u8).contains(&memory_tag)
+}
+
+/// Reads a short granule's tag byte. An asm load: the sanitizer's own runtime reads it, and an
+/// instrumented read would be checked against the very shadow byte being decoded.
+#[inline(always)]
+fn load_byte(address: u64) -> u8 {
+    let byte: u8;
+    // SAFETY: short granules exist only in the heap (mapped RAM); the read is untagged.
+    unsafe {
+        core::arch::asm!("ldrb {b:w}, [{a}]", a = in(reg) untagged(address), b = out(reg) byte, options(nostack, readonly, preserves_flags))
+    };
+    byte
+}
+
+/// Writes a short granule's tag byte (uninstrumented, see `load_byte`).
+#[inline(always)]
+fn store_byte(address: u64, byte: u8) {
+    // SAFETY: the byte is the last of an object's last granule, which the heap owns and the
+    // object never uses (its size ends before it).
+    unsafe {
+        core::arch::asm!("strb {b:w}, [{a}]", a = in(reg) untagged(address), b = in(reg) byte as u32, options(nostack, preserves_flags))
+    };
 }

@@ -25,12 +25,27 @@ pub trait TagStorage {
     /// The first and last tags [`TagStorage::random_tag`] draws.
     const FIRST_OBJECT_TAG: u8;
     const LAST_OBJECT_TAG: u8;
+    /// Whether an object's partly used last granule is a short granule (HWASan's): its memory
+    /// tag is the number of bytes used (1..15) and its last byte holds the object's tag.
+    const SHORT_GRANULES: bool;
 
     /// Gives every granule of `[address, address + size)` (size a multiple of the granule)
     /// memory tag `tag`.
     fn set_range_tag(address: u64, size: u64, tag: u8);
-    /// The memory tag of the granule holding `address`.
+    /// The memory tag of the granule holding `address` (with short granules, a length 1..15
+    /// for an object's partly used last granule).
     fn memory_tag(address: u64) -> u8;
+    /// Tags the object of `size` bytes at `address` (granule-aligned) with `tag`: every granule
+    /// it touches, the last one short when [`TagStorage::SHORT_GRANULES`] and partly used.
+    fn tag_object(address: u64, size: u64, tag: u8);
+    /// The tag of the object owning the granule of `address`: its memory tag, or the tag kept in
+    /// a short granule's last byte.
+    fn object_tag(address: u64) -> u8;
+    /// Whether an access ending at `end` (exclusive, untagged) through a pointer tagged
+    /// `pointer_tag` may touch the granule at `granule` whose memory tag `memory_tag` differs from
+    /// the pointer's: only a short granule that the access stays inside of, with the
+    /// pointer's tag in its last byte (the rule of the compiler's `_short_v2` check thunks).
+    fn short_granule_accepts(granule: u64, memory_tag: u8, pointer_tag: u8, end: u64) -> bool;
     /// The next object tag of this CPU's generator. Callers run with interrupts masked.
     fn random_tag() -> u8;
     /// Seeds every CPU's generator (`tag-seed=`), so that a run's tags are reproducible.
