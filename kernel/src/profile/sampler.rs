@@ -72,8 +72,12 @@ struct Counters {
     scs_walk: AtomicU64,
     /// Counter ticks of the sample path, from its first instruction to its last.
     handler: AtomicU64,
-    /// PMU clock only: events from the overflow to the sample path (exception entry, GIC).
+    /// PMU clock only: events from the overflow to the sample path: the exception entry and
+    /// the GIC, plus however long IRQs were masked when the counter overflowed.
     entry: AtomicU64,
+    /// The least of those: the entry path alone (a sample taken with IRQs unmasked), which is
+    /// what the profiler's share counts per sample (a masked window is the workload's time).
+    entry_min: AtomicU64,
 }
 
 static COUNTERS: Counters = Counters {
@@ -87,6 +91,7 @@ static COUNTERS: Counters = Counters {
     scs_walk: AtomicU64::new(0),
     handler: AtomicU64::new(0),
     entry: AtomicU64::new(0),
+    entry_min: AtomicU64::new(u64::MAX),
 };
 
 fn add(counter: &AtomicU64, value: u64) {
@@ -143,6 +148,7 @@ pub(super) fn start(request: &Request, event: Option<pmu::Event>) -> Result<(), 
     ] {
         counter.store(0, Ordering::Relaxed);
     }
+    COUNTERS.entry_min.store(u64::MAX, Ordering::Relaxed);
     REFUSED.store(false, Ordering::Relaxed);
     let broken = match request.broken {
         Some(Mode::FramePointer) => FP,
@@ -189,7 +195,7 @@ impl Summary {
             Clock::Timer => crate::drivers::timer::frequency() / crate::drivers::timer::hz().max(1),
         };
         defmt::info!(
-            "profile: summary clock={=str} period={=u64} counter_hz={=u64} samples={=u64} stored={=u64} lost_depot_full={=u64} lost_depot_busy={=u64} lost_table_full={=u64} lost_unwound={=u64} fp_walk={=u64} scs_walk={=u64} handler={=u64} entry={=u64} workload={=u64} refused={=bool}",
+            "profile: summary clock={=str} period={=u64} counter_hz={=u64} samples={=u64} stored={=u64} lost_depot_full={=u64} lost_depot_busy={=u64} lost_table_full={=u64} lost_unwound={=u64} fp_walk={=u64} scs_walk={=u64} handler={=u64} entry={=u64} entry_min={=u64} workload={=u64} refused={=bool}",
             event.map_or("timer", pmu::Event::name),
             period,
             crate::drivers::timer::frequency(),
@@ -203,6 +209,7 @@ impl Summary {
             get(&COUNTERS.scs_walk),
             get(&COUNTERS.handler),
             get(&COUNTERS.entry),
+            if get(&COUNTERS.entry_min) == u64::MAX { 0 } else { get(&COUNTERS.entry_min) },
             get(&STOPPED_AT).wrapping_sub(get(&STARTED_AT)),
             self.refused
         );
@@ -218,6 +225,7 @@ pub fn on_pmu_overflow() {
     let active = ACTIVE.load(Ordering::Acquire);
     if active != 0 && active & TIMER == 0 {
         add(&COUNTERS.entry, entry);
+        COUNTERS.entry_min.fetch_min(entry, Ordering::Relaxed);
         sample(active);
     }
     pmu::rearm();
@@ -289,7 +297,11 @@ fn check_share(now: u64) {
     if samples < SHARE_CHECK_AFTER {
         return;
     }
-    let cost = COUNTERS.handler.load(Ordering::Relaxed) + COUNTERS.entry.load(Ordering::Relaxed);
+    let entry = match COUNTERS.entry_min.load(Ordering::Relaxed) {
+        u64::MAX => 0,
+        least => least * samples,
+    };
+    let cost = COUNTERS.handler.load(Ordering::Relaxed) + entry;
     let elapsed = now.wrapping_sub(STARTED_AT.load(Ordering::Relaxed));
     if cost * 100 > SHARE_LIMIT_PERCENT * elapsed {
         ACTIVE.store(0, Ordering::Release);

@@ -17,11 +17,11 @@ pub struct Workload {
 
 /// Every workload, in `protocol::profile::WORKLOADS` order.
 pub const ALL: [Workload; 5] = [
-    Workload { name: names::KASAN_BOOT, run: |context| bench(protocol::suite::KASAN_BOOT, context) },
-    Workload { name: names::PROBES, run: |context| bench(protocol::suite::PROBES, context) },
-    Workload { name: names::FTRACE, run: |context| bench(protocol::suite::FTRACE, context) },
+    Workload { name: names::KASAN_BOOT, run: kasan_boot },
+    Workload { name: names::PROBES, run: probes_bench },
+    Workload { name: names::FTRACE, run: ftrace_bench },
     Workload { name: names::TESTS, run: tests },
-    Workload { name: names::KNOWN_SHAPE, run: |_| known_shape() },
+    Workload { name: names::KNOWN_SHAPE, run: known_shape },
 ];
 
 /// The names, for the error that lists them.
@@ -29,6 +29,19 @@ pub const NAMES: &str = "kasan-boot, probes, ftrace, tests, known-shape";
 
 pub fn find(name: &str) -> Option<&'static Workload> {
     ALL.iter().find(|workload| workload.name == name)
+}
+
+// Named functions, not closures: they are frames of every profile's stacks.
+fn kasan_boot(context: &Context) -> bool {
+    bench(protocol::suite::KASAN_BOOT, context)
+}
+
+fn probes_bench(context: &Context) -> bool {
+    bench(protocol::suite::PROBES, context)
+}
+
+fn ftrace_bench(context: &Context) -> bool {
+    bench(protocol::suite::FTRACE, context)
 }
 
 fn bench(suite: &str, context: &Context) -> bool {
@@ -50,7 +63,7 @@ const ROUNDS: u64 = 5;
 /// both call out once so that they are non-leaf functions with a frame record: their samples
 /// then name their caller with either unwinder (a leaf's caller is in x30 only, which neither
 /// walker reads). The rounds alternate so that a slow drift cannot favour one side.
-fn known_shape() -> bool {
+fn known_shape(_: &Context) -> bool {
     let mut sum = 0u64;
     for _ in 0..ROUNDS {
         sum = sum.wrapping_add(shape_heavy_caller());
