@@ -16,8 +16,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// A period below this is refused before anything runs: one sample's path alone costs about
-/// 2000 instructions with both unwinders, so the workload would get no room at all.
-pub const MIN_EVERY: u64 = 1000;
+/// 2000 instructions with both unwinders, so the workload would get no room at all. Above it
+/// the kernel measures its share and refuses a period that takes more than the limit.
+pub const MIN_EVERY: u64 = 2000;
 /// The kernel's own limit on its share of the workload (kernel/src/profile/mod.rs).
 pub const SHARE_LIMIT_PERCENT: u64 = 25;
 
@@ -81,6 +82,8 @@ pub struct Comparison {
     pub identical: u64,
     /// Differences by cause, with their sample counts.
     pub causes: BTreeMap<&'static str, u64>,
+    /// For the "other" cause: where the stacks part, with sample counts.
+    pub other_places: BTreeMap<String, u64>,
 }
 
 fn unwinder_word(choice: UnwinderChoice) -> &'static str {
@@ -102,8 +105,9 @@ pub fn validate(args: &ProfileArgs) -> Result<(), Failure> {
     }
     if args.hz.is_none() && args.every < MIN_EVERY {
         return Err(Failure::usage(format!(
-            "--every {} is too small: one sample costs ~2000 instructions, so the profiler would take \
-             more than its {SHARE_LIMIT_PERCENT}% limit of the workload (use --every {MIN_EVERY} or more)",
+            "--every {} is too small: it is below one sample's own cost (~{MIN_EVERY} instructions), so the \
+             workload would get no room (the kernel refuses any period that puts the profiler above \
+             {SHARE_LIMIT_PERCENT}% of the workload; ~10000 is the smallest that passes with both unwinders)",
             args.every
         )));
     }
@@ -255,6 +259,11 @@ fn print_report(args: &ProfileArgs, profile: &Profile) {
         for (cause, count) in &comparison.causes {
             println!("    differ: {cause}: {count}");
         }
+        let mut places: Vec<_> = comparison.other_places.iter().collect();
+        places.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        for (place, count) in places.iter().take(5) {
+            println!("      other, where they part: {place}: {count}");
+        }
     }
     println!(
         "  cost per sample (instructions): FP walk+depot {:.0}, SCS walk+depot {:.0}, whole sample path {:.0}, \
@@ -266,9 +275,11 @@ fn print_report(args: &ProfileArgs, profile: &Profile) {
     );
     if args.hz.is_none() {
         println!(
-            "  delivery delay: mean {:.0} instructions from overflow to sample (entry {} + IRQs masked in the workload)",
-            get("entry") as f64 / samples as f64,
-            get("entry_min")
+            "  delivery: {} of {} samples delayed past IRQ-masked code (they land where the mask ends); \
+             mean {:.0} instructions from overflow to sample",
+            get("delayed"),
+            get("samples"),
+            get("entry") as f64 / samples as f64
         );
     }
     println!(
@@ -368,7 +379,12 @@ fn compare(samples: &[Sample], symbolizer: &Symbolizer, code: &Code) -> Comparis
             comparison.identical += sample.count;
             continue;
         }
-        *comparison.causes.entry(difference_cause(sample, &fp, &scs, symbolizer, code)).or_default() += sample.count;
+        let mut other = None;
+        let cause = difference_cause(sample, &fp, &scs, symbolizer, code, &mut other);
+        *comparison.causes.entry(cause).or_default() += sample.count;
+        if let Some(place) = other {
+            *comparison.other_places.entry(place).or_default() += sample.count;
+        }
     }
     comparison
 }
@@ -379,13 +395,18 @@ fn difference_cause(
     scs: &[String],
     symbolizer: &Symbolizer,
     code: &Code,
+    other: &mut Option<String>,
 ) -> &'static str {
     let pc = sample.scs[0];
-    let scs_has_one_more = scs.len() == fp.len() + 1 && scs[0] == fp[0] && scs[2..] == fp[1..];
-    let fp_has_one_more = fp.len() == scs.len() + 1 && fp[0] == scs[0] && fp[2..] == scs[1..];
-    let Some(frame) = symbolizer.return_address(pc + 4) else { return "other (PC outside any function)" };
+    let scs_has_one_more = one_more(scs, fp);
+    let fp_has_one_more = one_more(fp, scs);
+    let Some(frame) = symbolizer.return_address(pc + 4) else {
+        return "PC in code without a function symbol (assembly: exception vectors, sanitizer check thunks)";
+    };
     let start = pc + 4 - frame.offset;
-    let Some(words) = code.words(start, frame.size) else { return "other (no code at the PC)" };
+    let Some(words) = code.words(start, frame.size) else {
+        return "PC in code without a function symbol (no code found)";
+    };
     let index = ((pc - start) / 4) as usize;
     match unwind::view_difference(&words, index) {
         unwind::ViewDifference::ShadowHasExtraFrame if scs_has_one_more => {
@@ -398,8 +419,38 @@ fn difference_cause(
         unwind::ViewDifference::FramesHaveExtraFrame if fp_has_one_more => {
             "frame record without SCS entry (hand-written code)"
         }
-        _ => "other (the walks differ beyond the interrupted function)",
+        _ => {
+            *other = Some(first_divergence(fp, scs));
+            "other (the walks differ beyond the interrupted function)"
+        }
     }
+}
+
+/// Whether `longer` is `shorter` with one more entry right after the PC (the interrupted
+/// function's own return address). Walks cut at the depot's 64 frames lose their outermost
+/// entry instead of growing.
+fn one_more(longer: &[String], shorter: &[String]) -> bool {
+    if longer.len() < 2 || shorter.is_empty() || longer[0] != shorter[0] {
+        return false;
+    }
+    if longer.len() == shorter.len() + 1 {
+        return longer[2..] == shorter[1..];
+    }
+    longer.len() == MAX_FRAMES && shorter.len() == MAX_FRAMES && longer[2..] == shorter[1..MAX_FRAMES - 1]
+}
+
+/// The depot's (and the walks') frame limit.
+const MAX_FRAMES: usize = 64;
+
+/// Where two stacks (innermost first) part, seen from the root: the frames each has there.
+fn first_divergence(fp: &[String], scs: &[String]) -> String {
+    let short = |name: &str| name.rsplit("::").next().unwrap_or(name).to_string();
+    let common = fp.iter().rev().zip(scs.iter().rev()).take_while(|(a, b)| a == b).count();
+    let at = |stack: &[String]| {
+        stack.len().checked_sub(common + 1).map_or("(end)".to_string(), |index| short(&stack[index]))
+    };
+    let above = if common == 0 { "(root)".to_string() } else { short(&fp[fp.len() - common]) };
+    format!("FP {} / SCS {} above {above}", at(fp), at(scs))
 }
 
 fn flame_graph(folded: &str, title: &str) -> Result<Vec<u8>, Failure> {

@@ -75,10 +75,17 @@ struct Counters {
     /// PMU clock only: events from the overflow to the sample path: the exception entry and
     /// the GIC, plus however long IRQs were masked when the counter overflowed.
     entry: AtomicU64,
-    /// The least of those: the entry path alone (a sample taken with IRQs unmasked), which is
-    /// what the profiler's share counts per sample (a masked window is the workload's time).
+    /// The least of those among samples not delayed: the entry path alone, which is what the
+    /// profiler's share counts per sample (a masked window is the workload's own time).
     entry_min: AtomicU64,
+    /// PMU clock only: samples whose delivery came more than DELAYED events after the
+    /// overflow (IRQs were masked there): they land where the mask ended, not where it began.
+    delayed: AtomicU64,
 }
+
+/// Events from overflow to sample beyond which a sample counts as delayed: the entry path
+/// alone is about 180 instructions.
+const DELAYED: u64 = 1000;
 
 static COUNTERS: Counters = Counters {
     samples: AtomicU64::new(0),
@@ -92,6 +99,7 @@ static COUNTERS: Counters = Counters {
     handler: AtomicU64::new(0),
     entry: AtomicU64::new(0),
     entry_min: AtomicU64::new(u64::MAX),
+    delayed: AtomicU64::new(0),
 };
 
 fn add(counter: &AtomicU64, value: u64) {
@@ -145,6 +153,7 @@ pub(super) fn start(request: &Request, event: Option<pmu::Event>) -> Result<(), 
         &COUNTERS.scs_walk,
         &COUNTERS.handler,
         &COUNTERS.entry,
+        &COUNTERS.delayed,
     ] {
         counter.store(0, Ordering::Relaxed);
     }
@@ -195,7 +204,7 @@ impl Summary {
             Clock::Timer => crate::drivers::timer::frequency() / crate::drivers::timer::hz().max(1),
         };
         defmt::info!(
-            "profile: summary clock={=str} period={=u64} counter_hz={=u64} samples={=u64} stored={=u64} lost_depot_full={=u64} lost_depot_busy={=u64} lost_table_full={=u64} lost_unwound={=u64} fp_walk={=u64} scs_walk={=u64} handler={=u64} entry={=u64} entry_min={=u64} workload={=u64} refused={=bool}",
+            "profile: summary clock={=str} period={=u64} counter_hz={=u64} samples={=u64} stored={=u64} lost_depot_full={=u64} lost_depot_busy={=u64} lost_table_full={=u64} lost_unwound={=u64} fp_walk={=u64} scs_walk={=u64} handler={=u64} entry={=u64} entry_min={=u64} delayed={=u64} workload={=u64} refused={=bool}",
             event.map_or("timer", pmu::Event::name),
             period,
             crate::drivers::timer::frequency(),
@@ -210,6 +219,7 @@ impl Summary {
             get(&COUNTERS.handler),
             get(&COUNTERS.entry),
             if get(&COUNTERS.entry_min) == u64::MAX { 0 } else { get(&COUNTERS.entry_min) },
+            get(&COUNTERS.delayed),
             get(&STOPPED_AT).wrapping_sub(get(&STARTED_AT)),
             self.refused
         );
@@ -225,7 +235,11 @@ pub fn on_pmu_overflow() {
     let active = ACTIVE.load(Ordering::Acquire);
     if active != 0 && active & TIMER == 0 {
         add(&COUNTERS.entry, entry);
-        COUNTERS.entry_min.fetch_min(entry, Ordering::Relaxed);
+        if entry > DELAYED {
+            add(&COUNTERS.delayed, 1);
+        } else {
+            COUNTERS.entry_min.fetch_min(entry, Ordering::Relaxed);
+        }
         sample(active);
     }
     pmu::rearm();
