@@ -589,6 +589,30 @@ mod tests {
     }
 
     #[test]
+    fn one_more_frame_after_the_pc_even_when_cut_at_the_depth_limit() {
+        let names = |list: &[&str]| list.iter().map(|name| name.to_string()).collect::<Vec<_>>();
+        assert!(one_more(&names(&["pc", "own", "a", "root"]), &names(&["pc", "a", "root"])));
+        assert!(!one_more(&names(&["pc", "a", "own", "root"]), &names(&["pc", "a", "root"])));
+        let deep: Vec<String> = (0..MAX_FRAMES + 1).map(|index| format!("f{index}")).collect();
+        let scs = deep[..MAX_FRAMES].to_vec();
+        let fp: Vec<String> = deep
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| *index != 1)
+            .map(|(_, name)| name.clone())
+            .take(MAX_FRAMES)
+            .collect();
+        assert!(one_more(&scs, &fp));
+        assert_eq!(
+            first_divergence(
+                &names(&["pc", "x::write_u8", "t::test", "root"]),
+                &names(&["pc", "x::closure", "t::test", "root"])
+            ),
+            "FP write_u8 / SCS closure above test"
+        );
+    }
+
+    #[test]
     fn known_shape_check_accepts_three_to_one_and_rejects_the_rest() {
         let good = "main;k::shape_heavy_caller;k::shape_heavy 75\nmain;k::shape_light_caller;k::shape_light 25\n";
         assert!((check_known_shape(good).expect("passes") - 0.75).abs() < 1e-9);
