@@ -51,9 +51,10 @@ impl Request {
     }
 }
 
-/// Registers the clocks' interrupt handlers. At init, before interrupts are unmasked.
+/// Registers the PMU clock's interrupt handler. At init, before interrupts are unmasked. The
+/// timer clock's tick consumer is registered by `run` only when it is asked for, so that no
+/// other run's tick carries the profiler.
 pub fn init(pmu_intid: Option<u32>) {
-    crate::drivers::timer::on_tick(on_tick);
     if let Some(intid) = pmu_intid {
         crate::drivers::interrupts::register_private(intid, on_pmu_overflow);
     }
@@ -81,7 +82,13 @@ pub fn run(request: &Request, context: &workload::Context) -> Result<bool, &'sta
                 pmu::Event::CpuCycles
             })
         }
-        Clock::Timer => None,
+        Clock::Timer => {
+            // Registered here, not at init (a Hooks place is taken atomically, and a tick reads
+            // each place once, so a tick running meanwhile sees it or not): only runs that
+            // sample on the tick pay for the consumer.
+            crate::drivers::timer::on_tick(on_tick);
+            None
+        }
     };
     defmt::info!(
         "profile: workload {=str}, unwinders {=str}, clock {=str}, event {=str}",
