@@ -265,12 +265,14 @@ fn print_report(args: &ProfileArgs, profile: &Profile) {
             println!("      other, where they part: {place}: {count}");
         }
     }
+    let per_sample = |key: &str, ran: bool| {
+        if ran { format!("{:.0}", get(key) as f64 / samples as f64) } else { "(not run)".to_string() }
+    };
     println!(
-        "  cost per sample (instructions): FP walk+depot {:.0}, SCS walk+depot {:.0}, whole sample path {:.0}, \
-         interrupt entry {}",
-        get("fp_walk") as f64 / samples as f64,
-        get("scs_walk") as f64 / samples as f64,
-        get("handler") as f64 / samples as f64,
+        "  cost per sample (instructions): FP walk+depot {}, SCS walk+depot {}, whole sample path {}, interrupt entry {}",
+        per_sample("fp_walk", profile.fp.is_some()),
+        per_sample("scs_walk", profile.scs.is_some()),
+        per_sample("handler", true),
         get("entry_min")
     );
     if args.hz.is_none() {
