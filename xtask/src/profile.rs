@@ -188,7 +188,7 @@ pub fn collect(args: &ProfileArgs) -> Result<Profile, Failure> {
         }
         let mut folded: BTreeMap<String, u64> = BTreeMap::new();
         for sample in &samples {
-            let names = symbolize(&symbolizer, pick(sample));
+            let names = symbolize(&symbolizer, &code, pick(sample));
             if names.is_empty() {
                 continue;
             }
@@ -313,7 +313,7 @@ fn parse_sample(text: &str) -> Option<Sample> {
 
 /// Function names, innermost first: the first address is an exact PC, the others return
 /// addresses (looked up at the call before them).
-fn symbolize(symbolizer: &Symbolizer, addresses: &[u64]) -> Vec<String> {
+fn symbolize(symbolizer: &Symbolizer, code: &Code, addresses: &[u64]) -> Vec<String> {
     addresses
         .iter()
         .enumerate()
@@ -325,26 +325,47 @@ fn symbolize(symbolizer: &Symbolizer, addresses: &[u64]) -> Vec<String> {
             let lookup = if index == 0 { address + 4 } else { address };
             symbolizer
                 .return_address(lookup)
-                .map_or_else(|| format!("[unknown {address:#x}]"), |frame| frame.function.replace(';', ":"))
+                .map(|frame| frame.function.replace(';', ":"))
+                .or_else(|| {
+                    code.label_at(if index == 0 { address } else { address - 4 }).map(|label| format!("[asm {label}]"))
+                })
+                .unwrap_or_else(|| format!("[unknown {address:#x}]"))
         })
         .collect()
 }
 
-/// The kernel's code, to decode the interrupted function around its PC.
+/// The kernel's code, to decode the interrupted function around its PC, and every symbol, to
+/// name assembly without a sized function symbol (the boot code's `high_entry`, the vectors).
 struct Code {
     sections: Vec<(u64, Vec<u8>)>,
+    /// (address, name), sorted.
+    labels: Vec<(u64, String)>,
 }
 
 impl Code {
     fn new(elf: &[u8]) -> Result<Self, Failure> {
-        use object::{Object, ObjectSection, SectionKind};
+        use object::{Object, ObjectSection, ObjectSymbol, SectionKind};
         let file = object::File::parse(elf).map_err(|error| Failure::usage(format!("kernel ELF: {error}")))?;
         let sections = file
             .sections()
             .filter(|section| section.kind() == SectionKind::Text)
             .filter_map(|section| Some((section.address(), section.data().ok()?.to_vec())))
             .collect();
-        Ok(Self { sections })
+        let mut labels: Vec<(u64, String)> = file
+            .symbols()
+            .filter(|symbol| symbol.kind() == object::SymbolKind::Text || symbol.kind() == object::SymbolKind::Unknown)
+            .filter_map(|symbol| Some((symbol.address(), symbol.name().ok()?.to_string())))
+            .filter(|(address, name)| *address != 0 && !name.is_empty() && !name.starts_with('$'))
+            .collect();
+        labels.sort();
+        Ok(Self { sections, labels })
+    }
+
+    /// The nearest label at or before `address` inside a code section.
+    fn label_at(&self, address: u64) -> Option<&str> {
+        self.sections.iter().find(|(base, data)| address >= *base && address < base + data.len() as u64)?;
+        let index = self.labels.partition_point(|(start, _)| *start <= address).checked_sub(1)?;
+        Some(&self.labels[index].1)
     }
 
     /// The instructions of `start..start + size`.
@@ -375,8 +396,8 @@ fn compare(samples: &[Sample], symbolizer: &Symbolizer, code: &Code) -> Comparis
     let mut comparison = Comparison::default();
     for sample in samples.iter().filter(|sample| !sample.fp.is_empty() && !sample.scs.is_empty()) {
         comparison.samples += sample.count;
-        let fp = symbolize(symbolizer, &sample.fp);
-        let scs = symbolize(symbolizer, &sample.scs);
+        let fp = symbolize(symbolizer, code, &sample.fp);
+        let scs = symbolize(symbolizer, code, &sample.scs);
         if fp == scs {
             comparison.identical += sample.count;
             continue;
