@@ -8,7 +8,9 @@
 //! report), `kasan.multi_shot` (print every report, not only the first; `=0|1` too), and the
 //! older `kasan=panic|recover` (fault=panic; fault=report with multi-shot);
 //! probes from boot: `kprobe=SYMBOL[+OFFSET]:METHOD`, `kretprobe=SYMBOL:METHOD` (repeatable);
-//! `kasan.stack_sample=N` (collect one allocation stack in N, N >= 1; default 1).
+//! `kasan.stack_sample=N` (collect one allocation stack in N, N >= 1; default 1);
+//! the profiler: `run=profile profile.workload=NAME profile.unwinder=fp|scs|both profile.every=N
+//! profile.clock=pmu|timer profile.break=fp|scs` (profile/mod.rs).
 //! The keys are `protocol::cmdline`'s, which xtask spells too.
 
 use protocol::cmdline as key;
@@ -26,6 +28,8 @@ pub enum Run {
     Hang,
     /// A deliberate use-after-free outside any test: the sanitizer's report stops the kernel.
     UseAfterFree,
+    /// A workload under the sampling profiler (`profile.*`).
+    Profile,
 }
 
 pub struct CommandLine {
@@ -54,6 +58,9 @@ pub struct CommandLine {
     pub boot_probes: crate::demo::boot_probes::Requests,
     /// `kasan.stack_sample=N`: one allocation stack in N is collected (free stacks always).
     pub stack_sample: u32,
+    /// `run=profile`: `profile.workload=NAME profile.unwinder=fp|scs|both profile.every=N
+    /// profile.clock=pmu|timer profile.break=fp|scs` (the last is the test-only broken unwinder).
+    pub profile: crate::profile::Request,
 }
 
 impl CommandLine {
@@ -75,6 +82,7 @@ impl CommandLine {
             kasan_multi_shot: false,
             boot_probes: crate::demo::boot_probes::Requests::new(),
             stack_sample: 1,
+            profile: crate::profile::Request::new(),
         };
         for word in bootargs.split_whitespace() {
             let (key, value) = word.split_once('=').unwrap_or((word, ""));
@@ -95,6 +103,20 @@ impl CommandLine {
                 (key::RUN, "unowned-brk") => line.run = Run::UnownedBrk,
                 (key::RUN, "hang") => line.run = Run::Hang,
                 (key::RUN, "use-after-free") => line.run = Run::UseAfterFree,
+                (key::RUN, "profile") => line.run = Run::Profile,
+                (key::PROFILE_WORKLOAD, name) => line.profile.workload = name,
+                (key::PROFILE_UNWINDER, name) => match crate::profile::Unwinders::parse(name) {
+                    Some(unwinders) => line.profile.unwinders = unwinders,
+                    None => defmt::warn!("cmdline: profile.unwinder={=str} is not fp|scs|both, keeping both", name),
+                },
+                (key::PROFILE_EVERY, every) => match every.parse::<u64>() {
+                    Ok(every) if every >= 1 => line.profile.clock = crate::profile::Clock::Pmu { every },
+                    _ => defmt::warn!("cmdline: profile.every={=str} is not a number >= 1", every),
+                },
+                (key::PROFILE_CLOCK, "timer") => line.profile.clock = crate::profile::Clock::Timer,
+                (key::PROFILE_CLOCK, "pmu") => {}
+                (key::PROFILE_BREAK, "fp") => line.profile.broken = Some(crate::stacktrace::Mode::FramePointer),
+                (key::PROFILE_BREAK, "scs") => line.profile.broken = Some(crate::stacktrace::Mode::ShadowCallStack),
                 (key::FILTER, filter) => line.filter = filter,
                 (key::TAG_SEED, seed) => match parse_u32(seed) {
                     Some(seed) => line.tag_seed = seed,

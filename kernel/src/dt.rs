@@ -107,6 +107,14 @@ impl Platform {
                 .map(|bytes| u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
         };
         let virtual_timer_intid = 16 + cell(2 * 3 + 1).ok_or(DtError::NoTimer)?;
+        // "arm,armv8-pmuv3": one (type, number, flags) triple; type 1 is a PPI.
+        let pmu_intid = fdt.find_compatible(&["arm,armv8-pmuv3"]).and_then(|node| {
+            let cells = node.property("interrupts")?.value;
+            let cell = |index: usize| {
+                cells.get(index * 4..index * 4 + 4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+            };
+            (cell(0)? == 1).then_some(16 + cell(1)?)
+        });
         let bootargs = fdt.chosen().ok().and_then(|chosen| chosen.bootargs()).unwrap_or("");
         let model = fdt.root().ok().map(|root| root.model()).unwrap_or("unknown");
         // No /psci node (the Pi 4's firmware): no PSCI, secondaries use the spin table.
@@ -120,6 +128,7 @@ impl Platform {
             ram,
             gic,
             virtual_timer_intid,
+            pmu_intid,
             bootargs,
             model,
             psci,

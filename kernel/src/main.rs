@@ -19,6 +19,7 @@ mod ftrace;
 mod log;
 mod mm;
 mod probes;
+mod profile;
 mod stacktrace;
 mod symbols;
 mod sync;
@@ -65,6 +66,7 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     drivers::interrupts::init(layout.gic, platform.virtual_timer_intid);
     drivers::timer::on_tick(task::tick);
     drivers::timer::on_tick(stacktrace::on_tick);
+    profile::init(platform.pmu_intid);
     drivers::timer::start(cmdline.hz);
     probes::init();
     task::user::init();
@@ -141,6 +143,17 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
             match result {
                 Ok(()) => exit(ExitStatus::Success),
                 Err(_) => exit(ExitStatus::TestsFailed),
+            }
+        }
+        cmdline::Run::Profile => {
+            let context = profile::workload::Context { icount: cmdline.icount, expect_pauth: cmdline.expect_pauth };
+            let result = profile::run(&cmdline.profile, &context);
+            demo::boot_probes::report(cmdline.icount);
+            match result {
+                Ok(true) => exit(ExitStatus::Success),
+                // The profile is dumped either way; the status says the workload failed.
+                Ok(false) => exit(ExitStatus::TestsFailed),
+                Err(_) => exit(ExitStatus::UsageError),
             }
         }
         cmdline::Run::Panic => panic!("deliberate panic (run=panic)"),

@@ -11,6 +11,7 @@ mod flash;
 mod ksyms;
 mod lint;
 mod log;
+mod profile;
 mod qemu;
 mod sdimage;
 mod serial;
@@ -44,6 +45,9 @@ enum Command {
     Test(test::TestArgs),
     /// Benchmark suites in QEMU per CPU variant and mode: results.json, report.md, SVG charts.
     Bench(bench::BenchArgs),
+    /// A kernel workload under the sampling profiler: folded stacks and flame graphs per unwinder
+    /// (FP, SCS) and their difference under target/profile/WORKLOAD, FP/SCS agreement, costs.
+    Profile(profile::ProfileArgs),
     /// A bootable Raspberry Pi 4 SD card image (MBR + FAT32), no root needed.
     Sdimage(sdimage::SdImageArgs),
     /// rustfmt --check and clippy -D warnings on everything, the kernel for each board.
@@ -80,6 +84,7 @@ fn main() -> ExitCode {
         Command::Qemu(args) => qemu::run_interactive(&args),
         Command::Test(args) => test::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Profile(args) => profile::run(&args),
         Command::Sdimage(args) => sdimage::run(&args),
         Command::Flash(args) => flash::run(&args),
         Command::Lint => lint::run(),

@@ -256,6 +256,7 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
         failure_paths(&image, &mut tally)?;
         let prod = build::kernel(Board::Virt, BuildVariant::Prod)?;
         bench_harness(&prod, &mut tally)?;
+        crate::profile::self_test(&mut |name, problem| report_check(&mut tally, name, problem.as_ref()))?;
         report_check(&mut tally, "icount regression gate", crate::bench::gate::check(&prod)?.as_ref());
         let (passed, failed) = crate::demo::test(&args.variants, &args.cpus, &args.boards)?;
         tally.passed += passed;

@@ -16,6 +16,8 @@ pub mod ksyms;
 pub enum ExitStatus {
     Success = 0,
     TestsFailed = 1,
+    /// A request the kernel refuses (`run=profile`: an unknown workload, a period too small).
+    UsageError = 2,
     /// A panic, an unexpected exception, a KASAN report in panic mode.
     Panic = 3,
 }
@@ -37,6 +39,16 @@ pub mod suite {
     pub const ALL: [&str; 6] = [BASELINE, STACKTRACE, DEPOT, PROBES, FTRACE, KASAN_BOOT];
 }
 
+/// Workloads of `run=profile` (`profile.workload=`), as `cargo xtask profile` names them.
+pub mod profile {
+    pub const KASAN_BOOT: &str = "kasan-boot";
+    pub const PROBES: &str = "probes";
+    pub const FTRACE: &str = "ftrace";
+    pub const TESTS: &str = "tests";
+    pub const KNOWN_SHAPE: &str = "known-shape";
+    pub const WORKLOADS: [&str; 5] = [KASAN_BOOT, PROBES, FTRACE, TESTS, KNOWN_SHAPE];
+}
+
 /// Keys of the kernel command line (`/chosen/bootargs`), each written `KEY=VALUE`.
 pub mod cmdline {
     pub const RUN: &str = "run";
@@ -55,6 +67,11 @@ pub mod cmdline {
     pub const KASAN_STACK_SAMPLE: &str = "kasan.stack_sample";
     pub const KPROBE: &str = "kprobe";
     pub const KRETPROBE: &str = "kretprobe";
+    pub const PROFILE_WORKLOAD: &str = "profile.workload";
+    pub const PROFILE_UNWINDER: &str = "profile.unwinder";
+    pub const PROFILE_EVERY: &str = "profile.every";
+    pub const PROFILE_CLOCK: &str = "profile.clock";
+    pub const PROFILE_BREAK: &str = "profile.break";
 }
 
 /// Where each board's loader puts the raw image (physical); kernel.ld links the image there.

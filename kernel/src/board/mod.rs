@@ -50,6 +50,8 @@ pub struct Platform {
     pub gic: GicRegions,
     /// INTID of the EL1 virtual timer.
     pub virtual_timer_intid: u32,
+    /// INTID of the PMU overflow interrupt (a PPI), if the device tree names one.
+    pub pmu_intid: Option<u32>,
     pub bootargs: &'static str,
     pub model: &'static str,
     /// How to reach the firmware's PSCI (the `/psci` node's `method`); None without that node
@@ -67,6 +69,7 @@ impl Platform {
             ram: board.fallback.ram,
             gic: board.fallback.gic,
             virtual_timer_intid: board.fallback.virtual_timer_intid,
+            pmu_intid: None,
             bootargs: "",
             model: board.name,
             psci: board.fallback.psci,

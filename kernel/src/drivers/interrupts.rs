@@ -6,11 +6,23 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 static GIC: spin::Once<Gic> = spin::Once::new();
 static TIMER_INTID: AtomicU32 = AtomicU32::new(0);
 static UNHANDLED: AtomicU64 = AtomicU64::new(0);
+/// Other private interrupts and their handlers, registered at init by their owners (the
+/// profiler's PMU overflow): the tick stays the first compare.
+static PRIVATE: crate::sync::Hooks<(u32, fn()), 2> = crate::sync::Hooks::new("private interrupt handlers");
 
 pub fn init(config: GicConfig, timer_intid: u32) {
     let gic = GIC.call_once(|| Gic::init(config));
     TIMER_INTID.store(timer_intid, Ordering::Relaxed);
     gic.enable_private(timer_intid);
+}
+
+/// Enables the private interrupt `intid` of this CPU and runs `handler` for it (IRQ context;
+/// the handler clears its device's interrupt condition before returning). At init.
+pub fn register_private(intid: u32, handler: fn()) {
+    PRIVATE.register((intid, handler));
+    if let Some(gic) = GIC.get() {
+        gic.enable_private(intid);
+    }
 }
 
 pub fn gic_version() -> u8 {
@@ -30,6 +42,8 @@ pub fn handle_irq() {
     }
     if intid == TIMER_INTID.load(Ordering::Relaxed) {
         super::timer::handle_tick();
+    } else if let Some((_, handler)) = PRIVATE.iter().find(|(owned, _)| *owned == intid) {
+        handler();
     } else {
         UNHANDLED.fetch_add(1, Ordering::Relaxed);
     }
