@@ -13,6 +13,7 @@ mod log;
 mod qemu;
 mod sdimage;
 mod serial;
+mod stress;
 mod test;
 
 use clap::{Parser, Subcommand};
@@ -42,6 +43,8 @@ enum Command {
     Flash(flash::FlashArgs),
     /// Decode a board's defmt log from a serial port until its exit sentinel.
     Monitor(serial::MonitorArgs),
+    /// Long runs: `stress probes` sweeps every probe-able kernel instruction with every method.
+    Stress(stress::StressArgs),
 }
 
 /// An error that ends xtask with a specific exit status and a one-line message.
@@ -81,6 +84,7 @@ fn main() -> ExitCode {
         Command::Flash(args) => flash::run(&args),
         Command::Lint => lint::run(),
         Command::Monitor(args) => serial::monitor(&args),
+        Command::Stress(args) => stress::run(&args),
     };
     match result {
         Ok(status) => ExitCode::from(status),

@@ -13,12 +13,12 @@ use crate::arch::exception::{
     self, BRK_BENCH, BRK_KPROBE, BRK_KPROBE_STEP, Esr, ExceptionClass, ExceptionFrame, STACK_GAP, TEST_BRK_FIRST,
     TEST_BRK_LAST,
 };
+use crate::probes::uprobe::{BRK_UPROBE, BRK_UPROBE_STEP, SVC_UPROBE_DETOUR};
+use crate::probes::uretprobe::BRK_URETPROBE;
 use crate::sync::IrqSpinLock;
 use crate::task::stacks::{self, Slot};
 use crate::task::user::{SVC_SYSCALL, UserFault};
 use crate::task::{self, KillReason};
-use crate::probes::uprobe::{BRK_UPROBE, BRK_UPROBE_STEP, SVC_UPROBE_DETOUR};
-use crate::probes::uretprobe::BRK_URETPROBE;
 
 /// Where a synchronous exception came from.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, defmt::Format)]

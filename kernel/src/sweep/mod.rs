@@ -1,0 +1,530 @@
+//! The probe sweep (issue 19): every instruction of real kernel code that the probe subsystem
+//! accepts, probed with every method its plan allows, while a workload runs through that code.
+//!
+//! For each function of the symbol table (`symbols::callsites` starts, `.ksyms` names; a
+//! function ends where the next starts) and each method, every word of the function is offered
+//! to `probes::register` at once (in batches of [`BATCH`]); the refused ones are counted by
+//! reason. Then the workload runs once, the probes are removed, and the sweep checks:
+//! - the workload's results (checksum of its data, sum of its return values) equal the
+//!   unprobed run's;
+//! - the probed words are the original ones again and the slot area (XOL slots, detour
+//!   trampolines) is byte-identical to before (its hash); the whole text at the end;
+//! - per instruction, every method gives the same hit count. Which instructions ran is known
+//!   from the methods agreeing: they are four independent mechanisms (a hardware step, a BRK
+//!   from a slot, the simulator, a branch to a trampoline) and the workload is deterministic
+//!   (the depot was warmed up, the tick runs at 10 Hz and hits taken in IRQ context are not
+//!   counted), so an instruction one method saw run and another did not, or a probe on code
+//!   that did not run being hit, shows up as a disagreement; the workload's own entry points
+//!   are checked to have been hit.
+//! Then a random set of 48 probes across the kernel at once, single probes one at a time, and
+//! a kretprobe on every function entry that allows one (its returns counted per method).
+//! A death (unexpected exception, hang, sanitizer report) ends the run with the last
+//! `sweep batch:` line naming the function and method; `sweep.probe=FUNCTION+OFFSET:METHOD`
+//! repeats exactly one probe.
+//!
+//! Command-line words (ignored by `cmdline`, which leaves dotted keys alone):
+//! `sweep.seed=N`, `sweep.functions=N` (a seeded sample of N functions; 0 or absent: all),
+//! `sweep.singles=N` (single probes), `sweep.probe=...`, `sweep.ftrace=list|call-ops|vector`
+//! (a counting tracer on every traceable function during the sweep).
+
+mod workload;
+
+use alloc::vec::Vec;
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use crate::probes::{self as kprobes, Method, ProbeError, Registers, kretprobe};
+use crate::symbols::Symbols;
+use workload::{Checksum, Results};
+
+/// Probes armed at once: the registry has 64 records and slot chunks; the workload's own probe
+/// needs one.
+const BATCH: usize = 48;
+/// Bytes of the probe slot area (`probes/slots.rs`: 64 chunks of 512 bytes).
+const SLOT_AREA_BYTES: u64 = 64 * 512;
+/// Longest function the sweep walks (instructions); longer ones are cut (and say so).
+const MAX_FUNCTION_WORDS: u64 = 4096;
+
+/// The probes armed now, their hit counts, and whether hits count (only while the workload runs).
+static ARMED: [AtomicU64; BATCH] = [const { AtomicU64::new(0) }; BATCH];
+static HITS: [AtomicU64; BATCH] = [const { AtomicU64::new(0) }; BATCH];
+static ARMED_COUNT: AtomicUsize = AtomicUsize::new(0);
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static RETURNS: AtomicU64 = AtomicU64::new(0);
+
+fn in_irq(sp: u64) -> bool {
+    crate::task::stacks::this_irq_slot().contains_stack(sp)
+}
+
+/// The sweep's pre-handler: counts a hit of the probed PC while the workload runs.
+fn count_hit(registers: &mut Registers) {
+    if !COUNTING.load(Ordering::Relaxed) || in_irq(registers.sp) {
+        return;
+    }
+    let count = ARMED_COUNT.load(Ordering::Relaxed);
+    if let Some(index) = (0..count).find(|&index| ARMED[index].load(Ordering::Relaxed) == registers.pc) {
+        HITS[index].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn count_return(registers: &mut Registers, _: u64) {
+    if COUNTING.load(Ordering::Relaxed) && !in_irq(registers.sp) {
+        RETURNS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// What the sweep was asked to do.
+struct Options {
+    seed: u64,
+    functions: usize,
+    singles: usize,
+    probe: Option<(&'static str, u64, Method)>,
+    ftrace: Option<crate::ftrace::Scheme>,
+}
+
+fn parse(bootargs: &'static str) -> Result<Options, &'static str> {
+    let mut options = Options { seed: 1, functions: 0, singles: 64, probe: None, ftrace: None };
+    for word in bootargs.split_whitespace() {
+        let Some((key, value)) = word.split_once('=') else { continue };
+        let number = || value.parse::<u64>().map_err(|_| "sweep: a number was expected");
+        match key {
+            "sweep.seed" => options.seed = number()?,
+            "sweep.functions" => options.functions = number()? as usize,
+            "sweep.singles" => options.singles = number()? as usize,
+            "sweep.probe" => {
+                let (place, method) = value.rsplit_once(':').ok_or("sweep.probe=FUNCTION+OFFSET:METHOD")?;
+                let (name, offset) = place.rsplit_once('+').ok_or("sweep.probe=FUNCTION+OFFSET:METHOD")?;
+                let offset = match offset.strip_prefix("0x") {
+                    Some(hex) => u64::from_str_radix(hex, 16),
+                    None => offset.parse(),
+                }
+                .map_err(|_| "sweep.probe: bad offset")?;
+                let method = Method::ALL.into_iter().find(|m| m.name() == method).ok_or("sweep.probe: bad method")?;
+                options.probe = Some((name, offset, method));
+            }
+            "sweep.ftrace" => {
+                options.ftrace = Some(match value {
+                    "list" => crate::ftrace::Scheme::List,
+                    "call-ops" => crate::ftrace::Scheme::CallOps,
+                    "vector" => crate::ftrace::Scheme::Vector,
+                    _ => return Err("sweep.ftrace=list|call-ops|vector"),
+                })
+            }
+            _ => {}
+        }
+    }
+    Ok(options)
+}
+
+/// A function of the symbol table: its start, its end (the next start), its name.
+#[derive(Clone, Copy)]
+struct Function {
+    start: u64,
+    end: u64,
+    name: &'static str,
+}
+
+fn functions(symbols: &Symbols) -> Vec<Function> {
+    let mut starts: Vec<u64> = crate::symbols::callsites::entries().iter().map(|entry| entry + 8).collect();
+    starts.sort_unstable();
+    starts.dedup();
+    let (_, text_end) = text();
+    let mut functions = Vec::with_capacity(starts.len());
+    for (index, &start) in starts.iter().enumerate() {
+        let next = starts.get(index + 1).copied().unwrap_or(text_end);
+        let end = next.min(start + 4 * MAX_FUNCTION_WORDS);
+        let name = symbols.name_at(start).unwrap_or("?");
+        if name.starts_with("kernel::sweep::") && !name.starts_with("kernel::sweep::workload::") {
+            // The sweep's own bookkeeping runs between register and unregister: not the workload.
+            continue;
+        }
+        functions.push(Function { start, end, name });
+    }
+    functions
+}
+
+unsafe extern "C" {
+    static __kernel_start: u8;
+    static __text_end: u8;
+}
+
+fn text() -> (u64, u64) {
+    (&raw const __kernel_start as u64, &raw const __text_end as u64)
+}
+
+fn hash_range(start: u64, end: u64) -> u64 {
+    let mut sum = Checksum::new();
+    for at in (start..end).step_by(8) {
+        // SAFETY: kernel text, mapped readable, 8-aligned.
+        sum.add(unsafe { core::ptr::read_volatile(at as *const u64) });
+    }
+    sum.value()
+}
+
+fn slot_hash() -> u64 {
+    let base = kprobes::slot_area_address();
+    hash_range(base, base + SLOT_AREA_BYTES)
+}
+
+fn word_at(address: u64) -> u32 {
+    // SAFETY: 4-aligned kernel text, mapped readable.
+    unsafe { core::ptr::read_volatile(address as *const u32) }
+}
+
+/// Counts: probes armed per method, refusals per reason, failures.
+struct Tally {
+    armed: [u64; 4],
+    refused: Vec<(&'static str, u64)>,
+    failures: u64,
+    batches: u64,
+    kretprobes: [u64; 4],
+}
+
+impl Tally {
+    fn refuse(&mut self, error: ProbeError) {
+        let reason = error.as_str();
+        match self.refused.iter_mut().find(|(known, _)| *known == reason) {
+            Some((_, count)) => *count += 1,
+            None => self.refused.push((reason, 1)),
+        }
+    }
+}
+
+fn method_index(method: Method) -> usize {
+    Method::ALL.iter().position(|&known| known == method).unwrap_or(0)
+}
+
+struct Sweep {
+    reference: Results,
+    slots: u64,
+    symbols: Symbols,
+    tally: Tally,
+}
+
+/// A probe the sweep failed on: everything needed to repeat it.
+fn report(sweep: &mut Sweep, address: u64, method: Method, what: &str) {
+    let (name, offset) = match crate::symbols::callsites::function_containing(address) {
+        Some((start, _)) => (sweep.symbols.name_at(start).unwrap_or("?"), address - start),
+        None => ("?", 0),
+    };
+    defmt::error!(
+        "sweep FAILED: {=str} at {=str}+{=u64:#x} ({=u64:#x}) insn {=u32:#010x} method {=str}",
+        what,
+        name,
+        offset,
+        address,
+        word_at(address),
+        method.name()
+    );
+    sweep.tally.failures += 1;
+}
+
+/// Arms `probes` (refusals counted unless `quiet`), runs the workload, disarms, checks. Returns
+/// the hit count of each probe (None: refused).
+fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> Vec<Option<u64>> {
+    let mut hits = Vec::with_capacity(probes.len());
+    let mut armed = Vec::with_capacity(probes.len());
+    let originals: Vec<u32> = probes.iter().map(|&(address, _)| word_at(address)).collect();
+    for (index, &(address, _)) in probes.iter().enumerate() {
+        ARMED[index].store(address, Ordering::Relaxed);
+        HITS[index].store(0, Ordering::Relaxed);
+    }
+    ARMED_COUNT.store(probes.len(), Ordering::Relaxed);
+    for &(address, method) in probes {
+        match kprobes::register(address, method, count_hit, None) {
+            Ok(()) => {
+                armed.push(true);
+                sweep.tally.armed[method_index(method)] += 1;
+            }
+            Err(error) => {
+                armed.push(false);
+                sweep.tally.refuse(error);
+            }
+        }
+    }
+    sweep.tally.batches += 1;
+    let armed_any = armed.iter().any(|&armed| armed);
+    let results = if armed_any {
+        COUNTING.store(true, Ordering::Relaxed);
+        let results = workload::run();
+        COUNTING.store(false, Ordering::Relaxed);
+        results
+    } else {
+        Some(sweep.reference)
+    };
+    for (&(address, method), &is_armed) in probes.iter().zip(&armed) {
+        if is_armed && let Err(error) = kprobes::unregister(address) {
+            defmt::error!("sweep: unregister: {}", error);
+            report(sweep, address, method, "unregister failed");
+        }
+    }
+    ARMED_COUNT.store(0, Ordering::Relaxed);
+    if armed_any && results != Some(sweep.reference) {
+        defmt::error!("sweep: {=str}: the workload's results differ from the unprobed run's", label);
+        for (&(address, method), &is_armed) in probes.iter().zip(&armed) {
+            if is_armed {
+                report(sweep, address, method, "results differ (one of these probes)");
+            }
+        }
+    }
+    for ((&(address, method), &original), &is_armed) in probes.iter().zip(&originals).zip(&armed) {
+        if word_at(address) != original {
+            report(sweep, address, method, "text not restored");
+        }
+        hits.push(is_armed.then(|| HITS[hits.len()].load(Ordering::Relaxed)));
+    }
+    if slot_hash() != sweep.slots {
+        defmt::error!("sweep: {=str}: the slot area differs after unregistering", label);
+        sweep.tally.failures += 1;
+    }
+    hits
+}
+
+/// Every word of `function` with `method`, in batches. Hits per word (None: refused).
+fn sweep_function(sweep: &mut Sweep, function: Function, method: Method) -> Vec<Option<u64>> {
+    defmt::info!("sweep batch: {=str} method {=str}", function.name, method.name());
+    let words: Vec<(u64, Method)> = (function.start..function.end).step_by(4).map(|at| (at, method)).collect();
+    let mut hits = Vec::with_capacity(words.len());
+    for chunk in words.chunks(BATCH) {
+        hits.extend(batch(sweep, chunk, function.name));
+    }
+    hits
+}
+
+/// The per-method hit counts of one function must agree word by word.
+fn compare_methods(sweep: &mut Sweep, function: Function, per_method: &[Vec<Option<u64>>; 4]) {
+    for (index, address) in (function.start..function.end).step_by(4).enumerate() {
+        let mut seen: Option<(Method, u64)> = None;
+        for method in Method::ALL {
+            let Some(hits) = per_method[method_index(method)].get(index).copied().flatten() else { continue };
+            match seen {
+                None => seen = Some((method, hits)),
+                Some((first, first_hits)) if first_hits != hits => {
+                    defmt::error!(
+                        "sweep: hit counts differ: {=str} {=u64}, {=str} {=u64}",
+                        first.name(),
+                        first_hits,
+                        method.name(),
+                        hits
+                    );
+                    report(sweep, address, method, "hit count differs between methods");
+                }
+                Some(_) => {}
+            }
+        }
+    }
+}
+
+/// A kretprobe on `function` with each method: its returns must agree across methods.
+fn sweep_kretprobe(sweep: &mut Sweep, function: Function) {
+    let mut seen: Option<(Method, u64)> = None;
+    for method in Method::ALL {
+        let before = slot_hash();
+        match kretprobe::register(function.start, method, None, count_return, 16) {
+            Ok(()) => {}
+            Err(_) => continue,
+        }
+        sweep.tally.kretprobes[method_index(method)] += 1;
+        RETURNS.store(0, Ordering::Relaxed);
+        COUNTING.store(true, Ordering::Relaxed);
+        let results = workload::run();
+        COUNTING.store(false, Ordering::Relaxed);
+        let _ = kretprobe::unregister(function.start);
+        let returns = RETURNS.load(Ordering::Relaxed);
+        let address = kretprobe::attach_address(function.start);
+        if results != Some(sweep.reference) {
+            report(sweep, address, method, "kretprobe: results differ");
+        }
+        if slot_hash() != before {
+            report(sweep, address, method, "kretprobe: slot area differs");
+        }
+        match seen {
+            None => seen = Some((method, returns)),
+            Some((_, first)) if first != returns => report(sweep, address, method, "kretprobe: returns differ"),
+            Some(_) => {}
+        }
+    }
+}
+
+/// A small xorshift generator: the sample and the random sets depend on the seed only.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// Runs the sweep the command line asks for; true if nothing failed.
+pub fn run(bootargs: &'static str) -> bool {
+    let options = match parse(bootargs) {
+        Ok(options) => options,
+        Err(message) => {
+            defmt::error!("{=str}", message);
+            return false;
+        }
+    };
+    let Some(symbols) = Symbols::get() else {
+        defmt::error!("sweep: no .ksyms table (an image not built by xtask)");
+        return false;
+    };
+    let started = crate::drivers::timer::counter();
+    let tracer = options.ftrace.and_then(|scheme| {
+        static EVERYWHERE: crate::ftrace::tracers::Counter = crate::ftrace::tracers::Counter::new();
+        crate::ftrace::set_scheme(scheme).ok()?;
+        let tracer = crate::ftrace::register_where(&EVERYWHERE.ops, |_| true).ok()?;
+        defmt::info!("sweep: a counting tracer on every traceable function ({=str})", scheme_name(scheme));
+        Some(tracer)
+    });
+    if options.ftrace.is_some() && tracer.is_none() {
+        defmt::error!("sweep: could not trace every function");
+        return false;
+    }
+    // Warm-up: the depot inserts the workload's traces, the heap reaches its steady state.
+    let Some(_) = workload::run() else {
+        defmt::error!("sweep: the unprobed workload could not run");
+        return false;
+    };
+    let Some(reference) = workload::run() else {
+        defmt::error!("sweep: the unprobed workload could not run");
+        return false;
+    };
+    if workload::run() != Some(reference) {
+        defmt::error!("sweep: the unprobed workload is not deterministic");
+        return false;
+    }
+    let (text_start, text_end) = text();
+    let text_before = hash_range(text_start, text_end);
+    let mut sweep = Sweep {
+        reference,
+        slots: slot_hash(),
+        symbols,
+        tally: Tally { armed: [0; 4], refused: Vec::new(), failures: 0, batches: 0, kretprobes: [0; 4] },
+    };
+    let all = functions(&sweep.symbols);
+    let mut rng = Rng(options.seed.max(1).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut swept = 0usize;
+    let mut instructions = 0u64;
+    if let Some((name, offset, method)) = options.probe {
+        let Some(function) = all.iter().find(|function| function.name == name) else {
+            defmt::error!("sweep: no function {=str}", name);
+            return false;
+        };
+        let address = function.start + offset;
+        defmt::info!("sweep batch: {=str}+{=u64:#x} method {=str}", name, offset, method.name());
+        let hits = batch(&mut sweep, &[(address, method)], name);
+        defmt::info!("sweep: probe hit {=u64} times", hits[0].unwrap_or(0));
+        swept = 1;
+        instructions = 1;
+    } else {
+        let chosen: Vec<Function> = if options.functions == 0 || options.functions >= all.len() {
+            all.clone()
+        } else {
+            let mut picked: Vec<usize> = Vec::new();
+            while picked.len() < options.functions {
+                let index = rng.below(all.len());
+                if !picked.contains(&index) {
+                    picked.push(index);
+                }
+            }
+            picked.sort_unstable();
+            picked.into_iter().map(|index| all[index]).collect()
+        };
+        let mut accepted: Vec<(u64, Method, u64)> = Vec::new();
+        let mut workload_entries_hit = 0;
+        for &function in &chosen {
+            let per_method = Method::ALL.map(|method| sweep_function(&mut sweep, function, method));
+            compare_methods(&mut sweep, function, &per_method);
+            for (index, address) in (function.start..function.end).step_by(4).enumerate() {
+                for method in Method::ALL {
+                    if let Some(hits) = per_method[method_index(method)].get(index).copied().flatten() {
+                        accepted.push((address, method, hits));
+                        if function.name.starts_with("kernel::sweep::workload::") && hits > 0 {
+                            workload_entries_hit += 1;
+                        }
+                    }
+                }
+            }
+            sweep_kretprobe(&mut sweep, function);
+            swept += 1;
+            instructions += (function.end - function.start) / 4;
+        }
+        // Probes on the workload's own code that ran must have been hit (the count is not 0).
+        let workload_probed = chosen.iter().any(|function| function.name == "kernel::sweep::workload::run");
+        if workload_probed && workload_entries_hit == 0 {
+            defmt::error!("sweep: no probe on the workload's own code was hit");
+            sweep.tally.failures += 1;
+        }
+        // Random sets across the kernel: each probe's count must be its count when armed with
+        // its own function's words.
+        for round in 0..accepted.len().min(4096) / BATCH {
+            let mut set: Vec<(u64, Method, u64)> = Vec::new();
+            while set.len() < BATCH {
+                let candidate = accepted[rng.below(accepted.len())];
+                if !set.iter().any(|&(address, _, _)| address == candidate.0) {
+                    set.push(candidate);
+                }
+            }
+            defmt::info!("sweep batch: random set {=usize}", round);
+            let probes: Vec<(u64, Method)> = set.iter().map(|&(address, method, _)| (address, method)).collect();
+            let hits = batch(&mut sweep, &probes, "random set");
+            for (&(address, method, expected), hits) in set.iter().zip(hits) {
+                if hits != Some(expected) {
+                    report(&mut sweep, address, method, "hit count differs in a random set");
+                }
+            }
+        }
+        for _ in 0..options.singles.min(accepted.len()) {
+            let (address, method, expected) = accepted[rng.below(accepted.len())];
+            let hits = batch(&mut sweep, &[(address, method)], "single");
+            if hits[0] != Some(expected) {
+                report(&mut sweep, address, method, "hit count differs when probed alone");
+            }
+        }
+    }
+    if let Some(tracer) = tracer
+        && crate::ftrace::unregister(tracer).is_err()
+    {
+        defmt::error!("sweep: the tracer could not be removed");
+        sweep.tally.failures += 1;
+    }
+    if hash_range(text_start, text_end) != text_before && tracer.is_none() {
+        defmt::error!("sweep: kernel text differs from before the sweep");
+        sweep.tally.failures += 1;
+    }
+    let elapsed_ms = (crate::drivers::timer::counter() - started) * 1000 / crate::drivers::timer::frequency();
+    let tally = &sweep.tally;
+    defmt::info!(
+        "sweep coverage: {=usize} functions, {=u64} instructions, {=u64} batches, {=u64} ms",
+        swept,
+        instructions,
+        tally.batches,
+        elapsed_ms
+    );
+    for method in Method::ALL {
+        defmt::info!(
+            "sweep probed: {=str} {=u64} (kretprobes {=u64})",
+            method.name(),
+            tally.armed[method_index(method)],
+            tally.kretprobes[method_index(method)]
+        );
+    }
+    for &(reason, count) in &tally.refused {
+        defmt::info!("sweep refused: {=u64} {=str}", count, reason);
+    }
+    defmt::info!("sweep done: {=u64} failures", tally.failures);
+    tally.failures == 0
+}
+
+fn scheme_name(scheme: crate::ftrace::Scheme) -> &'static str {
+    match scheme {
+        crate::ftrace::Scheme::List => "list",
+        crate::ftrace::Scheme::CallOps => "call-ops",
+        crate::ftrace::Scheme::Vector => "vector",
+    }
+}
