@@ -43,6 +43,8 @@ const BATCH: usize = 48;
 const SLOT_AREA_BYTES: u64 = 64 * 512;
 /// Longest function the sweep walks (instructions); longer ones are cut (and say so).
 const MAX_FUNCTION_WORDS: u64 = 4096;
+/// Accepted probes kept (a reservoir sample) for the random sets and the single probes.
+const RESERVOIR: usize = 8192;
 
 /// The probes armed now, their hit counts, and whether hits count (only while the workload runs).
 static ARMED: [AtomicU64; BATCH] = [const { AtomicU64::new(0) }; BATCH];
@@ -218,27 +220,28 @@ fn report(sweep: &mut Sweep, address: u64, method: Method, what: &str) {
     sweep.tally.failures += 1;
 }
 
-/// Arms `probes` (refusals counted unless `quiet`), runs the workload, disarms, checks. Returns
-/// the hit count of each probe (None: refused).
-fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> Vec<Option<u64>> {
-    let mut hits = Vec::with_capacity(probes.len());
-    let mut armed = Vec::with_capacity(probes.len());
-    let originals: Vec<u32> = probes.iter().map(|&(address, _)| word_at(address)).collect();
+/// Hit counts of a batch: None where the probe was refused.
+type BatchHits = [Option<u64>; BATCH];
+
+/// Arms `probes`, runs the workload, disarms, checks. Allocates nothing: the workload must find
+/// the heap as every other pass left it (its free lists decide how long `alloc` loops).
+fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits {
+    let mut hits = [None; BATCH];
+    let mut armed = [false; BATCH];
+    let mut originals = [0u32; BATCH];
     for (index, &(address, _)) in probes.iter().enumerate() {
+        originals[index] = word_at(address);
         ARMED[index].store(address, Ordering::Relaxed);
         HITS[index].store(0, Ordering::Relaxed);
     }
     ARMED_COUNT.store(probes.len(), Ordering::Relaxed);
-    for &(address, method) in probes {
+    for (index, &(address, method)) in probes.iter().enumerate() {
         match kprobes::register(address, method, count_hit, None) {
             Ok(()) => {
-                armed.push(true);
+                armed[index] = true;
                 sweep.tally.armed[method_index(method)] += 1;
             }
-            Err(error) => {
-                armed.push(false);
-                sweep.tally.refuse(error);
-            }
+            Err(error) => sweep.tally.refuse(error),
         }
     }
     sweep.tally.batches += 1;
@@ -251,8 +254,10 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> Vec<Option
     } else {
         Some(sweep.reference)
     };
-    for (&(address, method), &is_armed) in probes.iter().zip(&armed) {
-        if is_armed && let Err(error) = kprobes::unregister(address) {
+    for (index, &(address, method)) in probes.iter().enumerate() {
+        if armed[index]
+            && let Err(error) = kprobes::unregister(address)
+        {
             defmt::error!("sweep: unregister: {}", error);
             report(sweep, address, method, "unregister failed");
         }
@@ -260,17 +265,17 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> Vec<Option
     ARMED_COUNT.store(0, Ordering::Relaxed);
     if armed_any && results != Some(sweep.reference) {
         defmt::error!("sweep: {=str}: the workload's results differ from the unprobed run's", label);
-        for (&(address, method), &is_armed) in probes.iter().zip(&armed) {
-            if is_armed {
+        for (index, &(address, method)) in probes.iter().enumerate() {
+            if armed[index] {
                 report(sweep, address, method, "results differ (one of these probes)");
             }
         }
     }
-    for ((&(address, method), &original), &is_armed) in probes.iter().zip(&originals).zip(&armed) {
-        if word_at(address) != original {
+    for (index, &(address, method)) in probes.iter().enumerate() {
+        if word_at(address) != originals[index] {
             report(sweep, address, method, "text not restored");
         }
-        hits.push(is_armed.then(|| HITS[hits.len()].load(Ordering::Relaxed)));
+        hits[index] = armed[index].then(|| HITS[index].load(Ordering::Relaxed));
     }
     if slot_hash() != sweep.slots {
         defmt::error!("sweep: {=str}: the slot area differs after unregistering", label);
@@ -279,19 +284,23 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> Vec<Option
     hits
 }
 
-/// Every word of `function` with `method`, in batches. Hits per word (None: refused).
-fn sweep_function(sweep: &mut Sweep, function: Function, method: Method) -> Vec<Option<u64>> {
+/// Every word of `function` with `method`, in batches, into `hits` (None: refused).
+fn sweep_function(sweep: &mut Sweep, function: Function, method: Method, hits: &mut [Option<u64>]) {
     defmt::info!("sweep batch: {=str} method {=str}", function.name, method.name());
-    let words: Vec<(u64, Method)> = (function.start..function.end).step_by(4).map(|at| (at, method)).collect();
-    let mut hits = Vec::with_capacity(words.len());
-    for chunk in words.chunks(BATCH) {
-        hits.extend(batch(sweep, chunk, function.name));
+    let words = ((function.end - function.start) / 4) as usize;
+    for first in (0..words).step_by(BATCH) {
+        let count = (words - first).min(BATCH);
+        let mut probes = [(0u64, method); BATCH];
+        for (index, probe) in probes[..count].iter_mut().enumerate() {
+            probe.0 = function.start + 4 * (first + index) as u64;
+        }
+        let batch_hits = batch(sweep, &probes[..count], function.name);
+        hits[first..first + count].copy_from_slice(&batch_hits[..count]);
     }
-    hits
 }
 
 /// The per-method hit counts of one function must agree word by word.
-fn compare_methods(sweep: &mut Sweep, function: Function, per_method: &[Vec<Option<u64>>; 4]) {
+fn compare_methods(sweep: &mut Sweep, function: Function, per_method: &[Vec<Option<u64>>]) {
     for (index, address) in (function.start..function.end).step_by(4).enumerate() {
         let mut seen: Option<(Method, u64)> = None;
         for method in Method::ALL {
@@ -341,6 +350,22 @@ fn sweep_kretprobe(sweep: &mut Sweep, function: Function) {
             None => seen = Some((method, returns)),
             Some((_, first)) if first != returns => report(sweep, address, method, "kretprobe: returns differ"),
             Some(_) => {}
+        }
+    }
+}
+
+/// The reference pass again, now that everything the sweep keeps is allocated: the heap is in
+/// the state every probed pass will find.
+fn rerun_reference(sweep: &mut Sweep) -> bool {
+    let _ = workload::run();
+    match workload::run() {
+        Some(results) => {
+            sweep.reference = results;
+            true
+        }
+        None => {
+            defmt::error!("sweep: the unprobed workload could not run");
+            false
         }
     }
 }
@@ -404,7 +429,7 @@ pub fn run(bootargs: &'static str) -> bool {
         reference,
         slots: slot_hash(),
         symbols,
-        tally: Tally { armed: [0; 4], refused: Vec::new(), failures: 0, batches: 0, kretprobes: [0; 4] },
+        tally: Tally { armed: [0; 4], refused: Vec::with_capacity(64), failures: 0, batches: 0, kretprobes: [0; 4] },
     };
     let all = functions(&sweep.symbols);
     let mut rng = Rng(options.seed.max(1).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
@@ -416,6 +441,9 @@ pub fn run(bootargs: &'static str) -> bool {
             return false;
         };
         let address = function.start + offset;
+        if !rerun_reference(&mut sweep) {
+            return false;
+        }
         defmt::info!("sweep batch: {=str}+{=u64:#x} method {=str}", name, offset, method.name());
         let hits = batch(&mut sweep, &[(address, method)], name);
         defmt::info!("sweep: probe hit {=u64} times", hits[0].unwrap_or(0));
@@ -435,18 +463,35 @@ pub fn run(bootargs: &'static str) -> bool {
             picked.sort_unstable();
             picked.into_iter().map(|index| all[index]).collect()
         };
-        let mut accepted: Vec<(u64, Method, u64)> = Vec::new();
+        // Everything the sweep keeps is allocated now, before the reference pass (see `batch`).
+        let words = MAX_FUNCTION_WORDS as usize;
+        let mut per_method: Vec<Vec<Option<u64>>> = (0..4).map(|_| alloc::vec![None; words]).collect();
+        // A reservoir sample of the accepted probes, for the random sets and the singles.
+        let mut accepted: Vec<(u64, Method, u64)> = Vec::with_capacity(RESERVOIR);
+        let mut offered = 0u64;
         let mut workload_entries_hit = 0;
+        if !rerun_reference(&mut sweep) {
+            return false;
+        }
         for &function in &chosen {
-            let per_method = Method::ALL.map(|method| sweep_function(&mut sweep, function, method));
+            for method in Method::ALL {
+                sweep_function(&mut sweep, function, method, &mut per_method[method_index(method)]);
+            }
             compare_methods(&mut sweep, function, &per_method);
             for (index, address) in (function.start..function.end).step_by(4).enumerate() {
                 for method in Method::ALL {
-                    if let Some(hits) = per_method[method_index(method)].get(index).copied().flatten() {
+                    let Some(hits) = per_method[method_index(method)][index] else { continue };
+                    offered += 1;
+                    if accepted.len() < RESERVOIR {
                         accepted.push((address, method, hits));
-                        if function.name.starts_with("kernel::sweep::workload::") && hits > 0 {
-                            workload_entries_hit += 1;
+                    } else {
+                        let slot = (rng.next() % offered) as usize;
+                        if slot < RESERVOIR {
+                            accepted[slot] = (address, method, hits);
                         }
+                    }
+                    if function.name.starts_with("kernel::sweep::workload::") && hits > 0 {
+                        workload_entries_hit += 1;
                     }
                 }
             }
@@ -462,16 +507,19 @@ pub fn run(bootargs: &'static str) -> bool {
         }
         // Random sets across the kernel: each probe's count must be its count when armed with
         // its own function's words.
-        for round in 0..accepted.len().min(4096) / BATCH {
-            let mut set: Vec<(u64, Method, u64)> = Vec::new();
-            while set.len() < BATCH {
+        let rounds = if options.functions == 0 { accepted.len() / BATCH } else { 4 };
+        for round in 0..rounds.min(accepted.len() / BATCH) {
+            let mut set = [(0u64, Method::Simulate, 0u64); BATCH];
+            let mut filled = 0;
+            while filled < BATCH {
                 let candidate = accepted[rng.below(accepted.len())];
-                if !set.iter().any(|&(address, _, _)| address == candidate.0) {
-                    set.push(candidate);
+                if !set[..filled].iter().any(|&(address, _, _)| address == candidate.0) {
+                    set[filled] = candidate;
+                    filled += 1;
                 }
             }
             defmt::info!("sweep batch: random set {=usize}", round);
-            let probes: Vec<(u64, Method)> = set.iter().map(|&(address, method, _)| (address, method)).collect();
+            let probes = set.map(|(address, method, _)| (address, method));
             let hits = batch(&mut sweep, &probes, "random set");
             for (&(address, method, expected), hits) in set.iter().zip(hits) {
                 if hits != Some(expected) {
@@ -481,6 +529,7 @@ pub fn run(bootargs: &'static str) -> bool {
         }
         for _ in 0..options.singles.min(accepted.len()) {
             let (address, method, expected) = accepted[rng.below(accepted.len())];
+            defmt::info!("sweep batch: single {=u64:#x} method {=str}", address, method.name());
             let hits = batch(&mut sweep, &[(address, method)], "single");
             if hits[0] != Some(expected) {
                 report(&mut sweep, address, method, "hit count differs when probed alone");
