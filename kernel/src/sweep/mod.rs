@@ -139,6 +139,10 @@ fn functions(symbols: &Symbols) -> Vec<Function> {
             // The sweep's own bookkeeping runs between register and unregister: not the workload.
             continue;
         }
+        if name == "kernel::sweep::workload::probed_leaf" {
+            // The workload's own probe goes there (the probe registry's part of the workload).
+            continue;
+        }
         functions.push(Function { start, end, name });
     }
     functions
@@ -179,6 +183,8 @@ struct Tally {
     failures: u64,
     batches: u64,
     kretprobes: [u64; 4],
+    /// Functions whose counts were not compared (`count_exempt`).
+    exempt: u64,
 }
 
 impl Tally {
@@ -299,8 +305,26 @@ fn sweep_function(sweep: &mut Sweep, function: Function, method: Method, hits: &
     }
 }
 
+/// Functions whose hit counts depend on what is probed, not only on the workload: the probe
+/// registry (its table walk, the slot chunks it clears and the workload's own probe's chunk
+/// depend on which probes the batch holds) and the task exit's shadow-stack high-water scan
+/// (the handlers run on the probed task's shadow stack, so a probe makes it deeper). Their
+/// results, text and slots are checked; their counts are not compared.
+fn count_exempt(name: &str) -> bool {
+    name.starts_with("kernel::probes::") || name == "task_exit_current"
+}
+
+/// The name of the function holding `address`.
+fn name_of(symbols: &Symbols, address: u64) -> &'static str {
+    crate::symbols::callsites::function_containing(address).and_then(|(start, _)| symbols.name_at(start)).unwrap_or("?")
+}
+
 /// The per-method hit counts of one function must agree word by word.
 fn compare_methods(sweep: &mut Sweep, function: Function, per_method: &[Vec<Option<u64>>]) {
+    if count_exempt(function.name) {
+        sweep.tally.exempt += 1;
+        return;
+    }
     for (index, address) in (function.start..function.end).step_by(4).enumerate() {
         let mut seen: Option<(Method, u64)> = None;
         for method in Method::ALL {
@@ -348,7 +372,9 @@ fn sweep_kretprobe(sweep: &mut Sweep, function: Function) {
         }
         match seen {
             None => seen = Some((method, returns)),
-            Some((_, first)) if first != returns => report(sweep, address, method, "kretprobe: returns differ"),
+            Some((_, first)) if first != returns && !count_exempt(function.name) => {
+                report(sweep, address, method, "kretprobe: returns differ")
+            }
             Some(_) => {}
         }
     }
@@ -429,7 +455,14 @@ pub fn run(bootargs: &'static str) -> bool {
         reference,
         slots: slot_hash(),
         symbols,
-        tally: Tally { armed: [0; 4], refused: Vec::with_capacity(64), failures: 0, batches: 0, kretprobes: [0; 4] },
+        tally: Tally {
+            armed: [0; 4],
+            refused: Vec::with_capacity(64),
+            failures: 0,
+            batches: 0,
+            kretprobes: [0; 4],
+            exempt: 0,
+        },
     };
     let all = functions(&sweep.symbols);
     let mut rng = Rng(options.seed.max(1).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
@@ -522,7 +555,7 @@ pub fn run(bootargs: &'static str) -> bool {
             let probes = set.map(|(address, method, _)| (address, method));
             let hits = batch(&mut sweep, &probes, "random set");
             for (&(address, method, expected), hits) in set.iter().zip(hits) {
-                if hits != Some(expected) {
+                if hits != Some(expected) && !count_exempt(name_of(&sweep.symbols, address)) {
                     report(&mut sweep, address, method, "hit count differs in a random set");
                 }
             }
@@ -531,7 +564,7 @@ pub fn run(bootargs: &'static str) -> bool {
             let (address, method, expected) = accepted[rng.below(accepted.len())];
             defmt::info!("sweep batch: single {=u64:#x} method {=str}", address, method.name());
             let hits = batch(&mut sweep, &[(address, method)], "single");
-            if hits[0] != Some(expected) {
+            if hits[0] != Some(expected) && !count_exempt(name_of(&sweep.symbols, address)) {
                 report(&mut sweep, address, method, "hit count differs when probed alone");
             }
         }
@@ -549,8 +582,9 @@ pub fn run(bootargs: &'static str) -> bool {
     let elapsed_ms = (crate::drivers::timer::counter() - started) * 1000 / crate::drivers::timer::frequency();
     let tally = &sweep.tally;
     defmt::info!(
-        "sweep coverage: {=usize} functions, {=u64} instructions, {=u64} batches, {=u64} ms",
+        "sweep coverage: {=usize} functions ({=u64} with counts not compared), {=u64} instructions, {=u64} batches, {=u64} ms",
         swept,
+        tally.exempt,
         instructions,
         tally.batches,
         elapsed_ms
