@@ -11,6 +11,7 @@ mod kasan;
 mod kretprobe;
 mod probes;
 mod stacktrace;
+mod sweep;
 mod trap;
 mod user;
 
@@ -84,6 +85,7 @@ const TESTS: &[&[Test]] = &[
     probes::TESTS,
     ftrace::TESTS,
     kretprobe::TESTS,
+    sweep::TESTS,
     kasan::TESTS,
     user::TESTS,
 ];
