@@ -16,6 +16,7 @@
 //!   counted), so an instruction one method saw run and another did not, or a probe on code
 //!   that did not run being hit, shows up as a disagreement; the workload's own entry points
 //!   are checked to have been hit.
+//!
 //! Then a random set of 48 probes across the kernel at once, single probes one at a time, and
 //! a kretprobe on every function entry that allows one (its returns counted per method).
 //! A death (unexpected exception, hang, sanitizer report) ends the run with the last

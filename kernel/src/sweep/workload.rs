@@ -64,7 +64,7 @@ fn heap(sum: &mut Checksum) -> u64 {
         boxes.push(block);
     }
     let mut total = 0u64;
-    while let Some(block) = if boxes.len() % 2 == 0 { boxes.pop() } else { Some(boxes.remove(0)) } {
+    while let Some(block) = if boxes.len().is_multiple_of(2) { boxes.pop() } else { Some(boxes.remove(0)) } {
         for &word in block.iter() {
             total = total.wrapping_add(word);
         }
