@@ -12,8 +12,8 @@
 //! - per instruction, every method gives the same hit count. Which instructions ran is known
 //!   from the methods agreeing: they are four independent mechanisms (a hardware step, a BRK
 //!   from a slot, the simulator, a branch to a trampoline) and the workload is deterministic
-//!   (the depot was warmed up, the tick runs at 10 Hz and hits taken in IRQ context are not
-//!   counted), so an instruction one method saw run and another did not, or a probe on code
+//!   (the depot was warmed up, nothing allocates between passes, the tick is held off and
+//!   hits taken in IRQ context are not counted), so an instruction one method saw run and another did not, or a probe on code
 //!   that did not run being hit, shows up as a disagreement; the workload's own entry points
 //!   are checked to have been hit.
 //!
@@ -426,6 +426,11 @@ pub fn run(bootargs: &'static str) -> bool {
         return false;
     };
     let started = crate::drivers::timer::counter();
+    // No tick during the sweep: a tick landing in a probed pass preempts it (one more
+    // `schedule`, seen as single-step 10 vs brk-step 11 hits on `kernel::task::schedule` in
+    // `full`), so the passes would not run the same code. The scheduler still switches at the
+    // workload's yields. The periodic tick restarts at the end.
+    crate::drivers::timer::fire_in(1 << 60);
     let tracer = options.ftrace.and_then(|scheme| {
         static EVERYWHERE: crate::ftrace::tracers::Counter = crate::ftrace::tracers::Counter::new();
         crate::ftrace::set_scheme(scheme).ok()?;
@@ -580,6 +585,7 @@ pub fn run(bootargs: &'static str) -> bool {
         defmt::error!("sweep: kernel text differs from before the sweep");
         sweep.tally.failures += 1;
     }
+    crate::drivers::timer::start(crate::drivers::timer::hz());
     let elapsed_ms = (crate::drivers::timer::counter() - started) * 1000 / crate::drivers::timer::frequency();
     let tally = &sweep.tally;
     defmt::info!(
