@@ -4,7 +4,11 @@
 //! `expect-pauth=QARMA5|QARMA3|IMPDEF|none` (what xtask knows the CPU variant has);
 //! benchmarks: `run=bench bench=SUITE,... reps=N clock=cycles|ns icount=0|1`;
 //! function tracing from boot: `ftrace=PATTERN ftrace-scheme=list|call-ops|vector`; the sanitizer
-//! heap: `tag-seed=N` (decimal or 0x-hex: the tag generator's seed), `kasan=panic|recover`.
+//! heap: `tag-seed=N` (decimal or 0x-hex: the tag generator's seed), `kasan.fault=report|panic` (default report: continue after a
+//! report), `kasan.multi_shot` (print every report, not only the first; `=0|1` too), and the
+//! older `kasan=panic|recover` (fault=panic; fault=report with multi-shot);
+//! probes from boot: `kprobe=SYMBOL[+OFFSET]:METHOD`, `kretprobe=SYMBOL:METHOD` (repeatable);
+//! `kasan.stack_sample=N` (collect one allocation stack in N, N >= 1; default 1).
 //! The keys are `protocol::cmdline`'s, which xtask spells too.
 
 use protocol::cmdline as key;
@@ -44,8 +48,14 @@ pub struct CommandLine {
     pub ftrace_scheme: crate::ftrace::Scheme,
     /// Seed of the heap's tag generator (`tag-seed=`): the same seed gives the same tags.
     pub tag_seed: u32,
-    /// Continue after a KASAN report instead of stopping (`kasan=recover`).
-    pub kasan_recover: bool,
+    /// Stop the kernel after a KASAN report (`kasan.fault=panic`) instead of continuing.
+    pub kasan_fault_panic: bool,
+    /// Print every KASAN report, not only the first (`kasan.multi_shot`).
+    pub kasan_multi_shot: bool,
+    /// `kprobe=`/`kretprobe=` requests, registered at boot (demo/boot_probes.rs).
+    pub boot_probes: crate::demo::boot_probes::Requests,
+    /// `kasan.stack_sample=N`: one allocation stack in N is collected (free stacks always).
+    pub stack_sample: u32,
 }
 
 impl CommandLine {
@@ -63,7 +73,10 @@ impl CommandLine {
             ftrace: None,
             ftrace_scheme: crate::ftrace::Scheme::CallOps,
             tag_seed: crate::mm::kasan::shadow::DEFAULT_SEED,
-            kasan_recover: false,
+            kasan_fault_panic: false,
+            kasan_multi_shot: false,
+            boot_probes: crate::demo::boot_probes::Requests::new(),
+            stack_sample: 1,
         };
         for word in bootargs.split_whitespace() {
             let (key, value) = word.split_once('=').unwrap_or((word, ""));
@@ -90,8 +103,26 @@ impl CommandLine {
                     Some(seed) => line.tag_seed = seed,
                     None => defmt::warn!("cmdline: tag-seed={=str} is not a 32-bit number", seed),
                 },
-                (key::KASAN, "panic") => line.kasan_recover = false,
-                (key::KASAN, "recover") => line.kasan_recover = true,
+                (key::KASAN, "panic") => line.kasan_fault_panic = true,
+                (key::KASAN, "recover") => (line.kasan_fault_panic, line.kasan_multi_shot) = (false, true),
+                ("kasan.fault", "report") => line.kasan_fault_panic = false,
+                ("kasan.fault", "panic") => line.kasan_fault_panic = true,
+                ("kasan.fault", other) => {
+                    defmt::warn!("cmdline: kasan.fault={=str} is not report|panic, keeping report", other)
+                }
+                ("kasan.multi_shot", "" | "1" | "on") => line.kasan_multi_shot = true,
+                ("kasan.multi_shot", "0" | "off") => line.kasan_multi_shot = false,
+                ("kasan.multi_shot", other) => {
+                    defmt::warn!("cmdline: kasan.multi_shot={=str} is not 0|1, keeping single-shot", other)
+                }
+                (key::KASAN_STACK_SAMPLE, every) => match every.parse::<u32>() {
+                    Ok(every) if every >= 1 => line.stack_sample = every,
+                    _ => defmt::warn!(
+                        "cmdline: kasan.stack_sample={=str} is not a number >= 1, keeping {=u32}",
+                        every,
+                        line.stack_sample
+                    ),
+                },
                 (key::HZ, hz) => match hz.parse::<u64>() {
                     Ok(hz) if (1..=10_000).contains(&hz) => line.hz = hz,
                     _ => defmt::warn!("cmdline: hz={=str} is not in 1..=10000, keeping {=u64}", hz, line.hz),
@@ -99,6 +130,8 @@ impl CommandLine {
                 (key::EXIT, "semihosting") => line.semihosting = true,
                 (key::EXIT, "park") => line.semihosting = false,
                 (key::EXPECT_PAUTH, name) => line.expect_pauth = Some(name),
+                (key::KPROBE, spec) => line.boot_probes.push(crate::demo::boot_probes::Kind::Kprobe, spec),
+                (key::KRETPROBE, spec) => line.boot_probes.push(crate::demo::boot_probes::Kind::Kretprobe, spec),
                 (key::FTRACE, pattern) => line.ftrace = Some(pattern),
                 (key::FTRACE_SCHEME, "list") => line.ftrace_scheme = crate::ftrace::Scheme::List,
                 (key::FTRACE_SCHEME, "call-ops") => line.ftrace_scheme = crate::ftrace::Scheme::CallOps,

@@ -1,4 +1,4 @@
-//! The defmt global logger: rzCOBS-framed defmt records on the console PL011.
+//! The defmt global logger: rzCOBS-framed, timestamped defmt records on the console PL011.
 //!
 //! xtask decodes the stream with the kernel ELF. A record begun while another is being written
 //! (an exception or panic inside a log call) first closes the interrupted frame with a 0x00
@@ -6,12 +6,17 @@
 
 use crate::arch::cpu;
 use crate::drivers::pl011::Pl011;
-use core::sync::atomic::{AtomicU32, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 static CONSOLE: spin::Mutex<Option<Pl011>> = spin::Mutex::new(None);
 static NESTING: AtomicU32 = AtomicU32::new(0);
+/// A `static mut`, not a lock: a record begun inside an exception taken while another record is
+/// being written (a fault or BRK in a log call, a panic) must still log, so `acquire` cannot wait
+/// for the interrupted record to release anything. Its only users are `acquire`/`write`/`release`,
+/// with interrupts masked on this CPU; the nested record closes the interrupted frame first.
 static mut ENCODER: defmt::Encoder = defmt::Encoder::new();
-static mut SAVED_DAIF: u64 = 0;
+/// The DAIF the outermost record found, restored when it ends (nested records leave it alone).
+static SAVED_DAIF: AtomicU64 = AtomicU64::new(0);
 
 /// Takes the console PL011 at virtual address `base`, routing its pins first if the board says.
 pub fn init(base: u64, clock_hz: u32) {
@@ -50,6 +55,19 @@ pub fn drain() {
     }
 }
 
+// Every record carries the time since the counter started, shown like dmesg's `[    1.234567]`.
+defmt::timestamp!("{=u64:us}", uptime_us());
+
+/// Microseconds of CNTVCT_EL0 (0 while its frequency reads 0, as it may before firmware sets it).
+#[unsafe(link_section = ".text.noprobe")]
+fn uptime_us() -> u64 {
+    let (count, frequency) = (crate::drivers::timer::counter(), crate::drivers::timer::frequency());
+    if frequency == 0 {
+        return 0;
+    }
+    count / frequency * 1_000_000 + count % frequency * 1_000_000 / frequency
+}
+
 #[defmt::global_logger]
 struct Logger;
 
@@ -60,8 +78,7 @@ unsafe impl defmt::Logger for Logger {
     fn acquire() {
         let daif = cpu::mask_interrupts();
         if NESTING.fetch_add(1, Ordering::Acquire) == 0 {
-            // SAFETY: only the outermost record saves DAIF; interrupts are masked.
-            unsafe { SAVED_DAIF = daif };
+            SAVED_DAIF.store(daif, Ordering::Relaxed);
         } else {
             write_console(&[0]);
         }
@@ -76,8 +93,7 @@ unsafe impl defmt::Logger for Logger {
         // SAFETY: called after acquire, with interrupts masked.
         unsafe { (*core::ptr::addr_of_mut!(ENCODER)).end_frame(write_console) };
         if NESTING.fetch_sub(1, Ordering::Release) == 1 {
-            // SAFETY: the outermost record restores the DAIF it saved.
-            cpu::restore_interrupts(unsafe { SAVED_DAIF });
+            cpu::restore_interrupts(SAVED_DAIF.load(Ordering::Relaxed));
         }
     }
 

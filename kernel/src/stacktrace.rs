@@ -3,19 +3,24 @@
 //!
 //! Glue between crates/unwind (the walkers), the stack slots (task/stacks.rs: which stacks are
 //! declared to the walker, in the order a walk may move between them) and crates/stackdepot.
-//! Every address is a return address (the instruction after the BL), PAC-stripped with XPACLRI;
-//! an interrupted context's PC is exact. Returns hijacked by kretprobes show their real address
-//! (`probes::kretprobe::Repair`). xtask symbolizes lines of the form `  fp #N 0x...`.
+//! Every caller goes through [`collect`] (or [`capture`], which keeps a [`Trace`] for cold
+//! paths): the heap, `save_stack`, reports, the timer tick, the benches. It writes return
+//! addresses into the caller's buffer, PAC-stripped by the kernel's address layout (kernel code is
+//! in TTBR1); an interrupted context's PC is exact. Returns hijacked by kretprobes show their real
+//! address (`probes::kretprobe::Repair`), asked only when a return may be hijacked in the walked
+//! contexts. xtask symbolizes lines of the form `  fp #N 0x...`.
 
 use crate::arch::cpu;
 use crate::arch::exception::ExceptionFrame;
-use crate::probes::kretprobe::Repair;
-use crate::task::stacks::{self, Slot};
-use core::sync::atomic::{AtomicU8, Ordering};
+use crate::probes::kretprobe::{self, Repair};
+use crate::sync::{IrqSpinLock, StaticBlocks};
+use crate::task::stacks::{self, SLOT_SIZE, Slot};
+use core::mem::MaybeUninit;
+use core::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use stackdepot::{DepotError, DepotHandle, StackDepot};
 use unwind::{
-    FrameWalker, ReturnRepair, ShadowSegment, ShadowStack, ShadowWalker, StackKind, StackMemory, StackRange, Trace,
-    TraceOptions,
+    AddressLayout, FrameStart, FrameWalker, ReturnRepair, ShadowSegment, ShadowStack, ShadowWalker, StackKind,
+    StackMemory, StackRange, Trace, TraceOptions, Walked,
 };
 
 /// Which walker.
@@ -27,25 +32,67 @@ pub enum Mode {
     ShadowCallStack,
 }
 
-/// Kernel memory as the walkers read it. Only addresses inside declared (mapped) stacks are
-/// ever read: the walkers guarantee it.
+/// The kernel's address layout: `64 - T1SZ` VA bits (TCR_EL1), code in the upper half.
+pub const LAYOUT: AddressLayout = AddressLayout::new(64 - ((crate::arch::mmu::TCR >> 16) & 0x3f) as u32);
+
+/// Kernel memory as the walkers read it: plain loads. Only addresses inside declared (mapped)
+/// stacks are ever read: the walkers guarantee it. Inlined into the walkers, which are exempt
+/// from the sanitizer, so the loads are unchecked, and the frame walk's two become one `ldp`.
 struct KernelMemory;
 
 impl StackMemory for KernelMemory {
     #[inline(always)]
     fn read_u64(&self, address: u64) -> Option<u64> {
-        let value;
         // SAFETY: the walkers read only 8-aligned words inside the stacks this module declares,
-        // which are mapped. An asm load: not sanitizer-instrumented.
+        // which are mapped; stack words are plain data that no one writes during the walk.
+        Some(unsafe { *(address as *const u64) })
+    }
+
+    #[inline(always)]
+    fn read_pair(&self, address: u64) -> Option<(u64, u64)> {
+        let (first, second);
+        // SAFETY: as above (a frame record: two words inside a declared stack). One `ldp`, so
+        // that the compiler neither splits the record nor moves half of it past a branch;
+        // reads memory, no stack, no flags.
         unsafe {
-            core::arch::asm!("ldr {v}, [{a}]", a = in(reg) address, v = out(reg) value, options(nostack, readonly, preserves_flags))
+            core::arch::asm!(
+                "ldp {first}, {second}, [{address}]",
+                address = in(reg) address,
+                first = lateout(reg) first,
+                second = lateout(reg) second,
+                options(nostack, readonly, preserves_flags)
+            )
+        };
+        Some((first, second))
+    }
+
+    #[inline(always)]
+    fn read_below(&self, slot: &mut u64) -> Option<u64> {
+        let value;
+        // SAFETY: as above (the walker asks only for in-use shadow-stack slots). The load's
+        // pre-index writes the new slot address back; reads memory, no stack, no flags.
+        unsafe {
+            core::arch::asm!(
+                "ldr {value}, [{slot}, #-8]!",
+                slot = inout(reg) *slot,
+                value = lateout(reg) value,
+                options(nostack, readonly, preserves_flags)
+            )
         };
         Some(value)
     }
 }
 
-fn strip(address: u64) -> u64 {
-    cpu::strip_pac(address)
+/// Kernel memory read the way an instrumented unwinder reads it: `read_volatile`, each word
+/// through the compiler's tag check (bench case `fp-instrumented`).
+struct CheckedMemory;
+
+impl StackMemory for CheckedMemory {
+    #[inline(always)]
+    fn read_u64(&self, address: u64) -> Option<u64> {
+        // SAFETY: as for KernelMemory.
+        Some(unsafe { core::ptr::read_volatile(address as *const u64) })
+    }
 }
 
 fn stack_range(slot: Slot, kind: StackKind) -> StackRange {
@@ -56,6 +103,12 @@ fn shadow_stack(slot: Slot) -> ShadowStack {
     ShadowStack::new(slot.shadow_stack_base(), slot.shadow_stack_end())
 }
 
+/// The slot holding `address` (slots are SLOT_SIZE-aligned: see task/stacks.rs).
+#[inline(always)]
+fn slot_of(address: u64) -> Slot {
+    Slot(address & !(SLOT_SIZE - 1))
+}
+
 /// Where the running code is: on the IRQ or overflow stack of this CPU, or a task's.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Place {
@@ -64,40 +117,67 @@ enum Place {
     Overflow,
 }
 
-fn current_place() -> Place {
+#[inline(always)]
+fn stack_pointer() -> u64 {
     let sp: u64;
     // SAFETY: reads SP.
     unsafe { core::arch::asm!("mov {}, sp", out(reg) sp, options(nomem, nostack, preserves_flags)) };
-    if stacks::this_irq_slot().contains_stack(sp) {
-        Place::Irq
-    } else if stacks::this_overflow_slot().contains_stack(sp) {
-        Place::Overflow
-    } else {
+    sp
+}
+
+unsafe extern "C" {
+    /// The first stack slot (kernel.ld; task/stacks.rs reads it too).
+    static __stack_slots_start: u8;
+}
+
+/// Which kind of slot `slot` is, from its index alone (no per-CPU load: the sanitizer-exempt
+/// walk path could not inline one in `full`): the task slots come first, then per CPU its IRQ
+/// slot and its overflow slot (task/stacks.rs), so a CPU's overflow slot follows its IRQ slot.
+#[inline(always)]
+fn place_of(slot: Slot) -> Place {
+    // SAFETY: only the address of the linker symbol is taken.
+    let start = unsafe { &__stack_slots_start as *const u8 as u64 };
+    let index = slot.0.wrapping_sub(start) / SLOT_SIZE;
+    if index < stacks::TASK_SLOTS as u64 {
         Place::Task
+    } else if (index - stacks::TASK_SLOTS as u64).is_multiple_of(2) {
+        Place::Irq
+    } else {
+        Place::Overflow
     }
 }
 
-/// The stacks a walk from here may visit, innermost first.
-fn declared_stacks(place: Place, buffer: &mut [StackRange; 3]) -> &[StackRange] {
-    let task = stack_range(crate::task::current_slot(), StackKind::Task);
+/// The stacks a walk from `here` (the running slot) may visit, innermost first.
+#[inline(always)]
+fn declared_stacks(place: Place, here: Slot, buffer: &mut [StackRange; 3]) -> &[StackRange] {
     let count = match place {
         Place::Task => {
-            buffer[0] = task;
+            buffer[0] = stack_range(here, StackKind::Task);
             1
         }
         Place::Irq => {
-            buffer[0] = stack_range(stacks::this_irq_slot(), StackKind::Irq);
-            buffer[1] = task;
+            buffer[0] = stack_range(here, StackKind::Irq);
+            buffer[1] = stack_range(crate::task::current_slot(), StackKind::Task);
             2
         }
         Place::Overflow => {
-            buffer[0] = stack_range(stacks::this_overflow_slot(), StackKind::Overflow);
-            buffer[1] = stack_range(stacks::this_irq_slot(), StackKind::Irq);
-            buffer[2] = task;
+            buffer[0] = stack_range(here, StackKind::Overflow);
+            // This CPU's IRQ slot is the one before its overflow slot.
+            buffer[1] = stack_range(Slot(here.0 - SLOT_SIZE), StackKind::Irq);
+            buffer[2] = stack_range(crate::task::current_slot(), StackKind::Task);
             3
         }
     };
     &buffer[..count]
+}
+
+/// The repair for a shadow-stack walk, if a return may be hijacked in the contexts it visits:
+/// asked once per walk, since the copy then scans what it copied (a task without hijacked
+/// returns, the common case, costs the walk nothing more). The frame walk always has the
+/// repair: it compares each return address with the trampoline in a branch it has anyway.
+#[inline(always)]
+fn shadow_repair_for(place: Place) -> Option<&'static dyn ReturnRepair> {
+    if place == Place::Task && kretprobe::outstanding() == 0 { None } else { Some(&Repair) }
 }
 
 #[inline(always)]
@@ -108,42 +188,74 @@ fn frame_pointer() -> u64 {
     fp
 }
 
-/// The trace of the running context, from the caller of this function outward.
-#[inline(never)]
-#[sanitize(kernel_hwaddress = "off")]
-pub fn capture(mode: Mode, options: TraceOptions) -> Trace {
-    let place = current_place();
+/// Collects the running context's stack into `buffer`: entry 0 is the return address of the
+/// function this is inlined into (into its caller; before `options.skip`), then its callers, as
+/// far as `options.max_depth` and the buffer's length allow. The one entry point of every
+/// collection. Always inlined, so the walk costs no call of its own: call it from a function
+/// exempt from the sanitizer (`#[sanitize(kernel_hwaddress = "off")]`), whose frame record and
+/// shadow-stack push must exist (a non-leaf function: it calls the walk's slow paths).
+#[inline(always)]
+pub fn collect(mode: Mode, options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
+    collect_from_here(mode, options, buffer, false)
+}
+
+/// [`collect`]'s frame walk compiled with the sanitizer's checks, its memory read a plain
+/// `read_volatile`: what an instrumented unwinder costs (bench `kasan-boot`, `fp-instrumented`).
+/// Always inlined, as `collect` (the instrumented part is the walk itself).
+#[inline(always)]
+pub fn collect_instrumented(options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
+    collect_from_here(Mode::FramePointer, options, buffer, true)
+}
+
+/// The walk from the calling function's own frame (x29) and shadow-stack pointer (x18).
+#[inline(always)]
+fn collect_from_here(mode: Mode, options: TraceOptions, buffer: &mut [MaybeUninit<u64>], checked: bool) -> Walked {
+    let here = slot_of(stack_pointer());
+    let place = place_of(here);
     match mode {
         Mode::FramePointer => {
-            let mut buffer = [StackRange::new(0, 0, StackKind::Task); 3];
-            let stacks = declared_stacks(place, &mut buffer);
-            FrameWalker::new(&KernelMemory, stacks, strip)
-                .with_repair(&Repair)
-                .walk_from_frame(frame_pointer(), options)
+            let mut ranges = [StackRange::new(0, 0, StackKind::Task); 3];
+            let stacks = declared_stacks(place, here, &mut ranges);
+            let start = FrameStart::Record(frame_pointer());
+            if checked {
+                let walker = FrameWalker::new(&CheckedMemory, stacks, LAYOUT).with_repair(&Repair);
+                return walker.walk_instrumented(start, options, buffer);
+            }
+            FrameWalker::new(&KernelMemory, stacks, LAYOUT).with_repair(&Repair).walk(start, options, buffer)
         }
         Mode::ShadowCallStack => {
             // The newest entry is this function's own return address (its caller): the same
-            // first entry as the frame walk from this function's frame record.
+            // first entry as the frame walk from this function's frame record. x18 lies in the
+            // first page of its slot, whatever the context.
             let x18 = cpu::shadow_call_stack_pointer();
-            let here = match place {
-                Place::Task => crate::task::current_slot(),
-                Place::Irq => stacks::this_irq_slot(),
-                Place::Overflow => stacks::this_overflow_slot(),
-            };
-            let mut segments = [ShadowSegment::current(shadow_stack(here), x18); 2];
+            let mut segments = [ShadowSegment::current(shadow_stack(slot_of(x18)), x18); 2];
             let mut count = 1;
-            let frame = stacks::this_cpu().irq_frame.load(Ordering::Relaxed);
-            if place == Place::Irq && !frame.is_null() {
-                // SAFETY: irq_frame points to the interrupted context's saved frame while the IRQ
-                // runs (context.S), and this code runs inside that IRQ.
-                let frame = unsafe { &*frame };
-                segments[1] =
-                    ShadowSegment::interrupted(shadow_stack(crate::task::current_slot()), frame.x[18], frame.elr);
-                count = 2;
+            if place == Place::Irq {
+                let frame = stacks::this_cpu().irq_frame.load(Ordering::Relaxed);
+                if !frame.is_null() {
+                    // SAFETY: irq_frame points to the interrupted context's saved frame while
+                    // the IRQ runs (context.S), and this code runs inside that IRQ.
+                    let frame = unsafe { &*frame };
+                    segments[1] =
+                        ShadowSegment::interrupted(shadow_stack(crate::task::current_slot()), frame.x[18], frame.elr);
+                    count = 2;
+                }
             }
-            ShadowWalker::new(&KernelMemory, strip).with_repair(&Repair).walk(&segments[..count], options)
+            let walker = ShadowWalker::new(&KernelMemory, LAYOUT);
+            let walker = if let Some(repair) = shadow_repair_for(place) { walker.with_repair(repair) } else { walker };
+            walker.walk(&segments[..count], options, buffer)
         }
     }
+}
+
+/// The trace of the running context, from the caller of this function outward, kept in a
+/// [`Trace`] (reports, tests, the timer tick's capture: the cold paths).
+#[inline(never)]
+#[sanitize(kernel_hwaddress = "off")]
+pub fn capture(mode: Mode, options: TraceOptions) -> Trace {
+    let mut trace = Trace::new();
+    trace.fill(|buffer| collect(mode, options, buffer));
+    trace
 }
 
 /// Traces of an interrupted context, from its saved frame (for reports): FP from its x29 and
@@ -151,22 +263,24 @@ pub fn capture(mode: Mode, options: TraceOptions) -> Trace {
 pub fn of_frame(frame: &ExceptionFrame, slot: Slot, mode: Mode) -> Trace {
     // Hijacked returns are known for the running task only.
     let repair = (slot == crate::task::current_slot()).then_some(&Repair as &dyn ReturnRepair);
+    let mut trace = Trace::new();
     match mode {
         Mode::FramePointer => {
             let stacks = [stack_range(slot, StackKind::Task)];
-            let walker = FrameWalker::new(&KernelMemory, &stacks, strip);
+            let walker = FrameWalker::new(&KernelMemory, &stacks, LAYOUT);
             let walker = if let Some(repair) = repair { walker.with_repair(repair) } else { walker };
-            walker.walk_from_context(frame.elr, frame.x[29], TraceOptions::ALL)
+            trace.fill(|buffer| walker.walk_from_context(frame.elr, frame.x[29], TraceOptions::ALL, buffer));
         }
         Mode::ShadowCallStack => {
             // After a shadow-stack overflow x18 is one past the last slot: report what is there.
             let x18 = frame.x[18].min(slot.shadow_stack_end() - 8);
             let segment = ShadowSegment::interrupted(shadow_stack(slot), x18, frame.elr);
-            let walker = ShadowWalker::new(&KernelMemory, strip);
+            let walker = ShadowWalker::new(&KernelMemory, LAYOUT);
             let walker = if let Some(repair) = repair { walker.with_repair(repair) } else { walker };
-            walker.walk(&[segment], TraceOptions::ALL)
+            trace.fill(|buffer| walker.walk(&[segment], TraceOptions::ALL, buffer));
         }
     }
+    trace
 }
 
 /// Prints a trace, one symbolizable line per entry, and why it ended.
@@ -197,12 +311,10 @@ pub fn print_both_of(frame: &ExceptionFrame, slot: Slot) {
 /// The kernel's stack depot and its pool memory (permanent records: traces are never freed).
 pub static DEPOT: StackDepot<4096, 16> = StackDepot::new();
 const POOL_SIZE: usize = 256 << 10;
-static mut DEPOT_POOLS: [[u8; POOL_SIZE]; 4] = [[0; POOL_SIZE]; 4];
+static DEPOT_POOLS: StaticBlocks<4, POOL_SIZE> = StaticBlocks::new();
 
 pub fn init_depot() {
-    // SAFETY: the pools are handed to the depot once, at init, and never touched again here.
-    let pools = unsafe { &mut *core::ptr::addr_of_mut!(DEPOT_POOLS) };
-    for pool in pools.iter_mut() {
+    while let Some(pool) = DEPOT_POOLS.claim() {
         DEPOT.add_pool(pool).expect("the depot takes four pools");
     }
 }
@@ -220,9 +332,119 @@ pub fn mode() -> Mode {
 
 /// Saves the caller's stack in the current mode into the depot.
 #[inline(never)]
+#[sanitize(kernel_hwaddress = "off")]
 pub fn save_stack(skip: usize) -> Result<DepotHandle, DepotError> {
-    let trace = capture(mode(), TraceOptions::new(skip + 1, unwind::MAX_FRAMES));
-    DEPOT.save(trace.addresses())
+    let mut buffer = [MaybeUninit::uninit(); unwind::MAX_FRAMES];
+    let walked = collect(mode(), TraceOptions::new(skip, unwind::MAX_FRAMES), &mut buffer);
+    DEPOT.save(walked.entries(&buffer))
+}
+
+/// A stack word whose handle part is 0 and whose spare bits (27..32, never set in a depot
+/// handle) say why no stack was saved: the allocation was not sampled (`kasan.stack_sample`).
+pub const STACK_NOT_SAMPLED: u32 = 1 << 27;
+/// The stack was collected but the depot was full.
+pub const STACK_DEPOT_FULL: u32 = 2 << 27;
+
+const _: () = assert!(stackdepot::SPARE_BITS == 5 && stackdepot::OFFSET_BITS + stackdepot::POOL_BITS == 27);
+
+/// The word a sanitizer keeps for a collected stack: the raw depot handle, or a reason with
+/// handle 0 (`Full`: [`STACK_DEPOT_FULL`]; any other failure: 0).
+#[inline(always)]
+pub fn stack_word(saved: Result<DepotHandle, DepotError>) -> u32 {
+    match saved {
+        Ok(handle) => handle.to_raw(),
+        Err(DepotError::Full) => STACK_DEPOT_FULL,
+        Err(_) => 0,
+    }
+}
+
+/// What a report prints for a stack word that holds no handle, if it says why.
+pub fn unsaved_reason(word: u32) -> Option<&'static str> {
+    match word {
+        STACK_NOT_SAMPLED => Some("(stack not sampled)"),
+        STACK_DEPOT_FULL => Some("(stack not saved: depot full)"),
+        _ => None,
+    }
+}
+
+/// A relaxed atomic load, as one `ldr`: the heap's sanitizer-exempt path cannot inline core's
+/// atomic methods in `full` (each would be an instrumented call).
+#[inline(always)]
+fn relaxed_load_u32(atomic: &AtomicU32) -> u32 {
+    let value: u32;
+    // SAFETY: an aligned 32-bit load of an atomic's own memory: a relaxed atomic load.
+    unsafe {
+        core::arch::asm!("ldr {v:w}, [{a}]", a = in(reg) atomic as *const AtomicU32, v = lateout(reg) value, options(nostack, readonly, preserves_flags))
+    };
+    value
+}
+
+/// A relaxed atomic load, as one `ldr` (see `relaxed_load_u32`).
+#[inline(always)]
+fn relaxed_load_u64(atomic: &AtomicU64) -> u64 {
+    let value: u64;
+    // SAFETY: an aligned 64-bit load of an atomic's own memory: a relaxed atomic load.
+    unsafe {
+        core::arch::asm!("ldr {v}, [{a}]", a = in(reg) atomic as *const AtomicU64, v = lateout(reg) value, options(nostack, readonly, preserves_flags))
+    };
+    value
+}
+
+/// A relaxed atomic store, as one `str` (see `relaxed_load_u32`).
+#[inline(always)]
+fn relaxed_store_u64(atomic: &AtomicU64, value: u64) {
+    // SAFETY: an aligned 64-bit store to an atomic's own memory (interior mutability): a
+    // relaxed atomic store.
+    unsafe {
+        core::arch::asm!("str {v}, [{a}]", a = in(reg) atomic as *const AtomicU64, v = in(reg) value, options(nostack, preserves_flags))
+    };
+}
+
+/// `kasan.stack_sample=N`: one allocation stack in N is collected (free stacks always).
+static STACK_SAMPLE: AtomicU32 = AtomicU32::new(1);
+/// The per-CPU draw (xorshift64), seeded from `tag-seed` (one CPU runs today).
+static SAMPLE_STATE: [AtomicU64; stacks::CPUS] = [const { AtomicU64::new(0x9e37_79b9_7f4a_7c15) }; stacks::CPUS];
+
+/// Collects 1 in `every` allocation stacks from now on (`every` >= 1; 0 counts as 1).
+pub fn set_stack_sample(every: u32) {
+    STACK_SAMPLE.store(every.max(1), Ordering::Relaxed);
+}
+
+/// Seeds the sampling draw with the heap's `tag-seed`, so a run's choices are reproducible.
+pub fn seed_stack_sample(seed: u32) {
+    for (cpu, state) in SAMPLE_STATE.iter().enumerate() {
+        // Never 0 (xorshift's fixed point); each CPU its own stream.
+        let mixed = (u64::from(seed) << 32 | u64::from(!seed)) ^ (cpu as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        state.store(mixed | 1, Ordering::Relaxed);
+    }
+}
+
+/// The sampling period (1: every allocation stack).
+pub fn stack_sample() -> u32 {
+    STACK_SAMPLE.load(Ordering::Relaxed)
+}
+
+/// Whether this allocation's stack is collected: always with N = 1, else a pseudo-random draw
+/// of probability 1/N. Not a counter: a counter aliases with call sites that allocate
+/// periodically (every Nth allocation of a loop would always be the same site). Callers run in
+/// task context with IRQs unmasked, so the draw is made with IRQs masked (the per-CPU state's
+/// load and store must not interleave with an IRQ on this CPU).
+#[inline(always)]
+pub fn sample_allocation() -> bool {
+    let every = relaxed_load_u32(&STACK_SAMPLE);
+    if every <= 1 {
+        return true;
+    }
+    let daif = cpu::mask_interrupts();
+    let state = &SAMPLE_STATE[0];
+    let mut x = relaxed_load_u64(state);
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    relaxed_store_u64(state, x);
+    cpu::restore_interrupts(daif);
+    // The high 32 bits scaled to 0..every: 0 with probability 1/every.
+    ((x >> 32) * u64::from(every)) >> 32 == 0
 }
 
 /// A capture taken by the timer tick in IRQ context (the stack-trace tests arm it).
@@ -234,23 +456,17 @@ pub struct IrqCapture {
 }
 
 static IRQ_CAPTURE_ARMED: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
-static IRQ_CAPTURE_DONE: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
-static mut IRQ_CAPTURE: IrqCapture = IrqCapture { frame_pointer: Trace::new(), shadow: Trace::new(), pc: 0 };
+static IRQ_CAPTURE: IrqSpinLock<Option<IrqCapture>> = IrqSpinLock::new(None);
 
 /// Asks the next timer tick to capture both traces in IRQ context.
 pub fn arm_irq_capture() {
-    IRQ_CAPTURE_DONE.store(false, Ordering::Relaxed);
+    *IRQ_CAPTURE.lock() = None;
     IRQ_CAPTURE_ARMED.store(true, Ordering::Release);
 }
 
 /// The capture, once the tick has taken it.
-pub fn take_irq_capture() -> Option<&'static IrqCapture> {
-    if !IRQ_CAPTURE_DONE.swap(false, Ordering::Acquire) {
-        return None;
-    }
-    // SAFETY: DONE was set (release) after the IRQ wrote the capture, and the IRQ writes again
-    // only after the next arm_irq_capture, which the caller does after it is done reading.
-    Some(unsafe { &*core::ptr::addr_of!(IRQ_CAPTURE) })
+pub fn take_irq_capture() -> Option<IrqCapture> {
+    IRQ_CAPTURE.lock().take()
 }
 
 /// Called by the timer tick (IRQ context).
@@ -263,7 +479,5 @@ pub fn on_tick() {
     let pc = if frame.is_null() { 0 } else { unsafe { (*frame).elr } };
     let frame_pointer = capture(Mode::FramePointer, TraceOptions::ALL);
     let shadow = capture(Mode::ShadowCallStack, TraceOptions::ALL);
-    // SAFETY: only this IRQ path writes IRQ_CAPTURE, between arm and DONE (see take_irq_capture).
-    unsafe { *core::ptr::addr_of_mut!(IRQ_CAPTURE) = IrqCapture { frame_pointer, shadow, pc } };
-    IRQ_CAPTURE_DONE.store(true, Ordering::Release);
+    *IRQ_CAPTURE.lock() = Some(IrqCapture { frame_pointer, shadow, pc });
 }

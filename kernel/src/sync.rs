@@ -103,3 +103,33 @@ impl<F: Copy + 'static, const N: usize> Hooks<F, N> {
         self.places.iter().map_while(spin::Once::get).copied()
     }
 }
+
+/// `N` blocks of `SIZE` bytes of static memory, each handed out at most once, to whoever asks
+/// first (a stack depot's pools). The claim is one atomic increment, so a block is never given
+/// twice, from any CPU or context.
+pub struct StaticBlocks<const N: usize, const SIZE: usize> {
+    memory: core::cell::UnsafeCell<[[u8; SIZE]; N]>,
+    claimed: core::sync::atomic::AtomicUsize,
+}
+
+// SAFETY: the memory is reached only through `claim`, which gives each block out once (an atomic
+// fetch_add), so no two holders ever share a block.
+unsafe impl<const N: usize, const SIZE: usize> Sync for StaticBlocks<N, SIZE> {}
+
+impl<const N: usize, const SIZE: usize> StaticBlocks<N, SIZE> {
+    pub const fn new() -> Self {
+        Self { memory: core::cell::UnsafeCell::new([[0; SIZE]; N]), claimed: core::sync::atomic::AtomicUsize::new(0) }
+    }
+
+    /// The next unclaimed block, zeroed as the image loaded it; `None` once all `N` are out.
+    #[expect(clippy::mut_from_ref, reason = "each block is handed out once (the atomic claim), so the &mut is unique")]
+    pub fn claim(&'static self) -> Option<&'static mut [u8; SIZE]> {
+        let index = self.claimed.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+        if index >= N {
+            return None;
+        }
+        // SAFETY: `index` came from the fetch_add above, so this block is handed out only here,
+        // once; the memory lives in a static.
+        Some(unsafe { &mut (*self.memory.get())[index] })
+    }
+}

@@ -1,15 +1,14 @@
 //! Raspberry Pi 4 boot files: the firmware (`start4.elf`, `fixup4.dat`) from Debian's
 //! `raspi-firmware` and the device tree `bcm2711-rpi-4-b.dtb` from Debian's arm64 kernel
-//! package, fetched with `apt-get download` under a private apt configuration in `target/`
-//! (the machine's own apt sources are never touched, no root needed), unpacked with `dpkg -x`
-//! and cached; or taken from the user (`--firmware DIR`, `--dtb FILE`).
+//! package, fetched with `apt-get download` under a private apt configuration in the target
+//! directory (the machine's own apt sources are read, for their mirror and keyring, never
+//! written; no root needed), unpacked with `dpkg -x` and cached; or taken from the user
+//! (`--firmware DIR`, `--dtb FILE`).
 
 use crate::Failure;
-use crate::build::workspace_root;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const SUITE: &str = "bookworm";
 const FIRMWARE_PACKAGE: &str = "raspi-firmware";
 const KERNEL_METAPACKAGE: &str = "linux-image-arm64";
 pub const DTB_NAME: &str = "bcm2711-rpi-4-b.dtb";
@@ -32,8 +31,8 @@ pub struct BootFileArgs {
     pub dtb: Option<PathBuf>,
 }
 
-fn cache_dir() -> PathBuf {
-    workspace_root().join("target/rpi4-boot")
+pub fn cache_dir() -> PathBuf {
+    crate::build::target_dir().join("rpi4-boot")
 }
 
 fn existing(path: PathBuf) -> Result<PathBuf, Failure> {
@@ -47,7 +46,13 @@ pub fn get(args: &BootFileArgs) -> Result<BootFiles, Failure> {
     let need_fetch = (args.firmware.is_none() && !(cached("start4.elf").is_file() && cached("fixup4.dat").is_file()))
         || (args.dtb.is_none() && !cached(DTB_NAME).is_file());
     if need_fetch {
-        fetch(&cache)?;
+        fetch(&cache).map_err(|failure| {
+            Failure::usage(format!(
+                "cannot fetch the Raspberry Pi 4 boot files: {}; use `--board virt` (no boot files \
+                 needed), or give your own with `--firmware DIR --dtb FILE`",
+                failure.message
+            ))
+        })?;
     }
     let (start4, fixup4, firmware_source) = match &args.firmware {
         Some(dir) => (
@@ -85,22 +90,28 @@ fn run(command: &mut Command, what: &str) -> Result<String, Failure> {
 
 /// Downloads and unpacks both packages into `cache`, keeping only the files tracelab uses.
 fn fetch(cache: &Path) -> Result<(), Failure> {
-    eprintln!("xtask: fetching Raspberry Pi 4 boot files from Debian {SUITE} into {}", cache.display());
+    // The mirror and keyring the machine already uses for its Debian release.
+    let (source, suite) = crate::setup::machine_debian_source().map_err(Failure::usage)?;
+    eprintln!(
+        "xtask: fetching Raspberry Pi 4 boot files from Debian {suite} ({}) into {}",
+        source.uri,
+        cache.display()
+    );
     let apt = cache.join("apt");
-    for dir in ["lists/partial", "cache/archives/partial", "download"] {
+    for dir in ["lists/partial", "cache/archives/partial", "download", "sources.list.d"] {
         std::fs::create_dir_all(apt.join(dir))
             .map_err(|error| Failure::usage(format!("{}: {error}", apt.display())))?;
     }
-    let sources = apt.join("sources.list");
+    let sources = apt.join("sources.list.d/debian.sources");
     let status = apt.join("status");
     let write = |path: &Path, text: &str| {
         std::fs::write(path, text).map_err(|error| Failure::usage(format!("{}: {error}", path.display())))
     };
-    write(&sources, &format!("deb [arch=arm64] http://deb.debian.org/debian {SUITE} main non-free-firmware\n"))?;
+    write(&sources, &crate::setup::deb822_entry(&source, &suite, &["main", "non-free-firmware"], Some("arm64")))?;
     write(&status, "")?;
     let options: Vec<String> = [
-        format!("Dir::Etc::SourceList={}", sources.display()),
-        "Dir::Etc::SourceParts=/dev/null".into(),
+        "Dir::Etc::SourceList=/dev/null".into(),
+        format!("Dir::Etc::SourceParts={}", apt.join("sources.list.d").display()),
         format!("Dir::State::Lists={}", apt.join("lists").display()),
         format!("Dir::State::status={}", status.display()),
         format!("Dir::Cache={}", apt.join("cache").display()),

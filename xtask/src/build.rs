@@ -99,6 +99,15 @@ pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
 }
 
+/// Cargo's target directory: `CARGO_TARGET_DIR` (relative to the current directory, as cargo
+/// reads it) or `target/` at the workspace root.
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR").filter(|dir| !dir.is_empty()) {
+        Some(dir) => std::env::current_dir().unwrap_or_else(|_| workspace_root()).join(dir),
+        None => workspace_root().join("target"),
+    }
+}
+
 /// Every rustc flag of a kernel build in `variant`.
 pub fn kernel_rustflags(variant: BuildVariant) -> Vec<String> {
     let mut flags = variant.rustflags().iter().map(|flag| flag.to_string()).collect::<Vec<_>>();
@@ -117,8 +126,9 @@ pub fn kernel(board: Board, variant: BuildVariant) -> Result<KernelImage, Failur
     // One target directory per build variant, shared by both boards: core, alloc and every
     // dependency are built once per variant (they do not depend on the board feature), only the
     // kernel crate twice. Each board's artifacts are copied to their own directory.
-    let target_dir = root.join("target/kernel").join(variant.name());
-    let artifact_dir = root.join("target/kernel").join(board.name()).join(variant.name());
+    let kernel_dir = target_dir().join("kernel");
+    let artifact_dir = kernel_dir.join(board.name()).join(variant.name());
+    let target_dir = kernel_dir.join(variant.name());
     let flags = kernel_rustflags(variant);
     eprintln!("xtask: building kernel ({}, variant {})", board.name(), variant.name());
     let status = Command::new(env!("CARGO"))

@@ -11,9 +11,9 @@ pub struct FlashArgs {
     /// The SD card's block device, e.g. /dev/sdb or /dev/mmcblk0 (the whole disk, not a partition).
     #[arg(long)]
     pub device: PathBuf,
-    /// The image (default: what `cargo xtask sdimage` writes).
-    #[arg(long, default_value = "target/rpi4/tracelab-sd.img")]
-    pub image: PathBuf,
+    /// The image (default: where `cargo xtask sdimage` writes it).
+    #[arg(long)]
+    pub image: Option<PathBuf>,
     /// Do not ask for confirmation.
     #[arg(long)]
     pub yes: bool,
@@ -50,8 +50,9 @@ pub fn check_device(device: &Path, sysfs: &Path, mounts: &str) -> Result<(u64, S
 }
 
 pub fn run(args: &FlashArgs) -> Result<u8, Failure> {
-    let image = std::fs::File::open(&args.image).map_err(|error| {
-        Failure::usage(format!("{}: {error} (run `cargo xtask sdimage` first)", args.image.display()))
+    let image_path = args.image.clone().unwrap_or_else(crate::sdimage::default_image_path);
+    let image = std::fs::File::open(&image_path).map_err(|error| {
+        Failure::usage(format!("{}: {error} (run `cargo xtask sdimage` first)", image_path.display()))
     })?;
     let image_size = image.metadata().map_err(|error| Failure::usage(error.to_string()))?.len();
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
@@ -67,7 +68,7 @@ pub fn run(args: &FlashArgs) -> Result<u8, Failure> {
         "about to overwrite {} ({model}, {} MiB) with {} ({} MiB)",
         args.device.display(),
         size >> 20,
-        args.image.display(),
+        image_path.display(),
         image_size >> 20
     );
     if !args.yes {

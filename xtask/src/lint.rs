@@ -29,7 +29,7 @@ pub fn run() -> Result<u8, Failure> {
                 .args(["-Zbuild-std=core,alloc,compiler_builtins", "-Zbuild-std-features=compiler-builtins-mem"])
                 .args(["--no-default-features", "--features", board.feature()])
                 .arg("--target-dir")
-                .arg(build::workspace_root().join("target/kernel/clippy"))
+                .arg(build::target_dir().join("kernel/clippy"))
                 .env_remove("RUSTFLAGS")
                 .env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"))
                 .env("TRACELAB_VARIANT", "full")

@@ -1,4 +1,4 @@
-//! The kernel log: defmt frames from the serial stream, decoded with the kernel ELF.
+//! The kernel log: defmt frames from the serial stream, decoded and symbolized with the kernel ELF.
 
 use crate::Failure;
 use defmt_decoder::{DecodeError, Table};
@@ -7,12 +7,20 @@ use std::fmt;
 #[derive(Clone, Debug)]
 pub struct LogLine {
     pub level: Option<defmt_parser::Level>,
+    /// Seconds since the kernel's counter started (`S.UUUUUU`), from the record's defmt timestamp.
+    pub timestamp: Option<String>,
     pub text: String,
 }
 
 impl fmt::Display for LogLine {
+    /// dmesg's shape: `[    1.234567] text`, with `WARN `/`ERROR` before warnings and errors.
+    /// The timestamp column has a fixed width, so a KTAP parser that strips the prefix of its
+    /// `KTAP version 1` line from every line reads the results.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use defmt_parser::Level;
+        if let Some(timestamp) = &self.timestamp {
+            write!(f, "[{timestamp:>12}] ")?;
+        }
         match self.level {
             Some(Level::Warn) => write!(f, "WARN  {}", self.text),
             Some(Level::Error) => write!(f, "ERROR {}", self.text),
@@ -22,7 +30,7 @@ impl fmt::Display for LogLine {
 }
 
 /// Decodes a byte stream into log lines; bytes that do not form a frame are reported once.
-/// Backtrace lines (`fp #N 0x...`, `scs #N 0x...`) get the function and file:line appended.
+/// Backtrace lines (`fp #N 0x...`, `scs #N 0x...`) are symbolized in place (see `Frame`).
 pub struct KernelLog {
     table: &'static Table,
     decoder: Box<dyn defmt_decoder::StreamDecoder + Send + Sync + 'static>,
@@ -30,47 +38,122 @@ pub struct KernelLog {
     symbolizer: Option<Symbolizer>,
 }
 
-/// addr2line over the kernel ELF.
-pub struct Symbolizer(addr2line::Loader);
+/// One symbolized code address, printed the way Linux prints a backtrace entry:
+/// `FUNCTION+0xOFF/0xSIZE`, then the address and the source line (`file:line`), and the
+/// inlined function the line belongs to when it is not FUNCTION itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame {
+    pub address: u64,
+    /// The ELF function symbol holding the address, demangled without its hash.
+    pub function: String,
+    /// `address` minus the function's start.
+    pub offset: u64,
+    /// The function's size in bytes.
+    pub size: u64,
+    /// `file:line` of the instruction, paths shortened to what follows `/src/`.
+    pub location: Option<String>,
+    /// The innermost inlined function at that line, when it differs from `function`.
+    pub inlined: Option<String>,
+}
+
+impl Frame {
+    /// `FUNCTION+0xOFF/0xSIZE`, as in Linux's backtraces and `%pS`.
+    pub fn symbol(&self) -> String {
+        format!("{}+{:#x}/{:#x}", self.function, self.offset, self.size)
+    }
+}
+
+impl fmt::Display for Frame {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {:#x}", self.symbol(), self.address)?;
+        if let Some(location) = &self.location {
+            write!(f, " {location}")?;
+        }
+        if let Some(inlined) = &self.inlined {
+            write!(f, " (inlined {inlined})")?;
+        }
+        Ok(())
+    }
+}
+
+/// A function symbol: start address, size, demangled name.
+#[derive(Clone, Debug)]
+struct FunctionSymbol {
+    start: u64,
+    size: u64,
+    name: String,
+}
+
+/// The kernel ELF's function symbols (for FUNCTION+OFF/SIZE) and its DWARF line tables.
+pub struct Symbolizer {
+    /// Sorted by start address.
+    functions: Vec<FunctionSymbol>,
+    lines: Option<addr2line::Loader>,
+}
 
 impl Symbolizer {
     pub fn new(elf_path: &std::path::Path) -> Option<Self> {
-        addr2line::Loader::new(elf_path).ok().map(Self)
+        let data = std::fs::read(elf_path).ok()?;
+        let file = object::File::parse(&*data).ok()?;
+        let functions = function_symbols(&file);
+        Some(Self { functions, lines: addr2line::Loader::new(elf_path).ok() })
     }
 
-    /// `function (file:line)` for a return address: the call instruction before it.
-    pub fn describe_return_address(&self, address: u64) -> Option<String> {
-        let lookup = address.checked_sub(4)?;
-        let mut frames = self.0.find_frames(lookup).ok()?;
-        let mut innermost = None;
-        while let Ok(Some(frame)) = frames.next() {
-            let function = frame.function.as_ref().and_then(|name| name.demangle().ok().map(|name| name.into_owned()));
-            let location = frame.location.map(|location| {
-                let file = location.file.unwrap_or("?");
-                let file = file.rsplit_once("/src/").map_or(file, |(_, tail)| tail);
-                format!("{file}:{}", location.line.unwrap_or(0))
-            });
-            // The outermost frame is the real function; inlined ones come first.
-            innermost.get_or_insert((function.clone(), location.clone()));
-            if let (Some(function), Some(location)) = (function, location) {
-                return Some(format!("{function} ({location})"));
-            }
-        }
-        // defmt's interned strings are symbols too (names with spaces and `=`): not code.
-        let symbol = self
-            .0
-            .find_symbol(lookup)
-            .filter(|name| !name.contains(' ') && !name.contains('='))
-            .map(|name| addr2line::demangle_auto(name.into(), None).into_owned());
-        match (innermost, symbol) {
-            (Some((Some(function), location)), _) => Some(format!("{function} ({})", location.unwrap_or_default())),
-            (_, Some(symbol)) => Some(symbol),
-            _ => None,
-        }
+    #[cfg(test)]
+    fn from_symbols(symbols: &[(u64, u64, &str)]) -> Self {
+        let mut functions: Vec<_> =
+            symbols.iter().map(|&(start, size, name)| FunctionSymbol { start, size, name: name.to_string() }).collect();
+        functions.sort_by_key(|symbol| symbol.start);
+        Self { functions, lines: None }
     }
 
-    /// Appends the symbol to a backtrace line, or `function <- caller` to a function-tracer
-    /// record (`ftrace #N t=TICKS ip=0x.. parent=0x..`).
+    /// The function holding `address`: the last symbol starting at or before it whose extent
+    /// covers it.
+    fn function_at(&self, address: u64) -> Option<&FunctionSymbol> {
+        let index = self.functions.partition_point(|symbol| symbol.start <= address).checked_sub(1)?;
+        let symbol = &self.functions[index];
+        (address < symbol.start + symbol.size.max(1)).then_some(symbol)
+    }
+
+    /// The frame of a return address. The function and line are those of the call instruction
+    /// before it (a call may be a function's last instruction), the offset that of the return
+    /// address itself, as Linux prints it.
+    pub fn return_address(&self, address: u64) -> Option<Frame> {
+        self.frame(address, address.checked_sub(4)?)
+    }
+
+    fn frame(&self, address: u64, lookup: u64) -> Option<Frame> {
+        let symbol = self.function_at(lookup)?;
+        let (location, innermost) = self.line_of(lookup);
+        let inlined = innermost.filter(|inner| *inner != symbol.name);
+        Some(Frame {
+            address,
+            function: symbol.name.clone(),
+            offset: address - symbol.start,
+            size: symbol.size,
+            location,
+            inlined,
+        })
+    }
+
+    /// The innermost `file:line` at `address` and the (inlined) function it belongs to.
+    fn line_of(&self, address: u64) -> (Option<String>, Option<String>) {
+        let Some(mut frames) = self.lines.as_ref().and_then(|loader| loader.find_frames(address).ok()) else {
+            return (None, None);
+        };
+        let Ok(Some(frame)) = frames.next() else { return (None, None) };
+        let function = frame.function.as_ref().and_then(|name| name.demangle().ok().map(|name| name.into_owned()));
+        let location = frame.location.map(|location| {
+            let file = location.file.unwrap_or("?");
+            let file = file.rsplit_once("/src/").map_or(file, |(_, tail)| tail);
+            format!("{file}:{}", location.line.unwrap_or(0))
+        });
+        (location, function)
+    }
+
+    /// Rewrites a backtrace line (`  fp #N 0xADDR`, `  scs #N 0xADDR`) as
+    /// `  fp #N FUNCTION+0xOFF/0xSIZE 0xADDR file:line`, and appends `function <- caller` to a
+    /// function-tracer record (`ftrace #N t=TICKS ip=0x.. parent=0x..`).
     fn annotate(&self, text: &str) -> Option<String> {
         if let Some(record) = text.strip_prefix("ftrace #") {
             let field = |name: &str| {
@@ -78,11 +161,12 @@ impl Symbolizer {
                 u64::from_str_radix(value.strip_prefix("0x")?, 16).ok()
             };
             let (ip, parent) = (field("ip=")?, field("parent=")?);
-            let function = self.describe_return_address(ip + 4)?;
-            let function = function.split(" (").next().unwrap_or(&function);
-            let caller = self.describe_return_address(parent).unwrap_or_else(|| "?".into());
+            // The record's ip is the call site in the patchable entry, before the symbol.
+            let function = self.return_address(ip + 4)?.function;
+            let caller = self.return_address(parent).map_or_else(|| "?".into(), |frame| frame.symbol());
             return Some(format!("{text} {function} <- {caller}"));
         }
+        let indent = &text[..text.len() - text.trim_start().len()];
         let mut words = text.split_whitespace();
         let label = words.next()?;
         let index = words.next()?;
@@ -91,8 +175,31 @@ impl Symbolizer {
             return None;
         }
         let address = u64::from_str_radix(address.strip_prefix("0x")?, 16).ok()?;
-        Some(format!("{text} {}", self.describe_return_address(address)?))
+        let frame = self.return_address(address)?;
+        Some(format!("{indent}{label} {index} {frame}"))
     }
+}
+
+/// The defined function symbols of `file`, demangled without hashes, sorted by address. defmt's
+/// interned strings are symbols too (names with spaces and `=`): not code, left out.
+fn function_symbols(file: &object::File) -> Vec<FunctionSymbol> {
+    use object::{Object, ObjectSymbol, SymbolKind};
+    let mut functions: Vec<FunctionSymbol> = file
+        .symbols()
+        .filter(|symbol| symbol.kind() == SymbolKind::Text && symbol.is_definition())
+        .filter_map(|symbol| {
+            let name = symbol.name().ok()?;
+            (!name.contains(' ') && !name.contains('=')).then(|| FunctionSymbol {
+                start: symbol.address(),
+                size: symbol.size(),
+                name: format!("{:#}", rustc_demangle::demangle(name)),
+            })
+        })
+        .collect();
+    // Of aliases at one address, keep the one with a size.
+    functions.sort_by(|a, b| a.start.cmp(&b.start).then(b.size.cmp(&a.size)));
+    functions.dedup_by_key(|symbol| symbol.start);
+    functions
 }
 
 impl KernelLog {
@@ -122,12 +229,15 @@ impl KernelLog {
                     let text = frame.display_message().to_string();
                     let text =
                         self.symbolizer.as_ref().and_then(|symbolizer| symbolizer.annotate(&text)).unwrap_or(text);
-                    new.push(LogLine { level: frame.level(), text })
+                    let timestamp = frame.display_timestamp().map(|timestamp| timestamp.to_string());
+                    new.push(LogLine { level: frame.level(), timestamp, text })
                 }
                 Err(DecodeError::UnexpectedEof) => break,
-                Err(DecodeError::Malformed) if self.table.encoding().can_recover() => {
-                    new.push(LogLine { level: None, text: "[xtask: malformed defmt frame skipped]".into() })
-                }
+                Err(DecodeError::Malformed) if self.table.encoding().can_recover() => new.push(LogLine {
+                    level: None,
+                    timestamp: None,
+                    text: "[xtask: malformed defmt frame skipped]".into(),
+                }),
                 Err(DecodeError::Malformed) => break,
             }
         }
@@ -137,5 +247,73 @@ impl KernelLog {
 
     pub fn into_lines(self) -> Vec<LogLine> {
         self.lines
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn symbolizer() -> Symbolizer {
+        Symbolizer::from_symbols(&[
+            (0xffff_0000_4008_0000, 0x120, "kernel::kernel_main"),
+            (0xffff_0000_4008_0120, 0x40, "kernel::stacktrace::walk"),
+            (0xffff_0000_4008_0200, 0x10, "kernel::tests::ftrace::traced_leaf"),
+        ])
+    }
+
+    #[test]
+    fn backtrace_lines_take_linux_shape() {
+        let symbolizer = symbolizer();
+        assert_eq!(
+            symbolizer.annotate("  fp #3 0xffff000040080034").as_deref(),
+            Some("  fp #3 kernel::kernel_main+0x34/0x120 0xffff000040080034")
+        );
+        assert_eq!(
+            symbolizer.annotate("scs #0 0xffff000040080130").as_deref(),
+            Some("scs #0 kernel::stacktrace::walk+0x10/0x40 0xffff000040080130")
+        );
+        // A return address just past a function that ends in a call (a `-> !` call) belongs to
+        // that function: the lookup uses the call instruction.
+        let end = symbolizer.return_address(0xffff_0000_4008_0120).unwrap();
+        assert_eq!(end.symbol(), "kernel::kernel_main+0x120/0x120");
+        // Outside every function, and lines that are not backtraces, stay as they are.
+        assert_eq!(symbolizer.annotate("  fp #4 0x10"), None);
+        assert_eq!(symbolizer.annotate("fp #1 0xffff000040080034 extra"), None);
+        assert_eq!(symbolizer.annotate("kp #1 0xffff000040080034"), None);
+    }
+
+    #[test]
+    fn frame_display_puts_address_and_line_after_the_symbol() {
+        let frame = Frame {
+            address: 0xffff_0000_4008_0034,
+            function: "kernel::kernel_main".into(),
+            offset: 0x34,
+            size: 0x120,
+            location: Some("main.rs:105".into()),
+            inlined: Some("kernel::boot::finish".into()),
+        };
+        assert_eq!(
+            frame.to_string(),
+            "kernel::kernel_main+0x34/0x120 0xffff000040080034 main.rs:105 (inlined kernel::boot::finish)"
+        );
+    }
+
+    #[test]
+    fn ftrace_records_name_function_and_caller() {
+        let text = "ftrace #2 t=100 ip=0xffff000040080204 parent=0xffff000040080048";
+        assert_eq!(
+            symbolizer().annotate(text).unwrap(),
+            format!("{text} kernel::tests::ftrace::traced_leaf <- kernel::kernel_main+0x48/0x120")
+        );
+    }
+
+    #[test]
+    fn log_lines_show_their_timestamp_like_dmesg() {
+        let line =
+            LogLine { level: Some(defmt_parser::Level::Error), timestamp: Some("1.234567".into()), text: "x".into() };
+        assert_eq!(line.to_string(), "[    1.234567] ERROR x");
+        let line = LogLine { level: Some(defmt_parser::Level::Info), timestamp: None, text: "y".into() };
+        assert_eq!(line.to_string(), "y");
     }
 }

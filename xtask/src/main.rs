@@ -6,6 +6,7 @@
 mod bench;
 mod bootfiles;
 mod build;
+mod demo;
 mod flash;
 mod ksyms;
 mod lint;
@@ -13,14 +14,23 @@ mod log;
 mod qemu;
 mod sdimage;
 mod serial;
+mod setup;
 mod stress;
 mod test;
+mod trace;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "cargo xtask", about = "Build, run and test the tracelab kernel")]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "Build, run and test the tracelab kernel",
+    after_help = "Start with `cargo xtask qemu` (a demonstration) and `cargo xtask test`; \
+                  `cargo xtask help COMMAND` explains each command.",
+    arg_required_else_help = true
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -30,8 +40,8 @@ struct Cli {
 enum Command {
     /// Build the kernel, boot it in QEMU and stream its decoded log; exits with the kernel's status.
     Qemu(qemu::QemuArgs),
-    /// Host crate tests, then the kernel test suite in QEMU across CPU variants, entry levels
-    /// and build variants. Ends with `N passed, N failed`.
+    /// Host crate tests, then the kernel test suite in QEMU across build variants, CPU variants,
+    /// entry levels and GICs (the default set; `--matrix` for all). Ends with `N passed, N failed`.
     Test(test::TestArgs),
     /// Benchmark suites in QEMU per CPU variant and mode: results.json, report.md, SVG charts.
     Bench(bench::BenchArgs),
@@ -45,6 +55,9 @@ enum Command {
     Monitor(serial::MonitorArgs),
     /// Long runs: `stress probes` sweeps every probe-able kernel instruction with every method.
     Stress(stress::StressArgs),
+    /// Install what the host needs (QEMU 10 through apt) and fetch the Raspberry Pi 4 boot
+    /// files, saying first what it will do; `--dry-run` only says.
+    Setup(setup::SetupArgs),
 }
 
 /// An error that ends xtask with a specific exit status and a one-line message.
@@ -62,20 +75,10 @@ impl Failure {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(error) => {
-            use clap::error::ErrorKind;
-            if matches!(error.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
-                let _ = error.print();
-                return ExitCode::SUCCESS;
-            }
-            // One line saying what is wrong (clap's first line), then exit 2.
-            let text = error.to_string();
-            eprintln!("{}", text.lines().next().unwrap_or("bad usage"));
-            return ExitCode::from(2);
-        }
-    };
+    // clap's whole message (valid values, "did you mean", the missing argument, the usage
+    // line); help and version exit 0, errors and a bare `cargo xtask` (which lists the
+    // subcommands) exit 2.
+    let cli = Cli::parse();
     let result = match cli.command {
         Command::Qemu(args) => qemu::run_interactive(&args),
         Command::Test(args) => test::run(&args),
@@ -85,6 +88,7 @@ fn main() -> ExitCode {
         Command::Lint => lint::run(),
         Command::Monitor(args) => serial::monitor(&args),
         Command::Stress(args) => stress::run(&args),
+        Command::Setup(args) => setup::run(&args),
     };
     match result {
         Ok(status) => ExitCode::from(status),

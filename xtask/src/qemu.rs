@@ -1,4 +1,4 @@
-//! QEMU: CPU variants, machine options, installation, and runs under a kill-on-drop timeout.
+//! QEMU: CPU variants, machine options, and runs under a kill-on-drop timeout.
 
 use crate::Failure;
 use crate::build::{self, Board, BuildVariant};
@@ -68,15 +68,120 @@ pub struct QemuArgs {
     pub gic: Option<u8>,
     #[command(flatten)]
     pub boot_files: crate::bootfiles::BootFileArgs,
-    /// Wait for a debugger on tcp::1234 (no timeout).
+    /// What the kernel runs: the demonstration of every mechanism, the kernel test suite, the
+    /// benchmarks, or a failure path (a use-after-free the sanitizer stops, a panic).
+    #[arg(long, value_enum, default_value = "demo")]
+    pub run: RunMode,
+    /// With --run test: only tests whose name contains this; with --run bench: the suites
+    /// (comma-separated, e.g. `baseline,probes`).
+    #[arg(long)]
+    pub filter: Option<String>,
+    /// Trace every function whose name matches PATTERN (`*`, `?`) from boot to the end of the
+    /// run, e.g. `kernel::task::*`; the whole ring is written to target/trace/trace.txt (Linux's
+    /// `trace` format) and trace.json (Perfetto).
+    #[arg(long, value_name = "PATTERN")]
+    pub ftrace: Option<String>,
+    /// The function tracer's dispatch scheme (default call-ops).
+    #[arg(long, value_enum)]
+    pub ftrace_scheme: Option<FtraceScheme>,
+    /// What the sanitizer does after a report outside the demo: `panic` stops the kernel (the
+    /// default), `report` (or `recover`) reports and goes on.
+    #[arg(long, value_enum, value_name = "ON_FAULT")]
+    pub kasan: Option<KasanOnFault>,
+    /// Seed of the sanitizer heap's tag generator (decimal or 0x-hex): the same seed, the same tags.
+    #[arg(long, value_name = "SEED")]
+    pub tag_seed: Option<String>,
+    /// Register a kprobe at boot, as Linux's `kprobe_event=`: SYMBOL[+OFFSET]:METHOD, METHOD one
+    /// of single-step, brk-step, simulate, detour (e.g. `kernel::task::tick:simulate`); its hits
+    /// and cost per hit are printed at the end. Repeatable.
+    #[arg(long = "kprobe", value_name = "SYMBOL[+OFFSET]:METHOD")]
+    pub kprobes: Vec<String>,
+    /// Register a kretprobe at boot: SYMBOL:METHOD (the method of its entry probe). Repeatable.
+    #[arg(long = "kretprobe", value_name = "SYMBOL:METHOD")]
+    pub kretprobes: Vec<String>,
+    /// Run without `-icount`: costs are then virtual ns, i.e. TCG emulation time on this host,
+    /// not hardware time (the default counts instructions, deterministically).
+    #[arg(long)]
+    pub no_icount: bool,
+    /// Wait for a debugger on tcp::1234 (no timeout); prints the gdb command line.
     #[arg(long)]
     pub gdb: bool,
-    /// Extra kernel command line words (e.g. `hz=250`).
+    /// Extra kernel command line words, passed as they are (e.g. `hz=250`).
     #[arg(long, default_value = "")]
     pub append: String,
     /// Kill QEMU after this many seconds.
     #[arg(long, default_value = "60")]
     pub timeout: u64,
+}
+
+/// `--run`: the kernel's `run=` word.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum RunMode {
+    Demo,
+    Test,
+    Bench,
+    UseAfterFree,
+    Panic,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum FtraceScheme {
+    List,
+    CallOps,
+    Vector,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum KasanOnFault {
+    Panic,
+    #[value(alias = "recover")]
+    Report,
+}
+
+impl QemuArgs {
+    /// The kernel command line these flags mean (kernel/src/cmdline.rs), `--append` last.
+    pub fn bootargs(&self, cpu: CpuVariant) -> String {
+        let icount = !self.no_icount;
+        let mut words = vec![
+            format!("run={}", clap::ValueEnum::to_possible_value(&self.run).expect("no skipped variants").get_name()),
+            "exit=semihosting".to_string(),
+            format!("expect-pauth={}", cpu.expected_pauth()),
+            format!("icount={}", u8::from(icount)),
+        ];
+        match (self.run, &self.filter) {
+            (RunMode::Test, Some(filter)) => words.push(format!("filter={filter}")),
+            (RunMode::Bench, Some(suites)) => words.push(format!("bench={suites}")),
+            _ => {}
+        }
+        if self.run == RunMode::Bench {
+            words.push(format!("clock={}", if icount { "cycles" } else { "ns" }));
+        }
+        // Under icount every tick waited for costs its interval in instructions (test.rs).
+        if self.run == RunMode::Test && icount {
+            words.push("hz=1000".into());
+        }
+        if let Some(pattern) = &self.ftrace {
+            words.push(format!("ftrace={pattern}"));
+        }
+        if let Some(scheme) = self.ftrace_scheme {
+            let name = clap::ValueEnum::to_possible_value(&scheme).expect("no skipped variants");
+            words.push(format!("ftrace-scheme={}", name.get_name()));
+        }
+        match self.kasan {
+            Some(KasanOnFault::Panic) => words.push("kasan=panic".into()),
+            Some(KasanOnFault::Report) => words.push("kasan=recover".into()),
+            None => {}
+        }
+        if let Some(seed) = &self.tag_seed {
+            words.push(format!("tag-seed={seed}"));
+        }
+        words.extend(self.kprobes.iter().map(|spec| format!("kprobe={spec}")));
+        words.extend(self.kretprobes.iter().map(|spec| format!("kretprobe={spec}")));
+        if !self.append.trim().is_empty() {
+            words.push(self.append.trim().to_string());
+        }
+        words.join(" ")
+    }
 }
 
 /// One QEMU run of one kernel image.
@@ -222,6 +327,13 @@ pub fn run(
         }
     });
     let mut log = KernelLog::with_symbols(&elf, &image.elf)?;
+    // Demo lines rendered and the function tracer's ring written (kept out of runs not echoed).
+    let mut presenter = echo.then(|| crate::demo::Presenter::new(&elf));
+    let mut show = |line: &LogLine| {
+        if let Some(presenter) = presenter.as_mut() {
+            presenter.present(line).iter().for_each(|text| println!("{text}"));
+        }
+    };
     // The kernel's last line. A kernel that could not use semihosting (a panic before it read
     // its command line on a board without it by default) parks after printing it: then the
     // sentinel's status is the run's, as when reading a real board's serial line.
@@ -229,9 +341,7 @@ pub fn run(
     let status = loop {
         while let Ok(bytes) = receiver.try_recv() {
             for line in log.feed(&bytes) {
-                if echo {
-                    println!("{line}");
-                }
+                show(&line);
                 if let Some(status) = exit_sentinel(&line.text) {
                     sentinel = Some((status, Instant::now()));
                 }
@@ -255,9 +365,7 @@ pub fn run(
     let _ = stdout_reader.join();
     while let Ok(bytes) = receiver.try_recv() {
         for line in log.feed(&bytes) {
-            if echo {
-                println!("{line}");
-            }
+            show(&line);
         }
     }
     drop(child);
@@ -324,10 +432,18 @@ pub fn run_interactive(args: &QemuArgs) -> Result<u8, Failure> {
         cpu: args.cpu.unwrap_or(default_cpu),
         el: args.el.unwrap_or(default_el),
         gic: args.gic.unwrap_or(2),
-        icount: false,
+        icount: !args.no_icount,
         dtb: None,
     };
     machine.validate()?;
+    if args.filter.is_some() && !matches!(args.run, RunMode::Test | RunMode::Bench) {
+        return Err(Failure::usage("--filter selects tests (--run test) or bench suites (--run bench)"));
+    }
+    for spec in args.kprobes.iter().chain(&args.kretprobes) {
+        if spec.split_whitespace().count() != 1 || !spec.contains(':') {
+            return Err(Failure::usage(format!("--kprobe/--kretprobe {spec:?}: expected SYMBOL[+OFFSET]:METHOD")));
+        }
+    }
     ensure_installed()?;
     if args.board == Board::Rpi4 {
         let files = crate::bootfiles::get(&args.boot_files)?;
@@ -335,10 +451,21 @@ pub fn run_interactive(args: &QemuArgs) -> Result<u8, Failure> {
         machine.dtb = Some(files.dtb);
     }
     let image = build::kernel(args.board, args.variant)?;
-    let bootargs = format!("run=demo exit=semihosting expect-pauth={} {}", machine.cpu.expected_pauth(), args.append);
-    eprintln!("xtask: booting {} (variant {})", machine.describe(), args.variant.name());
+    let bootargs = args.bootargs(machine.cpu);
+    eprintln!(
+        "xtask: booting {} (variant {}{}): {bootargs}",
+        machine.describe(),
+        args.variant.name(),
+        if machine.icount { ", -icount" } else { "" }
+    );
+    if args.gdb {
+        eprintln!(
+            "xtask: QEMU waits for a debugger; in another terminal: gdb-multiarch -q {} -ex 'target remote :1234'",
+            image.elf.display()
+        );
+    }
     let timeout = (!args.gdb).then(|| Duration::from_secs(args.timeout));
-    let result = run(&machine, &image, bootargs.trim(), timeout, true)?;
+    let result = run(&machine, &image, &bootargs, timeout, true)?;
     if !result.stderr.trim().is_empty() {
         eprint!("{}", result.stderr);
     }
@@ -351,69 +478,5 @@ pub fn run_interactive(args: &QemuArgs) -> Result<u8, Failure> {
     }
 }
 
-const MIN_QEMU_MAJOR: u32 = 10;
-
-/// The installed QEMU's version (e.g. `10.0.2`), for result files.
-pub fn version() -> String {
-    installed_version().map(|(_, version)| version).unwrap_or_else(|| "unknown".into())
-}
-
-fn installed_version() -> Option<(u32, String)> {
-    let output = Command::new("qemu-system-aarch64").arg("--version").output().ok()?;
-    let text = String::from_utf8_lossy(&output.stdout);
-    let version = text.split_whitespace().skip_while(|word| *word != "version").nth(1)?.to_string();
-    let major = version.split('.').next()?.parse().ok()?;
-    Some((major, version))
-}
-
-/// Makes sure `qemu-system-aarch64` 10 or newer is there: installs it with apt (from
-/// bookworm-backports on Debian 12) when running as root, else says exactly what to run.
-pub fn ensure_installed() -> Result<(), Failure> {
-    static CHECKED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
-    if CHECKED.get().is_some() {
-        return Ok(());
-    }
-    if matches!(installed_version(), Some((major, _)) if major >= MIN_QEMU_MAJOR) {
-        let _ = CHECKED.set(());
-        return Ok(());
-    }
-    let codename = std::fs::read_to_string("/etc/os-release")
-        .ok()
-        .and_then(|text| text.lines().find_map(|line| line.strip_prefix("VERSION_CODENAME=").map(str::to_string)))
-        .unwrap_or_default();
-    let backports = codename == "bookworm";
-    let sources = "/etc/apt/sources.list.d/tracelab-bookworm-backports.sources";
-    let install = if backports {
-        "apt-get install -y -t bookworm-backports qemu-system-arm"
-    } else {
-        "apt-get install -y qemu-system-arm"
-    };
-    let manual = if backports {
-        format!(
-            "printf 'Types: deb\\nURIs: http://deb.debian.org/debian\\nSuites: bookworm-backports\\nComponents: main\\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\\n' > {sources} && apt-get update && {install}"
-        )
-    } else {
-        format!("apt-get update && {install}")
-    };
-    let is_root = Command::new("id").arg("-u").output().is_ok_and(|output| output.stdout.trim_ascii() == b"0");
-    let has_apt = Command::new("apt-get").arg("--version").output().is_ok();
-    if !(is_root && has_apt) {
-        return Err(Failure::usage(format!(
-            "qemu-system-aarch64 {MIN_QEMU_MAJOR} or newer is missing; install it with: {manual}"
-        )));
-    }
-    eprintln!("xtask: qemu-system-aarch64 >= {MIN_QEMU_MAJOR} missing, installing: {manual}");
-    let status = Command::new("sh")
-        .args(["-c", &manual])
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .stdout(Stdio::null())
-        .status()
-        .map_err(|error| Failure::usage(format!("cannot run sh: {error}")))?;
-    match installed_version() {
-        Some((major, _)) if status.success() && major >= MIN_QEMU_MAJOR => {
-            let _ = CHECKED.set(());
-            Ok(())
-        }
-        _ => Err(Failure::usage(format!("installing QEMU failed; run as root: {manual}"))),
-    }
-}
+// Installation lives with the rest of the host set-up.
+pub use crate::setup::{ensure_qemu as ensure_installed, qemu_version as version};

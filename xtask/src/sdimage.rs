@@ -26,6 +26,11 @@ enable_uart=1
 device_tree=bcm2711-rpi-4-b.dtb
 ";
 
+/// Where `sdimage` writes and `flash` reads the card image by default.
+pub fn default_image_path() -> PathBuf {
+    build::target_dir().join("rpi4/tracelab-sd.img")
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
 pub enum BootRun {
     /// Show the banner and park.
@@ -38,9 +43,10 @@ pub enum BootRun {
 
 #[derive(clap::Args)]
 pub struct SdImageArgs {
-    /// Output image file.
-    #[arg(long, default_value = "target/rpi4/tracelab-sd.img")]
-    pub out: PathBuf,
+    /// Output image file (default: `rpi4/tracelab-sd.img` in the target directory, which
+    /// follows CARGO_TARGET_DIR).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
     #[arg(long, value_enum, default_value = "prod")]
     pub variant: BuildVariant,
     /// What the kernel does at boot (written to cmdline.txt).
@@ -85,14 +91,15 @@ pub fn run(args: &SdImageArgs) -> Result<u8, Failure> {
         BootFile { name: "fixup4.dat", data: read(&files.fixup4)? },
         BootFile { name: DTB_NAME, data: read(&files.dtb)? },
     ];
-    if let Some(parent) = args.out.parent() {
+    let out = args.out.clone().unwrap_or_else(default_image_path);
+    if let Some(parent) = out.parent() {
         std::fs::create_dir_all(parent).map_err(|error| Failure::usage(format!("{}: {error}", parent.display())))?;
     }
-    write(&args.out, &boot_files).map_err(|error| Failure::usage(format!("{}: {error}", args.out.display())))?;
-    let names = verify(&args.out, &kernel).map_err(|error| Failure { status: 1, message: error })?;
+    write(&out, &boot_files).map_err(|error| Failure::usage(format!("{}: {error}", out.display())))?;
+    let names = verify(&out, &kernel).map_err(|error| Failure { status: 1, message: error })?;
     println!(
         "wrote {} ({} MiB, variant {}, cmdline `{}`): {}",
-        args.out.display(),
+        out.display(),
         IMAGE_SIZE >> 20,
         args.variant.name(),
         cmdline(args.run, &args.bench, args.reps),

@@ -7,21 +7,67 @@ use crate::log::{KernelLog, LogLine};
 use crate::qemu::exit_sentinel;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-/// Opens a tty in raw mode at `baud` (defmt frames are binary: no line discipline may touch them).
-pub fn open(path: &Path, baud: u32) -> Result<std::fs::File, Failure> {
-    let status = Command::new("stty")
-        .arg("-F")
-        .arg(path)
-        .args([&baud.to_string(), "raw", "-echo", "-ixon", "-ixoff", "-crtscts", "cs8", "-cstopb", "-parenb"])
-        .status()
-        .map_err(|error| Failure::usage(format!("cannot run stty: {error}")))?;
-    if !status.success() {
-        return Err(Failure::usage(format!("{}: not a serial port (stty failed)", path.display())));
+/// An open serial port.
+pub type Port = Box<dyn serialport::SerialPort>;
+
+/// How long one read waits, so the reader notices when its run is over.
+const READ_POLL: Duration = Duration::from_millis(200);
+
+/// Opens a tty raw at `baud`, 8N1, no flow control (defmt frames are binary: no line
+/// discipline may touch them).
+pub fn open(path: &Path, baud: u32) -> Result<Port, Failure> {
+    let name = path.to_string_lossy();
+    serialport::new(name.as_ref(), baud)
+        .data_bits(serialport::DataBits::Eight)
+        .parity(serialport::Parity::None)
+        .stop_bits(serialport::StopBits::One)
+        .flow_control(serialport::FlowControl::None)
+        .timeout(READ_POLL)
+        .open()
+        .map_err(|error| Failure::usage(open_error(path, &error)))
+}
+
+/// The reason a port did not open, with what to do when it is a permission problem.
+fn open_error(path: &Path, error: &serialport::Error) -> String {
+    let denied = matches!(error.kind(), serialport::ErrorKind::Io(std::io::ErrorKind::PermissionDenied))
+        || error.to_string().contains("Permission denied");
+    if !denied {
+        return format!("{}: {error}", path.display());
     }
-    std::fs::File::open(path).map_err(|error| Failure::usage(format!("{}: {error}", path.display())))
+    match device_group(path) {
+        Some(group) => format!(
+            "{}: permission denied; add yourself to its group with `sudo usermod -aG {group} $USER` and log \
+             in again (or run once with sudo)",
+            path.display()
+        ),
+        None => format!(
+            "{}: permission denied, and its group may not open it either; run with sudo, or let your \
+             user open it (a udev rule for the adapter, or `sudo chmod a+rw {}` until it is unplugged)",
+            path.display(),
+            path.display()
+        ),
+    }
+}
+
+/// The name of the group owning the device file (often `dialout` or `uucp`), when that group
+/// may read and write it and is not root's.
+fn device_group(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let metadata = std::fs::metadata(path).ok()?;
+    if metadata.mode() & 0o060 != 0o060 || metadata.gid() == 0 {
+        return None;
+    }
+    let gid = metadata.gid().to_string();
+    let groups = std::fs::read_to_string("/etc/group").ok()?;
+    groups.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        let name = fields.next()?;
+        (fields.nth(1)? == gid).then(|| name.to_string())
+    })
 }
 
 pub struct SerialRun {
@@ -32,22 +78,29 @@ pub struct SerialRun {
 
 /// Decodes `port` with the kernel ELF (log table and symbols) until the sentinel, end of stream
 /// or `timeout`.
-pub fn read_run(
-    port: std::fs::File,
-    elf_path: &Path,
-    timeout: Option<Duration>,
-    echo: bool,
-) -> Result<SerialRun, Failure> {
+pub fn read_run(port: Port, elf_path: &Path, timeout: Option<Duration>, echo: bool) -> Result<SerialRun, Failure> {
     let elf = std::fs::read(elf_path).map_err(|error| Failure::usage(format!("{}: {error}", elf_path.display())))?;
     let mut log = KernelLog::with_symbols(&elf, elf_path)?;
+    // Demo lines rendered, the function tracer's ring written to target/trace/ (as for QEMU).
+    let mut presenter = echo.then(|| crate::demo::Presenter::new(&elf));
     let (sender, receiver) = std::sync::mpsc::channel::<Vec<u8>>();
-    // The reader thread blocks in read(); it ends with the stream (or with the process).
+    // The reader ends with the stream, or when this run is over (it polls `done`).
+    let done = Arc::new(AtomicBool::new(false));
+    let reader_done = done.clone();
     std::thread::spawn(move || {
         let mut port = port;
         let mut buffer = [0u8; 4096];
-        while let Ok(count) = port.read(&mut buffer) {
-            if count == 0 || sender.send(buffer[..count].to_vec()).is_err() {
-                break;
+        while !reader_done.load(Ordering::Relaxed) {
+            match port.read(&mut buffer) {
+                Ok(0) => break,
+                Ok(count) => {
+                    if sender.send(buffer[..count].to_vec()).is_err() {
+                        break;
+                    }
+                }
+                Err(error) if error.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
             }
         }
     });
@@ -61,8 +114,8 @@ pub fn read_run(
         match receiver.recv_timeout(wait.min(Duration::from_millis(200))) {
             Ok(bytes) => {
                 for line in log.feed(&bytes) {
-                    if echo {
-                        println!("{line}");
+                    if let Some(presenter) = presenter.as_mut() {
+                        presenter.present(&line).iter().for_each(|text| println!("{text}"));
                     }
                     status = status.or(exit_sentinel(&line.text));
                 }
@@ -71,6 +124,7 @@ pub fn read_run(
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
         }
     }
+    done.store(true, Ordering::Relaxed);
     Ok(SerialRun { log: log.into_lines(), status })
 }
 

@@ -5,23 +5,32 @@
 //! random points needs that). `raspi4b` runs without icount: its four cores share the icount
 //! budget and tick delivery on CPU 0 became irregular (5 to 24 ticks in a 20-tick window); the
 //! random-point test is skipped there and says why.
-//! The matrix on `virt` is complete: every build variant (full, prod, plain) x every CPU variant x
-//! entry at EL1 and EL2 x GICv2 and GICv3, 60 QEMU runs of well under a second each. On QEMU
+//! The whole matrix (`--matrix`) on `virt` is every build variant (full, prod, plain) x every
+//! CPU variant x entry at EL1 and EL2 x GICv2 and GICv3. The default set leaves out two of the
+//! three PAuth algorithms: under icount QARMA5, QARMA3 and the IMPLEMENTATION DEFINED algorithm
+//! execute the same instructions (only their emulation time differs, QARMA5 ten times dearer),
+//! so one of them, beside `pauth=off` and the Cortex-A72, keeps every distinct path. On QEMU
 //! `raspi4b` (the Pi 4 board) every build variant runs once: Cortex-A72, EL2, GIC-400. Each kernel
-//! test counts once per configuration it ran in.
+//! test counts once per configuration it ran in. `--filter` runs one configuration unless
+//! `--matrix` is given.
 
 use crate::Failure;
 use crate::build::{self, Board, BuildVariant};
 use crate::qemu::{self, CpuVariant, Machine};
 use protocol::ExitStatus;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
 pub struct TestArgs {
-    /// Only kernel tests whose name contains this.
+    /// Only kernel tests whose name contains this, in one configuration (virt, full,
+    /// max,pauth-impdef=on, EL1, GICv2; narrowed by --board/--variant/--cpu) unless --matrix.
     #[arg(long, default_value = "")]
     pub filter: String,
+    /// Every configuration: all five CPU variants (the default set runs one of the three PAuth
+    /// algorithms, which execute the same instructions under icount).
+    #[arg(long)]
+    pub matrix: bool,
     /// Only these CPU variants (repeatable).
     #[arg(long = "cpu", value_parser = CpuVariant::parse)]
     pub cpus: Vec<CpuVariant>,
@@ -48,16 +57,124 @@ struct Tally {
     skipped: u64,
 }
 
+/// The PAuth algorithm the default set keeps: QEMU's default for `max`, the cheapest to emulate.
+const DEFAULT_PAUTH_CPU: CpuVariant = CpuVariant::MaxImpdef;
+
+/// The configurations one `cargo xtask test` runs.
+struct Selection {
+    variants: Vec<BuildVariant>,
+    cpus: Vec<CpuVariant>,
+    boards: Vec<Board>,
+    /// (entry exception level, GIC version) on virt.
+    levels: Vec<(u8, u8)>,
+    /// The suite again with `ftrace=*` per instrumented build variant.
+    ftrace: bool,
+    /// CPU variants left out, and why.
+    trimmed: Vec<CpuVariant>,
+}
+
+const ALL_LEVELS: [(u8, u8); 4] = [(1, 2), (1, 3), (2, 2), (2, 3)];
+
+impl Selection {
+    fn new(args: &TestArgs) -> Self {
+        let given_or = |given: &[CpuVariant], default: &[CpuVariant]| {
+            if given.is_empty() { default.to_vec() } else { given.to_vec() }
+        };
+        if !args.filter.is_empty() && !args.matrix {
+            // One configuration: the first of what was asked for, else the demo's machine.
+            let board = args.boards.first().copied().unwrap_or(Board::Virt);
+            let cpu = args.cpus.first().copied().unwrap_or(match board {
+                Board::Virt => DEFAULT_PAUTH_CPU,
+                Board::Rpi4 => CpuVariant::CortexA72,
+            });
+            return Self {
+                variants: vec![args.variants.first().copied().unwrap_or(BuildVariant::Full)],
+                cpus: vec![cpu],
+                boards: vec![board],
+                levels: vec![(1, 2)],
+                ftrace: false,
+                trimmed: Vec::new(),
+            };
+        }
+        let default_cpus = [CpuVariant::MaxNoPauth, DEFAULT_PAUTH_CPU, CpuVariant::CortexA72];
+        let cpus =
+            if args.matrix { given_or(&args.cpus, &CpuVariant::ALL) } else { given_or(&args.cpus, &default_cpus) };
+        Self {
+            variants: if args.variants.is_empty() { BuildVariant::ALL.to_vec() } else { args.variants.clone() },
+            trimmed: CpuVariant::ALL.into_iter().filter(|cpu| args.cpus.is_empty() && !cpus.contains(cpu)).collect(),
+            cpus,
+            boards: if args.boards.is_empty() { vec![Board::Virt, Board::Rpi4] } else { args.boards.clone() },
+            levels: ALL_LEVELS.to_vec(),
+            ftrace: true,
+        }
+    }
+
+    /// The CPU the `ftrace=*` runs use: one with PAuth, so call-ops meets signed return addresses.
+    fn ftrace_cpu(&self) -> CpuVariant {
+        [CpuVariant::MaxQarma3, DEFAULT_PAUTH_CPU, CpuVariant::MaxQarma5]
+            .into_iter()
+            .find(|cpu| self.cpus.contains(cpu))
+            .unwrap_or(self.cpus[0])
+    }
+
+    /// Says what will run, and what the default set leaves out and why.
+    fn describe(&self, args: &TestArgs) {
+        let names = |cpus: &[CpuVariant]| cpus.iter().map(|cpu| cpu.name()).collect::<Vec<_>>().join(", ");
+        let variants = self.variants.iter().map(|variant| variant.name()).collect::<Vec<_>>().join(", ");
+        let kind = if args.matrix {
+            "the whole matrix (--matrix)"
+        } else if !args.filter.is_empty() {
+            "one configuration (--filter without --matrix)"
+        } else {
+            "the default set"
+        };
+        eprintln!("xtask: kernel test configurations, {kind}:");
+        if self.boards.contains(&Board::Virt) {
+            let levels = self.levels.iter().map(|(el, gic)| format!("EL{el}/GICv{gic}")).collect::<Vec<_>>().join(", ");
+            eprintln!(
+                "  virt: variants {variants} x CPUs {} x {levels} ({} QEMU runs)",
+                names(&self.cpus),
+                self.variants.len() * self.cpus.len() * self.levels.len()
+            );
+            if self.ftrace {
+                let traced: Vec<_> =
+                    self.variants.iter().filter(|variant| **variant != BuildVariant::Plain).map(|v| v.name()).collect();
+                eprintln!(
+                    "  virt: the suite under `ftrace=*` (every traceable function traced from boot), -cpu {} EL1/GICv3: {}",
+                    self.ftrace_cpu().name(),
+                    traced.join(", ")
+                );
+            }
+        }
+        if self.boards.contains(&Board::Rpi4) && self.cpus.contains(&CpuVariant::CortexA72) {
+            eprintln!("  rpi4 (QEMU raspi4b, cortex-a72, EL2, GIC-400): variants {variants}");
+        }
+        if !self.trimmed.is_empty() {
+            eprintln!(
+                "  trimmed: {}: under icount every PAuth algorithm executes the same instructions as {} \
+                 (they differ only in emulation time); `--matrix` runs them",
+                names(&self.trimmed),
+                DEFAULT_PAUTH_CPU.name()
+            );
+        }
+        if args.filter.is_empty() {
+            eprintln!("  then: the rpi4 SD card image and serial checks, the failure paths, the bench harness");
+        }
+    }
+}
+
 pub fn run(args: &TestArgs) -> Result<u8, Failure> {
+    let start = Instant::now();
     let mut tally = Tally::default();
     if !args.no_host {
         host_tests(&mut tally)?;
     }
     qemu::ensure_installed()?;
-    let cpus = if args.cpus.is_empty() { CpuVariant::ALL.to_vec() } else { args.cpus.clone() };
-    let variants = if args.variants.is_empty() { BuildVariant::ALL.to_vec() } else { args.variants.clone() };
+    let selection = Selection::new(args);
+    selection.describe(args);
+    let Selection { variants, cpus, boards, levels, .. } = &selection;
     let mut timed_out = false;
-    let boards = if args.boards.is_empty() { vec![Board::Virt, Board::Rpi4] } else { args.boards.clone() };
+    let mut unmatched = false;
     let rpi4_dtb = if boards.contains(&Board::Rpi4) && cpus.contains(&CpuVariant::CortexA72) {
         let files = crate::bootfiles::get(&args.boot_files)?;
         eprintln!("xtask: {}", files.source);
@@ -65,21 +182,27 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
     } else {
         None
     };
-    for variant in variants {
+    'variants: for &variant in variants {
         if boards.contains(&Board::Virt) {
             let image = build::kernel(Board::Virt, variant)?;
-            for &cpu in &cpus {
-                for (el, gic) in [(1, 2), (1, 3), (2, 2), (2, 3)] {
+            for &cpu in cpus {
+                for &(el, gic) in levels {
                     let machine = Machine { board: Board::Virt, cpu, el, gic, icount: true, dtb: None };
-                    timed_out |= run_configuration(&machine, variant, &image, args, "", &mut tally)?;
+                    let run = run_configuration(&machine, variant, &image, args, "", &mut tally)?;
+                    timed_out |= run.timed_out;
+                    // Every configuration registers the same tests: one empty match is all.
+                    if run.unmatched {
+                        unmatched = true;
+                        break 'variants;
+                    }
                 }
             }
             // The whole suite again with the function tracer on every traceable function, from
             // boot to the end (ftrace: "tracing `*` does not hang the kernel").
-            if variant != BuildVariant::Plain {
-                let cpu = if cpus.contains(&CpuVariant::MaxQarma3) { CpuVariant::MaxQarma3 } else { cpus[0] };
+            if variant != BuildVariant::Plain && selection.ftrace {
+                let cpu = selection.ftrace_cpu();
                 let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 3, icount: true, dtb: None };
-                timed_out |= run_configuration(&machine, variant, &image, args, "ftrace=*", &mut tally)?;
+                timed_out |= run_configuration(&machine, variant, &image, args, "ftrace=*", &mut tally)?.timed_out;
             }
             if variant != BuildVariant::Plain && "probe_sweep".contains(args.filter.as_str()) {
                 let passed = crate::stress::sample(&image, variant, cpus[0])?;
@@ -97,8 +220,17 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
                 icount: false,
                 dtb: Some(dtb.clone()),
             };
-            timed_out |= run_configuration(&machine, variant, &image, args, "", &mut tally)?;
+            let run = run_configuration(&machine, variant, &image, args, "", &mut tally)?;
+            timed_out |= run.timed_out;
+            if run.unmatched {
+                unmatched = true;
+                break;
+            }
         }
+    }
+    if unmatched {
+        println!("no kernel test name contains `{}`", args.filter);
+        return Ok(2);
     }
     if args.filter.is_empty() && rpi4_dtb.is_some() {
         rpi4_checks(&args.boot_files, &mut tally)?;
@@ -106,8 +238,14 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
     if args.filter.is_empty() {
         let image = build::kernel(Board::Virt, BuildVariant::Full)?;
         failure_paths(&image, &mut tally)?;
-        bench_harness(&build::kernel(Board::Virt, BuildVariant::Prod)?, &mut tally)?;
+        let prod = build::kernel(Board::Virt, BuildVariant::Prod)?;
+        bench_harness(&prod, &mut tally)?;
+        report_check(&mut tally, "icount regression gate", crate::bench::gate::check(&prod)?.as_ref());
+        let (passed, failed) = crate::demo::test(&args.variants, &args.cpus, &args.boards)?;
+        tally.passed += passed;
+        tally.failed += failed;
     }
+    eprintln!("xtask: test took {:.0} s", start.elapsed().as_secs_f64());
     println!("{} passed, {} failed, {} skipped", tally.passed, tally.failed, tally.skipped);
     if timed_out {
         return Ok(124);
@@ -170,9 +308,9 @@ fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Fa
         ("hang", "run=hang exit=semihosting", None, "test start: deliberate_hang"),
         (
             "use-after-free",
-            "run=use-after-free exit=semihosting",
+            "run=use-after-free kasan.fault=panic exit=semihosting",
             Some(ExitStatus::Panic.code()),
-            "BUG: KASAN: use-after-free",
+            "BUG: KASAN: slab-use-after-free",
         ),
     ];
     for (name, bootargs, expected_status, expected_line) in checks {
@@ -250,7 +388,7 @@ fn rpi4_checks(boot_files: &crate::bootfiles::BootFileArgs, tally: &mut Tally) -
     let files = crate::bootfiles::get(boot_files)?;
     let read = |path: &std::path::Path| std::fs::read(path).map_err(|error| Failure::usage(error.to_string()));
     let kernel = read(&image.raw)?;
-    let card = build::workspace_root().join("target/rpi4/test-sd.img");
+    let card = build::target_dir().join("rpi4/test-sd.img");
     std::fs::create_dir_all(card.parent().expect("has a parent")).map_err(|error| Failure::usage(error.to_string()))?;
     let boot = vec![
         crate::sdimage::BootFile { name: "kernel8.img", data: kernel.clone() },
@@ -294,7 +432,14 @@ fn report_check(tally: &mut Tally, name: &str, problem: Option<&String>) {
     }
 }
 
-/// One QEMU run of the kernel suite. Returns whether it timed out.
+/// How one configuration's run ended, beyond its counts.
+struct ConfigurationRun {
+    timed_out: bool,
+    /// The filter matched no test (the kernel's KTAP plan was `1..0`).
+    unmatched: bool,
+}
+
+/// One QEMU run of the kernel suite.
 fn run_configuration(
     machine: &Machine,
     variant: BuildVariant,
@@ -302,7 +447,7 @@ fn run_configuration(
     args: &TestArgs,
     extra_bootargs: &str,
     tally: &mut Tally,
-) -> Result<bool, Failure> {
+) -> Result<ConfigurationRun, Failure> {
     // Under icount virtual time is instructions and every tick waited for costs its interval in
     // instructions: a 1 kHz tick. raspi4b runs without icount (see the module docs): 100 Hz.
     let (hz, icount) = if machine.icount { (1000, 1) } else { (100, 0) };
@@ -364,8 +509,19 @@ fn run_configuration(
     if !done && result.status.is_some() {
         problems.push("no `tests done` line".into());
     }
+    let ktap = Ktap::parse(result.log.iter().map(|line| line.text.as_str()));
+    if done && !args.filter.is_empty() && ktap.plan == Some(0) && problems.is_empty() {
+        return Ok(ConfigurationRun { timed_out: false, unmatched: true });
+    }
     if passed + failed + skipped == 0 {
         problems.push("no test ran".into());
+    }
+    if let Err(problem) = timestamps_run_forward(&result.log) {
+        problems.push(problem);
+    }
+    // The KTAP lines say the same as the result lines, so KTAP parsers see what xtask counts.
+    if done && let Err(problem) = ktap.agrees_with(passed, failed, skipped) {
+        problems.push(format!("KTAP output: {problem}"));
     }
     // Tracing from boot must have traced something and stopped cleanly at the end.
     let traced = |line: &crate::log::LogLine| {
@@ -401,5 +557,147 @@ fn run_configuration(
             println!("  --- qemu stderr ---\n{}", result.stderr);
         }
     }
-    Ok(result.status.is_none())
+    Ok(ConfigurationRun { timed_out: result.status.is_none(), unmatched: false })
+}
+
+/// Every record carries the counter's time (`S.UUUUUU`), and it never runs backwards.
+fn timestamps_run_forward(log: &[crate::log::LogLine]) -> Result<(), String> {
+    let microseconds = |text: &str| -> Option<u64> {
+        let (seconds, micros) = text.split_once('.')?;
+        Some(seconds.parse::<u64>().ok()? * 1_000_000 + micros.parse::<u64>().ok()?)
+    };
+    let mut previous = 0;
+    for line in log.iter().filter(|line| line.level.is_some()) {
+        let time = line
+            .timestamp
+            .as_deref()
+            .and_then(microseconds)
+            .ok_or_else(|| format!("log line without a timestamp: {line}"))?;
+        if time < previous {
+            return Err(format!("timestamp runs backwards at: {line}"));
+        }
+        previous = time;
+    }
+    Ok(())
+}
+
+/// The kernel's KTAP lines: `KTAP version 1`, the plan `1..N`, `ok N NAME [# SKIP REASON]`,
+/// `not ok N NAME`. Lines before the version line and other lines are not KTAP's.
+#[derive(Debug, Default, PartialEq)]
+struct Ktap {
+    plan: Option<usize>,
+    results: Vec<KtapResult>,
+}
+
+#[derive(Debug, PartialEq)]
+struct KtapResult {
+    ok: bool,
+    number: usize,
+    name: String,
+    /// The reason after `# SKIP`.
+    skip: Option<String>,
+}
+
+impl Ktap {
+    fn parse<'a>(lines: impl Iterator<Item = &'a str>) -> Self {
+        let mut ktap = Self::default();
+        let mut lines = lines.skip_while(|line| line.trim() != "KTAP version 1").skip(1);
+        for line in lines.by_ref() {
+            let line = line.trim();
+            if let Some(count) = line.strip_prefix("1..").and_then(|count| count.parse().ok()) {
+                ktap.plan = Some(count);
+                continue;
+            }
+            let (ok, rest) = match (line.strip_prefix("ok "), line.strip_prefix("not ok ")) {
+                (Some(rest), _) => (true, rest),
+                (_, Some(rest)) => (false, rest),
+                _ => continue,
+            };
+            let Some((number, rest)) = rest.split_once(' ') else { continue };
+            let Ok(number) = number.parse() else { continue };
+            let (name, directive) = match rest.split_once(" # ") {
+                Some((name, directive)) => (name, Some(directive)),
+                None => (rest, None),
+            };
+            let skip =
+                directive.and_then(|directive| directive.strip_prefix("SKIP")).map(|reason| reason.trim().to_string());
+            ktap.results.push(KtapResult { ok, number, name: name.to_string(), skip });
+        }
+        ktap
+    }
+
+    /// Checks the plan, the numbering and the counts against the `test ok/skipped/FAILED` lines.
+    fn agrees_with(&self, passed: u64, failed: u64, skipped: u64) -> Result<(), String> {
+        let plan = self.plan.ok_or("no `KTAP version 1` and `1..N` plan")?;
+        if self.results.len() != plan {
+            return Err(format!("plan 1..{plan} but {} results", self.results.len()));
+        }
+        if let Some((index, result)) =
+            self.results.iter().enumerate().find(|(index, result)| result.number != index + 1)
+        {
+            return Err(format!("result {} is numbered {}", index + 1, result.number));
+        }
+        let count = |ok: bool, skip: bool| {
+            self.results.iter().filter(|result| result.ok == ok && result.skip.is_some() == skip).count() as u64
+        };
+        let (ktap_passed, ktap_skipped, ktap_failed) = (count(true, false), count(true, true), count(false, false));
+        if (ktap_passed, ktap_failed, ktap_skipped) != (passed, failed, skipped) {
+            return Err(format!(
+                "{ktap_passed} ok, {ktap_failed} not ok, {ktap_skipped} skipped; the result lines say \
+                 {passed} passed, {failed} failed, {skipped} skipped"
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RUN: &str = "banner\nKTAP version 1\n1..3\ntest start: a\ntest ok: a\nok 1 a\n\
+                       test skipped: b c (no SCS in plain)\nok 2 b c # SKIP no SCS in plain\n\
+                       ERROR test FAILED: d\nnot ok 3 d\ntests done: 1 passed, 1 failed, 1 skipped";
+
+    #[test]
+    fn timestamps_must_be_present_and_forward() {
+        let line = |timestamp: Option<&str>| crate::log::LogLine {
+            level: Some(defmt_parser::Level::Info),
+            timestamp: timestamp.map(str::to_string),
+            text: "x".into(),
+        };
+        assert_eq!(timestamps_run_forward(&[line(Some("0.000900")), line(Some("1.000001"))]), Ok(()));
+        assert!(
+            timestamps_run_forward(&[line(Some("1.000001")), line(Some("0.999999"))])
+                .unwrap_err()
+                .contains("backwards")
+        );
+        assert!(timestamps_run_forward(&[line(None)]).unwrap_err().contains("without a timestamp"));
+    }
+
+    #[test]
+    fn ktap_lines_are_parsed() {
+        let ktap = Ktap::parse(RUN.lines());
+        assert_eq!(ktap.plan, Some(3));
+        assert_eq!(
+            ktap.results[1],
+            KtapResult { ok: true, number: 2, name: "b c".into(), skip: Some("no SCS in plain".into()) }
+        );
+        assert_eq!(ktap.results[2], KtapResult { ok: false, number: 3, name: "d".into(), skip: None });
+        assert_eq!(ktap.agrees_with(1, 1, 1), Ok(()));
+    }
+
+    #[test]
+    fn ktap_disagreements_are_found() {
+        let ktap = Ktap::parse(RUN.lines());
+        assert!(ktap.agrees_with(2, 0, 1).unwrap_err().contains("1 ok, 1 not ok, 1 skipped"));
+        let short = Ktap::parse(RUN.replace("1..3", "1..4").lines());
+        assert_eq!(short.agrees_with(1, 1, 1), Err("plan 1..4 but 3 results".into()));
+        let renumbered = Ktap::parse(RUN.replace("not ok 3", "not ok 5").lines());
+        assert_eq!(renumbered.agrees_with(1, 1, 1), Err("result 3 is numbered 5".into()));
+        // Without the version line nothing is KTAP.
+        let unversioned = Ktap::parse(RUN.replace("KTAP version 1", "").lines());
+        assert_eq!(unversioned, Ktap::default());
+        assert!(unversioned.agrees_with(1, 1, 1).is_err());
+    }
 }

@@ -52,6 +52,9 @@ pub mod cmdline {
     pub const FTRACE_SCHEME: &str = "ftrace-scheme";
     pub const TAG_SEED: &str = "tag-seed";
     pub const KASAN: &str = "kasan";
+    pub const KASAN_STACK_SAMPLE: &str = "kasan.stack_sample";
+    pub const KPROBE: &str = "kprobe";
+    pub const KRETPROBE: &str = "kretprobe";
 }
 
 /// Where each board's loader puts the raw image (physical); kernel.ld links the image there.

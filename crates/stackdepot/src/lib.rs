@@ -96,7 +96,7 @@ mod tests;
 
 pub use depot::{DepotError, DepotStats, StackDepot};
 pub use handle::{DepotHandle, MAX_POOL_BYTES, MAX_POOLS, OFFSET_BITS, POOL_BITS, RECORD_ALIGN, SPARE_BITS};
-pub use hash::hash_frames;
+pub use hash::{crc32c_u64_portable, hash_frames, hash_frames_portable};
 
 /// Most frames in one record (Linux's limit too).
 pub const MAX_FRAMES: usize = 64;

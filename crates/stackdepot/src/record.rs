@@ -85,6 +85,9 @@ impl<'a> Record<'a> {
     }
 
     /// Whether the record holds exactly `frames` (an index loop: see `access.rs`).
+    ///
+    /// Two frames a step: the caller's pair is one load, the record's two relaxed atomic
+    /// loads, one compare chain; the odd frame last.
     #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline]
     pub(crate) fn holds(&self, frames: &[u64]) -> bool {
@@ -93,12 +96,23 @@ impl<'a> Record<'a> {
         if self.frame_count() != len || self.words.len() - HEADER_WORDS < len {
             return false;
         }
-        let mut index = 0;
-        while index < len {
-            if load_relaxed(&self.words[HEADER_WORDS + index]) != frames[index] {
+        let mut stored = self.words.as_ptr().wrapping_add(HEADER_WORDS);
+        let mut wanted = frames.as_ptr();
+        let pairs_end = wanted.wrapping_add(len & !1);
+        while wanted != pairs_end {
+            // SAFETY: the pair lies before pairs_end <= the end of `frames`, and as many words
+            // follow the header (checked above).
+            let (a, b, first, second) = unsafe { (*wanted, *wanted.add(1), &*stored, &*stored.add(1)) };
+            if (load_relaxed(first) != a) | (load_relaxed(second) != b) {
                 return false;
             }
-            index += 1;
+            wanted = wanted.wrapping_add(2);
+            stored = stored.wrapping_add(2);
+        }
+        if len & 1 != 0 {
+            // SAFETY: the last frame and its word, as above.
+            let (frame, word) = unsafe { (*wanted, &*stored) };
+            return load_relaxed(word) == frame;
         }
         true
     }

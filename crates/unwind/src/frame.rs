@@ -2,9 +2,12 @@
 
 use core::mem::offset_of;
 
-use crate::repair::{ReturnRepair, repaired};
+use core::mem::MaybeUninit;
+
+use crate::pac::AddressLayout;
+use crate::repair::ReturnRepair;
 use crate::stack::{StackMemory, StackRange};
-use crate::trace::{Corruption, EntryKind, StopReason, Trace, TraceBuilder, TraceOptions};
+use crate::trace::{Corruption, Sink, StopReason, TraceOptions, Walked};
 
 /// Size of an AAPCS64 frame record {fp, lr}.
 pub const FRAME_RECORD_SIZE: u64 = 16;
@@ -62,94 +65,253 @@ impl FrameMarker {
 /// Walks frame records over `memory`, reading only inside `stacks`.
 ///
 /// `stacks` is ordered: the walk may start in any of them but may only move to
-/// a stack later in the slice, e.g. `[overflow, irq, task]`. `strip` removes
-/// the pointer-authentication code from a signed address (XPACLRI in the
-/// kernel, [`crate::strip_pac_va_bits`] in tests).
-pub struct FrameWalker<'a, M: ?Sized, S> {
+/// a stack later in the slice, e.g. `[overflow, irq, task]`. `layout` strips
+/// the pointer-authentication codes of saved return addresses.
+pub struct FrameWalker<'a, M: ?Sized> {
     memory: &'a M,
     stacks: &'a [StackRange],
-    strip: S,
-    /// The repair and its trampoline address (read once, not per frame).
-    repair: Option<(&'a dyn ReturnRepair, u64)>,
+    layout: AddressLayout,
+    repair: Option<&'a dyn ReturnRepair>,
 }
 
-/// Where the walk is: the stack it is in and the last record it read there.
+/// Where the walk is: the stack it is in, the last record it read there, and the highest
+/// address a record may start at in that stack (`high - 16`).
 #[derive(Clone, Copy)]
 struct Position {
     stack: usize,
     record: u64,
+    last_record: u64,
 }
 
-impl<'a, M, S> FrameWalker<'a, M, S>
+/// Where a frame walk starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameStart {
+    /// The frame record at `fp` (x29 of the function whose callers are wanted): the first
+    /// entry is the return address saved in it.
+    Record(u64),
+    /// An interrupted context: its `pc` (ELR) first, as an exception PC, then the chain from
+    /// its x29 `fp`.
+    Context {
+        /// The interrupted PC.
+        pc: u64,
+        /// The interrupted x29.
+        fp: u64,
+    },
+}
+
+impl<'a, M> FrameWalker<'a, M>
 where
     M: StackMemory + ?Sized,
-    S: Fn(u64) -> u64,
 {
     /// A walker over `memory` limited to `stacks` (ordered, see the type docs).
-    pub fn new(memory: &'a M, stacks: &'a [StackRange], strip: S) -> Self {
-        Self { memory, stacks, strip, repair: None }
+    pub fn new(memory: &'a M, stacks: &'a [StackRange], layout: AddressLayout) -> Self {
+        Self { memory, stacks, layout, repair: None }
     }
 
     /// Reports the real return address where a record holds `repair`'s trampoline.
     pub fn with_repair(mut self, repair: &'a dyn ReturnRepair) -> Self {
-        self.repair = Some((repair, repair.trampoline()));
+        self.repair = Some(repair);
         self
     }
 
-    /// Walks from the frame record at `fp` (x29 of the function whose callers
-    /// are wanted). The first entry is the return address saved in that record.
+    /// Walks from the frame record at `fp` into `buffer` (see [`FrameStart::Record`]).
     #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
-    pub fn walk_from_frame(&self, fp: u64, options: TraceOptions) -> Trace {
-        let mut builder = TraceBuilder::new(options);
-        let stop = self.walk_chain(fp, &mut builder);
-        builder.finish(stop)
+    #[inline]
+    pub fn walk_from_frame(&self, fp: u64, options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
+        self.walk(FrameStart::Record(fp), options, buffer)
     }
 
-    /// Walks an interrupted context: `pc` (its ELR) first, as an
-    /// [`EntryKind::ExceptionPc`], then the chain from its x29 `fp`.
+    /// Walks an interrupted context into `buffer` (see [`FrameStart::Context`]).
     #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
-    pub fn walk_from_context(&self, pc: u64, fp: u64, options: TraceOptions) -> Trace {
-        let mut builder = TraceBuilder::new(options);
-        let stop = match builder.push((self.strip)(pc), EntryKind::ExceptionPc) {
-            Ok(()) => self.walk_chain(fp, &mut builder),
-            Err(stop) => stop,
-        };
-        builder.finish(stop)
+    #[inline]
+    pub fn walk_from_context(
+        &self,
+        pc: u64,
+        fp: u64,
+        options: TraceOptions,
+        buffer: &mut [MaybeUninit<u64>],
+    ) -> Walked {
+        self.walk(FrameStart::Context { pc, fp }, options, buffer)
     }
 
-    /// The walk proper.
+    /// The frame walk: what every caller uses. Always inlined, so it is instrumented as its
+    /// caller is (the kernel's callers are exempt from the sanitizer).
+    #[inline(always)]
+    pub fn walk(&self, start: FrameStart, options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
+        self.frame_records(start, options, buffer)
+    }
+
+    /// The same walk, not inlined and compiled with the sanitizer's checks (no `sanitize`
+    /// attribute), so that every word the memory implementation reads with plain loads goes
+    /// through the compiler's check, as Linux builds its unwinder by default. For measurements
+    /// only (bench `kasan-boot`, case `fp-instrumented`).
+    #[inline(never)]
+    pub fn walk_instrumented(
+        &self,
+        start: FrameStart,
+        options: TraceOptions,
+        buffer: &mut [MaybeUninit<u64>],
+    ) -> Walked {
+        self.frame_records(start, options, buffer)
+    }
+
+    /// The frame-record loop: the only one in the tree.
     ///
     /// Terminates on any memory contents: every step either stops or moves to
     /// a strictly higher record in the same stack, or into a stack later in the
     /// declared order, and the stacks are finite, so there are at most
     /// `sum(stack size) / 8` steps, each reading at most five words that all
     /// lie inside the stack of the record being read.
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
-    fn walk_chain(&self, mut fp: u64, builder: &mut TraceBuilder) -> StopReason {
-        let mut position = None;
-        loop {
-            if fp == 0 {
-                return StopReason::NullFramePointer;
-            }
-            let here = match self.locate(fp, position) {
-                Ok(here) => here,
-                Err(corruption) => return StopReason::Corrupt { address: fp, corruption },
-            };
-            let next_fp = or_stop!(self.read(fp));
-            let lr = or_stop!(self.read(fp + 8));
-            if next_fp == 0 && lr == 0 {
-                let (pc, interrupted_fp) = or_stop!(self.read_marker(fp, here.stack));
-                or_stop!(builder.push((self.strip)(pc), EntryKind::ExceptionPc));
-                fp = interrupted_fp;
-            } else {
-                let return_address = repaired(self.repair, (self.strip)(lr), Some(fp), 0);
-                if return_address == 0 {
-                    return StopReason::Corrupt { address: fp, corruption: Corruption::ZeroReturnAddress };
+    ///
+    /// Per record, on the fast path: one pair load; bit 55 of the raw LR (zero, a marker,
+    /// a TTBR0 value go to the slow path); one `orr` (PAC strip); the trampoline compare
+    /// and the depth limit (one branch for both); the store; then alignment, strict
+    /// monotonicity and the stack's bound of the next record (one branch for the three).
+    /// Everything else (markers, moving to another stack, repairs, corruption reasons) is
+    /// on the slow path. The trampoline is read once per walk.
+    #[inline(always)]
+    fn frame_records(&self, start: FrameStart, options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
+        let mut sink = Sink::new(options, buffer);
+        let upper = self.layout.upper_bits();
+        // 0 never equals a stripped address (its upper bits are set): no repair, no match.
+        let trampoline = opaque(match self.repair {
+            Some(repair) => repair.trampoline(),
+            None => 0,
+        });
+        let mut fp = match start {
+            FrameStart::Record(fp) => fp,
+            FrameStart::Context { pc, fp } => {
+                if let Err(stop) = sink.push(self.layout.strip(pc), true) {
+                    return sink.finish(stop);
                 }
-                or_stop!(builder.push(return_address, EntryKind::ReturnAddress));
-                fp = next_fp;
+                fp
             }
-            position = Some(here);
+        };
+        let mut here = match self.enter(fp, None) {
+            Ok(here) => here,
+            Err(stop) => return sink.finish(stop),
+        };
+        // The hot loop keeps its write position in a pointer; the sink is synced before any
+        // slow path that reads or moves it.
+        let mut cursor = sink.cursor();
+        let mut end = sink.phase_end();
+        let mut last_record = here.last_record;
+        'walk: loop {
+            // A step that needs the slow path leaves with what it found, `fp` still the
+            // record it was reading.
+            let event = match fast_step(&self.memory, fp, upper, trampoline, &mut cursor, end, last_record) {
+                Ok(next) => {
+                    fp = next;
+                    continue 'walk;
+                }
+                Err(event) => event,
+            };
+            sink.sync(cursor);
+            if let Event::Unreadable = event {
+                return sink.finish(self.unreadable(fp));
+            }
+            // The slow path reads the record again (it was readable, and a walked stack does
+            // not change under the walk), so that the fast step hands over no register but `fp`.
+            let (next, raw) = match self.memory.read_pair(fp) {
+                Some(pair) => pair,
+                None => return sink.finish(self.unreadable(fp)),
+            };
+            let next = match event {
+                Event::Unreadable => return sink.finish(self.unreadable(fp)),
+                Event::NotKernel => {
+                    if raw == 0 && next == 0 {
+                        let marker = fp;
+                        let interrupted = match self.read_marker(fp, here.stack) {
+                            Ok((pc, interrupted)) => interrupted_context(&mut sink, self.layout.strip(pc), interrupted),
+                            Err(stop) => Err(stop),
+                        };
+                        fp = match interrupted {
+                            Ok(interrupted) => interrupted,
+                            Err(stop) => return sink.finish(stop),
+                        };
+                        here = match self.enter(fp, Some(Position { record: marker, ..here })) {
+                            Ok(here) => here,
+                            Err(stop) => return sink.finish(stop),
+                        };
+                        cursor = sink.cursor();
+                        end = sink.phase_end();
+                        last_record = here.last_record;
+                        continue;
+                    }
+                    let corruption =
+                        if raw == 0 { Corruption::ZeroReturnAddress } else { Corruption::LowerHalfAddress };
+                    return sink.finish(StopReason::Corrupt { address: fp, corruption });
+                }
+                Event::RepairOrFull => {
+                    let mut address = raw | upper;
+                    if address == trampoline {
+                        address = self.repaired_frame(fp, address);
+                    }
+                    if sink.dst == sink.end && !sink.next_phase() {
+                        return sink.finish(StopReason::DepthLimit);
+                    }
+                    if let Err(stop) = sink.push(address, false) {
+                        return sink.finish(stop);
+                    }
+                    if !refused_record(next, fp, last_record) {
+                        cursor = sink.cursor();
+                        end = sink.phase_end();
+                        fp = next;
+                        continue;
+                    }
+                    next
+                }
+                Event::Refused => next,
+            };
+            here = match self.enter(next, Some(Position { record: fp, ..here })) {
+                Ok(here) => here,
+                Err(stop) => return sink.finish(stop),
+            };
+            cursor = sink.cursor();
+            end = sink.phase_end();
+            last_record = here.last_record;
+            fp = next;
+        }
+    }
+
+    /// The real return address of the record at `fp` that holds the trampoline.
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    #[inline(never)]
+    #[cold]
+    fn repaired_frame(&self, fp: u64, address: u64) -> u64 {
+        let real = match self.repair {
+            Some(repair) => repair.frame_return(fp),
+            None => None,
+        };
+        match real {
+            Some(real) => real,
+            None => address,
+        }
+    }
+
+    /// Which word of the record at `fp` could not be read.
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    #[inline(never)]
+    #[cold]
+    fn unreadable(&self, fp: u64) -> StopReason {
+        let address = match self.memory.read_u64(fp) {
+            Some(_) => fp + 8,
+            None => fp,
+        };
+        StopReason::Unreadable { address }
+    }
+
+    /// Checks a record address the fast path refused or has not seen (the start, after a
+    /// marker, a move to another stack): null, alignment, bounds, monotonicity, stack order.
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    #[inline(never)]
+    fn enter(&self, fp: u64, position: Option<Position>) -> Result<Position, StopReason> {
+        if fp == 0 {
+            return Err(StopReason::NullFramePointer);
+        }
+        match self.locate(fp, position) {
+            Ok(stack) => Ok(Position { stack, record: fp, last_record: self.stacks[stack].high - FRAME_RECORD_SIZE }),
+            Err(corruption) => Err(StopReason::Corrupt { address: fp, corruption }),
         }
     }
 
@@ -162,18 +324,18 @@ where
         }
     }
 
-    /// Checks that a record at `fp` may be read from `position`, and where it is.
+    /// Checks that a record at `fp` may be read from `position`; the stack it is in.
     #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline]
-    fn locate(&self, fp: u64, position: Option<Position>) -> Result<Position, Corruption> {
+    fn locate(&self, fp: u64, position: Option<Position>) -> Result<usize, Corruption> {
         if fp & 7 != 0 {
             return Err(Corruption::Misaligned);
         }
         let stacks = self.stacks;
         let first_allowed = match position {
-            Some(Position { stack, record }) => {
+            Some(Position { stack, record, .. }) => {
                 if stacks[stack].contains(fp, FRAME_RECORD_SIZE) && fp > record {
-                    return Ok(Position { stack, record: fp });
+                    return Ok(stack);
                 }
                 stack + 1
             }
@@ -182,7 +344,7 @@ where
         let mut index = first_allowed;
         while index < stacks.len() {
             if stacks[index].contains(fp, FRAME_RECORD_SIZE) {
-                return Ok(Position { stack: index, record: fp });
+                return Ok(index);
             }
             index += 1;
         }
@@ -205,7 +367,7 @@ where
     /// Reads the rest of a marker at `fp`: `Err(EndOfTask)` for a final frame,
     /// `Ok((pc, fp))` of the interrupted context for an exception boundary.
     #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
-    #[inline]
+    #[inline(never)]
     fn read_marker(&self, fp: u64, stack: usize) -> Result<(u64, u64), StopReason> {
         if !self.stacks[stack].contains(fp, FrameMarker::SIZE) {
             return Err(StopReason::Corrupt { address: fp, corruption: Corruption::MarkerTruncated });
@@ -218,5 +380,144 @@ where
             )),
             _ => Err(StopReason::Corrupt { address: fp, corruption: Corruption::UnknownMarkerKind }),
         }
+    }
+}
+
+/// Why a fast step left the fast path (the slow path reads the record again).
+#[derive(Clone, Copy)]
+enum Event {
+    /// The record could not be read.
+    Unreadable,
+    /// The saved LR's bit 55 is clear: a marker, zero or a TTBR0 value.
+    NotKernel,
+    /// The (stripped) return address is the trampoline, or the phase is full: nothing written.
+    RepairOrFull,
+    /// The entry was written; the saved fp is not a record the fast path may follow.
+    Refused,
+}
+
+/// One record on the fast path: read `{next, lr}` at `fp`, check the LR's bit 55, strip it,
+/// check for the trampoline and the phase's end, write it, check `next`. `Ok(next)` to go on.
+#[inline(always)]
+fn fast_step<M: StackMemory + ?Sized>(
+    memory: &M,
+    fp: u64,
+    upper: u64,
+    trampoline: u64,
+    cursor: &mut *mut u64,
+    end: *mut u64,
+    last_record: u64,
+) -> Result<u64, Event> {
+    let (next, raw) = match memory.read_pair(fp) {
+        Some(pair) => pair,
+        None => return Err(Event::Unreadable),
+    };
+    if !AddressLayout::is_upper_half(raw) {
+        return Err(Event::NotKernel);
+    }
+    let address = raw | upper;
+    if repair_or_depth_limit(address, trampoline, *cursor, end) {
+        return Err(Event::RepairOrFull);
+    }
+    // SAFETY: cursor < end <= the buffer's end (checked just above).
+    unsafe { cursor.write(address) };
+    *cursor = cursor.wrapping_add(1);
+    if refused_record(next, fp, last_record) {
+        return Err(Event::Refused);
+    }
+    Ok(next)
+}
+
+/// Whether a return address needs the slow path: it is the trampoline (`address ==
+/// trampoline`) or the phase is full (`cursor == end`). On arm64 one `cmp`, one `ccmp`, one
+/// branch: LLVM splits an `|` of two compares into two branches, so the compares are asm (with
+/// the branch as an asm goto); elsewhere (host tests) the same test in Rust.
+#[inline(always)]
+fn repair_or_depth_limit(address: u64, trampoline: u64, cursor: *mut u64, end: *mut u64) -> bool {
+    #[cfg(target_arch = "aarch64")]
+    {
+        // SAFETY: compares registers and branches to the label; no memory, no stack. Reads
+        // `address`, `trampoline`, `cursor`, `end`, clobbers only the flags (no
+        // `preserves_flags`).
+        unsafe {
+            core::arch::asm!(
+                "cmp {address}, {trampoline}",
+                // Not the trampoline: compare the cursor with the end; else Z = 1.
+                "ccmp {cursor}, {end}, #4, ne",
+                "b.eq {slow}",
+                address = in(reg) address,
+                trampoline = in(reg) trampoline,
+                cursor = in(reg) cursor as usize,
+                end = in(reg) end as usize,
+                slow = label { return true; },
+                options(nomem, nostack)
+            )
+        };
+        false
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        (address == trampoline) | (cursor == end)
+    }
+}
+
+/// Whether the fast path may not follow `next` from the record at `fp`: `next` misaligned,
+/// not above `fp` (strict monotonicity), or above `last_record` (the 16-byte record would not
+/// fit in the current stack). On arm64 `tst`, two `ccmp`s, one branch (see
+/// [`repair_or_depth_limit`] for why asm); elsewhere the same test in Rust.
+#[inline(always)]
+fn refused_record(next: u64, fp: u64, last_record: u64) -> bool {
+    #[cfg(target_arch = "aarch64")]
+    {
+        // SAFETY: as in repair_or_depth_limit: registers and flags only.
+        unsafe {
+            core::arch::asm!(
+                // Z = 1 if aligned.
+                "tst {next}, #7",
+                // Aligned: compare with fp; misaligned: NZCV = 0000 (not HI).
+                "ccmp {next}, {fp}, #0, eq",
+                // Above fp: compare with the last record; else NZCV = 0010 (HI).
+                "ccmp {next}, {last}, #2, hi",
+                // Accepted (the walk goes on) on LS; refused falls through.
+                "b.ls {accepted}",
+                next = in(reg) next,
+                fp = in(reg) fp,
+                last = in(reg) last_record,
+                accepted = label { return false; },
+                options(nomem, nostack)
+            )
+        };
+        true
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        (next & 7 != 0) | (next <= fp) | (next > last_record)
+    }
+}
+
+/// `value`, which the optimizer may no longer treat as a constant: a trampoline address known
+/// at build time would otherwise be rematerialized inside the loop (four instructions per
+/// frame in the kernel's large code model) instead of staying in a register.
+#[inline(always)]
+fn opaque(value: u64) -> u64 {
+    #[cfg(target_arch = "aarch64")]
+    {
+        let mut value = value;
+        // SAFETY: an empty asm that "changes" one register: no instruction, no memory, no flags.
+        unsafe { core::arch::asm!("/* {0} */", inout(reg) value, options(pure, nomem, nostack, preserves_flags)) };
+        value
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        value
+    }
+}
+
+/// Records an exception boundary's PC; the interrupted x29 to go on from.
+#[inline(always)]
+fn interrupted_context(sink: &mut Sink, pc: u64, interrupted_fp: u64) -> Result<u64, StopReason> {
+    match sink.push(pc, true) {
+        Ok(()) => Ok(interrupted_fp),
+        Err(stop) => Err(stop),
     }
 }

@@ -10,17 +10,32 @@
 //! - [`ShadowWalker`] copies the in-use entries of the shadow call stack
 //!   (`-Zsanitizer=shadow-call-stack`, x18), newest first.
 //!
-//! Both fill the same [`Trace`] (at most [`MAX_FRAMES`] entries, honouring
-//! [`TraceOptions::skip`] and [`TraceOptions::max_depth`] the same way) and
-//! record a [`StopReason`], so the kernel can switch mode at run time and
-//! print why a backtrace ended.
+//! Both write into a buffer the caller provides (`&mut [MaybeUninit<u64>]`:
+//! nothing is zeroed, no trace is returned by value), honour
+//! [`TraceOptions::skip`] and [`TraceOptions::max_depth`] the same way, and
+//! return a small [`Walked`] (entries written, which are exception PCs, and the
+//! [`StopReason`]), so the kernel can switch mode at run time and print why a
+//! backtrace ended. A buffer shorter than `max_depth` ends the walk with
+//! [`StopReason::DepthLimit`] at its length. [`Trace`] is such a buffer with
+//! its [`Walked`], for callers that keep or print a trace.
+//!
+//! Each walker is one loop (`FrameWalker::walk`, `ShadowWalker::walk`), which
+//! every caller uses: the kernel's heap, `save_stack`, reports, the timer tick,
+//! the benches. The loops keep every check below per frame; what is not needed
+//! per frame (which stacks, the trampoline of hijacked returns, the copy's
+//! length) is computed once per walk.
 //!
 //! # What an entry is
 //!
-//! Every address is PAC-stripped with the caller's `Fn(u64) -> u64` (XPACLRI
-//! in the kernel, [`strip_pac_va_bits`] in tests; stripping is unconditional
-//! because not every saved LR is signed). Entries from frame records and the
-//! SCS are **return addresses**, the instruction after the `BL`
+//! Kernel code lives in the upper (TTBR1) half. A saved return address is
+//! first tested on its raw, still-signed word: bit 55 clear means zero, the SCS
+//! end magic or a TTBR0 value, none of which is a kernel return address
+//! ([`Corruption::ZeroReturnAddress`], [`StopReason::ShadowZeroEntry`],
+//! [`Corruption::EndMagicInUse`], [`Corruption::LowerHalfAddress`]; a frame
+//! record of two zeros is a marker, below). Then its PAC is stripped by the
+//! [`AddressLayout`]: one `orr` of the bits above the VA size (unconditional,
+//! because not every saved LR is signed; equal to XPACLRI for kernel code
+//! pointers). Entries from frame records and the SCS are **return addresses**, the instruction after the `BL`
 //! ([`EntryKind::ReturnAddress`]); the PC of an interrupted context is exact
 //! ([`EntryKind::ExceptionPc`]) and may be 0 (a branch to null). A symbolizer
 //! looks up `address - 1` for return addresses and `address` for exact PCs.
@@ -32,7 +47,8 @@
 //! only to a stack later in the slice. Each step checks that the record
 //! address is 8-aligned, that the 16-byte record lies wholly inside one
 //! declared stack, and that within a stack each record is at a strictly
-//! higher address than the previous one. Hence:
+//! higher address than the previous one; and that the saved return address is
+//! not zero. Hence:
 //!
 //! - **Termination**: at most `sum(stack sizes) / 8` steps, on any memory.
 //! - **Bounds**: the walker calls [`StackMemory::read_u64`] only for words
@@ -64,7 +80,8 @@
 //! first real entry and the last slot of the area holds [`SCS_END_MAGIC`],
 //! which is never reported. [`ShadowWalker::walk`] checks alignment and
 //! `base <= x18 <= end - 8` for each [`ShadowSegment`] and reads only
-//! `[base, x18)`. An interrupted context's segment can follow the current one
+//! `[base, x18)`; each slot is checked for zero (the end, Zircon's
+//! convention), the end magic and TTBR0 values. An interrupted context's segment can follow the current one
 //! (IRQ-time traces): its PC is reported first, as the frame walker does.
 //!
 //! # Where the two differ
@@ -79,19 +96,24 @@
 //! Return probes replace a function's return address by a trampoline. Given a
 //! [`ReturnRepair`] (`with_repair`), both walkers report the real return
 //! address instead, matched by the frame record's address or the shadow-stack
-//! slot; [`ReturnStack`] is the return-instance stack that answers it.
+//! slot; [`ReturnStack`] is the return-instance stack that answers it. The
+//! trampoline's address is read once per walk; the frame walk compares each
+//! return address with it (in the same branch as the depth limit), the shadow
+//! walk scans the entries it copied, so a caller passes a repair only when a
+//! return may be hijacked in the contexts it walks.
 //!
 //! # The `kernel` feature
 //!
-//! Builds the walkers with `#[sanitize(kernel_hwaddress = "off")]`. Their hot
-//! paths avoid core helpers (`?`, iterator adapters, derived `PartialEq`)
+//! Builds the walkers with `#[sanitize(kernel_hwaddress = "off")]`
+//! ([`FrameWalker::walk_instrumented`] is the same loop without it, to measure
+//! what the sanitizer's checks cost an unwinder). Their hot paths avoid core helpers (`?`, iterator adapters, derived `PartialEq`)
 //! because LLVM does not inline instrumented code into uninstrumented code;
 //! checked by building for the kernel target with the sanitizer in outline
 //! mode: no `__hwasan_*` call is left in the walkers. The kernel's
 //! [`StackMemory`] implementation and strip function should be exempt too.
 #![cfg_attr(not(test), no_std)]
 #![cfg_attr(feature = "kernel", feature(sanitize))]
-#![forbid(unsafe_code)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 /// `?` without the `Try` trait. With the `kernel` feature the walkers are not
 /// instrumented, and LLVM does not inline instrumented code (core's
@@ -124,10 +146,10 @@ mod trace;
 #[cfg(test)]
 mod tests;
 
-pub use frame::{FRAME_RECORD_SIZE, FrameMarker, FrameWalker};
-pub use pac::strip_pac_va_bits;
+pub use frame::{FRAME_RECORD_SIZE, FrameMarker, FrameStart, FrameWalker};
+pub use pac::{AddressLayout, UPPER_HALF_BIT, strip_pac_va_bits};
 pub use prologue::{SCS_POP, SCS_PUSH, ViewDifference, view_difference};
 pub use repair::{HijackedReturn, ReturnRepair, ReturnStack, ReturnStackFull};
 pub use shadow::{SCS_END_MAGIC, ShadowSegment, ShadowStack, ShadowWalker};
 pub use stack::{StackKind, StackMemory, StackRange};
-pub use trace::{Corruption, EntryKind, MAX_FRAMES, StopReason, Trace, TraceEntry, TraceOptions};
+pub use trace::{Corruption, EntryKind, MAX_FRAMES, StopReason, Trace, TraceEntry, TraceOptions, Walked};

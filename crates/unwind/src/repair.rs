@@ -65,32 +65,6 @@ pub trait ReturnRepair {
     fn shadow_return(&self, slot: u64) -> Option<u64>;
 }
 
-/// Replaces `address` by the real return address if it is the trampoline; unknown hijacks stay
-/// as they are (the trampoline then shows in the trace).
-#[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
-#[inline]
-pub(crate) fn repaired(
-    repair: Option<(&dyn ReturnRepair, u64)>,
-    address: u64,
-    frame_record: Option<u64>,
-    slot: u64,
-) -> u64 {
-    let Some((repair, trampoline)) = repair else {
-        return address;
-    };
-    if address != trampoline {
-        return address;
-    }
-    let real = match frame_record {
-        Some(record) => repair.frame_return(record),
-        None => repair.shadow_return(slot),
-    };
-    match real {
-        Some(real) => real,
-        None => address,
-    }
-}
-
 /// The push failed: the stack is full (the hit counts as missed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReturnStackFull;

@@ -1,12 +1,20 @@
 //! The shadow-call-stack walker: copies in-use SCS entries, newest first.
 
-use crate::repair::{ReturnRepair, repaired};
+use core::mem::MaybeUninit;
+
+use crate::pac::AddressLayout;
+use crate::repair::ReturnRepair;
 use crate::stack::StackMemory;
-use crate::trace::{Corruption, EntryKind, StopReason, Trace, TraceBuilder, TraceOptions};
+use crate::trace::{Corruption, Sink, StopReason, TraceOptions, Walked};
 
 /// Non-canonical magic in the last slot of every shadow-stack area; checked
-/// when a task dies and never reported by the walker.
-pub const SCS_END_MAGIC: u64 = 0x5CA1_AB1E_5CA1_AB1E;
+/// when a task dies and never reported by the walker. Bit 55 is clear (a
+/// lower-half pattern), so the walk's one test that rejects zero and TTBR0
+/// values rejects it too.
+pub const SCS_END_MAGIC: u64 = 0x5C21_AB1E_5CA1_AB1E;
+
+// The walk rejects the magic with the same bit-55 test as zero and TTBR0 values.
+const _: () = assert!(!AddressLayout::is_upper_half(SCS_END_MAGIC));
 
 /// A shadow-call-stack area `[base, end)`. It grows up from `base` (slot 0 is
 /// the first real entry); the last slot, `end - 8`, holds [`SCS_END_MAGIC`].
@@ -60,51 +68,61 @@ impl ShadowSegment {
 }
 
 /// Walks shadow call stacks over `memory`, reading only in-use slots.
-pub struct ShadowWalker<'a, M: ?Sized, S> {
+pub struct ShadowWalker<'a, M: ?Sized> {
     memory: &'a M,
-    strip: S,
-    /// The repair and its trampoline address (read once, not per frame).
-    repair: Option<(&'a dyn ReturnRepair, u64)>,
+    layout: AddressLayout,
+    repair: Option<&'a dyn ReturnRepair>,
 }
 
-impl<'a, M, S> ShadowWalker<'a, M, S>
+impl<'a, M> ShadowWalker<'a, M>
 where
     M: StackMemory + ?Sized,
-    S: Fn(u64) -> u64,
 {
-    /// A walker over `memory`; `strip` removes PACs (the SCS holds signed LRs).
-    pub fn new(memory: &'a M, strip: S) -> Self {
-        Self { memory, strip, repair: None }
+    /// A walker over `memory`; `layout` strips PACs (the SCS holds signed LRs).
+    pub fn new(memory: &'a M, layout: AddressLayout) -> Self {
+        Self { memory, layout, repair: None }
     }
 
-    /// Reports the real return address where a slot holds `repair`'s trampoline.
+    /// Reports the real return address where a slot holds `repair`'s trampoline. Only pass a
+    /// repair when a return may be hijacked: the slots are then checked after the copy.
     pub fn with_repair(mut self, repair: &'a dyn ReturnRepair) -> Self {
-        self.repair = Some((repair, repair.trampoline()));
+        self.repair = Some(repair);
         self
     }
 
-    /// Copies the segments' entries, newest first: the first segment is the
+    /// Copies the segments' entries into `buffer`, newest first: the first segment is the
     /// running context, each next one the context it interrupted. Reads only
     /// `[base, pointer)` of each segment, after checking that `base`, `end`,
     /// `pointer` are 8-aligned and `base <= pointer <= end - 8`.
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
-    pub fn walk(&self, segments: &[ShadowSegment], options: TraceOptions) -> Trace {
-        let mut builder = TraceBuilder::new(options);
-        let mut stop = StopReason::EndOfShadowStack;
+    ///
+    /// Always inlined, so it is instrumented as its caller is (the kernel's callers are exempt
+    /// from the sanitizer).
+    #[inline(always)]
+    pub fn walk(&self, segments: &[ShadowSegment], options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
+        let mut sink = Sink::new(options, buffer);
+        let trampoline = match self.repair {
+            Some(repair) => repair.trampoline(),
+            None => 0,
+        };
         let mut index = 0;
         while index < segments.len() {
-            if let Err(reason) = self.walk_segment(&segments[index], &mut builder) {
-                stop = reason;
-                break;
+            if let Err(stop) = self.copy_segment(&segments[index], &mut sink, trampoline) {
+                return sink.finish(stop);
             }
             index += 1;
         }
-        builder.finish(stop)
+        sink.finish(StopReason::EndOfShadowStack)
     }
 
     /// Copies one segment; `Err` stops the whole walk.
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
-    fn walk_segment(&self, segment: &ShadowSegment, builder: &mut TraceBuilder) -> Result<(), StopReason> {
+    ///
+    /// The shadow-stack loop, the only one in the tree: per slot, one load (pre-indexed),
+    /// bit 55 of the raw word (zero, the end magic and TTBR0 values go to the slow path),
+    /// one `orr` (PAC strip), the store, and one compare for both the segment's base and the
+    /// depth limit (the copy's length is computed before the loop). A hijacked return is
+    /// found by its slot after the copy, only when a repair was given.
+    #[inline(always)]
+    fn copy_segment(&self, segment: &ShadowSegment, sink: &mut Sink, trampoline: u64) -> Result<(), StopReason> {
         let Some(magic_slot) = segment.stack.magic_slot() else {
             return Err(StopReason::Corrupt {
                 address: segment.stack.base,
@@ -121,24 +139,91 @@ where
             });
         }
         if let Some(pc) = segment.interrupted_pc {
-            or_stop!(builder.push((self.strip)(pc), EntryKind::ExceptionPc), Err);
+            or_stop!(sink.push(self.layout.strip(pc), true), Err);
         }
+        let upper = self.layout.upper_bits();
+        let base = segment.stack.base;
         // Newest first: from the slot below x18 down to slot 0.
         let mut slot = segment.pointer;
-        while slot > segment.stack.base {
-            slot -= 8;
-            match self.memory.read_u64(slot) {
-                None => return Err(StopReason::Unreadable { address: slot }),
-                Some(0) => return Err(StopReason::ShadowZeroEntry),
-                Some(SCS_END_MAGIC) => {
-                    return Err(StopReason::Corrupt { address: slot, corruption: Corruption::EndMagicInUse });
+        while slot > base {
+            if sink.dst == sink.end && !sink.next_phase() {
+                return Err(StopReason::DepthLimit);
+            }
+            // This run copies up to the base or to the end of the phase, whichever is first.
+            let room = (sink.end - sink.dst) as u64;
+            let available = (slot - base) / 8;
+            let stop_at = if available > room { slot - 8 * room } else { base };
+            let first = sink.dst;
+            let from = slot;
+            let mut cursor = sink.cursor();
+            // A read pointer of its own (pre-decremented), not used after the loop.
+            let mut at = slot;
+            while at > stop_at {
+                let raw = match self.memory.read_below(&mut at) {
+                    Some(raw) => raw,
+                    None => {
+                        sink.sync(cursor);
+                        return Err(StopReason::Unreadable { address: at });
+                    }
+                };
+                if !AddressLayout::is_upper_half(raw) {
+                    sink.sync(cursor);
+                    return Err(rejected_slot(at, raw));
                 }
-                Some(signed) => {
-                    let address = repaired(self.repair, (self.strip)(signed), None, slot);
-                    or_stop!(builder.push(address, EntryKind::ReturnAddress), Err);
-                }
+                // SAFETY: at most `room` entries are written from the cursor: inside the phase.
+                unsafe { cursor.write(raw | upper) };
+                cursor = cursor.wrapping_add(1);
+            }
+            slot = stop_at;
+            sink.sync(cursor);
+            if trampoline != 0 && sink.keeping() {
+                repair_run(self.repair, sink.base(), first, sink.dst, from, trampoline);
             }
         }
         Ok(())
+    }
+}
+
+/// Replaces hijacked returns among entries `first..last` of `base` (copied from the slots
+/// below `from`, newest first).
+#[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+#[inline(never)]
+#[cold]
+fn repair_run(
+    repair: Option<&dyn ReturnRepair>,
+    base: *mut u64,
+    first: usize,
+    last: usize,
+    from: u64,
+    trampoline: u64,
+) {
+    let Some(repair) = repair else {
+        return;
+    };
+    let mut index = first;
+    while index < last {
+        // SAFETY: entries first..last were written by the copy (the caller's buffer).
+        let entry = unsafe { base.add(index) };
+        // SAFETY: as above.
+        if unsafe { entry.read() } == trampoline {
+            let slot = from - 8 * (index - first + 1) as u64;
+            if let Some(real) = repair.shadow_return(slot) {
+                // SAFETY: as above.
+                unsafe { entry.write(real) };
+            }
+        }
+        index += 1;
+    }
+}
+
+/// Why a slot whose bit 55 is clear stops the walk.
+#[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+#[inline(never)]
+#[cold]
+fn rejected_slot(slot: u64, raw: u64) -> StopReason {
+    match raw {
+        0 => StopReason::ShadowZeroEntry,
+        SCS_END_MAGIC => StopReason::Corrupt { address: slot, corruption: Corruption::EndMagicInUse },
+        _ => StopReason::Corrupt { address: slot, corruption: Corruption::LowerHalfAddress },
     }
 }

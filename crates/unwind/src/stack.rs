@@ -11,11 +11,46 @@
 pub trait StackMemory {
     /// Reads the 64-bit word at `address` (8-aligned), or `None` if unreadable.
     fn read_u64(&self, address: u64) -> Option<u64>;
+
+    /// Reads the 16 bytes at `address` (8-aligned) as two words: a frame record `{fp, lr}`.
+    /// The default reads them one by one; an implementation with plain loads lets the
+    /// compiler make one `ldp` of them.
+    #[inline(always)]
+    #[allow(clippy::manual_map, reason = "`Option::map` is a core helper the uninstrumented walkers would not inline")]
+    fn read_pair(&self, address: u64) -> Option<(u64, u64)> {
+        match self.read_u64(address) {
+            Some(first) => match self.read_u64(address + 8) {
+                Some(second) => Some((first, second)),
+                None => None,
+            },
+            None => None,
+        }
+    }
+
+    /// Moves `*slot` down one word and reads the word there: the shadow-stack copy's step
+    /// (newest first). The default is `read_u64(*slot - 8)`; a kernel implementation can make
+    /// it one pre-indexed load.
+    #[inline(always)]
+    fn read_below(&self, slot: &mut u64) -> Option<u64> {
+        *slot -= 8;
+        self.read_u64(*slot)
+    }
 }
 
 impl<M: StackMemory + ?Sized> StackMemory for &M {
+    #[inline(always)]
     fn read_u64(&self, address: u64) -> Option<u64> {
         (**self).read_u64(address)
+    }
+
+    #[inline(always)]
+    fn read_pair(&self, address: u64) -> Option<(u64, u64)> {
+        (**self).read_pair(address)
+    }
+
+    #[inline(always)]
+    fn read_below(&self, slot: &mut u64) -> Option<u64> {
+        (**self).read_below(slot)
     }
 }
 

@@ -1,6 +1,7 @@
 //! The trace both walkers produce: entries, options, and why the walk stopped.
 
 use core::fmt;
+use core::mem::MaybeUninit;
 
 /// Most entries a [`Trace`] holds (the stack depot's record limit too).
 pub const MAX_FRAMES: usize = 64;
@@ -10,7 +11,7 @@ pub const MAX_FRAMES: usize = 64;
 pub struct TraceOptions {
     /// Entries to drop from the newest end (the walker's own callers, usually).
     pub skip: usize,
-    /// Entries to keep after skipping; clamped to [`MAX_FRAMES`].
+    /// Entries to keep after skipping; clamped to [`MAX_FRAMES`] and to the caller's buffer.
     pub max_depth: usize,
 }
 
@@ -72,6 +73,9 @@ pub enum Corruption {
     ShadowPointerOutOfBounds,
     /// The shadow stack's end magic found among the in-use entries.
     EndMagicInUse,
+    /// A saved return address in the lower (TTBR0, bit 55 clear) half: kernel code is in the
+    /// upper half, so a frame record or shadow-stack slot holding one is not a kernel return.
+    LowerHalfAddress,
 }
 
 /// Why a walk stopped. Every walk ends with exactly one reason.
@@ -121,6 +125,7 @@ impl fmt::Display for Corruption {
             Self::UnknownMarkerKind => "unknown marker kind",
             Self::ShadowPointerOutOfBounds => "shadow stack pointer out of bounds",
             Self::EndMagicInUse => "shadow stack end magic in use",
+            Self::LowerHalfAddress => "return address in the lower (TTBR0) half",
         })
     }
 }
@@ -141,59 +146,92 @@ impl fmt::Display for StopReason {
     }
 }
 
-/// A stack trace of at most [`MAX_FRAMES`] entries, newest first, with the
-/// reason the walk stopped. Fixed size, no allocation.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Trace {
-    addresses: [u64; MAX_FRAMES],
+/// What a walk wrote into the caller's buffer: `len` entries from index 0, newest first.
+///
+/// Small and returned in registers or one stack slot: the addresses themselves are never
+/// copied, the walkers write them where the caller wants them (no zeroing, no trace by value).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Walked {
+    /// Entries written (and initialised) at the start of the buffer.
+    pub len: usize,
     /// Bit `i` set: entry `i` is an [`EntryKind::ExceptionPc`].
-    exception_pcs: u64,
-    len: usize,
-    stop: StopReason,
+    pub exception_pcs: u64,
+    /// Why the walk stopped.
+    pub stop: StopReason,
+}
+
+impl Walked {
+    /// The entries the walk initialised in `buffer` (the buffer it was given).
+    #[inline(always)]
+    pub fn entries<'b>(&self, buffer: &'b [MaybeUninit<u64>]) -> &'b [u64] {
+        let len = if self.len < buffer.len() { self.len } else { buffer.len() };
+        // SAFETY: a walk initialises entries 0..len of the buffer it is given (clamped above
+        // for a buffer other than the one walked), and MaybeUninit<u64> has u64's layout.
+        unsafe { &*core::ptr::slice_from_raw_parts(buffer.as_ptr().cast::<u64>(), len) }
+    }
+}
+
+/// A stack trace of at most [`MAX_FRAMES`] entries, newest first, with the reason the walk
+/// stopped: a caller-owned buffer that a walk fills in place ([`Trace::fill`]), for callers that
+/// keep or print a trace. Creating one writes nothing to the buffer.
+#[derive(Clone)]
+pub struct Trace {
+    addresses: [MaybeUninit<u64>; MAX_FRAMES],
+    walked: Walked,
 }
 
 impl Trace {
     /// An empty trace (stop reason [`StopReason::DepthLimit`] until a walk sets it).
     #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     pub const fn new() -> Self {
-        Self { addresses: [0; MAX_FRAMES], exception_pcs: 0, len: 0, stop: StopReason::DepthLimit }
+        Self {
+            addresses: [MaybeUninit::uninit(); MAX_FRAMES],
+            walked: Walked { len: 0, exception_pcs: 0, stop: StopReason::DepthLimit },
+        }
+    }
+
+    /// Runs `walk` on this trace's buffer and keeps what it reports.
+    #[inline(always)]
+    pub fn fill(&mut self, walk: impl FnOnce(&mut [MaybeUninit<u64>]) -> Walked) -> &mut Self {
+        let walked = walk(&mut self.addresses);
+        self.walked = Walked { len: if walked.len < MAX_FRAMES { walked.len } else { MAX_FRAMES }, ..walked };
+        self
     }
 
     /// The addresses, newest first: what the stack depot stores.
     pub fn addresses(&self) -> &[u64] {
-        &self.addresses[..self.len]
+        self.walked.entries(&self.addresses)
     }
 
     /// Number of entries.
     pub const fn len(&self) -> usize {
-        self.len
+        self.walked.len
     }
 
     /// Whether the trace has no entries.
     pub const fn is_empty(&self) -> bool {
-        self.len == 0
+        self.walked.len == 0
     }
 
     /// Entry `index` (0 = newest).
     pub fn entry(&self, index: usize) -> Option<TraceEntry> {
-        (index < self.len).then(|| TraceEntry {
-            address: self.addresses[index],
-            kind: if self.exception_pcs & (1 << index) != 0 {
-                EntryKind::ExceptionPc
-            } else {
-                EntryKind::ReturnAddress
-            },
-        })
+        let address = *self.addresses().get(index)?;
+        let kind = if self.walked.exception_pcs & (1 << index) != 0 {
+            EntryKind::ExceptionPc
+        } else {
+            EntryKind::ReturnAddress
+        };
+        Some(TraceEntry { address, kind })
     }
 
     /// All entries, newest first.
     pub fn entries(&self) -> impl Iterator<Item = TraceEntry> + '_ {
-        (0..self.len).filter_map(|index| self.entry(index))
+        (0..self.len()).filter_map(|index| self.entry(index))
     }
 
     /// Why the walk stopped.
     pub const fn stop_reason(&self) -> StopReason {
-        self.stop
+        self.walked.stop
     }
 }
 
@@ -203,48 +241,145 @@ impl Default for Trace {
     }
 }
 
-/// Fills a [`Trace`], applying the options. Shared by both walkers so that
-/// skip and depth mean the same in both modes.
-pub(crate) struct TraceBuilder {
-    trace: Trace,
-    to_skip: usize,
-    max_depth: usize,
+impl PartialEq for Trace {
+    fn eq(&self, other: &Self) -> bool {
+        self.addresses() == other.addresses() && self.walked == other.walked
+    }
 }
 
-impl TraceBuilder {
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
-    pub(crate) fn new(options: TraceOptions) -> Self {
-        Self {
-            trace: Trace::new(),
-            to_skip: options.skip,
-            max_depth: if options.max_depth < MAX_FRAMES { options.max_depth } else { MAX_FRAMES },
+impl Eq for Trace {}
+
+impl fmt::Debug for Trace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Trace").field("addresses", &self.addresses()).field("walked", &self.walked).finish()
+    }
+}
+
+/// Where walkers write entries: the caller's buffer, with skipping and the depth limit.
+///
+/// Skipped entries are written too, into the start of the buffer, and overwritten once the
+/// skip is used up: so the hot loops have one bound (`end`) and no skip test per entry.
+pub(crate) struct Sink {
+    base: *mut u64,
+    /// Next index to write.
+    pub(crate) dst: usize,
+    /// Where the current phase ends: the skip's remainder (while skipping) or the depth limit.
+    pub(crate) end: usize,
+    /// Entries that may be kept: `min(max_depth, buffer length, MAX_FRAMES)`.
+    limit: usize,
+    /// Entries still to skip once the current phase ends (the phase itself counts `end`).
+    skipping: bool,
+    skip_after: usize,
+    exception_pcs: u64,
+}
+
+impl Sink {
+    #[inline(always)]
+    pub(crate) fn new(options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Self {
+        let mut limit = if options.max_depth < MAX_FRAMES { options.max_depth } else { MAX_FRAMES };
+        if buffer.len() < limit {
+            limit = buffer.len();
+        }
+        let mut sink = Self {
+            base: buffer.as_mut_ptr().cast::<u64>(),
+            dst: 0,
+            end: limit,
+            limit,
+            skipping: false,
+            skip_after: 0,
+            exception_pcs: 0,
+        };
+        if options.skip > 0 {
+            sink.start_skip(options.skip);
+        }
+        sink
+    }
+
+    /// Starts (or goes on) skipping `skip` entries into the buffer's first slots.
+    #[inline(always)]
+    fn start_skip(&mut self, skip: usize) {
+        self.dst = 0;
+        if skip == 0 {
+            self.skipping = false;
+            self.end = self.limit;
+        } else if skip <= self.limit {
+            self.skipping = true;
+            self.end = skip;
+            self.skip_after = 0;
+        } else {
+            self.skipping = true;
+            self.end = self.limit;
+            self.skip_after = skip - self.limit;
         }
     }
 
-    /// Records an entry, or skips it while `skip` lasts. Fails with
-    /// [`StopReason::DepthLimit`] when the entry would be kept but the trace is full.
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
-    #[inline]
-    pub(crate) fn push(&mut self, address: u64, kind: EntryKind) -> Result<(), StopReason> {
-        if self.to_skip > 0 {
-            self.to_skip -= 1;
-            return Ok(());
+    /// Called when `dst == end`: true if the walk may go on (a skipping phase ended), false
+    /// when an entry would be kept in a full buffer (the depth limit).
+    #[inline(always)]
+    pub(crate) fn next_phase(&mut self) -> bool {
+        if !self.skipping || self.limit == 0 {
+            return false;
         }
-        let index = self.trace.len;
-        if index >= self.max_depth {
+        self.start_skip(self.skip_after);
+        true
+    }
+
+    /// Writes `address` at `dst` (the caller checked `dst < end`).
+    #[inline(always)]
+    pub(crate) fn write(&mut self, address: u64) {
+        // SAFETY: dst < end <= limit <= the buffer's length.
+        unsafe { self.base.add(self.dst).write(address) };
+        self.dst += 1;
+    }
+
+    /// Records `address` (for an exception PC: `exact`), moving to the next phase if needed.
+    #[inline(always)]
+    pub(crate) fn push(&mut self, address: u64, exact: bool) -> Result<(), StopReason> {
+        if self.dst == self.end && !self.next_phase() {
             return Err(StopReason::DepthLimit);
         }
-        self.trace.addresses[index] = address;
-        if matches!(kind, EntryKind::ExceptionPc) {
-            self.trace.exception_pcs |= 1 << index;
+        if exact && !self.skipping {
+            self.exception_pcs |= 1 << self.dst;
         }
-        self.trace.len = index + 1;
+        self.write(address);
         Ok(())
     }
 
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
-    pub(crate) fn finish(mut self, stop: StopReason) -> Trace {
-        self.trace.stop = stop;
-        self.trace
+    /// Where the next entry goes, for a hot loop that writes through a pointer.
+    #[inline(always)]
+    pub(crate) fn cursor(&self) -> *mut u64 {
+        self.base.wrapping_add(self.dst)
+    }
+
+    /// Where the current phase ends, as a pointer (see [`Self::cursor`]).
+    #[inline(always)]
+    pub(crate) fn phase_end(&self) -> *mut u64 {
+        self.base.wrapping_add(self.end)
+    }
+
+    /// Takes back a hot loop's cursor (a pointer from [`Self::cursor`], advanced by the
+    /// entries it wrote, never past [`Self::phase_end`]).
+    #[inline(always)]
+    pub(crate) fn sync(&mut self, cursor: *mut u64) {
+        self.dst = (cursor as usize - self.base as usize) / 8;
+    }
+
+    /// The buffer's start (for a repair after a copy).
+    #[inline(always)]
+    pub(crate) fn base(&self) -> *mut u64 {
+        self.base
+    }
+
+    /// Whether entries are being kept (not skipped).
+    #[inline(always)]
+    pub(crate) fn keeping(&self) -> bool {
+        !self.skipping
+    }
+
+    /// The walk's result: kept entries only (a walk that ended while skipping kept none).
+    #[inline(always)]
+    pub(crate) fn finish(&self, stop: StopReason) -> Walked {
+        let len = if self.skipping { 0 } else { self.dst };
+        Walked { len, exception_pcs: self.exception_pcs, stop }
     }
 }

@@ -1,12 +1,15 @@
 //! Suite `depot`: the stack depot on its own (BENCH.md). `insert-miss` and `lookup-hit` per
-//! operation at depths 16 and 64; `saturation` with 1, 1,024 and 65,536 distinct stacks, each
-//! inserted and then looked up 100 times: records, bytes, hash collisions and hit rate.
+//! operation at depths 16 and 64; `lookup-hit-mixed`: 256 stored depth-16 stacks looked up in a
+//! fixed pseudo-random order (each lookup a different record and chain, as a sanitizer's saves
+//! are); `saturation` with 1, 1,024 and 65,536 distinct stacks, each inserted and then looked
+//! up 100 times: records, bytes, hash collisions and hit rate.
 //!
 //! Traces are synthesized (kernel-text-like addresses from a seeded generator) so that the depot
 //! sees exactly the number of distinct stacks each case asks for. Each case uses a depot of its
 //! own, built in static memory (no allocator).
 
 use super::{Label, Plan, row};
+use crate::sync::StaticBlocks;
 use core::hint::black_box;
 use stackdepot::StackDepot;
 
@@ -14,23 +17,17 @@ const POOL_SIZE: usize = 256 << 10;
 const POOLS: usize = 96;
 /// 24 MiB of pool memory, handed out to the cases' depots as they need it: 10 MiB for the
 /// per-operation cases (every insert-miss is a new record), 10.3 MiB for 65,536 distinct stacks.
-static mut POOL_MEMORY: [[u8; POOL_SIZE]; POOLS] = [[0; POOL_SIZE]; POOLS];
-static mut POOLS_USED: usize = 0;
+static POOL_MEMORY: StaticBlocks<POOLS, POOL_SIZE> = StaticBlocks::new();
 
 type BenchDepot = StackDepot<65536, 48>;
 static DEPOT_OPS: BenchDepot = StackDepot::new();
 static DEPOT_SATURATION: [BenchDepot; 3] = [const { StackDepot::new() }; 3];
 
-/// Gives `depot` `count` more pools. Single-threaded bench code.
+/// Gives `depot` `count` more pools.
 fn grow(depot: &BenchDepot, count: usize) -> bool {
     for _ in 0..count {
-        // SAFETY: the bench runs on one task; each pool is handed out once.
-        let pool = unsafe {
-            if POOLS_USED == POOLS {
-                return false;
-            }
-            POOLS_USED += 1;
-            &mut *core::ptr::addr_of_mut!(POOL_MEMORY[POOLS_USED - 1])
+        let Some(pool) = POOL_MEMORY.claim() else {
+            return false;
         };
         if depot.add_pool(pool).is_err() {
             return false;
@@ -95,6 +92,7 @@ pub fn run(plan: &Plan) {
             });
             row("depot", "lookup-hit", params, "per_op", plan.unit(), (cost as f64 - alone as f64) / iterations as f64);
         }
+        lookup_hit_mixed(plan, iterations, &mut salt);
         // Saturation: counts, not times; once.
         if rep == 0 {
             for (depot, distinct) in DEPOT_SATURATION.iter().zip([1u64, 1024, 65536]) {
@@ -102,6 +100,45 @@ pub fn run(plan: &Plan) {
             }
         }
     }
+}
+
+/// Stacks of `lookup-hit-mixed`.
+const MIXED: usize = 256;
+
+/// `lookup-hit-mixed`: every lookup a hit on one of 256 depth-16 stacks, in a fixed
+/// pseudo-random order, so no lookup finds its record (or its chain) where the previous left it.
+fn lookup_hit_mixed(plan: &Plan, iterations: u64, salt: &mut u64) {
+    *salt += 1;
+    // On the heap, filled before the measured window opens.
+    let mut stacks = alloc::vec![[0u64; 16]; MIXED];
+    let mut frames = [0u64; 64];
+    for (index, stack) in stacks.iter_mut().enumerate() {
+        stack.copy_from_slice(synthetic_stack(index as u64, *salt, 16, &mut frames));
+        let _ = DEPOT_OPS.save(stack);
+    }
+    // The order: the top byte of a multiplicative hash of the step (Fibonacci hashing), the
+    // same in both loops.
+    const _: () = assert!(MIXED == 256);
+    let order = |step: u64| (step.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as usize;
+    let stacks = &*stacks;
+    let alone = plan.measure(|| {
+        for step in 0..iterations {
+            black_box(&stacks[order(black_box(step))][..]);
+        }
+    });
+    let cost = plan.measure(|| {
+        for step in 0..iterations {
+            let _ = black_box(DEPOT_OPS.save(black_box(&stacks[order(black_box(step))][..])));
+        }
+    });
+    row(
+        "depot",
+        "lookup-hit-mixed",
+        "depth=16",
+        "per_op",
+        plan.unit(),
+        (cost as f64 - alone as f64) / iterations as f64,
+    );
 }
 
 fn saturation(depot: &BenchDepot, distinct: u64) {

@@ -9,21 +9,43 @@
 //! freed when it is reused, so frees come in mixed order and lifetimes vary. The same sequence
 //! runs for every case; the heap's stack mode is the only difference:
 //! `no-stacks`, `fp` (frame-pointer unwind + depot), `fp-no-depot` (unwind only), `scs` (shadow
-//! call stack copy + depot), `scs-no-depot`; and `fp-unwinder`, `scs-unwinder`: the same with
-//! stacktrace.rs's general walkers (the kernel's unwinder) instead of the heap's task-only
-//! loops, with the depot. Each case runs once unmeasured first, so the depot
-//! already holds the workload's stacks (steady state: saves are lookup hits, as most are in a
-//! running kernel) and one case's new records are not charged to another.
+//! call stack copy + depot), `scs-no-depot`, all through `stacktrace::collect`, the kernel's one
+//! walker path (the `fp-unwinder`/`scs-unwinder` cases of the heap's former private loops are
+//! retired: they would equal `fp`/`scs`); `fp-instrumented`: `fp` with the walker and its
+//! memory read compiled with the sanitizer's checks (each frame-record word through the check
+//! thunk, as Linux builds its unwinder by default); `fp-sample8`, `scs-sample8`: `fp`, `scs` with
+//! one allocation stack in 8 collected (`kasan.stack_sample=8`; free stacks always). Each case
+//! runs once unmeasured first, so the depot already holds the workload's stacks (steady state:
+//! saves are lookup hits, as most are in a running kernel) and one case's new records are not
+//! charged to another.
 //!
-//! Rows: `total` per case, `overhead_pct` relative to `no-stacks`; the allocator's share of the
-//! `no-stacks` total (`allocator_pct`: alloc and free calls timed one by one); the depot after
-//! the workload (`records`, `bytes`, `hash_collisions`, case `depot`).
+//! Rows: `total` per case, `overhead_pct` relative to `no-stacks`; on `fp` and `scs`,
+//! `walk_per_collection` ((X-no-depot - no-stacks) / collections) and `depot_per_collection`
+//! ((X - X-no-depot) / collections), derived from the case totals, where collections = the
+//! workload's allocations + frees; the allocator's share of the `no-stacks` total
+//! (`allocator_pct`: alloc and free calls timed one by one); the depot after the workload
+//! (`records`, `bytes`, `hash_collisions`, case `depot`); from the timed run, the mean cost of
+//! one call (`alloc_per_call`, `free_per_call` on `no-stacks`: instructions under icount, the
+//! counter reads around each call included).
 
 use super::{Plan, row};
 use crate::arch::counters;
 use crate::mm::kasan::heap::{self, Stacks};
 use crate::mm::kasan::storage::{TagStorage, Tags};
+use crate::stacktrace;
 use core::hint::black_box;
+
+/// The cases: name, heap stack mode, allocation-stack sampling period (`kasan.stack_sample`).
+const CASES: [(&str, Stacks, u32); 8] = [
+    ("no-stacks", Stacks::None, 1),
+    ("fp", Stacks::FramePointer, 1),
+    ("fp-no-depot", Stacks::FramePointerNoDepot, 1),
+    ("scs", Stacks::ShadowCallStack, 1),
+    ("scs-no-depot", Stacks::ShadowCallStackNoDepot, 1),
+    ("fp-instrumented", Stacks::FramePointerInstrumented, 1),
+    ("scs-sample8", Stacks::ShadowCallStack, 8),
+    ("fp-sample8", Stacks::FramePointer, 8),
+];
 
 /// Allocations per run.
 const ALLOCATIONS: usize = 3000;
@@ -56,20 +78,36 @@ struct Workload {
     sequence: Sequence,
     timed: bool,
     allocator: u64,
+    /// Heap calls that collect a stack (allocations and frees).
+    collections: u64,
+    /// Counter ticks and calls of the timed allocations and frees.
+    alloc: (u64, u64),
+    free: (u64, u64),
 }
 
 impl Workload {
     fn new(timed: bool) -> Self {
-        Self { live: [0; LIVE_SLOTS], sequence: Sequence(0x6b61_7361), timed, allocator: 0 }
+        Self {
+            live: [0; LIVE_SLOTS],
+            sequence: Sequence(0x6b61_7361),
+            timed,
+            allocator: 0,
+            collections: 0,
+            alloc: (0, 0),
+            free: (0, 0),
+        }
     }
 
-    fn timed<R>(&mut self, f: impl FnOnce() -> R) -> R {
+    fn timed<R>(&mut self, is_alloc: bool, f: impl FnOnce() -> R) -> R {
         if !self.timed {
             return f();
         }
         let start = counters::cycles();
         let result = f();
-        self.allocator += counters::cycles() - start;
+        let cost = counters::cycles() - start;
+        self.allocator += cost;
+        let call = if is_alloc { &mut self.alloc } else { &mut self.free };
+        *call = (call.0 + cost, call.1 + 1);
         result
     }
 
@@ -78,7 +116,8 @@ impl Workload {
     fn allocate_here(&mut self) {
         let size = self.sequence.size();
         let slot = self.sequence.next() as usize % LIVE_SLOTS;
-        let object = self.timed(|| heap::allocate(size, 16)).expect("the bench heap has room");
+        let object = self.timed(true, || heap::allocate(size, 16)).expect("the bench heap has room");
+        self.collections += 1;
         let words = size / 8;
         for index in 0..words {
             // SAFETY: object has size bytes; words * 8 <= size. Instrumented stores.
@@ -92,7 +131,8 @@ impl Workload {
         black_box(sum);
         let old = core::mem::replace(&mut self.live[slot], object);
         if old != 0 {
-            self.timed(|| heap::free(old));
+            self.timed(false, || heap::free(old));
+            self.collections += 1;
         }
     }
 
@@ -100,7 +140,8 @@ impl Workload {
         for slot in 0..LIVE_SLOTS {
             let old = core::mem::replace(&mut self.live[slot], 0);
             if old != 0 {
-                self.timed(|| heap::free(old));
+                self.timed(false, || heap::free(old));
+                self.collections += 1;
             }
         }
     }
@@ -184,19 +225,33 @@ pub fn run(plan: &Plan) {
     if !crate::mm::kasan::CHECKS_COMPILED_IN {
         defmt::warn!("bench kasan-boot: build without tag checks (not `full`): figures are not a sanitizer kernel's");
     }
-    let saved = heap::stacks();
+    let saved = (heap::stacks(), stacktrace::stack_sample());
+    // Collections per boot (the same in every case: the sequence is fixed).
+    let collections = {
+        let mut workload = Workload::new(false);
+        heap::set_stacks(Stacks::None);
+        boot(&mut workload);
+        workload.collections as f64
+    };
     for _ in 0..plan.reps {
-        let mut no_stacks = 0.0;
-        for mode in Stacks::ALL {
+        let mut totals = [0.0f64; CASES.len()];
+        for (index, &(name, mode, sample)) in CASES.iter().enumerate() {
             heap::set_stacks(mode);
+            stacktrace::set_stack_sample(sample);
             boot(&mut Workload::new(false));
             let total = plan.measure(|| boot(&mut Workload::new(false))) as f64;
-            if mode == Stacks::None {
-                no_stacks = total;
-            }
-            row("kasan-boot", mode.name(), "-", "total", plan.unit(), total);
+            totals[index] = total;
+            row("kasan-boot", name, "-", "total", plan.unit(), total);
+            let no_stacks = totals[0];
             let overhead = if no_stacks > 0.0 { (total - no_stacks) * 100.0 / no_stacks } else { 0.0 };
-            row("kasan-boot", mode.name(), "-", "overhead_pct", "percent", overhead);
+            row("kasan-boot", name, "-", "overhead_pct", "percent", overhead);
+        }
+        let total_of = |name: &str| CASES.iter().position(|case| case.0 == name).map_or(0.0, |index| totals[index]);
+        for (case, no_depot) in [("fp", "fp-no-depot"), ("scs", "scs-no-depot")] {
+            let walk = (total_of(no_depot) - total_of("no-stacks")) / collections;
+            let depot = (total_of(case) - total_of(no_depot)) / collections;
+            row("kasan-boot", case, "-", "walk_per_collection", plan.unit(), walk);
+            row("kasan-boot", case, "-", "depot_per_collection", plan.unit(), depot);
         }
         // The allocator's share of a no-stacks boot (alloc and free calls timed one by one).
         heap::set_stacks(Stacks::None);
@@ -209,9 +264,13 @@ pub fn run(plan: &Plan) {
         crate::arch::cpu::restore_interrupts(daif);
         let share = if total > 0.0 { workload.allocator as f64 * 100.0 / total } else { 0.0 };
         row("kasan-boot", "no-stacks", "-", "allocator_pct", "percent", share);
+        for (metric, (cost, calls)) in [("alloc_per_call", workload.alloc), ("free_per_call", workload.free)] {
+            row("kasan-boot", "no-stacks", "-", metric, plan.unit(), cost as f64 / calls.max(1) as f64);
+        }
     }
-    heap::set_stacks(saved);
-    let stats = crate::stacktrace::DEPOT.stats();
+    heap::set_stacks(saved.0);
+    stacktrace::set_stack_sample(saved.1);
+    let stats = stacktrace::DEPOT.stats();
     row("kasan-boot", "depot", "-", "records", "records", stats.records as f64);
     row("kasan-boot", "depot", "-", "bytes", "bytes", stats.bytes as f64);
     row("kasan-boot", "depot", "-", "hash_collisions", "records", stats.collisions as f64);

@@ -9,10 +9,11 @@ mod baseline;
 mod depot;
 mod ftrace;
 mod kasan_boot;
-mod probes;
-mod stacktrace;
+pub(crate) mod probes;
+pub(crate) mod stacktrace;
 
-use crate::arch::{counters, cpu};
+use crate::arch::counters;
+use crate::sync::IrqMask;
 use protocol::suite;
 
 /// What a measurement counts, chosen by xtask per mode.
@@ -45,8 +46,8 @@ impl Plan {
     /// Runs `body` with interrupts masked and returns what it cost on this plan's clock.
     #[inline(always)]
     pub fn measure(&self, body: impl FnOnce()) -> u64 {
-        let daif = cpu::mask_interrupts();
-        let cost = match self.clock {
+        let _mask = IrqMask::new();
+        match self.clock {
             Clock::Cycles => {
                 let start = counters::cycles();
                 body();
@@ -58,9 +59,7 @@ impl Plan {
                 let ticks = counters::virtual_count() - start;
                 (ticks as u128 * 1_000_000_000 / crate::drivers::timer::frequency() as u128) as u64
             }
-        };
-        cpu::restore_interrupts(daif);
-        cost
+        }
     }
 
     pub fn unit(&self) -> &'static str {

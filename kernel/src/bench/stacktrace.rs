@@ -2,13 +2,15 @@
 //! with and without the stack depot, at depths 4 to 64 (BENCH.md).
 //!
 //! A recursion of `depth` frames is built, then the leaf takes N traces of exactly `depth`
-//! entries; per_trace = (that loop - the same loop without the trace) / N. With `+depot`, each
-//! trace is also saved in the depot: after the first save it is a lookup hit, as most of the
-//! allocation stacks a sanitizer saves are.
+//! entries through `stacktrace::collect` (the entry point the heap, reports and the tick use),
+//! into a buffer on the stack; per_trace = (that loop - the same loop without the trace) / N.
+//! With `+depot`, each trace is also saved in the depot: after the first save it is a lookup hit,
+//! as most of the allocation stacks a sanitizer saves are.
 
 use super::{Label, Plan, row};
 use crate::stacktrace::{self, Mode};
 use core::hint::black_box;
+use core::mem::MaybeUninit;
 use unwind::TraceOptions;
 
 const DEPTHS: [usize; 5] = [4, 8, 16, 32, 64];
@@ -30,12 +32,14 @@ fn recurse(remaining: usize, leaf: &mut dyn FnMut()) -> usize {
 }
 
 #[inline(never)]
+#[sanitize(kernel_hwaddress = "off")]
 fn trace_once(mode: Mode, depth: usize, depot: bool) {
-    let trace = stacktrace::capture(mode, TraceOptions::new(0, depth));
+    let mut buffer = [MaybeUninit::uninit(); unwind::MAX_FRAMES];
+    let walked = stacktrace::collect(mode, TraceOptions::new(0, depth), &mut buffer);
     if depot {
-        let _ = black_box(stacktrace::DEPOT.save(trace.addresses()));
+        let _ = black_box(stacktrace::DEPOT.save(walked.entries(&buffer)));
     }
-    black_box(&trace);
+    black_box((&walked, &buffer));
 }
 
 #[inline(never)]
@@ -43,11 +47,21 @@ fn nothing(_mode: Mode, _depth: usize, _depot: bool) {
     black_box(());
 }
 
+/// What one trace of `depth` entries costs at the caller's point: N traces minus the same loop
+/// calling an empty function, per trace. The demo measures its point with this too.
+pub(crate) fn per_trace(plan: &Plan, mode: Mode, depth: usize, depot: bool) -> f64 {
+    let iterations: u64 = if plan.icount { 1_000 } else { 20_000 };
+    let body = black_box(trace_once as fn(Mode, usize, bool));
+    let empty = black_box(nothing as fn(Mode, usize, bool));
+    let alone = plan.measure(|| (0..iterations).for_each(|_| empty(mode, depth, depot)));
+    let cost = plan.measure(|| (0..iterations).for_each(|_| body(mode, depth, depot)));
+    (cost as f64 - alone as f64) / iterations as f64
+}
+
 pub fn run(plan: &Plan) {
     if !crate::SHADOW_CALL_STACK {
         defmt::warn!("bench stacktrace: variant without a shadow call stack, scs cases skipped");
     }
-    let iterations: u64 = if plan.icount { 1_000 } else { 20_000 };
     for _ in 0..plan.reps {
         for depth in DEPTHS {
             let params = Label::new(format_args!("depth={depth}"));
@@ -57,13 +71,7 @@ pub fn run(plan: &Plan) {
                     continue;
                 }
                 let mut result = 0.0;
-                recurse(depth, &mut || {
-                    let body = black_box(trace_once as fn(Mode, usize, bool));
-                    let empty = black_box(nothing as fn(Mode, usize, bool));
-                    let alone = plan.measure(|| (0..iterations).for_each(|_| empty(mode, depth, depot)));
-                    let cost = plan.measure(|| (0..iterations).for_each(|_| body(mode, depth, depot)));
-                    result = (cost as f64 - alone as f64) / iterations as f64;
-                });
+                recurse(depth, &mut || result = per_trace(plan, mode, depth, depot));
                 row("stacktrace", case, params, "per_trace", plan.unit(), result);
             }
         }

@@ -39,8 +39,9 @@ pub use ftrace::{Applied, Scheme};
 use ftrace::{Config, DispatchTable, Registry, TextPatcher, TracerId, VectorOps, glob_match};
 pub use trampoline::{Ops, Regs};
 
-use crate::arch::{cpu, patch};
+use crate::arch::patch;
 use crate::symbols::callsites;
+use crate::sync::IrqSpinLock;
 
 /// Callsite capacity (as `callsites`).
 pub const SITES: usize = 4096;
@@ -50,7 +51,7 @@ pub const TRACER_WORDS: usize = 2;
 pub const VECTORS: usize = 64;
 
 static TABLE: DispatchTable<SITES, TRACER_WORDS, VECTORS> = DispatchTable::new();
-static REGISTRY: spin::Mutex<Registry<'static, SITES, TRACER_WORDS, VECTORS>> = spin::Mutex::new(Registry::new(&TABLE));
+static REGISTRY: IrqSpinLock<Registry<'static, SITES, TRACER_WORDS, VECTORS>> = IrqSpinLock::new(Registry::new(&TABLE));
 
 /// Name patterns of functions never traced: what the trampoline, the tracers, logging and the
 /// exception, probe and sanitizer paths run through (plus `.text.noprobe`, by address).
@@ -164,21 +165,16 @@ pub fn init() -> Result<usize, Error> {
         },
         scheme: Scheme::CallOps,
     };
-    let daif = cpu::mask_interrupts();
     let result =
         REGISTRY.lock().initialise(callsites::entries().iter().copied(), config, &mut KernelPatcher, |entry| {
             !is_notrace(entry, &symbols)
         });
-    cpu::restore_interrupts(daif);
     Ok(result?)
 }
 
-/// Runs `f` on the registry with interrupts masked (a tick cannot take the lock on this CPU).
+/// Runs `f` on the registry (the lock masks interrupts: a tick cannot take it on this CPU).
 fn with_registry<T>(f: impl FnOnce(&mut Registry<'static, SITES, TRACER_WORDS, VECTORS>) -> T) -> T {
-    let daif = cpu::mask_interrupts();
-    let result = f(&mut REGISTRY.lock());
-    cpu::restore_interrupts(daif);
-    result
+    f(&mut REGISTRY.lock())
 }
 
 /// Registers `ops` for every traceable function whose name matches `pattern` (`*`, `?`), and

@@ -1,5 +1,5 @@
 //! The tracers: a counting tracer (the bench's relevant tracer) and a function tracer that
-//! records `(timestamp, ip, parent ip)` into a ring buffer for xtask to symbolize.
+//! records `(timestamp, ip, parent ip)` into a ring buffer, streamed whole to xtask.
 //!
 //! Both run inside the trampoline with IRQs masked and the CPU's recursion guard held, so a
 //! per-CPU counter or ring slot needs no atomic read-modify-write: only this CPU writes it.
@@ -53,21 +53,28 @@ pub struct Record {
 
 const RING: usize = 4096;
 
+/// One ring slot: a `Record` in relaxed atomics. A relaxed store is the same `str` as a plain
+/// one, and a reader racing the writer sees a mixed record at worst, never undefined behaviour.
+/// 32 bytes, not 24: atomics cannot pair into one `stp`, and a power-of-two stride (a shifted
+/// add, no multiply) wins that instruction back, so `record` stays as long as it was.
+#[repr(C, align(32))]
+struct Slot {
+    timestamp: AtomicU64,
+    ip: AtomicU64,
+    parent_ip: AtomicU64,
+}
+
 /// The function tracer: a ring of the last `RING` calls (per CPU; one CPU here).
 pub struct FunctionTracer {
     pub ops: Ops,
-    ring: core::cell::UnsafeCell<[Record; RING]>,
+    ring: [Slot; RING],
     /// Records written so far (the next slot is `written % RING`).
     written: AtomicU64,
 }
 
-// SAFETY: the ring is written only by `record`, on one CPU with IRQs masked and the recursion
-// guard held, and read by `last` after the tracer is unregistered (no writer left).
-unsafe impl Sync for FunctionTracer {}
-
 pub static FUNCTION_TRACER: FunctionTracer = FunctionTracer {
     ops: Ops { func: record, private: 0 },
-    ring: core::cell::UnsafeCell::new([Record { timestamp: 0, ip: 0, parent_ip: 0 }; RING]),
+    ring: [const { Slot { timestamp: AtomicU64::new(0), ip: AtomicU64::new(0), parent_ip: AtomicU64::new(0) } }; RING],
     written: AtomicU64::new(0),
 };
 
@@ -78,8 +85,12 @@ unsafe extern "C" fn record(ip: u64, parent_ip: u64, _: &Ops, _: &mut Regs) {
     let timestamp: u64;
     // SAFETY: reads the virtual counter; no memory access.
     unsafe { core::arch::asm!("mrs {}, cntvct_el0", out(reg) timestamp, options(nomem, nostack, preserves_flags)) };
-    // SAFETY: see the `Sync` impl: this CPU is the only writer and cannot be interrupted here.
-    unsafe { (*tracer.ring.get())[written as usize % RING] = Record { timestamp, ip, parent_ip } };
+    // Only this CPU writes the ring, with IRQs masked and the recursion guard held: plain relaxed
+    // stores, no read-modify-write; the release on `written` publishes the slot.
+    let slot = &tracer.ring[written as usize % RING];
+    slot.timestamp.store(timestamp, Ordering::Relaxed);
+    slot.ip.store(ip, Ordering::Relaxed);
+    slot.parent_ip.store(parent_ip, Ordering::Relaxed);
     tracer.written.store(written + 1, Ordering::Release);
 }
 
@@ -98,27 +109,43 @@ impl FunctionTracer {
         let written = self.written();
         let kept = written.min(RING as u64);
         (index < kept).then(|| {
-            // SAFETY: the caller unregistered the tracer, so nothing writes the ring.
-            unsafe { (*self.ring.get())[((written - kept + index) % RING as u64) as usize] }
+            let slot = &self.ring[((written - kept + index) % RING as u64) as usize];
+            Record {
+                timestamp: slot.timestamp.load(Ordering::Relaxed),
+                ip: slot.ip.load(Ordering::Relaxed),
+                parent_ip: slot.parent_ip.load(Ordering::Relaxed),
+            }
         })
     }
 
-    /// Prints the last `count` records as `ftrace #N t=TICKS ip=0x.. parent=0x..` lines, which
-    /// xtask symbolizes (`function <- caller`).
-    pub fn dump(&self, count: u64) {
-        let kept = self.written().min(RING as u64);
-        defmt::info!("ftrace: {=u64} calls recorded, last {=u64}:", self.written(), count.min(kept));
-        for index in kept.saturating_sub(count)..kept {
+    /// Streams every record still in the ring, oldest first, for xtask to write as Linux's
+    /// `trace` file and as Chrome/Perfetto JSON (xtask/src/trace.rs): a header line
+    /// `ftrace ring: KEPT of WRITTEN calls, HZ Hz, cpu 0, task NAME-ID`, one
+    /// `ftrace record: TIMESTAMP IP PARENT` line per record (raw: xtask symbolizes), then
+    /// `ftrace ring end`. Over the log, so it works on a serial line (no semihosting files).
+    /// `task` is the one task that ran the traced window, or `<...>-0` when that is not known:
+    /// a record holds no task, which would lengthen every traced call. Call with the tracer off.
+    pub fn stream(&self, task: &str) {
+        let written = self.written();
+        let kept = written.min(RING as u64);
+        defmt::info!(
+            "ftrace ring: {=u64} of {=u64} calls, {=u64} Hz, cpu 0, task {=str}",
+            kept,
+            written,
+            crate::drivers::timer::frequency(),
+            task
+        );
+        for index in 0..kept {
             if let Some(record) = self.get(index) {
                 defmt::info!(
-                    "ftrace #{=u64} t={=u64} ip={=u64:#x} parent={=u64:#x}",
-                    index,
+                    "ftrace record: {=u64} {=u64:#x} {=u64:#x}",
                     record.timestamp,
                     record.ip,
                     record.parent_ip
                 );
             }
         }
+        defmt::info!("ftrace ring end");
     }
 }
 
@@ -142,10 +169,14 @@ pub fn trace_from_boot(pattern: &str, scheme: super::Scheme) -> Option<ftrace::T
     }
 }
 
-/// Stops the boot tracer and dumps its last records.
+/// Stops the boot tracer and streams its whole ring.
 pub fn stop_boot_trace(tracer: ftrace::TracerId) {
     match super::unregister(tracer) {
-        Ok(_) => FUNCTION_TRACER.dump(16),
+        Ok(_) => {
+            defmt::info!("ftrace: {=u64} calls recorded", FUNCTION_TRACER.written());
+            // Tasks switched while tracing from boot: the ring cannot say which ran a call.
+            FUNCTION_TRACER.stream("<...>-0");
+        }
         Err(error) => defmt::error!("ftrace: cannot stop the boot tracer: {}", error),
     }
     defmt::info!("ftrace: {=u64} recursive calls skipped by the guard", super::recursions());

@@ -6,6 +6,7 @@ use crate::arch::exception::{self, Esr, ExceptionClass, FaultStatus};
 use crate::arch::{cpu, patch};
 use crate::drivers::{interrupts, timer};
 use crate::mm::kasan;
+use crate::sync::IrqMask;
 
 pub const TESTS: &[Test] = &[
     Test { name: "brk_is_taken_and_returned_from", run: brk_is_taken_and_returned_from },
@@ -61,14 +62,16 @@ fn timer_ticks_at_configured_rate(_: &Context) -> Outcome {
     // within a tick or two of WINDOW, while a wrong rate, lost or doubled ticks change it.
     const WINDOW: u64 = 20;
     let interval = timer::frequency() / timer::hz();
-    let daif = cpu::mask_interrupts();
-    let (ticks_before, deadline_before) = (timer::ticks(), CNTV_CVAL_EL0.get());
-    cpu::restore_interrupts(daif);
+    let (ticks_before, deadline_before) = {
+        let _mask = IrqMask::new();
+        (timer::ticks(), CNTV_CVAL_EL0.get())
+    };
     let end = timer::counter() + WINDOW * interval;
     while timer::counter() < end {}
-    let daif = cpu::mask_interrupts();
-    let (ticks_after, deadline_after) = (timer::ticks(), CNTV_CVAL_EL0.get());
-    cpu::restore_interrupts(daif);
+    let (ticks_after, deadline_after) = {
+        let _mask = IrqMask::new();
+        (timer::ticks(), CNTV_CVAL_EL0.get())
+    };
     let ticks = ticks_after - ticks_before;
     if !(WINDOW - 5..=WINDOW + 2).contains(&ticks) {
         defmt::error!(

@@ -4,6 +4,9 @@
 //! `test skipped: NAME (REASON)`, `test FAILED: NAME`, then
 //! `tests done: P passed, F failed, S skipped`. A failing check also prints the expression,
 //! file and line. A test that hangs is named by its start line; one that panics by the panic.
+//! Beside them, the same results in KTAP (the kernel's test output format, read by kunit.py and
+//! other TAP parsers): `KTAP version 1`, the plan `1..N`, then `ok N NAME`,
+//! `ok N NAME # SKIP REASON` or `not ok N NAME`.
 
 mod foundation;
 mod ftrace;
@@ -152,17 +155,23 @@ pub fn run(filter: &str, expect_pauth: Option<&'static str>, icount: bool) -> Su
     crate::trap::install_test_hook(on_trap);
     let context = Context { expect_pauth, icount };
     let mut summary = Summary { passed: 0, failed: 0, skipped: 0 };
-    for test in TESTS.iter().flat_map(|tests| tests.iter()).filter(|test| test.name.contains(filter)) {
+    let selected = || TESTS.iter().flat_map(|tests| tests.iter()).filter(|test| test.name.contains(filter));
+    defmt::info!("KTAP version 1");
+    defmt::info!("1..{=usize}", selected().count());
+    for (index, test) in selected().enumerate() {
+        let number = index + 1;
         CURRENT.store(&test.name as *const &'static str as *mut _, Ordering::Relaxed);
         defmt::info!("test start: {=str}", test.name);
         match (test.run)(&context) {
             Ok(Verdict::Passed) => {
                 summary.passed += 1;
                 defmt::info!("test ok: {=str}", test.name);
+                defmt::info!("ok {=usize} {=str}", number, test.name);
             }
             Ok(Verdict::Skipped(reason)) => {
                 summary.skipped += 1;
                 defmt::info!("test skipped: {=str} ({=str})", test.name, reason);
+                defmt::info!("ok {=usize} {=str} # SKIP {=str}", number, test.name, reason);
             }
             Err(failure) => {
                 summary.failed += 1;
@@ -173,6 +182,7 @@ pub fn run(filter: &str, expect_pauth: Option<&'static str>, icount: bool) -> Su
                     failure.file,
                     failure.line
                 );
+                defmt::info!("not ok {=usize} {=str}", number, test.name);
             }
         }
     }

@@ -6,13 +6,13 @@
 //! landing pads, so S's fall-through and every nearby branch target trap back, and the capture
 //! handler records the registers, then resumes the caller as if its BRK had returned.
 
-use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use super::{Context, Failure, Outcome, Test, Verdict, check, check_eq};
 use crate::arch::exception::{BRK_HARNESS_CAPTURE, BRK_HARNESS_ENTER, ExceptionFrame};
 use crate::arch::patch;
 use crate::probes::{self as kprobes, Method, ProbeError, Registers, Text};
+use crate::sync::IrqSpinLock;
 
 pub const TESTS: &[Test] = &[
     Test { name: "probes_match_unprobed_execution", run: probes_match_unprobed_execution },
@@ -83,22 +83,17 @@ struct Harness {
     scratch: Scratch,
 }
 
-struct HarnessCell(UnsafeCell<Harness>);
-// SAFETY: used by one test at a time on the only CPU, from the test and from the BRK handlers it
-// provokes synchronously.
-unsafe impl Sync for HarnessCell {}
-
-static HARNESS: HarnessCell = HarnessCell(UnsafeCell::new(Harness {
+/// Locked by the test between runs and by the BRK handlers during one; the test never holds the
+/// guard across the `BRK #HARNESS_ENTER` it executes (see `run`), so the handlers, taken
+/// synchronously on the same CPU, always find it free. The instruction under test reaches the
+/// scratch memory by address while nobody holds the guard, as a device would.
+static HARNESS: IrqSpinLock<Harness> = IrqSpinLock::new(Harness {
     active: false,
     saved: [0; 34],
     input: Registers { x: [0; 31], sp: 0, pc: 0, pstate: 0 },
     output: Registers { x: [0; 31], sp: 0, pc: 0, pstate: 0 },
     scratch: Scratch { data: [0; 256], stack: [0; 1024], shadow: [0; 128] },
-}));
-
-fn harness() -> *mut Harness {
-    HARNESS.0.get()
-}
+});
 
 fn frame_words(frame: &mut ExceptionFrame) -> &mut [u64; 34] {
     // SAFETY: ExceptionFrame is repr(C) and starts with x[31], sp, elr, spsr (34 u64s).
@@ -117,9 +112,11 @@ fn registers_words(registers: &Registers) -> [u64; 34] {
 /// `BRK #HARNESS_ENTER` / `#HARNESS_CAPTURE` (from the tests' trap hook, tests/mod.rs).
 #[unsafe(link_section = ".text.noprobe")]
 pub fn on_brk(frame: &mut ExceptionFrame) -> bool {
-    // SAFETY: see HarnessCell.
-    let harness = unsafe { &mut *harness() };
     let immediate = crate::arch::exception::Esr(frame.esr).immediate();
+    if immediate != BRK_HARNESS_ENTER && immediate != BRK_HARNESS_CAPTURE {
+        return false;
+    }
+    let mut harness = HARNESS.lock();
     if immediate == BRK_HARNESS_ENTER && !harness.active {
         harness.saved = *frame_words(frame);
         *frame_words(frame) = registers_words(&harness.input);
@@ -142,13 +139,12 @@ pub fn on_brk(frame: &mut ExceptionFrame) -> bool {
 
 /// Runs S on `input` (with the scratch memory already filled) and returns the captured state.
 fn run(input: &Registers) -> Registers {
-    // SAFETY: see HarnessCell; the BRK handlers are not running now.
-    unsafe { (*harness()).input = *input };
+    // The guard is dropped before the BRK: its handlers take the lock themselves.
+    HARNESS.lock().input = *input;
     // SAFETY: the ENTER/CAPTURE pair restores every register of this context (the whole saved
     // frame) and resumes after the BRK; the EL1t run touches only the scratch memory.
     unsafe { core::arch::asm!("brk #{}", const BRK_HARNESS_ENTER, options(nostack)) };
-    // SAFETY: as above.
-    unsafe { (*harness()).output }
+    HARNESS.lock().output
 }
 
 /// xorshift64*.
@@ -465,8 +461,8 @@ fn stack_store_below(class: Class, word: u32) -> Option<i64> {
 /// what is compared.
 fn run_state(class: Class, word: u32, seed: u64, data: u64) -> Observed {
     let mut rng = Rng(seed | 1);
-    // SAFETY: see HarnessCell; no BRK handler is running now.
-    let scratch = unsafe { &mut (*harness()).scratch };
+    let mut harness = HARNESS.lock();
+    let scratch = &mut harness.scratch;
     for value in scratch.data.iter_mut().chain(scratch.stack.iter_mut()).chain(scratch.shadow.iter_mut()) {
         *value = rng.next();
     }
@@ -479,13 +475,14 @@ fn run_state(class: Class, word: u32, seed: u64, data: u64) -> Observed {
     registers.x[18] = shadow_base + 16 * 8;
     registers.sp = stack_top - 1024 - 16 * rng.below(16);
     registers.pstate = EL1T_MASKED | ((rng.below(16)) << 28);
+    drop(harness);
     prepare(class, word, &mut rng, &mut registers, data);
     let output = run(&registers);
     // Memory the instruction may legitimately have written: the data buffer, the stack from the
     // lowest SP the run had upward (the detour trampoline uses the stack below it, dead space),
     // and the shadow call stack below the final x18.
-    // SAFETY: as above.
-    let scratch = unsafe { &(*harness()).scratch };
+    let harness = HARNESS.lock();
+    let scratch = &harness.scratch;
     let stack_base = scratch.stack.as_ptr() as u64;
     let stack_from = ((registers.sp.min(stack_top) - stack_base) / 8) as usize;
     let pair = stack_store_below(class, word).map_or(0, |offset| {
@@ -504,8 +501,7 @@ fn run_state(class: Class, word: u32, seed: u64, data: u64) -> Observed {
 
 fn probes_match_unprobed_execution(_: &Context) -> Outcome {
     let at = scratch_instruction();
-    // SAFETY: see HarnessCell.
-    let data = unsafe { (*harness()).scratch.data.as_ptr() as u64 };
+    let data = HARNESS.lock().scratch.data.as_ptr() as u64;
     // A new seed per run (the counter), printed so that a failure can be replayed: the test
     // matrix then covers different random states in each of its configurations.
     let seed = crate::arch::counters::virtual_count() ^ 0x7072_6f62_6573_0001;

@@ -1,9 +1,10 @@
 //! Tasks, overflow detection, and the frame-pointer and shadow-call-stack walkers on real stacks:
 //! random recursive call chains, IRQs at random and at known points, PAC bits, corrupted records.
 
-use super::{Context, Outcome, Test, Verdict, check};
+use super::{Context, Outcome, Test, Verdict, check, check_eq};
 use crate::arch::cpu;
 use crate::stacktrace::{self, Mode};
+use crate::sync::IrqMask;
 use crate::task::{self, KillReason, State};
 use crate::{drivers::timer, symbols::callsites};
 use core::hint::black_box;
@@ -20,6 +21,13 @@ pub const TESTS: &[Test] = &[
     Test { name: "traces_agree_in_an_irq_at_a_known_point", run: traces_agree_in_an_irq_at_a_known_point },
     Test { name: "corrupted_frame_record_stops_the_walk", run: corrupted_frame_record_stops_the_walk },
     Test { name: "save_stack_switches_mode_at_run_time", run: save_stack_switches_mode_at_run_time },
+    Test { name: "short_buffer_stops_at_its_length", run: short_buffer_stops_at_its_length },
+    Test {
+        name: "depot_hash_instruction_matches_the_portable_crc",
+        run: depot_hash_instruction_matches_the_portable_crc,
+    },
+    Test { name: "full_depot_keeps_handle_zero_and_says_why", run: full_depot_keeps_handle_zero_and_says_why },
+    Test { name: "sampled_allocation_stacks", run: sampled_allocation_stacks },
 ];
 
 fn no_scs() -> Option<Outcome> {
@@ -343,10 +351,11 @@ fn traces_agree_in_irqs_at_random_points(context: &Context) -> Outcome {
         let (seed, depth) = (chain.seed, chain.depth);
         let delay = chain.random() % (timer::frequency() / 10_000);
         let deadline = timer::counter() + timer::frequency() / 10;
-        let daif = cpu::mask_interrupts();
-        stacktrace::arm_irq_capture();
-        timer::fire_in(delay);
-        cpu::restore_interrupts(daif);
+        {
+            let _mask = IrqMask::new();
+            stacktrace::arm_irq_capture();
+            timer::fire_in(delay);
+        }
         let capture = loop {
             chain.seed = seed;
             black_box(next(&mut chain, depth));
@@ -355,7 +364,7 @@ fn traces_agree_in_irqs_at_random_points(context: &Context) -> Outcome {
             }
             check!(timer::counter() < deadline);
         };
-        match check_irq_capture(capture, false) {
+        match check_irq_capture(&capture, false) {
             Ok(true) => checked += 1,
             Ok(false) => {}
             Err(what) => {
@@ -372,14 +381,13 @@ fn traces_agree_in_irqs_at_random_points(context: &Context) -> Outcome {
 /// Waits for the timer IRQ at a known instruction: the `wfi` below, after the frame is set up.
 #[inline(never)]
 fn wait_here() {
-    let daif = cpu::mask_interrupts();
+    let mask = IrqMask::new();
     stacktrace::arm_irq_capture();
     timer::fire_in(timer::frequency() / 10_000);
     // IRQs stay masked while waiting: the wfi completes when the IRQ is pending, then the IRQ
     // is taken right after, at a known PC (the instruction after the wfi).
     cpu::wait_for_interrupt();
-    cpu::restore_interrupts(daif);
-    black_box(daif);
+    drop(mask);
 }
 
 fn traces_agree_in_an_irq_at_a_known_point(_: &Context) -> Outcome {
@@ -396,7 +404,7 @@ fn traces_agree_in_an_irq_at_a_known_point(_: &Context) -> Outcome {
         check!(timer::counter() < deadline);
     };
     check!(callsites::function_containing(capture.pc).map(|(start, _)| start) == Some(wait_here as *const () as u64));
-    check!(check_irq_capture(capture, true) == Ok(true));
+    check!(check_irq_capture(&capture, true) == Ok(true));
     // The interrupted part of the trace reaches through the whole chain.
     check!(capture.frame_pointer.addresses().iter().filter(|&&address| is_chain_function(address - 4)).count() >= 25);
     Ok(Verdict::Passed)
@@ -475,5 +483,118 @@ fn save_stack_switches_mode_at_run_time(_: &Context) -> Outcome {
     // Entry 0 returns into this test's caller, the test runner.
     let runner = super::run as *const () as u64;
     check!(callsites::function_containing(saved[0] - 4).map(|(start, _)| start) == Some(runner));
+    Ok(Verdict::Passed)
+}
+
+// --- one walker path: buffers, the depot, sampling --------------------------------------------
+
+/// The same walk into a 3-entry buffer: the first three entries, then the depth limit.
+#[inline(never)]
+fn collect_both_lengths(mode: Mode) -> Result<(), &'static str> {
+    let mut long = [core::mem::MaybeUninit::uninit(); unwind::MAX_FRAMES];
+    let mut short = [core::mem::MaybeUninit::uninit(); 3];
+    let full = stacktrace::collect(mode, TraceOptions::ALL, &mut long);
+    let cut = stacktrace::collect(mode, TraceOptions::ALL, &mut short);
+    if full.len <= 3 || cut.len != 3 || cut.stop != unwind::StopReason::DepthLimit {
+        return Err("a 3-entry buffer did not stop the walk at 3 with the depth limit");
+    }
+    // Entry 0 returns into this function from two different calls: compare the callers.
+    if full.entries(&long)[1..3] != cut.entries(&short)[1..3] {
+        return Err("the short walk's entries differ from the long walk's");
+    }
+    Ok(())
+}
+
+fn short_buffer_stops_at_its_length(_: &Context) -> Outcome {
+    if crate::BUILD_VARIANT == "plain" {
+        return Ok(Verdict::Skipped("variant plain keeps no frame records"));
+    }
+    collect_both_lengths(Mode::FramePointer).map_err(super::fail)?;
+    if crate::SHADOW_CALL_STACK {
+        collect_both_lengths(Mode::ShadowCallStack).map_err(super::fail)?;
+    }
+    Ok(Verdict::Passed)
+}
+
+fn depot_hash_instruction_matches_the_portable_crc(_: &Context) -> Outcome {
+    // The kernel hashes with `crc32cx`, the host tests with the bit-by-bit CRC: they must agree.
+    let mut state = 0x1234_5678_9abc_def1_u64;
+    let mut frames = [0u64; 64];
+    for length in 1..=64 {
+        for frame in frames.iter_mut().take(length) {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            *frame = state;
+        }
+        check_eq!(stackdepot::hash_frames(&frames[..length]), stackdepot::hash_frames_portable(&frames[..length]));
+    }
+    Ok(Verdict::Passed)
+}
+
+fn full_depot_keeps_handle_zero_and_says_why(_: &Context) -> Outcome {
+    static SMALL: stackdepot::StackDepot<16, 1> = stackdepot::StackDepot::new();
+    static POOL: crate::sync::StaticBlocks<1, 512> = crate::sync::StaticBlocks::new();
+    // The test runs once per boot: a second run would find the pool claimed.
+    let Some(pool) = POOL.claim() else {
+        return Err(super::fail("the small depot's pool was claimed before"));
+    };
+    if SMALL.add_pool(pool).is_err() {
+        return Err(super::fail("the small depot refused its pool"));
+    }
+    let mut word = 0;
+    for id in 0..64u64 {
+        let frames = [0xffff_ff80_4008_0000 + id * 0x40, 0xffff_ff80_4008_1000];
+        word = stacktrace::stack_word(SMALL.save(&frames));
+        if stackdepot::DepotHandle::from_raw(word).is_none() {
+            break;
+        }
+    }
+    // The depot filled up: the heap's word holds handle 0 and the reason.
+    check_eq!(word, stacktrace::STACK_DEPOT_FULL);
+    check_eq!(word & ((1 << 27) - 1), 0);
+    check!(stackdepot::DepotHandle::from_raw(word).is_none());
+    check!(stacktrace::unsaved_reason(word) == Some("(stack not saved: depot full)"));
+    check!(stacktrace::unsaved_reason(0).is_none());
+    Ok(Verdict::Passed)
+}
+
+fn sampled_allocation_stacks(_: &Context) -> Outcome {
+    use crate::mm::kasan::heap::{self, Stacks};
+    let every = stacktrace::stack_sample();
+    // The draw: about 1 in 8, and not a counter (a counter would pick one residue mod 8 only).
+    stacktrace::set_stack_sample(8);
+    let mut sampled = [0u32; 8];
+    for index in 0..800usize {
+        if stacktrace::sample_allocation() {
+            sampled[index % 8] += 1;
+        }
+    }
+    let total: u32 = sampled.iter().sum();
+    defmt::info!("  {=u32} of 800 draws sampled, by index mod 8: {=[?]}", total, sampled[..]);
+    // 100 expected; 4 standard deviations either side.
+    let draws_ok = (60..=140).contains(&total) && sampled.iter().filter(|&&count| count > 0).count() >= 6;
+    // The heap: an allocation left out is marked, its free is saved all the same. (One object:
+    // the stack ring is shared with the sanitizer's tests.)
+    let (mode, mut marked, mut free_saved) = (heap::stacks(), false, false);
+    if crate::SHADOW_CALL_STACK {
+        heap::set_stacks(Stacks::FramePointer);
+        // 1 in 2^32: this allocation is not sampled.
+        stacktrace::set_stack_sample(u32::MAX);
+        if let Some(object) = heap::allocate(48, 16) {
+            marked = heap::newest_entry(object, false).map(|entry| entry.stack) == Some(stacktrace::STACK_NOT_SAMPLED);
+            heap::free(object);
+            let freed = heap::newest_entry(object, true).map_or(0, |entry| entry.stack);
+            free_saved = stackdepot::DepotHandle::from_raw(freed).is_some();
+        }
+        heap::set_stacks(mode);
+    } else {
+        (marked, free_saved) = (true, true);
+    }
+    stacktrace::set_stack_sample(every);
+    check!(draws_ok);
+    check!(marked);
+    check!(free_saved);
+    check!(stacktrace::unsaved_reason(stacktrace::STACK_NOT_SAMPLED) == Some("(stack not sampled)"));
     Ok(Verdict::Passed)
 }

@@ -1,38 +1,69 @@
 //! `cargo xtask bench`: runs benchmark suites in QEMU per CPU variant and mode, and writes
-//! results.json, report.md and one SVG chart per suite (the contract is shared/BENCH.md).
+//! results.json, report.md and one SVG chart per suite; compares two runs; keeps the icount
+//! baseline that `cargo xtask test` gates on (the contract is docs/reference/bench.md).
 
 mod chart;
+mod compare;
+pub mod gate;
 mod report;
 mod results;
 
 use crate::Failure;
-use crate::build::{self, Board, BuildVariant};
+use crate::build::{self, Board, BuildVariant, KernelImage};
 use crate::qemu::{self, CpuVariant, Machine};
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use protocol::suite;
-use results::{Row, Sample};
-use std::path::PathBuf;
+use results::{Provenance, Row, Sample};
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 
 /// A suite the kernel can run, and the build variant it runs on unless `--variant` says.
 pub struct Suite {
     pub name: &'static str,
     pub default_variant: BuildVariant,
+    /// One line for `bench --help`.
+    pub about: &'static str,
 }
 
 pub const SUITES: &[Suite] = &[
-    Suite { name: suite::BASELINE, default_variant: BuildVariant::Prod },
-    Suite { name: suite::STACKTRACE, default_variant: BuildVariant::Prod },
-    Suite { name: suite::DEPOT, default_variant: BuildVariant::Prod },
-    Suite { name: suite::PROBES, default_variant: BuildVariant::Prod },
-    Suite { name: suite::FTRACE, default_variant: BuildVariant::Prod },
-    Suite { name: suite::KASAN_BOOT, default_variant: BuildVariant::Full },
+    Suite {
+        name: suite::BASELINE,
+        default_variant: BuildVariant::Prod,
+        about: "the measuring loop alone, a plain call, a PAC-signed call, an SCS call, a BRK round trip",
+    },
+    Suite {
+        name: suite::STACKTRACE,
+        default_variant: BuildVariant::Prod,
+        about: "one stack trace by frame records or shadow call stack, with and without the depot, depth 4..64",
+    },
+    Suite {
+        name: suite::DEPOT,
+        default_variant: BuildVariant::Prod,
+        about: "stack depot insert and lookup per op, and its size and hit rate when saturated",
+    },
+    Suite {
+        name: suite::PROBES,
+        default_variant: BuildVariant::Prod,
+        about: "k/u(ret)probe cost per hit for each method on nop, push and ret targets; unprobed calls",
+    },
+    Suite {
+        name: suite::FTRACE,
+        default_variant: BuildVariant::Prod,
+        about: "a traced call's cost with list and call-ops schemes, 0..100 relevant/irrelevant tracers",
+    },
+    Suite {
+        name: suite::KASAN_BOOT,
+        default_variant: BuildVariant::Full,
+        about: "an allocation-heavy workload on the sanitizer heap with each way of collecting stacks",
+    },
 ];
 
-fn parse_suite(name: &str) -> Result<&'static Suite, String> {
-    SUITES.iter().find(|suite| suite.name == name).ok_or_else(|| {
-        let names: Vec<_> = SUITES.iter().map(|suite| suite.name).collect();
-        format!("unknown suite '{name}' (available: {})", names.join(", "))
-    })
+/// The suites' names as clap's possible values, each with its line of help, so `bench --help`
+/// lists them and a typo gets clap's "did you mean".
+fn suite_parser() -> impl TypedValueParser<Value = &'static Suite> {
+    PossibleValuesParser::new(SUITES.iter().map(|suite| PossibleValue::new(suite.name).help(suite.about)))
+        .map(|name| SUITES.iter().find(|suite| suite.name == name).expect("clap checked the name"))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
@@ -54,6 +85,8 @@ pub enum Mode {
 }
 
 impl Mode {
+    pub const ALL: [Mode; 3] = [Self::Icount, Self::Wall, Self::Hardware];
+
     pub fn name(self) -> &'static str {
         match self {
             Self::Icount => "icount",
@@ -61,12 +94,19 @@ impl Mode {
             Self::Hardware => "hardware",
         }
     }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|mode| mode.name() == name)
+    }
 }
 
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
-    /// Suites to run (default: all): baseline, probes
-    #[arg(value_parser = parse_suite)]
+    #[command(subcommand)]
+    pub command: Option<BenchCommand>,
+    /// Suites to run (default: all).
+    #[arg(value_parser = suite_parser())]
     pub suites: Vec<&'static Suite>,
     /// CPU variants (repeatable; default: all five).
     #[arg(long = "cpu", value_parser = CpuVariant::parse)]
@@ -74,14 +114,30 @@ pub struct BenchArgs {
     /// Build variant for every suite (default: each suite's own, `prod` for most).
     #[arg(long, value_enum)]
     pub variant: Option<BuildVariant>,
+    /// icount: instruction counts, deterministic; wall: virtual ns of TCG emulation, N reps.
     #[arg(long, value_enum, default_value = "both")]
     pub mode: ModeArg,
     /// Repetitions per case in wall mode (icount is deterministic: one rep).
     #[arg(long, default_value = "5", value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub reps: u32,
-    /// Output directory.
-    #[arg(long, default_value = "target/bench")]
-    pub out: PathBuf,
+    /// Output directory (default: target/bench, under CARGO_TARGET_DIR when set).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Also keep this run's results.json and report.md under NAME, for `bench compare`
+    /// (in target/bench/saved/NAME).
+    #[arg(long, value_name = "NAME")]
+    pub save: Option<String>,
+    /// Let --save replace a run saved under the same name.
+    #[arg(long, requires = "save")]
+    pub force: bool,
+    /// Also write docs/results-style pages (one <suite>.md per suite) into DIR.
+    #[arg(long, value_name = "DIR")]
+    pub report: Option<PathBuf>,
+    /// Run the gate's suites (icount, max,pauth=off, prod) and write the icount baseline that
+    /// `cargo xtask test` checks against (xtask/baseline/icount.json). Commit it with the reason
+    /// for every row that rose.
+    #[arg(long, conflicts_with_all = ["suites", "cpus", "variant", "mode", "serial"])]
+    pub update_baseline: bool,
     #[arg(long, value_enum, default_value = "virt")]
     pub board: Board,
     /// Serial device of a real board (mode `hardware`; the board runs what its SD card's
@@ -95,18 +151,64 @@ pub struct BenchArgs {
     pub timeout: u64,
 }
 
+#[derive(clap::Subcommand)]
+pub enum BenchCommand {
+    /// Compare two runs (saved names or results.json paths): per suite, each row's old and new
+    /// value, difference and ratio. Exit 2 when the runs are not comparable.
+    Compare {
+        /// The run before the change: a name given to --save, a results.json or its directory.
+        old: String,
+        /// The run after the change.
+        new: String,
+    },
+    /// Write one page per suite (<suite>.md: provenance, tables, what each metric means) from
+    /// one results.json.
+    Report {
+        /// A name given to --save, a results.json or its directory (default: target/bench).
+        #[arg(long)]
+        from: Option<String>,
+        /// Directory to write the pages into (default: the workspace's docs/results).
+        out: Option<PathBuf>,
+    },
+}
+
 pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
+    match &args.command {
+        Some(BenchCommand::Compare { old, new }) => return compare::run(old, new),
+        Some(BenchCommand::Report { from, out }) => {
+            let from = from.clone().unwrap_or_else(|| target_dir().join("bench").display().to_string());
+            let (_, results) = load(&from)?;
+            let out = out.clone().unwrap_or_else(|| build::workspace_root().join("docs/results"));
+            return write_pages(&out, &results);
+        }
+        None => {}
+    }
     if args.serial.is_some() && args.board != Board::Rpi4 {
         return Err(Failure::usage("--serial reads a real board's results: it needs --board rpi4"));
     }
-    let suites: Vec<&Suite> = if args.suites.is_empty() { SUITES.iter().collect() } else { args.suites.clone() };
+    if args.update_baseline && args.board != Board::Virt {
+        return Err(Failure::usage("the icount baseline is measured on board virt"));
+    }
+    let saved = match &args.save {
+        Some(name) => Some(save_slot(&saved_root(), name, args.force)?),
+        None => None,
+    };
+    let suites: Vec<&Suite> = if args.update_baseline {
+        gate::SUITES.iter().map(|name| SUITES.iter().find(|suite| suite.name == *name).expect("known suite")).collect()
+    } else if args.suites.is_empty() {
+        SUITES.iter().collect()
+    } else {
+        args.suites.clone()
+    };
     let cpus = match args.board {
+        _ if args.update_baseline => vec![gate::CPU],
         Board::Virt if args.cpus.is_empty() => CpuVariant::ALL.to_vec(),
         Board::Virt => args.cpus.clone(),
         Board::Rpi4 if args.cpus.iter().all(|&cpu| cpu == CpuVariant::CortexA72) => vec![CpuVariant::CortexA72],
         Board::Rpi4 => return Err(Failure::usage("board rpi4 is a Cortex-A72: --cpu can only be cortex-a72")),
     };
     let modes = match (args.board, &args.serial, args.mode) {
+        _ if args.update_baseline => vec![Mode::Icount],
         (_, Some(_), _) => vec![Mode::Hardware],
         (_, None, ModeArg::Icount) => vec![Mode::Icount],
         (_, None, ModeArg::Wall) => vec![Mode::Wall],
@@ -138,72 +240,39 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     let images =
         by_variant.iter().map(|(variant, _)| build::kernel(args.board, *variant)).collect::<Result<Vec<_>, _>>()?;
 
+    // The tree as it is when the kernels were built: a commit made while QEMU runs is not theirs.
+    // icount is deterministic and runs one rep whatever --reps says.
+    let reps = if modes == [Mode::Icount] { 1 } else { args.reps };
+    let mut provenance = provenance(args.board, reps);
     let runs = (by_variant.len() * cpus.len() * modes.len()) as u64;
     let progress = indicatif::ProgressBar::new(runs).with_style(
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed} {msg}").expect("valid template"),
     );
-    let timeout = Duration::from_secs(args.timeout);
     let mut samples = Vec::new();
     for ((variant, names), image) in by_variant.iter().zip(&images) {
         for &cpu in &cpus {
             for &mode in &modes {
-                let el = if args.board == Board::Rpi4 { 2 } else { 1 };
-                let machine =
-                    Machine { board: args.board, cpu, el, gic: 2, icount: mode == Mode::Icount, dtb: dtb.clone() };
                 progress.set_message(format!("{} -cpu {} {}", names.join(","), cpu.name(), mode.name()));
-                let reps = if mode == Mode::Icount { 1 } else { args.reps };
-                let clock = if mode == Mode::Wall { "ns" } else { "cycles" };
-                let bootargs = format!(
-                    "run=bench bench={} reps={reps} clock={clock} icount={} exit=semihosting",
-                    names.join(","),
-                    u8::from(mode == Mode::Icount)
-                );
-                let (status, log) = match (args.board, &args.serial) {
-                    (Board::Virt, _) => {
-                        let result = qemu::run(&machine, image, &bootargs, Some(timeout), false)?;
-                        (result.status, result.log)
-                    }
-                    // QEMU raspi4b, read through a pseudo-terminal as a real board's serial line.
-                    (Board::Rpi4, None) => {
-                        let result = qemu::run_via_pty(&machine, image, &bootargs, timeout)?;
-                        (result.status, result.log)
-                    }
-                    // The board runs what its cmdline.txt says (`cargo xtask sdimage --run bench`).
-                    (Board::Rpi4, Some(path)) => {
-                        progress.println(format!("reading {}: power on the Raspberry Pi 4", path.display()));
-                        let port = crate::serial::open(path, 115_200)?;
-                        let result = crate::serial::read_run(port, &image.elf, Some(timeout), false)?;
-                        (result.status, result.log)
-                    }
-                };
-                let failed = match status {
-                    None => Some(format!("no exit sentinel within {} s", args.timeout)),
-                    Some(0) => None,
-                    Some(status) => Some(format!("kernel exited with status {status}")),
-                };
-                if let Some(problem) = failed {
-                    progress.finish_and_clear();
-                    for line in &log {
-                        eprintln!("  {line}");
-                    }
-                    let status = if status.is_none() { 124 } else { 1 };
-                    return Err(Failure {
-                        status,
-                        message: format!(
-                            "bench run {} -cpu {} {}: {problem}",
-                            args.board.name(),
-                            cpu.name(),
-                            mode.name()
-                        ),
-                    });
+                if let Some(path) = &args.serial {
+                    progress.println(format!("reading {}: power on the Raspberry Pi 4", path.display()));
                 }
-                for line in &log {
-                    if let Some(fields) = line.text.strip_prefix("bench row: ") {
-                        let sample = Sample::parse(fields, cpu, *variant, mode).ok_or_else(|| Failure {
-                            status: 1,
-                            message: format!("malformed bench row: {}", line.text),
-                        })?;
-                        samples.push(sample);
+                let plan = RunPlan {
+                    board: args.board,
+                    image,
+                    variant: *variant,
+                    suites: names,
+                    cpu,
+                    mode,
+                    reps: args.reps,
+                    timeout: Duration::from_secs(args.timeout),
+                    dtb: dtb.clone(),
+                    serial: args.serial.as_deref(),
+                };
+                match measure(&plan) {
+                    Ok(mut more) => samples.append(&mut more),
+                    Err(failure) => {
+                        progress.finish_and_clear();
+                        return Err(failure);
                     }
                 }
                 progress.inc(1);
@@ -211,34 +280,308 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
         }
     }
     progress.finish_and_clear();
-    let rows = Row::aggregate(&samples);
-    std::fs::create_dir_all(&args.out).map_err(|error| Failure::usage(format!("{}: {error}", args.out.display())))?;
-    let write = |name: &str, text: String| -> Result<PathBuf, Failure> {
-        let path = args.out.join(name);
-        std::fs::write(&path, text).map_err(|error| Failure::usage(format!("{}: {error}", path.display())))?;
-        Ok(path)
-    };
-    let commit = git_commit();
-    let qemu_version = qemu::version();
-    write("results.json", results::to_json(&commit, &qemu_version, args.board.name(), &rows))?;
-    let report = write("report.md", report::render(&commit, &qemu_version, args.board.name(), &rows))?;
+    let rows = results::as_written(&Row::aggregate(&samples));
+    provenance.date = Some(utc_now());
+    let out = args.out.clone().unwrap_or_else(|| target_dir().join("bench"));
+    let json = results::to_json(&provenance, &rows);
+    let report = report::render(&provenance, &rows);
+    write_file(&out.join("results.json"), &json)?;
+    write_file(&out.join("report.md"), &report)?;
     for suite in &suites {
-        let path = args.out.join(format!("{}.svg", suite.name));
+        let path = out.join(format!("{}.svg", suite.name));
         chart::draw(&path, suite.name, &rows)
             .map_err(|error| Failure::usage(format!("{}: {error}", path.display())))?;
     }
-    println!("{}", std::fs::read_to_string(&report).unwrap_or_default());
-    eprintln!("xtask: wrote {}/results.json, report.md and one SVG per suite", args.out.display());
+    println!("{report}");
+    eprintln!("xtask: wrote {}/results.json, report.md and one SVG per suite", out.display());
+    if let Some(slot) = saved {
+        write_file(&slot.join("results.json"), &json)?;
+        write_file(&slot.join("report.md"), &report)?;
+        eprintln!("xtask: saved as {} (compare with `cargo xtask bench compare`)", slot.display());
+    }
+    let results = results::Results { schema: results::SCHEMA, provenance, rows };
+    if let Some(dir) = &args.report {
+        write_pages(dir, &results)?;
+    }
+    if args.update_baseline {
+        gate::update(&results, &json)?;
+    }
     Ok(0)
 }
 
-fn git_commit() -> String {
-    std::process::Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
+/// What one kernel run measures: some suites of one build, on one CPU variant, in one mode.
+pub struct RunPlan<'a> {
+    pub board: Board,
+    pub image: &'a KernelImage,
+    pub variant: BuildVariant,
+    pub suites: &'a [&'a str],
+    pub cpu: CpuVariant,
+    pub mode: Mode,
+    pub reps: u32,
+    pub timeout: Duration,
+    pub dtb: Option<PathBuf>,
+    /// A real board's serial line: the board runs what its SD card says.
+    pub serial: Option<&'a Path>,
+}
+
+/// Runs the kernel's bench mode once and returns its samples, or why the run failed.
+pub fn measure(plan: &RunPlan) -> Result<Vec<Sample>, Failure> {
+    let el = if plan.board == Board::Rpi4 { 2 } else { 1 };
+    let machine = Machine {
+        board: plan.board,
+        cpu: plan.cpu,
+        el,
+        gic: 2,
+        icount: plan.mode == Mode::Icount,
+        dtb: plan.dtb.clone(),
+    };
+    let reps = if plan.mode == Mode::Icount { 1 } else { plan.reps };
+    let clock = if plan.mode == Mode::Wall { "ns" } else { "cycles" };
+    let bootargs = format!(
+        "run=bench bench={} reps={reps} clock={clock} icount={} exit=semihosting",
+        plan.suites.join(","),
+        u8::from(plan.mode == Mode::Icount)
+    );
+    let (status, log) = match (plan.board, plan.serial) {
+        (Board::Virt, _) => {
+            let result = qemu::run(&machine, plan.image, &bootargs, Some(plan.timeout), false)?;
+            (result.status, result.log)
+        }
+        // QEMU raspi4b, read through a pseudo-terminal as a real board's serial line.
+        (Board::Rpi4, None) => {
+            let result = qemu::run_via_pty(&machine, plan.image, &bootargs, plan.timeout)?;
+            (result.status, result.log)
+        }
+        // The board runs what its cmdline.txt says (`cargo xtask sdimage --run bench`).
+        (Board::Rpi4, Some(path)) => {
+            let port = crate::serial::open(path, 115_200)?;
+            let result = crate::serial::read_run(port, &plan.image.elf, Some(plan.timeout), false)?;
+            (result.status, result.log)
+        }
+    };
+    let failed = match status {
+        None => Some(format!("no exit sentinel within {} s", plan.timeout.as_secs())),
+        Some(0) => None,
+        Some(status) => Some(format!("kernel exited with status {status}")),
+    };
+    if let Some(problem) = failed {
+        for line in &log {
+            eprintln!("  {line}");
+        }
+        return Err(Failure {
+            status: if status.is_none() { 124 } else { 1 },
+            message: format!(
+                "bench run {} -cpu {} {}: {problem}",
+                plan.board.name(),
+                plan.cpu.name(),
+                plan.mode.name()
+            ),
+        });
+    }
+    let mut samples = Vec::new();
+    for line in &log {
+        if let Some(fields) = line.text.strip_prefix("bench row: ") {
+            let sample = Sample::parse(fields, plan.cpu, plan.variant, plan.mode)
+                .ok_or_else(|| Failure { status: 1, message: format!("malformed bench row: {}", line.text) })?;
+            samples.push(sample);
+        }
+    }
+    Ok(samples)
+}
+
+/// Cargo's target directory: CARGO_TARGET_DIR when set (as cargo reads it), else the
+/// workspace's `target`.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .filter(|dir| !dir.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| build::workspace_root().join("target"))
+}
+
+/// Where `--save NAME` keeps a run.
+fn saved_dir(name: &str) -> PathBuf {
+    saved_root().join(name)
+}
+
+fn saved_root() -> PathBuf {
+    target_dir().join("bench/saved")
+}
+
+/// Checks NAME (a directory under `root`) before any QEMU run, so a refused --save costs nothing.
+fn save_slot(root: &Path, name: &str, force: bool) -> Result<PathBuf, Failure> {
+    let valid = !name.is_empty()
+        && !name.starts_with('.')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if !valid {
+        return Err(Failure::usage(format!(
+            "--save {name:?}: a name is letters, digits, '-', '_' and '.' (not first)"
+        )));
+    }
+    let slot = root.join(name);
+    if slot.join("results.json").exists() && !force {
+        return Err(Failure::usage(format!("--save {name}: {} exists; add --force to replace it", slot.display())));
+    }
+    Ok(slot)
+}
+
+/// Resolves a run given as a saved name, a results.json or a directory holding one, and reads
+/// it. Returns the file read and its contents; unreadable or unknown files are exit 2.
+pub fn load(run: &str) -> Result<(PathBuf, results::Results), Failure> {
+    let as_name = !run.contains('/') && !run.ends_with(".json");
+    let mut path = if as_name && saved_dir(run).is_dir() { saved_dir(run) } else { PathBuf::from(run) };
+    if path.is_dir() {
+        path = path.join("results.json");
+    }
+    let text = std::fs::read_to_string(&path).map_err(|error| {
+        let hint = if as_name { format!(" (no run saved as '{run}' either)") } else { String::new() };
+        Failure::usage(format!("{}: {error}{hint}", path.display()))
+    })?;
+    let results = results::parse(&text).map_err(|error| Failure::usage(format!("{}: {error}", path.display())))?;
+    Ok((path, results))
+}
+
+fn write_file(path: &Path, text: &str) -> Result<(), Failure> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|error| Failure::usage(format!("{}: {error}", parent.display())))?;
+    }
+    std::fs::write(path, text).map_err(|error| Failure::usage(format!("{}: {error}", path.display())))
+}
+
+/// docs/results-style pages: one <suite>.md per suite in `results`.
+fn write_pages(dir: &Path, results: &results::Results) -> Result<u8, Failure> {
+    let pages = report::pages(&results.provenance, &results.rows);
+    for (suite, text) in &pages {
+        write_file(&dir.join(format!("{suite}.md")), text)?;
+    }
+    let names: Vec<_> = pages.iter().map(|(suite, _)| format!("{suite}.md")).collect();
+    eprintln!("xtask: wrote {} in {}", names.join(", "), dir.display());
+    Ok(0)
+}
+
+/// One line of a command's output, or None when the command is missing or fails.
+fn command_line(program: &str, args: &[&str]) -> Option<String> {
+    Command::new(program)
+        .args(args)
         .current_dir(build::workspace_root())
         .output()
         .ok()
         .filter(|output| output.status.success())
         .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_string())
-        .unwrap_or_else(|| "unknown".into())
+        .filter(|text| !text.is_empty())
+}
+
+/// What a results.json records about where its figures were made.
+pub fn provenance(board: Board, reps: u32) -> Provenance {
+    Provenance {
+        commit: command_line("git", &["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into()),
+        describe: command_line("git", &["describe", "--always", "--dirty"]),
+        // In the workspace root, rustup picks the kernel's toolchain from rust-toolchain.toml.
+        rustc: command_line("rustc", &["-V"]),
+        qemu: qemu::version(),
+        host_cpu: host_cpu(),
+        reps: Some(reps),
+        date: Some(utc_now()),
+        board: board.name().into(),
+    }
+}
+
+/// The host CPU's model: x86 says `model name`; arm64 Linux has no model name, only the
+/// implementer and part numbers.
+fn host_cpu() -> Option<String> {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let field = |name: &str| {
+        cpuinfo.lines().find_map(|line| {
+            let (key, value) = line.split_once(':')?;
+            (key.trim() == name).then(|| value.trim().to_string())
+        })
+    };
+    let cores = cpuinfo.lines().filter(|line| line.starts_with("processor")).count();
+    let model = field("model name").or_else(|| {
+        Some(format!(
+            "{} implementer {} part {}",
+            std::env::consts::ARCH,
+            field("CPU implementer")?,
+            field("CPU part")?
+        ))
+    })?;
+    Some(if cores > 0 { format!("{model} ({cores} CPUs)") } else { model })
+}
+
+/// Now, UTC, `YYYY-MM-DD HH:MM:SS`.
+fn utc_now() -> String {
+    let seconds = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_secs());
+    utc_text(seconds)
+}
+
+/// Formats seconds since 1970 as a UTC date (the proleptic Gregorian calendar, as `date -u`).
+fn utc_text(seconds: u64) -> String {
+    let (days, time) = (seconds / 86_400, seconds % 86_400);
+    // Howard Hinnant's days-to-civil, on eras of 400 years starting 0000-03-01.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z - era * 146_097;
+    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_index = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
+    let month = if month_index < 10 { month_index + 3 } else { month_index - 9 };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}", time / 3600, time % 3600 / 60, time % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[derive(Parser)]
+    #[command(name = "cargo xtask bench")]
+    struct Bench {
+        #[command(flatten)]
+        args: BenchArgs,
+    }
+
+    #[test]
+    fn help_lists_every_suite_with_a_line() {
+        let help = Bench::command().render_long_help().to_string();
+        for suite in SUITES {
+            let listed = help.lines().any(|line| {
+                line.trim_start().starts_with(&format!("- {}:", suite.name)) && line.ends_with(suite.about)
+            });
+            assert!(listed, "{} missing from:\n{help}", suite.name);
+        }
+    }
+
+    #[test]
+    fn subcommands_and_suites_parse() {
+        let compare = Bench::try_parse_from(["bench", "compare", "a", "b"]).expect("compare parses");
+        assert!(matches!(compare.args.command, Some(BenchCommand::Compare { .. })));
+        let suites = Bench::try_parse_from(["bench", "baseline", "depot", "--mode", "icount"]).expect("suites parse");
+        assert_eq!(suites.args.suites.iter().map(|suite| suite.name).collect::<Vec<_>>(), ["baseline", "depot"]);
+        assert!(Bench::try_parse_from(["bench", "baselin"]).is_err());
+        assert!(Bench::try_parse_from(["bench", "--update-baseline", "probes"]).is_err());
+        assert!(Bench::try_parse_from(["bench", "--force"]).is_err(), "--force needs --save");
+    }
+
+    #[test]
+    fn save_refuses_bad_names_and_existing_runs_without_force() {
+        let root = std::env::temp_dir().join(format!("tracelab-saved-{}", std::process::id()));
+        for name in ["", ".hidden", "a/b", "a b"] {
+            assert_eq!(save_slot(&root, name, false).unwrap_err().status, 2, "{name:?}");
+        }
+        assert_eq!(save_slot(&root, "a", false).expect("a free name"), root.join("a"));
+        write_file(&root.join("a/results.json"), "{}").unwrap();
+        let failure = save_slot(&root, "a", false).unwrap_err();
+        assert!(failure.status == 2 && failure.message.contains("--force"), "{}", failure.message);
+        assert_eq!(save_slot(&root, "a", true).expect("--force replaces"), root.join("a"));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn utc_dates_match_date_u() {
+        assert_eq!(utc_text(0), "1970-01-01 00:00:00");
+        // `date -u -d @1795440000`
+        assert_eq!(utc_text(1_795_440_000), "2026-11-23 13:20:00");
+        assert_eq!(utc_text(951_782_400), "2000-02-29 00:00:00");
+    }
 }

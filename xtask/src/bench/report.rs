@@ -1,18 +1,305 @@
-//! report.md: what the modes measure (with baseline figures), then one table per suite, CPU
-//! variant, build variant and mode.
+//! report.md and the docs/results pages: what the modes measure, one table per suite, metric and
+//! build variant with the CPU variants as columns, what each metric means, and the fidelity
+//! check (pairs of cases whose order flips between CPU variants or modes).
 
 use super::Mode;
-use super::results::Row;
+use super::results::{Provenance, Row};
 use crate::qemu::CpuVariant;
+use std::cmp::Ordering;
 use std::fmt::Write;
 
-fn number(value: f64) -> String {
+/// A figure as tables print it: whole numbers from 100 up, three decimals at most below.
+pub fn number(value: f64) -> String {
     if value.abs() >= 100.0 {
         format!("{value:.0}")
     } else {
         let text = format!("{value:.3}");
-        text.trim_end_matches('0').trim_end_matches('.').to_string()
+        let text = text.trim_end_matches('0').trim_end_matches('.');
+        if text == "-0" { "0".into() } else { text.to_string() }
     }
+}
+
+/// A difference: `+N` for a rise, `-N` for a drop, `0` for none.
+pub fn signed(value: f64) -> String {
+    let text = number(value);
+    if value > 0.0 && text != "0" { format!("+{text}") } else { text }
+}
+
+/// What a metric of a suite means, and the section of docs/reference/bench.md that defines it.
+struct Meaning {
+    suite: &'static str,
+    metric: &'static str,
+    text: &'static str,
+}
+
+const MEANINGS: &[Meaning] = &[
+    Meaning {
+        suite: "baseline",
+        metric: "per_op",
+        text: "one operation: (the measured loop - the same loop without it) / N; `loop` is the empty loop's own cost per iteration",
+    },
+    Meaning {
+        suite: "stacktrace",
+        metric: "per_trace",
+        text: "one stack trace of `depth` frames: the walk (and, for `+depot`, storing it in the stack depot)",
+    },
+    Meaning {
+        suite: "depot",
+        metric: "per_op",
+        text: "one depot operation on a `depth`-frame stack: `insert-miss` stores a new stack, `lookup-hit` finds a stored one",
+    },
+    Meaning {
+        suite: "depot",
+        metric: "records",
+        text: "stacks the depot holds after `distinct` distinct stacks were inserted and each looked up 100 times",
+    },
+    Meaning { suite: "depot", metric: "bytes", text: "memory those records take" },
+    Meaning {
+        suite: "depot",
+        metric: "hash_collisions",
+        text: "records whose hash equals another record's (the hash miss count)",
+    },
+    Meaning { suite: "depot", metric: "hit_rate", text: "percent of lookups that found their stack" },
+    Meaning {
+        suite: "kasan-boot",
+        metric: "total",
+        text: "the whole allocation-heavy workload on the sanitizer heap with the case's way of collecting stacks",
+    },
+    Meaning { suite: "kasan-boot", metric: "overhead_pct", text: "`total` relative to `no-stacks`, in percent" },
+    Meaning {
+        suite: "kasan-boot",
+        metric: "allocator_pct",
+        text: "the allocator's share of the `no-stacks` total (alloc and free calls timed one by one)",
+    },
+    Meaning { suite: "kasan-boot", metric: "records", text: "stacks in the depot after the workload" },
+    Meaning { suite: "kasan-boot", metric: "bytes", text: "memory those records take" },
+    Meaning { suite: "kasan-boot", metric: "hash_collisions", text: "records whose hash equals another record's" },
+    Meaning {
+        suite: "probes",
+        metric: "per_hit",
+        text: "one probe hit with the method: the probed call minus the same call unprobed",
+    },
+    Meaning {
+        suite: "probes",
+        metric: "hits_per_s",
+        text: "probed calls per second of the clock (under icount one instruction is one virtual ns)",
+    },
+    Meaning { suite: "probes", metric: "per_call", text: "one unprobed call of the target, for reference" },
+    Meaning {
+        suite: "ftrace",
+        metric: "per_call",
+        text: "one call of a trivial traced function with `relevant` tracers on it and `irrelevant` tracers elsewhere",
+    },
+    Meaning { suite: "ftrace", metric: "overhead", text: "`per_call` minus the row with no tracer (0/0)" },
+];
+
+fn meaning(suite: &str, metric: &str) -> &'static str {
+    MEANINGS
+        .iter()
+        .find(|meaning| meaning.suite == suite && meaning.metric == metric)
+        .map_or("(not described in the bench contract yet)", |meaning| meaning.text)
+}
+
+/// Items in first-seen order.
+fn distinct<T: PartialEq>(items: impl IntoIterator<Item = T>) -> Vec<T> {
+    let mut seen = Vec::new();
+    for item in items {
+        if !seen.contains(&item) {
+            seen.push(item);
+        }
+    }
+    seen
+}
+
+fn mode_unit(mode: Mode, unit: &str) -> String {
+    match mode {
+        Mode::Icount if unit == "insn" => "icount insn".into(),
+        Mode::Wall if unit == "ns" => "wall ns".into(),
+        Mode::Hardware if unit == "cycles" => "cycles".into(),
+        _ => format!("{} {unit}", mode.name()),
+    }
+}
+
+/// One table per (build variant, metric) of a suite: a row per case and params, a column per
+/// mode and CPU variant. icount columns of CPU variants that agree on every row become one.
+fn suite_tables(rows: &[&Row], link: Option<&str>) -> String {
+    let mut text = String::new();
+    let Some(suite) = rows.first().map(|row| row.suite.clone()) else { return text };
+    for (variant, metric) in distinct(rows.iter().map(|row| (row.variant, row.metric.as_str()))) {
+        let group: Vec<&Row> =
+            rows.iter().copied().filter(|row| row.variant == variant && row.metric == metric).collect();
+        let _ = writeln!(text, "### `{metric}`, build variant `{}`\n", variant.name());
+        let _ = write!(text, "{}.", upper_first(meaning(&suite, metric)));
+        if let Some(link) = link {
+            let _ = write!(text, " ([contract]({link}))");
+        }
+        text.push_str("\n\n");
+        let keys = distinct(group.iter().flat_map(|row| row.params.iter().map(|(key, _)| key.as_str())));
+        // A case's rows together (fp 4, 8, 16, then scs 4, 8, 16), whatever order the kernel
+        // printed them in.
+        let cases = distinct(group.iter().map(|row| row.case.as_str()));
+        let mut labels = distinct(group.iter().map(|row| (row.case.as_str(), &row.params)));
+        labels.sort_by_key(|(case, _)| cases.iter().position(|known| known == case));
+        // Columns: (header, mode, the CPU variants it shows).
+        let mut columns: Vec<(String, Mode, Vec<CpuVariant>)> = Vec::new();
+        for mode in Mode::ALL {
+            let in_mode: Vec<&Row> = group.iter().copied().filter(|row| row.mode == mode).collect();
+            let Some(first) = in_mode.first() else { continue };
+            let unit = mode_unit(mode, &first.unit);
+            let cpus: Vec<CpuVariant> =
+                CpuVariant::ALL.into_iter().filter(|cpu| in_mode.iter().any(|row| row.cpu == *cpu)).collect();
+            let agree = labels.iter().all(|(case, params)| {
+                let medians = distinct(
+                    in_mode
+                        .iter()
+                        .filter(|row| row.case == *case && row.params == **params)
+                        .map(|row| row.median.to_bits()),
+                );
+                medians.len() <= 1
+            });
+            if mode == Mode::Icount && cpus.len() > 1 && agree {
+                columns.push((format!("{unit} (all {} CPU variants)", cpus.len()), mode, cpus));
+            } else {
+                for cpu in cpus {
+                    columns.push((format!("{unit} `{}`", cpu.name()), mode, vec![cpu]));
+                }
+            }
+        }
+        text.push_str("| case |");
+        for key in &keys {
+            let _ = write!(text, " {key} |");
+        }
+        for (header, _, _) in &columns {
+            let _ = write!(text, " {header} |");
+        }
+        text.push_str("\n|---|");
+        text.push_str(&"---:|".repeat(keys.len() + columns.len()));
+        text.push('\n');
+        for (case, params) in &labels {
+            let _ = write!(text, "| {case} |");
+            for key in &keys {
+                let value = params.iter().find(|(name, _)| name == key).map_or("-", |(_, value)| value.as_str());
+                let _ = write!(text, " {value} |");
+            }
+            for (_, mode, cpus) in &columns {
+                let cell = group
+                    .iter()
+                    .find(|row| row.case == *case && row.params == **params && row.mode == *mode && row.cpu == cpus[0])
+                    .map_or("-".into(), |row| number(row.median));
+                let _ = write!(text, " {cell} |");
+            }
+            text.push('\n');
+        }
+        text.push('\n');
+    }
+    text
+}
+
+fn upper_first(text: &str) -> String {
+    let mut chars = text.chars();
+    chars.next().map(|first| first.to_uppercase().chain(chars).collect()).unwrap_or_default()
+}
+
+/// How two rows of one configuration order, when their min..max ranges do not overlap.
+fn order(a: &Row, b: &Row) -> Option<Ordering> {
+    if a.max < b.min {
+        Some(Ordering::Less)
+    } else if a.min > b.max {
+        Some(Ordering::Greater)
+    } else {
+        None
+    }
+}
+
+fn configuration(row: &Row) -> String {
+    format!("`{}` {}", row.cpu.name(), row.mode.name())
+}
+
+/// Every pair of cases (same suite, metric and build variant) that one configuration (CPU
+/// variant and mode) orders one way and another the other way, both with non-overlapping
+/// min..max ranges: where an emulated figure would mislead about hardware.
+pub fn fidelity_flips(rows: &[&Row]) -> Vec<String> {
+    let mut flips = Vec::new();
+    for (suite, variant, metric) in
+        distinct(rows.iter().map(|row| (row.suite.as_str(), row.variant, row.metric.as_str())))
+    {
+        let group: Vec<&Row> = rows
+            .iter()
+            .copied()
+            .filter(|row| row.suite == suite && row.variant == variant && row.metric == metric)
+            .collect();
+        let labels = distinct(group.iter().map(|row| (row.case.as_str(), &row.params)));
+        let configurations = distinct(group.iter().map(|row| (row.cpu, row.mode)));
+        let find = |label: &(&str, &Vec<(String, String)>), (cpu, mode): (CpuVariant, Mode)| {
+            group
+                .iter()
+                .copied()
+                .find(|row| row.case == label.0 && row.params == *label.1 && row.cpu == cpu && row.mode == mode)
+        };
+        for (index, a) in labels.iter().enumerate() {
+            for b in &labels[index + 1..] {
+                let mut less: Option<(&Row, &Row)> = None;
+                let mut greater: Option<(&Row, &Row)> = None;
+                for &configuration in &configurations {
+                    let (Some(row_a), Some(row_b)) = (find(a, configuration), find(b, configuration)) else { continue };
+                    match order(row_a, row_b) {
+                        Some(Ordering::Less) => less = less.or(Some((row_a, row_b))),
+                        Some(Ordering::Greater) => greater = greater.or(Some((row_a, row_b))),
+                        _ => {}
+                    }
+                }
+                if let (Some((a_less, b_less)), Some((a_more, b_more))) = (less, greater) {
+                    let name = |row: &Row| {
+                        if row.params.is_empty() {
+                            row.case.clone()
+                        } else {
+                            format!("{} {}", row.case, row.params_text())
+                        }
+                    };
+                    flips.push(format!(
+                        "`{suite}` `{metric}`: `{}` < `{}` under {} ({} vs {} {}), but > under {} ({} vs {} {})",
+                        name(a_less),
+                        name(b_less),
+                        configuration(a_less),
+                        range(a_less),
+                        range(b_less),
+                        a_less.unit,
+                        configuration(a_more),
+                        range(a_more),
+                        range(b_more),
+                        a_more.unit
+                    ));
+                }
+            }
+        }
+    }
+    flips
+}
+
+fn range(row: &Row) -> String {
+    if row.min == row.max { number(row.median) } else { format!("{}..{}", number(row.min), number(row.max)) }
+}
+
+fn fidelity_section(rows: &[&Row], heading: &str) -> String {
+    let mut text = format!(
+        "{heading} Fidelity\n\nPairs of cases whose order flips between CPU variants or between icount and wall, \
+         each order backed by non-overlapping min..max ranges. Such a pair means an emulated figure ranks two \
+         mechanisms differently from another way of measuring them (QARMA5 emulation once made unwinding look ten \
+         times dearer than the shadow call stack).\n\n"
+    );
+    let configurations = distinct(rows.iter().map(|row| (row.cpu, row.mode)));
+    let flips = fidelity_flips(rows);
+    if configurations.len() < 2 {
+        text.push_str("Only one configuration (CPU variant and mode) was measured: nothing to compare.\n\n");
+    } else if flips.is_empty() {
+        let _ = writeln!(text, "None among {} configurations.\n", configurations.len());
+    } else {
+        for flip in flips {
+            let _ = writeln!(text, "- {flip}");
+        }
+        text.push('\n');
+    }
+    text
 }
 
 fn find<'a>(rows: &'a [Row], suite: &str, case: &str, cpu: CpuVariant, mode: Mode) -> Option<&'a Row> {
@@ -42,9 +329,11 @@ fn modes_explained(rows: &[Row]) -> String {
          algorithm. Use them for ratios and for what a mechanism executes.",
     );
     if !icount.is_empty() {
-        let list: Vec<_> =
-            icount.iter().map(|(cpu, row)| format!("{} under `{}`", number(row.median), cpu.name())).collect();
-        let _ = write!(text, " A PAC-signed call (bl, paciasp, autiasp, ret) costs {} instructions.", list.join(", "));
+        let list: Vec<_> = icount
+            .iter()
+            .map(|(cpu, row)| format!("{} instructions under `{}`", number(row.median), cpu.name()))
+            .collect();
+        let _ = write!(text, " A PAC-signed call (bl, paciasp, autiasp, ret) costs {}.", list.join(", "));
     }
     text.push('\n');
     let wall = pac(Mode::Wall);
@@ -78,48 +367,207 @@ fn modes_explained(rows: &[Row]) -> String {
     text
 }
 
-pub fn render(commit: &str, qemu: &str, board: &str, rows: &[Row]) -> String {
-    let mut text = format!("# tracelab benchmark report\n\ncommit `{commit}`, QEMU {qemu}, board `{board}`.\n\n");
-    text.push_str(&modes_explained(rows));
-    let mut suites: Vec<&str> = Vec::new();
-    for row in rows {
-        if !suites.contains(&row.suite.as_str()) {
-            suites.push(&row.suite);
-        }
+fn suites_of(rows: &[Row]) -> Vec<&str> {
+    distinct(rows.iter().map(|row| row.suite.as_str()))
+}
+
+fn provenance_lines(provenance: &Provenance, rows: &[&Row]) -> String {
+    let mut text = String::new();
+    let describe = provenance.describe.as_deref().unwrap_or(&provenance.commit);
+    let _ = writeln!(text, "- commit: `{describe}`");
+    if let Some(date) = &provenance.date {
+        let _ = writeln!(text, "- date: {date} UTC");
     }
-    for suite in suites {
-        let _ = writeln!(text, "## {suite}\n");
-        let mut tables: Vec<(CpuVariant, &str, Mode)> = Vec::new();
-        for row in rows.iter().filter(|row| row.suite == suite) {
-            let key = (row.cpu, row.variant.name(), row.mode);
-            if !tables.contains(&key) {
-                tables.push(key);
-            }
-        }
-        for (cpu, variant, mode) in tables {
-            let _ = writeln!(text, "### `{}`, variant `{variant}`, mode `{}`\n", cpu.name(), mode.name());
-            text.push_str(
-                "| case | params | metric | median | min | max | n | unit |\n|---|---|---|---:|---:|---:|---:|---|\n",
-            );
-            for row in rows
-                .iter()
-                .filter(|row| row.suite == suite && row.cpu == cpu && row.variant.name() == variant && row.mode == mode)
-            {
-                let _ = writeln!(
-                    text,
-                    "| {} | {} | {} | {} | {} | {} | {} | {} |",
-                    row.case,
-                    row.params_text(),
-                    row.metric,
-                    number(row.median),
-                    number(row.min),
-                    number(row.max),
-                    row.n,
-                    row.unit
-                );
-            }
-            text.push('\n');
-        }
+    let _ = writeln!(text, "- QEMU {}, board `{}`", provenance.qemu, provenance.board);
+    let cpus = distinct(rows.iter().map(|row| format!("`{}`", row.cpu.name())));
+    let _ = writeln!(text, "- CPU variants: {}", cpus.join(", "));
+    let variants = distinct(rows.iter().map(|row| format!("`{}`", row.variant.name())));
+    let _ = writeln!(text, "- build variant: {}", variants.join(", "));
+    let modes = distinct(rows.iter().map(|row| row.mode));
+    let reps = provenance.reps.map(|reps| format!(" of {reps} reps")).unwrap_or_default();
+    let modes: Vec<String> = modes
+        .iter()
+        .map(|mode| match mode {
+            Mode::Icount => "icount (instruction counts, deterministic, one rep)".to_string(),
+            Mode::Wall => format!("wall (virtual ns of TCG emulation, medians{reps})"),
+            Mode::Hardware => format!("hardware (PMU cycles, medians{reps})"),
+        })
+        .collect();
+    let _ = writeln!(text, "- mode: {}", modes.join("; "));
+    if let Some(host) = &provenance.host_cpu {
+        let _ = writeln!(text, "- host CPU: {host}");
+    }
+    if let Some(rustc) = &provenance.rustc {
+        let _ = writeln!(text, "- {rustc}");
     }
     text
+}
+
+/// report.md: provenance, what the modes measure, then per suite its tables and fidelity.
+pub fn render(provenance: &Provenance, rows: &[Row]) -> String {
+    let all: Vec<&Row> = rows.iter().collect();
+    let mut text = format!("# tracelab benchmark report\n\n{}\n", provenance_lines(provenance, &all));
+    text.push_str(&modes_explained(rows));
+    for suite in suites_of(rows) {
+        let in_suite: Vec<&Row> = rows.iter().filter(|row| row.suite == suite).collect();
+        let _ = writeln!(text, "## {suite}\n");
+        text.push_str(&suite_tables(&in_suite, None));
+    }
+    text.push_str(&fidelity_section(&all, "##"));
+    text
+}
+
+/// The docs/results pages: `(suite, markdown)`, one per suite, linking each metric to its
+/// definition in docs/reference/bench.md.
+pub fn pages(provenance: &Provenance, rows: &[Row]) -> Vec<(String, String)> {
+    suites_of(rows)
+        .into_iter()
+        .map(|suite| {
+            let in_suite: Vec<&Row> = rows.iter().filter(|row| row.suite == suite).collect();
+            let mut text = format!(
+                "# Bench results: `{suite}`\n\n\
+                 Generated by `cargo xtask bench report` from one results.json: do not edit by hand, \
+                 regenerate (see [the bench contract](../reference/bench.md#generated-results)).\n\n"
+            );
+            text.push_str(&provenance_lines(provenance, &in_suite));
+            if in_suite.iter().all(|row| row.mode == Mode::Icount) {
+                text.push_str(
+                    "\nThis run is icount only: instruction counts, which are the same for every PAuth \
+                     algorithm. What TCG emulation costs in time (wall mode) is not in it: \
+                     `cargo xtask bench SUITE --mode wall` measures that.\n",
+                );
+            }
+            text.push_str("\n## Metrics\n\n");
+            for metric in distinct(in_suite.iter().map(|row| row.metric.as_str())) {
+                let units = distinct(
+                    in_suite.iter().filter(|row| row.metric == metric).map(|row| mode_unit(row.mode, &row.unit)),
+                );
+                let _ = writeln!(
+                    text,
+                    "- `{metric}` ({}): {} ([contract](../reference/bench.md#{}))",
+                    units.join(", "),
+                    meaning(suite, metric),
+                    suite
+                );
+            }
+            text.push_str("\n## Tables\n\n");
+            text.push_str(&suite_tables(&in_suite, Some(&format!("../reference/bench.md#{suite}"))));
+            text.push_str(&fidelity_section(&in_suite, "##"));
+            (suite.to_string(), text)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::results::tests::provenance;
+    use crate::bench::results::{Row, Sample};
+    use crate::build::BuildVariant;
+
+    fn rows(lines: &[(&str, CpuVariant, Mode, &[f64])]) -> Vec<Row> {
+        let samples: Vec<Sample> = lines
+            .iter()
+            .flat_map(|(line, cpu, mode, values)| {
+                values.iter().map(move |value| {
+                    Sample::parse(&format!("{line} {value}"), *cpu, BuildVariant::Prod, *mode).expect("valid row")
+                })
+            })
+            .collect();
+        Row::aggregate(&samples)
+    }
+
+    const OFF: CpuVariant = CpuVariant::MaxNoPauth;
+    const QARMA5: CpuVariant = CpuVariant::MaxQarma5;
+
+    #[test]
+    fn cpu_variants_are_columns_and_agreeing_icount_columns_merge() {
+        let rows = rows(&[
+            ("stacktrace fp depth=4 per_trace insn", OFF, Mode::Icount, &[843.0]),
+            ("stacktrace fp depth=4 per_trace insn", QARMA5, Mode::Icount, &[843.0]),
+            ("stacktrace fp depth=4 per_trace ns", OFF, Mode::Wall, &[632.0]),
+            ("stacktrace fp depth=4 per_trace ns", QARMA5, Mode::Wall, &[5049.0]),
+        ]);
+        let text = render(&provenance(), &rows);
+        assert!(
+            text.contains(
+                "| case | depth | icount insn (all 2 CPU variants) | wall ns `max,pauth-qarma5=on` | wall ns `max,pauth=off` |"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("| fp | 4 | 843 | 5049 | 632 |"), "{text}");
+    }
+
+    #[test]
+    fn fidelity_flags_an_order_flip_with_separate_ranges_only() {
+        // icount: fp dearer than scs; wall under QARMA5: scs dearer, ranges apart: a flip.
+        // Under pauth=off wall the ranges overlap: no order, so no second flip from it.
+        let flipped = rows(&[
+            ("stacktrace fp - per_trace insn", OFF, Mode::Icount, &[1300.0]),
+            ("stacktrace scs - per_trace insn", OFF, Mode::Icount, &[1000.0]),
+            ("stacktrace fp - per_trace ns", QARMA5, Mode::Wall, &[500.0, 600.0]),
+            ("stacktrace scs - per_trace ns", QARMA5, Mode::Wall, &[700.0, 800.0]),
+            ("stacktrace fp - per_trace ns", OFF, Mode::Wall, &[500.0, 600.0]),
+            ("stacktrace scs - per_trace ns", OFF, Mode::Wall, &[550.0, 650.0]),
+        ]);
+        let all: Vec<&Row> = flipped.iter().collect();
+        let flips = fidelity_flips(&all);
+        assert_eq!(flips.len(), 1, "{flips:?}");
+        assert!(
+            flips[0].contains("`fp` < `scs` under `max,pauth-qarma5=on` wall (500..600 vs 700..800 ns)"),
+            "{}",
+            flips[0]
+        );
+        // The same figures with overlapping QARMA5 ranges flag nothing.
+        let overlapping = rows(&[
+            ("stacktrace fp - per_trace insn", OFF, Mode::Icount, &[1300.0]),
+            ("stacktrace scs - per_trace insn", OFF, Mode::Icount, &[1000.0]),
+            ("stacktrace fp - per_trace ns", QARMA5, Mode::Wall, &[500.0, 750.0]),
+            ("stacktrace scs - per_trace ns", QARMA5, Mode::Wall, &[700.0, 800.0]),
+        ]);
+        let all: Vec<&Row> = overlapping.iter().collect();
+        assert!(fidelity_flips(&all).is_empty());
+    }
+
+    #[test]
+    fn pages_link_every_metric_to_the_contract() {
+        let rows = rows(&[
+            ("depot saturation distinct=1 records records", OFF, Mode::Icount, &[1.0]),
+            ("depot saturation distinct=1 hit_rate percent", OFF, Mode::Icount, &[100.0]),
+        ]);
+        let pages = pages(&provenance(), &rows);
+        assert_eq!(pages.len(), 1);
+        let (suite, text) = &pages[0];
+        assert_eq!(suite, "depot");
+        assert!(text.contains("- commit: `abc1234-dirty`") && text.contains("- date: 2026-11-23 19:00:00 UTC"));
+        assert!(text.contains("- `hit_rate` (icount percent): percent of lookups that found their stack ([contract](../reference/bench.md#depot))"), "{text}");
+        assert!(text.contains("This run is icount only"));
+    }
+
+    #[test]
+    fn the_pages_links_lead_to_headings_of_the_contract() {
+        let contract = std::fs::read_to_string(crate::build::workspace_root().join("docs/reference/bench.md"))
+            .expect("the bench contract is in the repository");
+        assert!(contract.lines().any(|line| line == "### Generated results"));
+        for suite in super::super::SUITES {
+            assert!(
+                contract.lines().any(|line| line == format!("### {}", suite.name)),
+                "no section for {}",
+                suite.name
+            );
+        }
+    }
+
+    #[test]
+    fn every_contract_metric_has_a_meaning() {
+        for (suite, metric) in [
+            ("baseline", "per_op"),
+            ("stacktrace", "per_trace"),
+            ("probes", "per_hit"),
+            ("ftrace", "overhead"),
+            ("kasan-boot", "overhead_pct"),
+        ] {
+            assert!(!meaning(suite, metric).starts_with("(not described"), "{suite} {metric}");
+        }
+    }
 }

@@ -1,6 +1,6 @@
 //! Frame-pointer walker: chains, corrupted records, exception boundaries, PAC.
 
-use super::{SyntheticMemory, sign, strip};
+use super::{IntoTrace, LAYOUT, SyntheticMemory, TEXT, sign};
 use crate::{
     Corruption, EntryKind, FrameMarker, FrameWalker, MAX_FRAMES, StackKind, StackRange, StopReason, Trace, TraceOptions,
 };
@@ -12,7 +12,7 @@ const STACKS: [StackRange; 3] = [OVERFLOW, IRQ, TASK];
 
 /// Return addresses of made-up functions.
 const fn code(n: u64) -> u64 {
-    0x4008_0000 + 0x100 * n + 4
+    TEXT + 0x100 * n + 4
 }
 
 /// Writes a frame record {fp, lr} at `at`.
@@ -38,7 +38,7 @@ fn task_chain(memory: &mut SyntheticMemory, depth: u64, lr: impl Fn(u64) -> u64)
 }
 
 fn walk(memory: &SyntheticMemory, fp: u64, options: TraceOptions) -> Trace {
-    FrameWalker::new(memory, &STACKS, strip).walk_from_frame(fp, options)
+    FrameWalker::new(memory, &STACKS, LAYOUT).trace_from_frame(fp, options)
 }
 
 fn corrupt(address: u64, corruption: Corruption) -> StopReason {
@@ -168,11 +168,58 @@ fn zero_return_address_is_corrupt() {
     let trace = walk(&memory, TASK.high - 0x40, TraceOptions::ALL);
     assert_eq!(trace.stop_reason(), corrupt(TASK.high - 0x40, Corruption::ZeroReturnAddress));
 
-    // A PAC with a null address strips to zero too.
+    // A PAC on a null address is a lower-half word, refused before any stripping.
     let mut memory = SyntheticMemory::new();
     record(&mut memory, TASK.high - 0x40, TASK.high - 0x20, sign(0, 0x7fff));
     let trace = walk(&memory, TASK.high - 0x40, TraceOptions::ALL);
-    assert_eq!(trace.stop_reason(), corrupt(TASK.high - 0x40, Corruption::ZeroReturnAddress));
+    assert_eq!(trace.stop_reason(), corrupt(TASK.high - 0x40, Corruption::LowerHalfAddress));
+}
+
+#[test]
+fn ttbr0_return_address_in_a_frame_record_is_corrupt() {
+    // A user-space (TTBR0) address, signed or not: never a kernel return address, and
+    // stripping it with the kernel's `orr` would turn it into one.
+    for lr in [0x0000_0040_0012_3456, sign(0x0000_0000_4008_0104, 0x1234)] {
+        let mut memory = SyntheticMemory::new();
+        let fp = task_chain(&mut memory, 3, |index| if index == 1 { lr } else { code(index) });
+        let trace = walk(&memory, fp, TraceOptions::ALL);
+        assert_eq!(trace.addresses(), &[code(0)]);
+        assert_eq!(trace.stop_reason(), corrupt(fp + 0x40, Corruption::LowerHalfAddress));
+    }
+}
+
+#[test]
+fn buffer_shorter_than_the_depth_stops_at_its_length() {
+    let mut memory = SyntheticMemory::new();
+    let fp = task_chain(&mut memory, 10, code);
+    let walker = FrameWalker::new(&memory, &STACKS, LAYOUT);
+    let mut buffer = [core::mem::MaybeUninit::uninit(); 3];
+    let walked = walker.walk_from_frame(fp, TraceOptions::new(1, 8), &mut buffer);
+    assert_eq!(walked.len, 3);
+    assert_eq!(walked.stop, StopReason::DepthLimit);
+    assert_eq!(walked.entries(&buffer), &[code(1), code(2), code(3)]);
+    // The same walk into a long enough buffer goes on.
+    let mut buffer = [core::mem::MaybeUninit::uninit(); 64];
+    let walked = walker.walk_from_frame(fp, TraceOptions::new(1, 8), &mut buffer);
+    assert_eq!(walked.len, 8);
+    // A buffer of nothing: a depth limit before the first entry.
+    let walked = walker.walk_from_frame(fp, TraceOptions::ALL, &mut []);
+    assert_eq!((walked.len, walked.stop), (0, StopReason::DepthLimit));
+}
+
+#[test]
+fn instrumented_walk_is_the_same_walk() {
+    let mut memory = SyntheticMemory::new();
+    let fp = irq_scenario(&mut memory, 0x4008_0abc);
+    let walker = FrameWalker::new(&memory, &STACKS, LAYOUT);
+    let mut plain = [core::mem::MaybeUninit::uninit(); 64];
+    let mut checked = [core::mem::MaybeUninit::uninit(); 64];
+    let start = crate::FrameStart::Record(fp);
+    let first = walker.walk(start, TraceOptions::new(1, 64), &mut plain);
+    let second = walker.walk_instrumented(start, TraceOptions::new(1, 64), &mut checked);
+    assert_eq!(first, second);
+    assert_eq!(first.entries(&plain), second.entries(&checked));
+    assert_eq!(first.len, 4);
 }
 
 #[test]
@@ -299,13 +346,13 @@ fn long_chain_fills_the_trace() {
 fn walk_from_context_reports_the_pc_first() {
     let mut memory = SyntheticMemory::new();
     let fp = task_chain(&mut memory, 2, code);
-    let walker = FrameWalker::new(&memory, &STACKS, strip);
-    let trace = walker.walk_from_context(0x4008_0f00, fp, TraceOptions::ALL);
+    let walker = FrameWalker::new(&memory, &STACKS, LAYOUT);
+    let trace = walker.trace_from_context(0x4008_0f00, fp, TraceOptions::ALL);
     assert_eq!(trace.addresses(), &[0x4008_0f00, code(0), code(1)]);
     assert_eq!(trace.entry(0).map(|entry| entry.kind), Some(EntryKind::ExceptionPc));
     assert_eq!(trace.entry(1).map(|entry| entry.kind), Some(EntryKind::ReturnAddress));
 
-    let trace = walker.walk_from_context(0x4008_0f00, fp, TraceOptions::new(1, 64));
+    let trace = walker.trace_from_context(0x4008_0f00, fp, TraceOptions::new(1, 64));
     assert_eq!(trace.addresses(), &[code(0), code(1)]);
 }
 

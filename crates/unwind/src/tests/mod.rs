@@ -9,14 +9,64 @@ mod shadow_walk;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
-use crate::{StackMemory, StackRange, strip_pac_va_bits};
+use crate::{
+    AddressLayout, FrameWalker, ShadowSegment, ShadowWalker, StackMemory, StackRange, Trace, TraceOptions,
+    strip_pac_va_bits,
+};
 
 /// Virtual-address bits of the synthetic machine (TnSZ = 25).
 pub const VA_BITS: u32 = 39;
 
+/// The synthetic machine's address layout (what the walkers strip with).
+pub const LAYOUT: AddressLayout = AddressLayout::new(VA_BITS);
+
+/// Kernel text of the synthetic machine (upper half, like the kernel's).
+pub const TEXT: u64 = 0xffff_ff80_4008_0000;
+
 /// The tests' PAC stripper: a VA-size mask, as on a CPU without XPACLRI.
 pub fn strip(address: u64) -> u64 {
     strip_pac_va_bits(address, VA_BITS)
+}
+
+#[test]
+fn layout_strip_equals_the_va_mask_for_upper_half_words() {
+    for pac in [0, 1, 0x1234, 0xffff] {
+        let signed = sign(TEXT + 0x44, pac);
+        assert!(AddressLayout::is_upper_half(signed));
+        assert_eq!(LAYOUT.strip_upper(signed), TEXT + 0x44);
+        assert_eq!(LAYOUT.strip(signed), strip(signed));
+    }
+}
+
+/// Walks into a fresh [`Trace`] (the tests keep and compare whole traces).
+pub trait IntoTrace {
+    fn trace_from_frame(&self, fp: u64, options: TraceOptions) -> Trace;
+    fn trace_from_context(&self, pc: u64, fp: u64, options: TraceOptions) -> Trace;
+}
+
+impl<M: StackMemory + ?Sized> IntoTrace for FrameWalker<'_, M> {
+    fn trace_from_frame(&self, fp: u64, options: TraceOptions) -> Trace {
+        let mut trace = Trace::new();
+        trace.fill(|buffer| self.walk_from_frame(fp, options, buffer));
+        trace
+    }
+
+    fn trace_from_context(&self, pc: u64, fp: u64, options: TraceOptions) -> Trace {
+        let mut trace = Trace::new();
+        trace.fill(|buffer| self.walk_from_context(pc, fp, options, buffer));
+        trace
+    }
+}
+
+/// The shadow walk into a fresh [`Trace`].
+pub fn shadow_trace<M: StackMemory + ?Sized>(
+    walker: &ShadowWalker<'_, M>,
+    segments: &[ShadowSegment],
+    options: TraceOptions,
+) -> Trace {
+    let mut trace = Trace::new();
+    trace.fill(|buffer| walker.walk(segments, options, buffer));
+    trace
 }
 
 /// Signs `address` with a made-up 16-bit PAC in bits [54:39].

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use super::{SyntheticMemory, XorShift, strip};
+use super::{IntoTrace, LAYOUT, SyntheticMemory, TEXT, XorShift, shadow_trace};
 use crate::{
     FrameWalker, MAX_FRAMES, SCS_END_MAGIC, ShadowSegment, ShadowStack, ShadowWalker, StackKind, StackRange,
     StopReason, TraceOptions,
@@ -52,11 +52,21 @@ fn interesting_word(rng: &mut XorShift, stacks: &[StackRange]) -> u64 {
 fn random_image(rng: &mut XorShift, stacks: &[StackRange]) -> SyntheticMemory {
     let mut memory = SyntheticMemory::new();
     memory.readable_everywhere = true;
+    // How record-shaped the image is: some images give long walks, others many ways to end.
+    let structured = [40, 60, 90][rng.below(3) as usize];
     for stack in stacks {
         let mut address = stack.low & !7;
         while address < stack.high {
-            // Mostly forward pointers, so that walks are long as well as hostile.
-            let word = if rng.chance(40) { address + 8 * (1 + rng.below(6)) } else { interesting_word(rng, stacks) };
+            // Mostly record-shaped pairs (a forward pointer, then a signed kernel return
+            // address), so that walks are long as well as hostile.
+            let record_word = (address - (stack.low & !7)) % 16 == 0;
+            let word = if !rng.chance(structured) {
+                interesting_word(rng, stacks)
+            } else if record_word {
+                address + 16 * (1 + rng.below(3))
+            } else {
+                super::sign(TEXT + rng.below(0x1_0000) * 4, rng.below(0x1_0000) as u16)
+            };
             memory.write(address, word);
             address += 8;
         }
@@ -80,10 +90,10 @@ fn frame_walker_terminates_and_stays_inside_the_stacks() {
         let mut memory = random_image(&mut rng, &stacks);
         memory.max_reads = read_bound(&stacks);
         let start = interesting_word(&mut rng, &stacks);
-        let walker = FrameWalker::new(&memory, &stacks, strip);
+        let walker = FrameWalker::new(&memory, &stacks, LAYOUT);
         // Skip everything, so that only the walk's own rules can end it.
         let never_full = TraceOptions::new(usize::MAX, MAX_FRAMES);
-        let trace = walker.walk_from_frame(start, never_full);
+        let trace = walker.trace_from_frame(start, never_full);
         assert!(trace.is_empty(), "seed {seed}");
         memory.assert_reads_inside(&stacks);
         longest_walk = longest_walk.max(memory.reads.borrow().len());
@@ -92,7 +102,7 @@ fn frame_walker_terminates_and_stays_inside_the_stacks() {
             other => format!("{other:?}").split(' ').next().unwrap_or_default().to_owned(),
         };
         *reasons.entry(reason).or_insert(0) += 1;
-        let trace = walker.walk_from_context(start ^ 4, start, TraceOptions::ALL);
+        let trace = walker.trace_from_context(start ^ 4, start, TraceOptions::ALL);
         assert!(trace.len() <= MAX_FRAMES, "seed {seed}");
         memory.assert_reads_inside(&stacks);
     }
@@ -106,6 +116,7 @@ fn frame_walker_terminates_and_stays_inside_the_stacks() {
             "NotMonotonic",
             "StackOrder",
             "ZeroReturnAddress",
+            "LowerHalfAddress",
             "MarkerTruncated",
             "UnknownMarkerKind",
         ] {
@@ -129,13 +140,13 @@ fn random_chains_are_followed_exactly() {
         let mut expected = Vec::new();
         for _ in 0..depth {
             let below = at - 16 - 8 * rng.below(8);
-            let lr = 0x4008_0000 + rng.below(0x1_0000) * 4;
+            let lr = TEXT + rng.below(0x1_0000) * 4;
             memory.write_words(below, &[at, super::sign(lr, rng.below(0x1_0000) as u16)]);
             expected.push(lr);
             at = below;
         }
         expected.reverse();
-        let trace = FrameWalker::new(&memory, &[task], strip).walk_from_frame(at, TraceOptions::ALL);
+        let trace = FrameWalker::new(&memory, &[task], LAYOUT).trace_from_frame(at, TraceOptions::ALL);
         assert_eq!(trace.addresses(), expected, "seed {seed}");
         assert_eq!(trace.stop_reason(), crate::StopReason::EndOfTask, "seed {seed}");
     }
@@ -160,7 +171,7 @@ fn shadow_walker_reads_only_in_use_slots() {
         }
         let pointer = base.wrapping_add(rng.below(48) * 8).wrapping_sub(32) ^ (rng.below(2) * 4);
         let segments = [ShadowSegment::current(stack, pointer), ShadowSegment::interrupted(stack, pointer, 0x1234)];
-        let trace = ShadowWalker::new(&memory, strip).walk(&segments, TraceOptions::new(usize::MAX, 64));
+        let trace = shadow_trace(&ShadowWalker::new(&memory, LAYOUT), &segments, TraceOptions::new(usize::MAX, 64));
         assert!(trace.is_empty());
         let in_use = StackRange::new(base, pointer.min(end.saturating_sub(8)), StackKind::Other);
         memory.assert_reads_inside(&[in_use]);

@@ -1,6 +1,6 @@
 //! Return-instance stack and the walkers' repair of hijacked return addresses.
 
-use super::{SyntheticMemory, sign, strip};
+use super::{IntoTrace, LAYOUT, SyntheticMemory, TEXT, shadow_trace, sign};
 use crate::{
     FrameMarker, FrameWalker, HijackedReturn, ReturnRepair, ReturnStack, ReturnStackFull, SCS_END_MAGIC, ShadowSegment,
     ShadowStack, ShadowWalker, StackKind, StackRange, TraceOptions,
@@ -8,10 +8,10 @@ use crate::{
 
 const TASK: StackRange = StackRange::new(0x4010_0000, 0x4010_4000, StackKind::Task);
 const TASK_SCS: ShadowStack = ShadowStack::new(0x4040_0000, 0x4040_0400);
-const TRAMPOLINE: u64 = 0x4009_0000;
+const TRAMPOLINE: u64 = TEXT + 0x1_0000;
 
 const fn code(n: u64) -> u64 {
-    0x4008_0000 + 0x100 * n + 4
+    TEXT + 0x100 * n + 4
 }
 
 fn hijack(entry_sp: u64, shadow_slot: u64, real: u64) -> HijackedReturn {
@@ -56,16 +56,16 @@ fn frame_walk_reports_the_real_callers() {
     let mut returns = ReturnStack::new();
     let fp = hijacked_chain(&mut memory, &mut returns);
     let stacks = [TASK];
-    let plain = FrameWalker::new(&memory, &stacks, strip).walk_from_frame(fp, TraceOptions::ALL);
+    let plain = FrameWalker::new(&memory, &stacks, LAYOUT).trace_from_frame(fp, TraceOptions::ALL);
     assert_eq!(plain.addresses(), &[code(0), TRAMPOLINE, code(2), TRAMPOLINE, code(4)]);
     let repair = Repair(&returns);
-    let walker = FrameWalker::new(&memory, &stacks, strip).with_repair(&repair);
-    let trace = walker.walk_from_frame(fp, TraceOptions::ALL);
+    let walker = FrameWalker::new(&memory, &stacks, LAYOUT).with_repair(&repair);
+    let trace = walker.trace_from_frame(fp, TraceOptions::ALL);
     assert_eq!(trace.addresses(), &[code(0), code(1), code(2), code(3), code(4)]);
     // Skipping entries does not shift the pairing: it is by location, not by count.
-    let trace = walker.walk_from_frame(fp, TraceOptions::new(2, 64));
+    let trace = walker.trace_from_frame(fp, TraceOptions::new(2, 64));
     assert_eq!(trace.addresses(), &[code(2), code(3), code(4)]);
-    let trace = walker.walk_from_frame(fp + 0x80, TraceOptions::ALL);
+    let trace = walker.trace_from_frame(fp + 0x80, TraceOptions::ALL);
     assert_eq!(trace.addresses(), &[code(2), code(3), code(4)]);
 }
 
@@ -79,7 +79,7 @@ fn unknown_hijack_stays_visible() {
     returns.pop();
     let repair = Repair(&returns);
     let stacks = [TASK];
-    let trace = FrameWalker::new(&memory, &stacks, strip).with_repair(&repair).walk_from_frame(fp, TraceOptions::ALL);
+    let trace = FrameWalker::new(&memory, &stacks, LAYOUT).with_repair(&repair).trace_from_frame(fp, TraceOptions::ALL);
     assert_eq!(trace.addresses(), &[code(0), TRAMPOLINE, code(2), TRAMPOLINE, code(4)]);
 }
 
@@ -95,10 +95,10 @@ fn shadow_walk_reports_the_real_callers() {
     returns.push(hijack(0x4010_3e00, TASK_SCS.base + 24, code(1))).unwrap();
     let x18 = TASK_SCS.base + 8 * slots.len() as u64;
     let segment = [ShadowSegment::current(TASK_SCS, x18)];
-    let plain = ShadowWalker::new(&memory, strip).walk(&segment, TraceOptions::ALL);
+    let plain = shadow_trace(&ShadowWalker::new(&memory, LAYOUT), &segment, TraceOptions::ALL);
     assert_eq!(plain.addresses(), &[code(0), TRAMPOLINE, code(2), TRAMPOLINE, code(4)]);
     let repair = Repair(&returns);
-    let trace = ShadowWalker::new(&memory, strip).with_repair(&repair).walk(&segment, TraceOptions::ALL);
+    let trace = shadow_trace(&ShadowWalker::new(&memory, LAYOUT).with_repair(&repair), &segment, TraceOptions::ALL);
     assert_eq!(trace.addresses(), &[code(0), code(1), code(2), code(3), code(4)]);
 }
 

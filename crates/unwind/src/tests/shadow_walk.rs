@@ -1,6 +1,6 @@
 //! Shadow-call-stack walker, and its agreement with the frame walker.
 
-use super::{SyntheticMemory, sign, strip};
+use super::{IntoTrace, LAYOUT, SyntheticMemory, TEXT, shadow_trace, sign};
 use crate::{
     Corruption, EntryKind, FrameMarker, FrameWalker, SCS_END_MAGIC, ShadowSegment, ShadowStack, ShadowWalker,
     StackKind, StackRange, StopReason, TraceOptions, ViewDifference, view_difference,
@@ -11,7 +11,7 @@ const TASK_SCS: ShadowStack = ShadowStack::new(0x4040_0000, 0x4040_0400);
 const IRQ_SCS: ShadowStack = ShadowStack::new(0x4041_0000, 0x4041_0400);
 
 const fn code(n: u64) -> u64 {
-    0x4008_0000 + 0x100 * n + 4
+    TEXT + 0x100 * n + 4
 }
 
 /// Pushes `entries` (oldest first) on `stack`, writes its end magic; returns x18.
@@ -22,7 +22,7 @@ fn push(memory: &mut SyntheticMemory, stack: ShadowStack, entries: &[u64]) -> u6
 }
 
 fn walk(memory: &SyntheticMemory, segments: &[ShadowSegment], options: TraceOptions) -> crate::Trace {
-    ShadowWalker::new(memory, strip).walk(segments, options)
+    shadow_trace(&ShadowWalker::new(memory, LAYOUT), segments, options)
 }
 
 #[test]
@@ -108,6 +108,36 @@ fn end_magic_among_the_entries_is_corrupt() {
 }
 
 #[test]
+fn ttbr0_value_in_a_shadow_stack_slot_is_corrupt() {
+    for value in [0x0000_0040_0012_3456, sign(0x0000_0000_4008_0104, 0x4321)] {
+        let mut memory = SyntheticMemory::new();
+        let x18 = push(&mut memory, TASK_SCS, &[code(3), value, code(1)]);
+        let trace = walk(&memory, &[ShadowSegment::current(TASK_SCS, x18)], TraceOptions::ALL);
+        assert_eq!(trace.addresses(), &[code(1)]);
+        assert_eq!(
+            trace.stop_reason(),
+            StopReason::Corrupt { address: TASK_SCS.base + 8, corruption: Corruption::LowerHalfAddress }
+        );
+    }
+}
+
+#[test]
+fn buffer_shorter_than_the_depth_stops_at_its_length() {
+    let mut memory = SyntheticMemory::new();
+    let entries: Vec<u64> = (0..10).map(code).collect();
+    let x18 = push(&mut memory, TASK_SCS, &entries);
+    let walker = ShadowWalker::new(&memory, LAYOUT);
+    let mut buffer = [core::mem::MaybeUninit::uninit(); 3];
+    let walked = walker.walk(&[ShadowSegment::current(TASK_SCS, x18)], TraceOptions::new(2, 8), &mut buffer);
+    assert_eq!(walked.stop, StopReason::DepthLimit);
+    assert_eq!(walked.entries(&buffer), &[code(7), code(6), code(5)]);
+    // Exactly as many entries as the buffer holds: the walk is complete.
+    let walked = walker.walk(&[ShadowSegment::current(TASK_SCS, x18)], TraceOptions::new(7, 8), &mut buffer);
+    assert_eq!(walked.stop, StopReason::EndOfShadowStack);
+    assert_eq!(walked.entries(&buffer), &[code(2), code(1), code(0)]);
+}
+
+#[test]
 fn unreadable_entry_stops_the_walk() {
     let memory = SyntheticMemory::new();
     let trace = walk(&memory, &[ShadowSegment::current(TASK_SCS, TASK_SCS.base + 16)], TraceOptions::ALL);
@@ -160,9 +190,9 @@ fn both_views(in_prologue: bool) -> (crate::Trace, crate::Trace) {
     let irq_x18 = push(&mut memory, IRQ_SCS, &[code(20), code(21)]);
 
     let stacks = [irq, task];
-    let frames = FrameWalker::new(&memory, &stacks, strip).walk_from_frame(marker_at - 0x80, TraceOptions::ALL);
+    let frames = FrameWalker::new(&memory, &stacks, LAYOUT).trace_from_frame(marker_at - 0x80, TraceOptions::ALL);
     let segments = [ShadowSegment::current(IRQ_SCS, irq_x18), ShadowSegment::interrupted(TASK_SCS, task_x18, elr)];
-    let shadow = ShadowWalker::new(&memory, strip).walk(&segments, TraceOptions::ALL);
+    let shadow = shadow_trace(&ShadowWalker::new(&memory, LAYOUT), &segments, TraceOptions::ALL);
     (frames, shadow)
 }
 

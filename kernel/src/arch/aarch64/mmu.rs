@@ -120,9 +120,11 @@ impl Attributes {
 pub struct Table([u64; ENTRIES]);
 
 unsafe extern "C" {
-    static mut SHADOW_L2: Table;
-    static mut SHADOW_L3: Table;
-    static mut SHADOW_MATCH_ALL_PAGE: [u8; 4096];
+    // The shared shadow structures (boot.S): filled before the first Rust instruction, then only
+    // read, by the MMU's table walks. Rust takes nothing but their addresses, so plain `static`s.
+    static SHADOW_L2: Table;
+    static SHADOW_L3: Table;
+    static SHADOW_MATCH_ALL_PAGE: [u8; 4096];
     fn switch_ttbr1_idmap(ttbr1: u64);
 }
 
@@ -167,7 +169,7 @@ impl KernelSpace {
         let pool = spin::MutexGuard::leak(TABLE_POOL.try_lock().ok_or(MapError::PoolTaken)?);
         let mut space = Self { root: core::ptr::null_mut(), pool: pool.as_mut_ptr(), tables_used: 0 };
         space.root = space.alloc_table()?;
-        let shared_l2 = pa_of(addr_of_mut!(SHADOW_L2) as u64) | Descriptor::TABLE;
+        let shared_l2 = pa_of(&raw const SHADOW_L2 as u64) | Descriptor::TABLE;
         for va in [VA_OFFSET, TEXT_ALIAS_OFFSET] {
             // SAFETY: root points to a table from the pool, exclusively owned by this space.
             unsafe { (*space.root).0[l1_index(shadow_of(va)) as usize] = shared_l2 };
@@ -299,7 +301,6 @@ impl KernelSpace {
 /// private copies or real shadow memory, never written).
 fn is_shared_shadow(descriptor: u64) -> bool {
     let pa = descriptor & Descriptor::ADDRESS_MASK;
-    let shared =
-        [addr_of_mut!(SHADOW_L2) as u64, addr_of_mut!(SHADOW_L3) as u64, addr_of_mut!(SHADOW_MATCH_ALL_PAGE) as u64];
+    let shared = [&raw const SHADOW_L2 as u64, &raw const SHADOW_L3 as u64, &raw const SHADOW_MATCH_ALL_PAGE as u64];
     shared.iter().any(|&va| pa_of(va) == pa)
 }

@@ -38,15 +38,15 @@ core::arch::global_asm!(
 
 unsafe extern "C" {
     fn bench_probe_target_nop();
-    fn bench_probe_target_push();
+    pub(crate) fn bench_probe_target_push();
     fn bench_probe_target_ret();
     fn bench_probe_loop_alone(iterations: u64, target: u64);
-    fn bench_probe_loop_call(iterations: u64, target: u64);
+    pub(crate) fn bench_probe_loop_call(iterations: u64, target: u64);
 }
 
 type Loop = unsafe extern "C" fn(u64, u64);
 
-fn measure(plan: &Plan, body: Loop, iterations: u64, target: u64) -> u64 {
+pub(crate) fn measure(plan: &Plan, body: Loop, iterations: u64, target: u64) -> u64 {
     // The same indirect call for every case, its target loaded before the window opens.
     let body = core::hint::black_box(body);
     // SAFETY: the loops call `target`, one of the asm targets above (probed or not), which only

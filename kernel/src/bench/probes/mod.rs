@@ -54,9 +54,11 @@ use super::{Label, Plan, row};
 use crate::probes::{Method, ProbeError, Registers};
 
 pub use kernel::run;
+pub(crate) use kernel::{bench_probe_loop_call, bench_probe_target_push, measure};
 
-/// Iterations per measured loop.
-fn iterations(plan: &Plan) -> u64 {
+/// Iterations per measured loop (the demo measures with the same count, so its figures are the
+/// bench's).
+pub(crate) fn iterations(plan: &Plan) -> u64 {
     if plan.icount { 10_000 } else { 20_000 }
 }
 

@@ -57,12 +57,19 @@ __hwasan_tag_mismatch:
 #[inline(always)]
 fn check_range(address: u64, size: u64, write: bool, return_address: u64) -> bool {
     let pointer_tag = (address >> 56) as u8;
+    let untagged = address | (0xff << 56);
+    // A range that runs past the end of the address space (a negative size, `(size_t)-2`) is
+    // reported whatever the pointer's tag: no granule loop could cover it.
+    let Some(end) = untagged.checked_add(size) else {
+        let memory_tag = Tags::memory_tag(untagged);
+        record(Mismatch { address, size, write, pointer_tag, memory_tag, return_address });
+        return true;
+    };
     if pointer_tag == Tags::MATCH_ALL || size == 0 {
         return false;
     }
-    let untagged = address | (0xff << 56);
     let mut granule = untagged & !(Tags::GRANULE - 1);
-    while granule < untagged + size {
+    while granule < end {
         let memory_tag = Tags::memory_tag(granule);
         if memory_tag != pointer_tag {
             record(Mismatch { address, size, write, pointer_tag, memory_tag, return_address });
@@ -90,7 +97,8 @@ extern "C" fn __hwasan_storeN(address: u64, size: u64) {
 // The memory intrinsics of instrumented code (`-hwasan-kernel-mem-intrinsic-prefix=1` turns
 // llvm.memcpy/memmove/memset into these): the whole range is checked once, then the operation
 // runs on untagged pointers, so that core's (instrumented) memcpy does not report each word of
-// a range already reported.
+// a range already reported. A reported range is not touched, in every mode: recovering from a
+// report must not let the runtime itself overwrite the heap.
 unsafe extern "C" {
     fn memcpy(destination: *mut u8, source: *const u8, count: usize) -> *mut u8;
     fn memmove(destination: *mut u8, source: *const u8, count: usize) -> *mut u8;
@@ -107,8 +115,11 @@ fn untag(address: u64) -> u64 {
 #[unsafe(link_section = ".text.sanitizer")]
 unsafe extern "C" fn __hwasan_memcpy(destination: *mut u8, source: *const u8, count: usize) -> *mut u8 {
     let from = return_address();
-    let _ = check_range(source as u64, count as u64, false, from)
-        || check_range(destination as u64, count as u64, true, from);
+    if check_range(source as u64, count as u64, false, from)
+        || check_range(destination as u64, count as u64, true, from)
+    {
+        return destination;
+    }
     // SAFETY: the compiler calls this in place of memcpy, with memcpy's contract.
     unsafe { memcpy(untag(destination as u64) as *mut u8, untag(source as u64) as *const u8, count) };
     destination
@@ -119,8 +130,11 @@ unsafe extern "C" fn __hwasan_memcpy(destination: *mut u8, source: *const u8, co
 #[unsafe(link_section = ".text.sanitizer")]
 unsafe extern "C" fn __hwasan_memmove(destination: *mut u8, source: *const u8, count: usize) -> *mut u8 {
     let from = return_address();
-    let _ = check_range(source as u64, count as u64, false, from)
-        || check_range(destination as u64, count as u64, true, from);
+    if check_range(source as u64, count as u64, false, from)
+        || check_range(destination as u64, count as u64, true, from)
+    {
+        return destination;
+    }
     // SAFETY: the compiler calls this in place of memmove, with memmove's contract.
     unsafe { memmove(untag(destination as u64) as *mut u8, untag(source as u64) as *const u8, count) };
     destination
@@ -130,7 +144,9 @@ unsafe extern "C" fn __hwasan_memmove(destination: *mut u8, source: *const u8, c
 #[sanitize(kernel_hwaddress = "off")]
 #[unsafe(link_section = ".text.sanitizer")]
 unsafe extern "C" fn __hwasan_memset(destination: *mut u8, byte: i32, count: usize) -> *mut u8 {
-    let _ = check_range(destination as u64, count as u64, true, return_address());
+    if check_range(destination as u64, count as u64, true, return_address()) {
+        return destination;
+    }
     // SAFETY: the compiler calls this in place of memset, with memset's contract.
     unsafe { memset(untag(destination as u64) as *mut u8, byte, count) };
     destination

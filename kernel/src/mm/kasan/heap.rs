@@ -3,38 +3,54 @@
 //! # Layout of a block
 //!
 //! `buddy_system_allocator` hands out power-of-two blocks. The tag layer puts one header granule
-//! (16 bytes) at the start of each block and the object after it (at `max(16, align)`), its
-//! size rounded up to 16:
+//! two granules below the object (at the block's start unless the alignment exceeds 32), a guard
+//! granule right before the object, the object (its size rounded up to 16) and at least one
+//! guard granule after it:
 //!
 //! ```text
-//! block:  [ header | object, 16-byte granules ... | slack up to the power of two ]
-//! tags:     0xFE     T T T T ...                    0xFE
+//! block:  [ header | guard | object, 16-byte granules ... | guard | slack up to the power of two ]
+//! tags:     0xFE     0xFE    T T T T ...                    0xFE    0xFE
 //! ```
 //!
-//! The object's tag T comes from the tag storage's generator (storage.rs, shadow.rs) and is written to the shadow
-//! of each of its granules and to the pointer's top byte. The header and the slack keep the
-//! "invalid" tag 0xFE, so an access just left or right of an object always mismatches (a
-//! redzone that Linux's SW_TAGS does not have: there, neighbours differ only by tag, 1/238
-//! collisions). Free re-tags the object 0xFE. The backing allocator only ever sees untagged
-//! (0xFF, match-all) pointers, so its own instrumented accesses to free blocks pass.
+//! The object's tag T comes from the tag storage's generator (storage.rs, shadow.rs) and is
+//! written to the shadow of each of its granules and to the pointer's top byte. Header, guards
+//! and slack keep the "invalid" tag 0xFE, so an access just left or right of an object always
+//! mismatches (a redzone that Linux's SW_TAGS does not have: there, neighbours differ only by
+//! tag, 1/238 collisions). Free re-tags the object 0xFE. The backing allocator only ever sees
+//! untagged (0xFF, match-all) pointers, so its own instrumented accesses to free blocks pass.
+//!
+//! # Metadata that a recovered overflow cannot reach
+//!
+//! In recover mode a reported store the compiler inserted is carried out. The guards make sure
+//! that no such store within one granule of an object lands in metadata: left of the object it
+//! hits the guard, right of it the trailing guard; the header (and, once the block is free, the
+//! buddy allocator's free-list link, the block's first word) is two granules away from its own
+//! object and one guard granule away from the previous block's. Nothing reads the guards. The
+//! cost is memory: a block holds `32 + round_up(size, 16) + 16` bytes rounded up to a power of
+//! two (a 112-byte object takes a 256-byte block instead of 128); no instruction on the alloc
+//! and free paths. The runtime's own intrinsics (abi.rs) never carry out a reported access.
+//! `check_free` still checks the header (magic, state, tag, geometry inside the heap, and that
+//! the shadow agrees), so a wild write further away is refused, not trusted.
 //!
 //! # Metadata: header and stack ring
 //!
-//! The header holds what the free path needs (requested size, block order, offset, tag and a
-//! live/freed magic) and is the only way to recognise the start of a live object. Stacks live
-//! apart, in a stack ring as in Linux's tag-based KASAN: every allocation and free appends
-//! {tagged pointer, size, depot handle, task, alloc/free} to a ring of `RING_ENTRIES`; a report
-//! searches it backward, newest first, for the object the faulting pointer's tag belongs to.
-//! The header's first word is overwritten by the buddy allocator's free-list link once the block
-//! is free; the ring is not, so a use-after-free report still names both stacks (until the ring
-//! wraps).
+//! The header holds what the free path needs (requested size, block order, offset, tag, a
+//! live/freed state and a live magic) and is the only way to recognise the start of a live
+//! object. Stacks live apart, in a stack ring as in Linux's tag-based KASAN: every allocation
+//! and free appends {tagged pointer, size, depot handle, task, alloc/free} to a ring of
+//! `RING_ENTRIES`; a report searches it backward, newest first, for the object the faulting
+//! pointer's tag belongs to, preferring an object that is live now. The header's first word
+//! (the magic) is overwritten by the buddy allocator's free-list link once the block is free;
+//! its second (size, offset, order, tag, state) is not, so a double free is recognised after
+//! the ring wrapped, and the ring still names both stacks of a use-after-free until it wraps.
 //!
 //! # Stacks, locks and interrupts
 //!
 //! The stack of each alloc and free is collected outside the lock (`collect_stack`: a frame
-//! record walk or a shadow-call-stack copy of the current task's stack, as Linux's SW_TAGS
+//! record walk or a shadow-call-stack copy through `stacktrace::collect`, as Linux's SW_TAGS
 //! saves them), in the mode chosen at run time ([`set_stacks`]: none, fp, scs, each with or without the depot; `-no-depot` collects the
-//! trace and drops it, which is the seed's "saving to stack depot commented out"). The lock
+//! trace and drops it, which is the seed's "saving to stack depot commented out"). With
+//! `kasan.stack_sample=N` one allocation stack in N is collected (free stacks always). The lock
 //! covers the backing allocator, the header and the ring, and is taken with IRQs masked, so an
 //! interrupt can never spin on a lock its own CPU holds. The heap refuses IRQ context (panics):
 //! the tick path never allocates, which also keeps the depot's miss-path spin lock out of IRQs.
@@ -54,7 +70,6 @@
 use super::report::{self, BadFree as BadFreeReport, BugType};
 use super::ring::{Ring, RingEntry};
 use super::storage::{TagStorage, Tags, tag_of, untagged, with_tag};
-use crate::arch::cpu;
 use crate::stacktrace::{self, Mode};
 use crate::sync::IrqMask;
 use buddy_system_allocator::Heap;
@@ -69,21 +84,39 @@ const INVALID: u8 = Tags::INVALID;
 pub const HEAP_SIZE: u64 = 16 << 20;
 
 const LIVE_MAGIC: u64 = 0x4c49_5645_0000_0000;
-const FREED_MAGIC: u64 = 0x4652_4545_0000_0000;
+/// `Header::state` of a live and of a freed object.
+const LIVE: u8 = 0x4c;
+const FREED: u8 = 0x46;
+/// The header's distance below the object, and the object's least offset in its block: header
+/// granule, then a guard granule, then the object.
+const HEADER_BELOW: u64 = 2 * GRANULE;
+/// The guard granule every block keeps after its object (the least slack).
+const TRAILING_GUARD: u64 = GRANULE;
 
-/// The header granule before each object.
+/// The header granule, two granules below each object (at the block's start when the object's
+/// alignment is at most 32). Its first word is the word the buddy allocator's free-list link
+/// overwrites when the block is free; everything a freed header must still say (state, tag,
+/// offset) is in the second.
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct Header {
+    /// LIVE_MAGIC xor the object's untagged address while live; the free-list link once free.
+    magic: u64,
     /// Requested size in bytes.
     size: u32,
-    /// Object address - block address.
-    offset: u16,
+    /// log2 of (object address - block address).
+    offset_log2: u8,
     /// log2 of the block size.
     order: u8,
     tag: u8,
-    /// LIVE_MAGIC or FREED_MAGIC, xor the object's untagged address.
-    magic: u64,
+    /// LIVE or FREED.
+    state: u8,
+}
+
+impl Header {
+    fn offset(&self) -> u64 {
+        1 << (self.offset_log2 & 31)
+    }
 }
 
 struct State {
@@ -95,7 +128,8 @@ static STATE: spin::Mutex<State> = spin::Mutex::new(State { backing: Heap::new()
 static HEAP_START: AtomicU64 = AtomicU64::new(0);
 static HEAP_END: AtomicU64 = AtomicU64::new(0);
 
-/// How alloc and free collect their stacks (switchable at run time).
+/// How alloc and free collect their stacks (switchable at run time). Every mode that walks
+/// goes through `stacktrace::collect`, the kernel's one walker path.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, defmt::Format)]
 #[repr(u8)]
 pub enum Stacks {
@@ -104,21 +138,19 @@ pub enum Stacks {
     FramePointerNoDepot,
     ShadowCallStack,
     ShadowCallStackNoDepot,
-    /// The general walkers of stacktrace.rs (IRQ and overflow stacks, PAC stripping through
-    /// the unwind crate's checks) instead of the heap's task-only loops, with the depot.
-    FramePointerUnwinder,
-    ShadowCallStackUnwinder,
+    /// The frame walk compiled with the sanitizer's checks on every word it reads (as Linux
+    /// builds its unwinder by default), with the depot.
+    FramePointerInstrumented,
 }
 
 impl Stacks {
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 6] = [
         Self::None,
         Self::FramePointer,
         Self::FramePointerNoDepot,
         Self::ShadowCallStack,
         Self::ShadowCallStackNoDepot,
-        Self::FramePointerUnwinder,
-        Self::ShadowCallStackUnwinder,
+        Self::FramePointerInstrumented,
     ];
 
     pub fn name(self) -> &'static str {
@@ -128,12 +160,11 @@ impl Stacks {
             Self::FramePointerNoDepot => "fp-no-depot",
             Self::ShadowCallStack => "scs",
             Self::ShadowCallStackNoDepot => "scs-no-depot",
-            Self::FramePointerUnwinder => "fp-unwinder",
-            Self::ShadowCallStackUnwinder => "scs-unwinder",
+            Self::FramePointerInstrumented => "fp-instrumented",
         }
     }
 
-    /// Which walk, whether to save in the depot, whether through stacktrace.rs.
+    /// Which walk, whether to save in the depot, whether the walk is the instrumented one.
     fn walker(self) -> Option<(Mode, bool, bool)> {
         match self {
             Self::None => None,
@@ -141,8 +172,7 @@ impl Stacks {
             Self::FramePointerNoDepot => Some((Mode::FramePointer, false, false)),
             Self::ShadowCallStack => Some((Mode::ShadowCallStack, true, false)),
             Self::ShadowCallStackNoDepot => Some((Mode::ShadowCallStack, false, false)),
-            Self::FramePointerUnwinder => Some((Mode::FramePointer, true, true)),
-            Self::ShadowCallStackUnwinder => Some((Mode::ShadowCallStack, true, true)),
+            Self::FramePointerInstrumented => Some((Mode::FramePointer, true, true)),
         }
     }
 }
@@ -184,99 +214,35 @@ fn assert_not_in_irq() {
     assert!(!crate::task::stacks::this_irq_slot().contains_stack(sp), "the heap is not for IRQ context");
 }
 
-/// Collects the stack of allocate/free's caller in the current mode; the raw depot handle or 0.
+/// Collects the stack of allocate/free's caller in the current mode: the raw depot handle, or
+/// handle 0 with the reason in the spare bits (`stacktrace::STACK_NOT_SAMPLED` for an allocation
+/// that `kasan.stack_sample` left out, `STACK_DEPOT_FULL`), or 0 (no stacks, no depot).
 ///
-/// The heap runs in task context only, so its walks are the short task-only forms of
-/// stacktrace.rs's: the frame-pointer walk follows x29 records inside the current task's stack,
-/// the shadow-call-stack copy reads the task's shadow stack from x18 down to its base. Both give
-/// return addresses newest first, PAC-stripped; the first (into allocate/free) is skipped.
+/// Through `stacktrace::collect` (inlined here), the walker path every other user takes; its
+/// first entry (the return into allocate/free) is skipped. The buffer is not zeroed: the
+/// walk writes the entries it reports.
 #[inline(never)]
 #[sanitize(kernel_hwaddress = "off")]
-fn collect_stack() -> u32 {
-    let Some((mode, depot, general)) = stacks().walker() else {
+fn collect_stack(allocation: bool) -> u32 {
+    let Some((mode, depot, instrumented)) = stacks().walker() else {
         return 0;
     };
-    if general {
-        // Skip this function and allocate/free, as the loops below do.
-        let trace = stacktrace::capture(mode, unwind::TraceOptions::new(2, unwind::MAX_FRAMES));
-        return stacktrace::DEPOT.save(trace.addresses()).map_or(0, |handle| handle.to_raw());
+    if allocation && !stacktrace::sample_allocation() {
+        return stacktrace::STACK_NOT_SAMPLED;
     }
-    // Not zeroed: a memset of 512 bytes would cost more than the walk (and core's memset is
-    // instrumented). The walks write entries 0..count, and only those are read.
-    let mut buffer = core::mem::MaybeUninit::<[u64; unwind::MAX_FRAMES]>::uninit();
-    let base = buffer.as_mut_ptr() as *mut u64;
-    let count = match mode {
-        Mode::FramePointer => walk_frame_records(base),
-        Mode::ShadowCallStack => copy_shadow_stack(base),
+    let mut buffer = [core::mem::MaybeUninit::uninit(); unwind::MAX_FRAMES];
+    let options = unwind::TraceOptions::new(1, unwind::MAX_FRAMES);
+    let walked = if instrumented {
+        stacktrace::collect_instrumented(options, &mut buffer)
+    } else {
+        stacktrace::collect(mode, options, &mut buffer)
     };
-    // SAFETY: the walk initialised entries 0..count (count <= MAX_FRAMES) of the buffer.
-    let frames = unsafe { core::slice::from_raw_parts(base, count) };
+    let frames = walked.entries(&buffer);
     if !depot {
         core::hint::black_box(frames);
         return 0;
     }
-    stacktrace::DEPOT.save(frames).map_or(0, |handle| handle.to_raw())
-}
-
-/// Return addresses from this function's caller's frame record outward (the frame walk), into
-/// `frames[0..count]` (room for MAX_FRAMES); returns count.
-#[inline(always)]
-fn walk_frame_records(frames: *mut u64) -> usize {
-    let slot = crate::task::current_slot();
-    let (low, high) = (slot.stack_base(), slot.stack_top());
-    let mut fp: u64;
-    // SAFETY: reads x29.
-    unsafe { core::arch::asm!("mov {}, x29", out(reg) fp, options(nomem, nostack, preserves_flags)) };
-    let mut count = 0;
-    let mut skip = 1;
-    while count < unwind::MAX_FRAMES && fp >= low && fp + 16 <= high && fp.is_multiple_of(8) {
-        let (next, lr): (u64, u64);
-        // SAFETY: fp lies inside the current task's (mapped) stack, checked above; asm loads are
-        // not instrumented.
-        unsafe {
-            core::arch::asm!("ldp {n}, {l}, [{f}]", f = in(reg) fp, n = out(reg) next, l = out(reg) lr, options(nostack, readonly, preserves_flags))
-        };
-        if lr == 0 {
-            break;
-        }
-        if skip > 0 {
-            skip -= 1;
-        } else {
-            // SAFETY: count < MAX_FRAMES, the caller's buffer size.
-            unsafe { frames.add(count).write(cpu::strip_pac(lr)) };
-            count += 1;
-        }
-        // Frame records move strictly up the stack.
-        if next <= fp {
-            break;
-        }
-        fp = next;
-    }
-    count
-}
-
-/// The task's shadow call stack, newest entry first (the shadow-call-stack copy), into
-/// `frames[0..count]` (room for MAX_FRAMES); returns count.
-#[inline(always)]
-fn copy_shadow_stack(frames: *mut u64) -> usize {
-    let base = crate::task::current_slot().shadow_stack_base();
-    let mut pointer = cpu::shadow_call_stack_pointer();
-    // The newest entry is collect_stack's own return address (into allocate/free).
-    pointer = pointer.saturating_sub(8);
-    let mut count = 0;
-    while count < unwind::MAX_FRAMES && pointer > base {
-        pointer -= 8;
-        let lr: u64;
-        // SAFETY: base < pointer < x18: used entries of the current task's shadow stack,
-        // mapped; asm loads are not instrumented.
-        unsafe {
-            core::arch::asm!("ldr {l}, [{p}]", p = in(reg) pointer, l = out(reg) lr, options(nostack, readonly, preserves_flags))
-        };
-        // SAFETY: count < MAX_FRAMES, the caller's buffer size.
-        unsafe { frames.add(count).write(cpu::strip_pac(lr)) };
-        count += 1;
-    }
-    count
+    stacktrace::stack_word(stacktrace::DEPOT.save(frames))
 }
 
 fn current_task() -> u16 {
@@ -297,29 +263,43 @@ fn locked<R>(f: impl FnOnce(&mut State) -> R) -> R {
 }
 
 /// Allocates `size` bytes aligned to `align` (at least 16); the tagged pointer, or None when the
-/// heap is exhausted.
+/// heap is exhausted. A zero-byte object owns no granule: every access to it is reported.
 #[inline(never)]
 #[sanitize(kernel_hwaddress = "off")]
 pub fn allocate(size: usize, align: usize) -> Option<u64> {
     assert_not_in_irq();
-    let stack = collect_stack();
+    let stack = collect_stack(true);
+    allocate_with_stack(size, align, stack)
+}
+
+/// The allocation itself, recording `stack` (allocate's, or reallocate's when it moves an
+/// object: its caller is the one that asked). Always inlined: allocate's code stays one body.
+#[inline(always)]
+fn allocate_with_stack(size: usize, align: usize, stack: u32) -> Option<u64> {
     let size = size as u64;
     let align = (align as u64).max(GRANULE);
-    let rounded = round_up(size.max(1), GRANULE);
-    let offset = align.max(GRANULE);
-    if size > u32::MAX as u64 || offset > u16::MAX as u64 {
+    if size > u32::MAX as u64 || align > u16::MAX as u64 {
         return None;
     }
-    let block_size = (offset + rounded).next_power_of_two().max(align);
+    let rounded = round_up(size, GRANULE);
+    let offset = align.max(HEADER_BELOW);
+    let block_size = (offset + rounded + TRAILING_GUARD).next_power_of_two().max(align);
     let layout = Layout::from_size_align(block_size as usize, align as usize).ok()?;
     let (block, tag) = locked(|state| {
         let block = state.backing.alloc(layout).ok()?.as_ptr() as u64;
         let tag = Tags::random_tag();
         let object = block + offset;
         let order = block_size.trailing_zeros() as u8;
-        let header = Header { size: size as u32, offset: offset as u16, order, tag, magic: LIVE_MAGIC ^ object };
-        // SAFETY: the header granule lies in the block just allocated (offset >= 16).
-        unsafe { ((object - GRANULE) as *mut Header).write(header) };
+        let header = Header {
+            magic: LIVE_MAGIC ^ object,
+            size: size as u32,
+            offset_log2: offset.trailing_zeros() as u8,
+            order,
+            tag,
+            state: LIVE,
+        };
+        // SAFETY: the header granule lies in the block just allocated (offset >= 32).
+        unsafe { ((object - HEADER_BELOW) as *mut Header).write(header) };
         let pointer = with_tag(object, tag);
         let entry = RingEntry {
             pointer,
@@ -346,54 +326,91 @@ enum BadFree {
     Invalid,
 }
 
-/// Checks that `pointer` is the start of a live object with its tag; its header if so.
+/// The header two granules below `object` (untagged, in the heap).
+#[inline(always)]
+fn header_of(object: u64) -> Header {
+    // SAFETY: callers checked that object - 32 lies in the heap, mapped RAM; an untagged read.
+    unsafe { ((object - HEADER_BELOW) as *const Header).read() }
+}
+
+/// Whether `header`'s geometry fits an object at `object` in the heap: the block it implies is
+/// aligned, inside the heap, and holds header, guard, object and trailing guard.
+#[inline(always)]
+fn plausible(header: &Header, object: u64) -> bool {
+    let (start, end) = range();
+    let order = header.order as u64;
+    let offset_log2 = header.offset_log2 as u64;
+    if !(5..ORDER as u64).contains(&order) || !(5..=15).contains(&offset_log2) || offset_log2 >= order {
+        return false;
+    }
+    let block = object.wrapping_sub(header.offset());
+    let block_size = 1 << order;
+    block.is_multiple_of(block_size)
+        && block >= start
+        && block <= end - block_size
+        && header.offset() + round_up(header.size as u64, GRANULE) + TRAILING_GUARD <= block_size
+}
+
+/// Checks that `pointer` is the start of a live object with its tag (or the match-all tag,
+/// which any access accepts too); its header if so.
 #[sanitize(kernel_hwaddress = "off")]
 fn check_free(state: &State, pointer: u64) -> Result<Header, BadFree> {
     let tag = tag_of(pointer);
     let address = untagged(pointer);
     let (start, end) = range();
-    if !Tags::is_object_tag(tag) || !address.is_multiple_of(GRANULE) || address < start + GRANULE || address >= end {
+    let tag_acceptable = Tags::is_object_tag(tag) || tag == Tags::MATCH_ALL;
+    if !tag_acceptable || !address.is_multiple_of(GRANULE) || address < start + HEADER_BELOW || address >= end {
         return Err(BadFree::Invalid);
     }
-    // SAFETY: address - 16 lies in the heap (checked above), mapped RAM; an untagged read.
-    let header = unsafe { ((address - GRANULE) as *const Header).read() };
-    if Tags::memory_tag(address) != tag {
-        // Freed already? The ring remembers recent frees, the header the rest (its magic
-        // survives the buddy allocator's free-list link, which overwrites the first word only).
+    let header = header_of(address);
+    let tag_matches = tag == Tags::MATCH_ALL || tag == header.tag;
+    let live = header.state == LIVE && header.magic == LIVE_MAGIC ^ address && plausible(&header, address);
+    if !live || !tag_matches {
+        // Freed already? The header says so while the block is free or until it is reused (the
+        // state byte is not the word the buddy allocator's free-list link overwrites); the ring
+        // remembers recent frees of a block live again under another tag.
+        let freed_header = header.state == FREED && tag_matches && plausible(&header, address);
         let freed_in_ring =
-            state.ring.newest_first().find(|entry| entry.pointer == pointer).is_some_and(|entry| entry.freed);
-        let freed_header = header.magic == FREED_MAGIC ^ address && header.tag == tag;
-        return Err(if freed_in_ring || freed_header { BadFree::Double } else { BadFree::Invalid });
+            state
+                .ring
+                .newest_first()
+                .find(|entry| {
+                    if tag == Tags::MATCH_ALL { untagged(entry.pointer) == address } else { entry.pointer == pointer }
+                })
+                .is_some_and(|entry| entry.freed);
+        return Err(if freed_header || freed_in_ring { BadFree::Double } else { BadFree::Invalid });
     }
-    let header_is_invalid_granule = Tags::memory_tag(address - GRANULE) == INVALID;
-    if !header_is_invalid_granule || header.magic != LIVE_MAGIC ^ address || header.tag != tag {
+    // The shadow agrees with the header: the object's first granule (if it has one) carries its
+    // tag, the guard granule before it is invalid.
+    let first_granule_ok = header.size == 0 || Tags::memory_tag(address) == header.tag;
+    if !first_granule_ok || Tags::memory_tag(address - GRANULE) != INVALID {
         return Err(BadFree::Invalid);
     }
     Ok(header)
 }
 
-/// Frees the object at `pointer` (as returned by [`allocate`]). A pointer that is not the start
-/// of a live object with its tag is reported (double free or invalid free) and left alone.
+/// Frees the object at `pointer` (as returned by [`allocate`], or with the match-all tag). A
+/// pointer that is not the start of a live object with its tag is reported (double free or
+/// invalid free) and left alone.
 #[inline(never)]
 #[sanitize(kernel_hwaddress = "off")]
 pub fn free(pointer: u64) {
     assert_not_in_irq();
-    let stack = collect_stack();
+    let stack = collect_stack(false);
     let verdict = locked(|state| {
         let header = check_free(state, pointer)?;
         let object = untagged(pointer);
-        let rounded = round_up((header.size as u64).max(1), GRANULE);
-        Tags::set_range_tag(object, rounded, INVALID);
-        let block = object - header.offset as u64;
-        let freed = Header { magic: FREED_MAGIC ^ object, ..header };
+        Tags::set_range_tag(object, round_up(header.size as u64, GRANULE), INVALID);
+        let block = object - header.offset();
+        let freed = Header { magic: 0, state: FREED, ..header };
         // SAFETY: the header granule of a live object (checked), still ours until dealloc.
-        unsafe { ((object - GRANULE) as *mut Header).write(freed) };
+        unsafe { ((object - HEADER_BELOW) as *mut Header).write(freed) };
         let entry = RingEntry {
-            pointer,
+            pointer: with_tag(object, header.tag),
             size: header.size,
             stack,
             task: current_task(),
-            offset: header.offset,
+            offset: header.offset() as u16,
             order: header.order,
             freed: true,
         };
@@ -404,22 +421,23 @@ pub fn free(pointer: u64) {
         Ok(())
     });
     if let Err(bad) = verdict {
-        refuse_free(bad, pointer);
+        let bug = match bad {
+            BadFree::Double => BugType::DoubleFree,
+            BadFree::Invalid => BugType::InvalidFree,
+        };
+        refuse_free(bug, pointer, free as fn(u64) as usize as u64);
         // Not a tail call: the report finds the free's caller after this function's frame.
         core::hint::black_box(pointer);
     }
 }
 
-/// Reports a free that `check_free` refused. Out of line and cold, so that the free path's
-/// own code stays what it was; the report finds the free's caller after `free`'s frame.
+/// Reports a free or reallocation that `check_free` refused. Out of line and cold, so that the
+/// free path's own code stays what it was; the report finds the caller after the frame of
+/// `function` (free or reallocate).
 #[cold]
 #[inline(never)]
 #[sanitize(kernel_hwaddress = "off")]
-fn refuse_free(bad: BadFree, pointer: u64) {
-    let bug = match bad {
-        BadFree::Double => BugType::DoubleFree,
-        BadFree::Invalid => BugType::InvalidFree,
-    };
+fn refuse_free(bug: BugType, pointer: u64, function: u64) {
     let (start, end) = range();
     let in_heap = (start..end).contains(&untagged(pointer));
     report::report_bad_free(BadFreeReport {
@@ -427,25 +445,37 @@ fn refuse_free(bad: BadFree, pointer: u64) {
         pointer,
         memory_tag: if in_heap { Some(Tags::memory_tag(untagged(pointer))) } else { None },
         found: if in_heap { find_object(pointer) } else { None },
-        free_function: free as fn(u64) as usize as u64,
+        free_function: function,
         stack_mode: stacks().name(),
     });
 }
 
+/// What a reallocation found under the lock.
+enum Resize {
+    /// Resized in place: the tagged pointer.
+    InPlace(u64),
+    /// Does not fit its block: the tagged pointer and the old size.
+    Move(u64, usize),
+}
+
 /// Resizes the object at `pointer` to `new_size`, in place when it fits in its block (the tag
-/// stays, granules past the new size become invalid), else by moving it.
+/// stays, granules past the new size become invalid), else by moving it. A freed pointer is a
+/// use-after-free (as Linux's krealloc reports it), any other bad pointer an invalid free; both
+/// return None and leave the heap alone.
+#[inline(never)]
 #[sanitize(kernel_hwaddress = "off")]
 pub fn reallocate(pointer: u64, align: usize, new_size: usize) -> Option<u64> {
     assert_not_in_irq();
-    let stack = collect_stack();
-    let in_place = locked(|state| {
-        let header = check_free(state, pointer).ok()?;
-        let new_rounded = round_up((new_size as u64).max(1), GRANULE);
-        if new_size as u64 > u32::MAX as u64 || header.offset as u64 + new_rounded > 1 << header.order {
-            return None;
-        }
+    let stack = collect_stack(true);
+    let resize = locked(|state| {
+        let header = check_free(state, pointer)?;
         let object = untagged(pointer);
-        let old_rounded = round_up((header.size as u64).max(1), GRANULE);
+        let tagged = with_tag(object, header.tag);
+        let new_rounded = round_up(new_size as u64, GRANULE);
+        if new_size as u64 > u32::MAX as u64 || header.offset() + new_rounded + TRAILING_GUARD > 1 << header.order {
+            return Ok(Resize::Move(tagged, header.size as usize));
+        }
+        let old_rounded = round_up(header.size as u64, GRANULE);
         if new_rounded > old_rounded {
             Tags::set_range_tag(object + old_rounded, new_rounded - old_rounded, header.tag);
         } else {
@@ -453,43 +483,107 @@ pub fn reallocate(pointer: u64, align: usize, new_size: usize) -> Option<u64> {
         }
         let resized = Header { size: new_size as u32, ..header };
         // SAFETY: the header granule of a live object (checked).
-        unsafe { ((object - GRANULE) as *mut Header).write(resized) };
+        unsafe { ((object - HEADER_BELOW) as *mut Header).write(resized) };
         let entry = RingEntry {
-            pointer,
+            pointer: tagged,
             size: new_size as u32,
             stack,
             task: current_task(),
-            offset: header.offset,
+            offset: header.offset() as u16,
             order: header.order,
             freed: false,
         };
         state.ring.push(entry);
-        Some(())
+        Ok(Resize::InPlace(tagged))
     });
-    if in_place.is_some() {
-        return Some(pointer);
+    match resize {
+        Ok(Resize::InPlace(tagged)) => Some(tagged),
+        Ok(Resize::Move(old, old_size)) => {
+            let new = allocate_with_stack(new_size, align, stack)?;
+            // SAFETY: both are live objects of at least min(old, new) bytes; untagged copies
+            // (the sizes are the heap's own, not the caller's).
+            unsafe {
+                core::ptr::copy_nonoverlapping(
+                    untagged(old) as *const u8,
+                    untagged(new) as *mut u8,
+                    old_size.min(new_size),
+                )
+            };
+            free(old);
+            Some(new)
+        }
+        Err(bad) => {
+            let bug = match bad {
+                BadFree::Double => BugType::UseAfterFree,
+                BadFree::Invalid => BugType::InvalidFree,
+            };
+            refuse_free(bug, pointer, reallocate as fn(u64, usize, usize) -> Option<u64> as usize as u64);
+            core::hint::black_box(pointer);
+            None
+        }
     }
-    let old_size = locked(|state| check_free(state, pointer).map(|header| header.size as usize));
-    let Ok(old_size) = old_size else {
-        // Not a live object: free() reports it.
-        free(pointer);
-        return None;
-    };
-    let new = allocate(new_size, align)?;
-    // SAFETY: both are live objects of at least min(old, new) bytes; untagged copies (the
-    // sizes are the heap's own, not the caller's).
-    unsafe {
-        core::ptr::copy_nonoverlapping(untagged(pointer) as *const u8, untagged(new) as *mut u8, old_size.min(new_size))
-    };
-    free(pointer);
-    Some(new)
+}
+
+/// Whether the ring entry's object is live now: its header says so, with the entry's tag.
+#[sanitize(kernel_hwaddress = "off")]
+fn is_live(entry: &RingEntry) -> bool {
+    let object = untagged(entry.pointer);
+    let (start, end) = range();
+    if object < start + HEADER_BELOW || object >= end {
+        return false;
+    }
+    let header = header_of(object);
+    header.state == LIVE && header.magic == LIVE_MAGIC ^ object && header.tag == tag_of(entry.pointer)
 }
 
 /// What the stack ring knows about the object a faulting pointer meant (ring.rs); None when
 /// the heap is locked (a report from inside the heap's own critical section).
 #[sanitize(kernel_hwaddress = "off")]
 pub fn find_object(address: u64) -> report::Found {
-    STATE.try_lock()?.ring.find_object(address)
+    STATE.try_lock()?.ring.find_object(address, is_live)
+}
+
+/// The heap audit the corpus runs after each case: every live object the stack ring remembers
+/// has a plausible header (geometry inside the heap, its tag, its size) and the shadow the
+/// layout says (header and guard granules invalid, the object's granules its tag, the slack
+/// invalid). Objects allocated before the ring wrapped are not seen; the backing allocator's
+/// free lists are private to it and are exercised by the caller's allocations instead. The
+/// number of live objects checked, or what is wrong.
+#[sanitize(kernel_hwaddress = "off")]
+pub fn audit() -> Result<usize, &'static str> {
+    locked(|state| {
+        let mut checked = 0;
+        for (index, entry) in state.ring.newest_first().enumerate() {
+            if entry.freed || !is_live(entry) {
+                continue;
+            }
+            let object = untagged(entry.pointer);
+            let header = header_of(object);
+            if !plausible(&header, object) {
+                return Err("a live header is implausible");
+            }
+            // Only the newest entry about an address says what is there now (a reallocation in
+            // place adds one, a later object may have the same tag); looked for only when the
+            // header and the entry differ.
+            let superseded = || state.ring.newest_first().take(index).any(|newer| untagged(newer.pointer) == object);
+            if (header.size != entry.size || header.order != entry.order) && !superseded() {
+                return Err("a live header disagrees with the ring");
+            }
+            let rounded = round_up(header.size as u64, GRANULE);
+            let block = object - header.offset();
+            let block_end = block + (1 << header.order);
+            let mut granule = object - HEADER_BELOW;
+            while granule < block_end {
+                let expected = if (object..object + rounded).contains(&granule) { header.tag } else { INVALID };
+                if Tags::memory_tag(granule) != expected {
+                    return Err("a live block's shadow disagrees with its header");
+                }
+                granule += GRANULE;
+            }
+            checked += 1;
+        }
+        Ok(checked)
+    })
 }
 
 /// The newest ring entries about `pointer` (tests read the stacks recorded for an object).

@@ -11,21 +11,39 @@
 //!
 //! ```text
 //! ==================================================================
-//! BUG: KASAN: use-after-free
-//! Read of size 8 at addr 0x5a...: pointer tag 0x5a, memory tag 0xfe, by task 0 (idle)
-//! The buggy address belongs to the object at 0x5a... of 24 bytes, 16 bytes inside it
-//! Faulting stack:
+//! BUG: KASAN: slab-use-after-free in kernel::tests::kasan::kasan_uaf_read+0x4c/0x130
+//! Read of size 8 at addr 5aff000040123418 by task idle/0
+//! Pointer tag: [5a], memory tag: [fe]
+//!
+//! Call trace:
 //!   fp #0 0x...                      <- xtask appends function and file:line
+//!
 //! Allocated by task 0:
 //!   fp #0 0x...
+//!
 //! Freed by task 0:
 //!   fp #0 0x...
+//!
+//! The buggy address belongs to the object at ffff000040123400
+//! The buggy address is located 24 bytes inside of
+//!  64-byte region [ffff000040123400, ffff000040123440)
+//!
+//! Memory state around the buggy address:
+//!  ffff000040123200: fe fe 5a 5a 5a 5a fe fe fe fe fe fe fe fe fe fe
+//! >ffff000040123300: fe fe fe fe fe fe fe fe fe fe fe fe fe fe fe fe
+//!                       ^
 //! ==================================================================
 //! ```
 //!
-//! Then the kernel stops (panic mode, the default) or continues (recover mode: `kasan=recover`
-//! on the command line, or inside [`recording`], the one scope tests use to provoke reports and
-//! check the last one).
+//! Linux's layout and bug names (6.3+): tools that parse Linux's KASAN reports parse these. The
+//! function after `in` is the faulting one, `NAME+0xOFF/0xSIZE` from the kernel's own symbol
+//! tables (the callsite table and `.ksyms`); the stacks are addresses that xtask symbolizes.
+//! Object addresses are untagged, as Linux prints them.
+//!
+//! Policy, as Linux's: `kasan.fault=report` (the default) continues after a report,
+//! `kasan.fault=panic` stops the kernel; without `kasan.multi_shot` only the first report is
+//! printed (later ones are counted). [`recording`], the one scope in which tests provoke reports,
+//! is multi-shot and never stops the kernel.
 
 use super::ring::RingEntry;
 use super::storage::{TagStorage, Tags, tag_of, untagged};
@@ -47,8 +65,8 @@ pub enum BugType {
 impl BugType {
     pub fn name(self) -> &'static str {
         match self {
-            Self::OutOfBounds => "out-of-bounds",
-            Self::UseAfterFree => "use-after-free",
+            Self::OutOfBounds => "slab-out-of-bounds",
+            Self::UseAfterFree => "slab-use-after-free",
             Self::DoubleFree => "double-free",
             Self::InvalidFree => "invalid-free",
             Self::InvalidAccess => "invalid-access",
@@ -102,17 +120,25 @@ pub struct Report {
     pub stack_mode: &'static str,
 }
 
-static RECOVER: AtomicBool = AtomicBool::new(false);
+static PANIC_ON_FAULT: AtomicBool = AtomicBool::new(false);
+static MULTI_SHOT: AtomicBool = AtomicBool::new(false);
 static RECORDING: AtomicBool = AtomicBool::new(false);
 static REPORTS: AtomicU64 = AtomicU64::new(0);
 static LAST: spin::Mutex<Option<Report>> = spin::Mutex::new(None);
 
-/// Continue after reports instead of stopping the kernel (`kasan=recover`).
-pub fn set_recover(recover: bool) {
-    RECOVER.store(recover, Ordering::Relaxed);
+/// The report policy: stop the kernel after a report (`kasan.fault=panic`), print every report
+/// rather than the first (`kasan.multi_shot`).
+pub fn set_policy(panic_on_fault: bool, multi_shot: bool) {
+    PANIC_ON_FAULT.store(panic_on_fault, Ordering::Relaxed);
+    MULTI_SHOT.store(multi_shot, Ordering::Relaxed);
 }
 
-/// Runs `f` in recover mode; how many reports it caused (mismatches and bad frees) and the last.
+/// Reports so far (mismatches and bad frees, printed or not).
+pub fn count() -> u64 {
+    REPORTS.load(Ordering::SeqCst)
+}
+
+/// Runs `f` multi-shot without stopping the kernel; how many reports it caused (mismatches and bad frees) and the last.
 pub fn recording(f: impl FnOnce()) -> (u64, Option<Report>) {
     let before = REPORTS.load(Ordering::SeqCst);
     *LAST.lock() = None;
@@ -175,8 +201,9 @@ pub fn report_bad_free(bad: BadFree) {
     let report = Report {
         bug,
         address: pointer,
-        size: 0,
-        write: true,
+        // A reallocation of a freed object reads it (Linux's krealloc checks one byte).
+        size: if bug == BugType::UseAfterFree { 1 } else { 0 },
+        write: bug != BugType::UseAfterFree,
         pointer_tag: tag_of(pointer),
         memory_tag: memory_tag.unwrap_or(Tags::MATCH_ALL),
         pc,
@@ -200,66 +227,91 @@ fn object_of(entry: RingEntry, allocation: Option<RingEntry>) -> Object {
 
 #[sanitize(kernel_hwaddress = "off")]
 fn publish(report: &Report) {
-    REPORTS.fetch_add(1, Ordering::SeqCst);
-    print(report);
+    let first = REPORTS.fetch_add(1, Ordering::SeqCst) == 0;
     let recording = RECORDING.load(Ordering::SeqCst);
+    if recording || first || MULTI_SHOT.load(Ordering::Relaxed) {
+        print(report);
+    }
     if recording {
         *LAST.lock() = Some(*report);
-    }
-    if !recording && !RECOVER.load(Ordering::Relaxed) {
+    } else if PANIC_ON_FAULT.load(Ordering::Relaxed) {
+        defmt::error!("Kernel panic - not syncing: kasan.fault=panic set ...");
         crate::exit(crate::ExitStatus::Panic);
     }
 }
 
 const RULE: &str = "==================================================================";
 
+/// One line of text built on the stack (defmt has no runtime-width padding).
+struct Line {
+    bytes: [u8; 160],
+    len: usize,
+}
+
+impl Line {
+    fn new() -> Self {
+        Self { bytes: [0; 160], len: 0 }
+    }
+
+    fn as_str(&self) -> &str {
+        core::str::from_utf8(&self.bytes[..self.len]).unwrap_or("?")
+    }
+}
+
+impl core::fmt::Write for Line {
+    fn write_str(&mut self, text: &str) -> core::fmt::Result {
+        let room = self.bytes.len() - self.len;
+        let take = text.len().min(room);
+        self.bytes[self.len..self.len + take].copy_from_slice(&text.as_bytes()[..take]);
+        self.len += take;
+        Ok(())
+    }
+}
+
+/// `NAME+0xOFF/0xSIZE` of the function holding `pc`, from the callsite table and `.ksyms`.
+fn write_symbol(line: &mut Line, pc: u64) {
+    use core::fmt::Write;
+    let function = crate::symbols::callsites::function_containing(pc);
+    let name = function.and_then(|(start, _)| crate::symbols::Symbols::get()?.name_at(start));
+    let _ = match (function, name) {
+        (Some((start, next)), Some(name)) => write!(line, "{name}+{:#x}/{:#x}", pc - start, next - start),
+        _ => write!(line, "{pc:#x}"),
+    };
+}
+
+/// Granules per row of the memory state, and rows above and below the buggy one (Linux's).
+const GRANULES_PER_ROW: u64 = 16;
+const ROWS_AROUND: u64 = 2;
+
 #[inline(never)]
 #[sanitize(kernel_hwaddress = "off")]
 fn print(report: &Report) {
-    defmt::error!("{=str}", RULE);
-    defmt::error!("BUG: KASAN: {=str}", report.bug.name());
+    use core::fmt::Write;
     let task = crate::task::current().0;
+    let task_name = crate::task::current_name();
+    defmt::error!("{=str}", RULE);
+    let mut title = Line::new();
+    let _ = write!(title, "BUG: KASAN: {} in ", report.bug.name());
+    write_symbol(&mut title, report.pc);
+    defmt::error!("{=str}", title.as_str());
     match report.bug {
-        BugType::DoubleFree | BugType::InvalidFree => defmt::error!(
-            "Free of addr {=u64:#x}: pointer tag {=u8:#x}, memory tag {=u8:#x}, by task {=usize}",
-            report.address,
-            report.pointer_tag,
-            report.memory_tag,
-            task
-        ),
+        BugType::DoubleFree | BugType::InvalidFree => {
+            defmt::error!("Free of addr {=u64:016x} by task {=str}/{=usize}", report.address, task_name, task)
+        }
         _ => defmt::error!(
-            "{=str} of size {=u64} at addr {=u64:#x}: pointer tag {=u8:#x}, memory tag {=u8:#x}, by task {=usize}",
+            "{=str} of size {=u64} at addr {=u64:016x} by task {=str}/{=usize}",
             if report.write { "Write" } else { "Read" },
             report.size,
             report.address,
-            report.pointer_tag,
-            report.memory_tag,
+            task_name,
             task
         ),
     }
-    if let Some(object) = report.object {
-        let offset = untagged(report.address) as i64 - untagged(object.address) as i64;
-        let (distance, place) = if offset < 0 {
-            (-offset, "to the left of")
-        } else if offset >= object.size as i64 {
-            (offset - object.size as i64, "to the right of")
-        } else {
-            (offset, "inside")
-        };
-        defmt::error!(
-            "The buggy address belongs to the object at {=u64:#x} of {=u32} bytes: {=i64} bytes {=str} it (offset {=i64})",
-            object.address,
-            object.size,
-            distance,
-            place,
-            offset
-        );
-    } else {
-        defmt::error!("The buggy address belongs to no object the stack ring remembers");
-    }
+    defmt::error!("Pointer tag: [{=u8:02x}], memory tag: [{=u8:02x}]", report.pointer_tag, report.memory_tag);
+    defmt::error!("");
     // The faulting stack from the bad access (or the free's caller) outward; the whole trace,
     // runtime frames included, when that frame is not found.
-    defmt::error!("Faulting stack:");
+    defmt::error!("Call trace:");
     let trace = stacktrace::capture(stacktrace::Mode::FramePointer, TraceOptions::ALL);
     let skip = trace.entries().position(|entry| entry.address == report.pc).unwrap_or(0);
     for (index, entry) in trace.entries().skip(skip).enumerate() {
@@ -268,8 +320,60 @@ fn print(report: &Report) {
     if let Some(object) = report.object {
         print_saved("Allocated by", object.alloc_task, object.alloc_stack, report.stack_mode);
         print_saved("Freed by", object.free_task, object.free_stack, report.stack_mode);
+        let start = untagged(object.address);
+        let end = start + object.size as u64;
+        let address = untagged(report.address);
+        let (distance, place) = if address < start {
+            (start - address, "to the left of")
+        } else if address >= end {
+            (address - end, "to the right of")
+        } else {
+            (address - start, "inside of")
+        };
+        defmt::error!("");
+        defmt::error!("The buggy address belongs to the object at {=u64:016x}", start);
+        defmt::error!("The buggy address is located {=u64} bytes {=str}", distance, place);
+        defmt::error!(" {=u32}-byte region [{=u64:016x}, {=u64:016x})", object.size, start, end);
+    } else {
+        defmt::error!("");
+        defmt::error!("The buggy address belongs to no object the stack ring remembers");
     }
+    print_memory_state(untagged(report.address));
     defmt::error!("{=str}", RULE);
+}
+
+/// The memory tags of the rows around the buggy address, `>` on its row, `^` under its granule.
+fn print_memory_state(address: u64) {
+    use core::fmt::Write;
+    let (start, end) = crate::mm::kasan::heap::range();
+    if !(start..end).contains(&address) {
+        return;
+    }
+    let row_bytes = GRANULES_PER_ROW * Tags::GRANULE;
+    let buggy_row = address & !(row_bytes - 1);
+    defmt::error!("");
+    defmt::error!("Memory state around the buggy address:");
+    let first = buggy_row.saturating_sub(ROWS_AROUND * row_bytes).max(start);
+    let last = (buggy_row + ROWS_AROUND * row_bytes).min(end - row_bytes);
+    let mut row = first;
+    while row <= last {
+        let mut line = Line::new();
+        let _ = write!(line, "{}{:016x}:", if row == buggy_row { '>' } else { ' ' }, row);
+        for granule in 0..GRANULES_PER_ROW {
+            let _ = write!(line, " {:02x}", Tags::memory_tag(row + granule * Tags::GRANULE));
+        }
+        defmt::error!("{=str}", line.as_str());
+        if row == buggy_row {
+            let column = 1 + 16 + 1 + 3 * ((address - row) / Tags::GRANULE) as usize;
+            let mut marker = Line::new();
+            for _ in 0..column {
+                let _ = marker.write_str(" ");
+            }
+            let _ = marker.write_str("^");
+            defmt::error!("{=str}", marker.as_str());
+        }
+        row += row_bytes;
+    }
 }
 
 /// A stack saved in the depot, in the symbolizable `fp #N` format.
@@ -277,6 +381,7 @@ fn print_saved(what: &str, task: Option<u16>, stack: u32, stack_mode: &str) {
     let Some(task) = task else {
         return;
     };
+    defmt::error!("");
     defmt::error!("{=str} task {=u16}:", what, task);
     let mut frames = [0; stackdepot::MAX_FRAMES];
     match DepotHandle::from_raw(stack).and_then(|handle| stacktrace::DEPOT.fetch(handle, &mut frames)) {
@@ -285,7 +390,10 @@ fn print_saved(what: &str, task: Option<u16>, stack: u32, stack_mode: &str) {
                 defmt::error!("  fp #{=usize} {=u64:#x}", index, address);
             }
         }
-        None => defmt::error!("  (no stack saved: heap stack mode {=str})", stack_mode),
+        None => match crate::stacktrace::unsaved_reason(stack) {
+            Some(reason) => defmt::error!("  {=str}", reason),
+            None => defmt::error!("  (no stack saved: heap stack mode {=str})", stack_mode),
+        },
     }
 }
 

@@ -59,11 +59,17 @@ impl Ring {
         (1..=count).map(move |back| &self.entries[((self.next - back) % RING_ENTRIES as u64) as usize])
     }
 
-    /// What the ring knows about the object a faulting pointer meant: its newest entry whose
-    /// block holds the address and whose tag is the pointer's, else the nearest same-tag object
-    /// within a page; plus the allocation entry before it when that entry is a free.
+    /// What the ring knows about the object a faulting pointer meant, preferring the object
+    /// the address belongs to now: a live object (`is_live`) with the pointer's tag whose block
+    /// holds the address; else the newest entry with that tag whose block holds it (a freed
+    /// object); else the nearest same-tag object within a page, live ones first. Plus the
+    /// allocation entry before it when that entry is a free.
     #[sanitize(kernel_hwaddress = "off")]
-    pub fn find_object(&self, address: u64) -> Option<(RingEntry, Option<RingEntry>)> {
+    pub fn find_object(
+        &self,
+        address: u64,
+        is_live: impl Fn(&RingEntry) -> bool,
+    ) -> Option<(RingEntry, Option<RingEntry>)> {
         let tag = tag_of(address);
         let untagged = untagged(address);
         let same_tag = || self.newest_first().filter(|entry| tag_of(entry.pointer) == tag);
@@ -76,10 +82,13 @@ impl Ring {
             same_tag()
                 .enumerate()
                 .filter(|(_, entry)| distance(entry) < 4096)
-                .min_by_key(|(newness, entry)| (distance(entry), *newness))
+                .min_by_key(|(newness, entry)| (distance(entry), !(!entry.freed && is_live(entry)), *newness))
                 .map(|(_, entry)| entry)
         };
-        let found = *same_tag().find(|entry| entry.block_contains(untagged)).or_else(nearest)?;
+        let found = *same_tag()
+            .find(|entry| !entry.freed && entry.block_contains(untagged) && is_live(entry))
+            .or_else(|| same_tag().find(|entry| entry.block_contains(untagged)))
+            .or_else(nearest)?;
         let allocation = if found.freed {
             same_tag().find(|entry| entry.pointer == found.pointer && !entry.freed).copied()
         } else {

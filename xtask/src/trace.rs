@@ -1,0 +1,362 @@
+//! The function tracer's ring, streamed over the kernel log, written as Linux's `trace` file and
+//! as Chrome/Perfetto JSON (`traceEvents`).
+//!
+//! The kernel sends `ftrace ring: KEPT of WRITTEN calls, HZ Hz, cpu N, task NAME-ID`, one
+//! `ftrace record: TIMESTAMP IP PARENT` line per record (counter ticks, raw addresses) and
+//! `ftrace ring end` (kernel/src/ftrace/tracers.rs). Over the log rather than semihosting files,
+//! so a Raspberry Pi's serial line carries it too. Addresses become function names here, with
+//! the ELF's symbol table.
+
+use crate::log::LogLine;
+use object::{Object, ObjectSection, ObjectSymbol, SectionKind, SymbolKind};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// One function-tracer record: the traced function's entry and its caller's return address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub timestamp: u64,
+    pub ip: u64,
+    pub parent: u64,
+}
+
+/// One streamed ring.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ring {
+    pub records: Vec<Record>,
+    /// Calls the tracer saw (more than `records.len()` when the ring wrapped).
+    pub written: u64,
+    /// Counter frequency: timestamps are ticks of it.
+    pub hertz: u64,
+    pub cpu: u32,
+    /// `NAME-ID` of the task that ran the window, or `<...>-0`.
+    pub task: String,
+}
+
+/// Collects rings from decoded log lines as they arrive.
+#[derive(Default)]
+pub struct RingReader {
+    current: Option<Ring>,
+}
+
+/// What a line meant to the reader.
+pub enum Fed {
+    /// Not a ring line.
+    Other,
+    /// A ring line, kept.
+    Consumed,
+    /// The last line of a ring: here it is.
+    Complete(Ring),
+}
+
+impl RingReader {
+    pub fn feed(&mut self, text: &str) -> Fed {
+        if let Some(header) = text.strip_prefix("ftrace ring: ") {
+            self.current = parse_header(header);
+            return Fed::Consumed;
+        }
+        if let Some(record) = text.strip_prefix("ftrace record: ") {
+            if let (Some(ring), Some(record)) = (self.current.as_mut(), parse_record(record)) {
+                ring.records.push(record);
+            }
+            return Fed::Consumed;
+        }
+        if text == "ftrace ring end" {
+            return self.current.take().map_or(Fed::Consumed, Fed::Complete);
+        }
+        Fed::Other
+    }
+}
+
+/// Every complete ring in a run's log.
+pub fn rings(log: &[LogLine]) -> Vec<Ring> {
+    let mut reader = RingReader::default();
+    log.iter()
+        .filter_map(|line| match reader.feed(&line.text) {
+            Fed::Complete(ring) => Some(ring),
+            _ => None,
+        })
+        .collect()
+}
+
+fn number(text: &str) -> Option<u64> {
+    match text.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => text.parse().ok(),
+    }
+}
+
+/// `KEPT of WRITTEN calls, HZ Hz, cpu N, task NAME-ID`
+fn parse_header(text: &str) -> Option<Ring> {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    match words.as_slice() {
+        [_, "of", written, "calls,", hertz, "Hz,", "cpu", cpu, "task", task] => Some(Ring {
+            records: Vec::new(),
+            written: number(written)?,
+            hertz: number(hertz)?,
+            cpu: cpu.trim_end_matches(',').parse().ok()?,
+            task: task.to_string(),
+        }),
+        _ => None,
+    }
+}
+
+fn parse_record(text: &str) -> Option<Record> {
+    let mut words = text.split_whitespace().map(number);
+    Some(Record { timestamp: words.next()??, ip: words.next()??, parent: words.next()?? })
+}
+
+/// Function symbols of the kernel ELF: the function containing an address.
+pub struct FunctionTable {
+    /// (start, end, demangled name without hash), sorted by start.
+    functions: Vec<(u64, u64, String)>,
+}
+
+impl FunctionTable {
+    pub fn from_elf(elf: &[u8]) -> Option<Self> {
+        let file = object::File::parse(elf).ok()?;
+        // Functions, and the untyped labels asm code defines in executable sections (the
+        // bench's probe targets, the boot code); not the `$x` mapping symbols.
+        let in_text = |symbol: &object::Symbol| {
+            symbol.section_index().and_then(|index| file.section_by_index(index).ok()).map(|section| section.kind())
+                == Some(SectionKind::Text)
+        };
+        let mut functions: Vec<(u64, u64, String)> = file
+            .symbols()
+            .filter(|symbol| {
+                symbol.kind() == SymbolKind::Text
+                    || (symbol.kind() == SymbolKind::Unknown
+                        && in_text(symbol)
+                        && symbol.name().is_ok_and(|name| !name.is_empty() && !name.starts_with('$')))
+            })
+            .filter(|symbol| symbol.is_definition() || symbol.kind() == SymbolKind::Unknown)
+            .filter_map(|symbol| {
+                let name = symbol.name().ok()?;
+                Some((symbol.address(), symbol.size(), format!("{:#}", rustc_demangle::demangle(name))))
+            })
+            .collect();
+        functions.sort_by_key(|(start, _, _)| *start);
+        functions.dedup_by_key(|(start, _, _)| *start);
+        // A symbol without a size (asm) reaches to the next one.
+        let starts: Vec<u64> = functions.iter().map(|(start, _, _)| *start).collect();
+        let functions = functions
+            .into_iter()
+            .enumerate()
+            .map(|(index, (start, size, name))| {
+                let next = starts.get(index + 1).copied().unwrap_or(u64::MAX);
+                (start, if size == 0 { next } else { start + size }, name)
+            })
+            .collect();
+        Some(Self { functions })
+    }
+
+    #[cfg(test)]
+    pub fn from_list(functions: &[(u64, u64, &str)]) -> Self {
+        Self { functions: functions.iter().map(|(start, end, name)| (*start, *end, name.to_string())).collect() }
+    }
+
+    /// The function whose code holds `address`.
+    pub fn containing(&self, address: u64) -> Option<&str> {
+        self.extent(address).map(|(_, _, name)| name)
+    }
+
+    /// The start, end and name of the function whose code holds `address`.
+    pub fn extent(&self, address: u64) -> Option<(u64, u64, &str)> {
+        let index = self.functions.partition_point(|(start, _, _)| *start <= address).checked_sub(1)?;
+        let (start, end, name) = &self.functions[index];
+        (address < *end).then_some((*start, *end, name.as_str()))
+    }
+
+    /// The function a record's `ip` is the entry of (the trampoline passes the symbol address).
+    pub fn traced_function(&self, ip: u64) -> String {
+        self.containing(ip).map_or_else(|| format!("{ip:#x}"), str::to_string)
+    }
+
+    /// The function a return address returns into (the call is the instruction before it).
+    pub fn caller(&self, return_address: u64) -> String {
+        let name = return_address.checked_sub(4).and_then(|address| self.containing(address));
+        name.map_or_else(|| format!("{return_address:#x}"), str::to_string)
+    }
+}
+
+/// `TASK-PID` split for Linux's column layout (`%16s-%-7d`).
+fn task_columns(task: &str) -> (&str, &str) {
+    task.rsplit_once('-').unwrap_or((task, "0"))
+}
+
+fn seconds(ticks: u64, hertz: u64) -> String {
+    let hertz = hertz.max(1);
+    let micros = (ticks as u128 * 1_000_000 / hertz as u128) as u64;
+    format!("{}.{:06}", micros / 1_000_000, micros % 1_000_000)
+}
+
+/// The lines of one record in Linux's `trace` format (irq-info off):
+/// `            TASK-PID     [CPU] TIMESTAMP: function <-caller`.
+pub fn trace_line(ring: &Ring, record: &Record, symbols: &FunctionTable) -> String {
+    let (name, pid) = task_columns(&ring.task);
+    format!(
+        "{name:>16}-{pid:<7} [{:03}] {:>12}: {} <-{}",
+        ring.cpu,
+        seconds(record.timestamp, ring.hertz),
+        symbols.traced_function(record.ip),
+        symbols.caller(record.parent)
+    )
+}
+
+/// Linux's `trace` file for one ring (`# tracer: function`).
+pub fn trace_text(ring: &Ring, symbols: &FunctionTable) -> String {
+    let mut text = String::new();
+    let _ = writeln!(text, "# tracer: function\n#");
+    let _ = writeln!(text, "# entries-in-buffer/entries-written: {}/{}   #P:1\n#", ring.records.len(), ring.written);
+    let _ = writeln!(text, "#           TASK-PID     CPU#     TIMESTAMP  FUNCTION");
+    let _ = writeln!(text, "#              | |         |         |         |");
+    for record in &ring.records {
+        let _ = writeln!(text, "{}", trace_line(ring, record, symbols));
+    }
+    text
+}
+
+/// Chrome trace-event JSON (what Perfetto's UI opens): one instant event per traced call, its
+/// caller in `args`. Timestamps in microseconds.
+pub fn trace_json(ring: &Ring, symbols: &FunctionTable) -> String {
+    let (name, pid) = task_columns(&ring.task);
+    let pid: u64 = pid.parse().unwrap_or(0);
+    let hertz = ring.hertz.max(1) as f64;
+    let events: Vec<serde_json::Value> = ring
+        .records
+        .iter()
+        .map(|record| {
+            serde_json::json!({
+                "name": symbols.traced_function(record.ip),
+                "cat": "function",
+                "ph": "i",
+                "s": "t",
+                "ts": record.timestamp as f64 * 1e6 / hertz,
+                "pid": pid,
+                "tid": ring.cpu,
+                "args": { "caller": symbols.caller(record.parent), "ip": format!("{:#x}", record.ip) },
+            })
+        })
+        .collect();
+    let metadata = [
+        serde_json::json!({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}}),
+        serde_json::json!({"name": "thread_name", "ph": "M", "pid": pid, "tid": ring.cpu,
+            "args": {"name": format!("cpu {}", ring.cpu)}}),
+    ];
+    let document = serde_json::json!({
+        "traceEvents": metadata.into_iter().chain(events).collect::<Vec<_>>(),
+        "displayTimeUnit": "ns",
+        "otherData": { "tracer": "function", "entries": ring.records.len(), "written": ring.written },
+    });
+    serde_json::to_string_pretty(&document).unwrap_or_default()
+}
+
+/// Where the trace files go: `target/trace/` of the workspace (or `CARGO_TARGET_DIR`).
+pub fn output_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::build::workspace_root().join("target"))
+        .join("trace")
+}
+
+/// Writes the last ring of a run as `trace.txt` and `trace.json` in `dir`; returns the paths.
+pub fn write(ring: &Ring, symbols: &FunctionTable, dir: &Path) -> std::io::Result<[PathBuf; 2]> {
+    std::fs::create_dir_all(dir)?;
+    let text = dir.join("trace.txt");
+    let json = dir.join("trace.json");
+    std::fs::write(&text, trace_text(ring, symbols))?;
+    std::fs::write(&json, trace_json(ring, symbols))?;
+    Ok([text, json])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn symbols() -> FunctionTable {
+        FunctionTable::from_list(&[
+            (0x1000, 0x1040, "kernel::demo::caller"),
+            (0x1048, 0x1080, "kernel::demo::traced"),
+            (0x1088, 0x10c0, "kernel::demo::other"),
+        ])
+    }
+
+    fn ring() -> Ring {
+        let mut reader = RingReader::default();
+        let lines = [
+            "ftrace ring: 2 of 5 calls, 62500000 Hz, cpu 0, task boot-0",
+            "ftrace record: 62500000 0x1048 0x1014",
+            "ftrace record: 125000001 0x1088 0x1050",
+            "ftrace ring end",
+        ];
+        let mut complete = None;
+        for line in lines {
+            if let Fed::Complete(ring) = reader.feed(line) {
+                complete = Some(ring);
+            }
+        }
+        complete.expect("a complete ring")
+    }
+
+    #[test]
+    fn reader_collects_a_whole_ring() {
+        let ring = ring();
+        assert_eq!(ring.written, 5);
+        assert_eq!(ring.hertz, 62_500_000);
+        assert_eq!(ring.task, "boot-0");
+        assert_eq!(
+            ring.records,
+            [
+                Record { timestamp: 62_500_000, ip: 0x1048, parent: 0x1014 },
+                Record { timestamp: 125_000_001, ip: 0x1088, parent: 0x1050 },
+            ]
+        );
+    }
+
+    #[test]
+    fn reader_ignores_other_lines_and_an_unterminated_ring() {
+        let mut reader = RingReader::default();
+        assert!(matches!(reader.feed("tracelab: exit status 0"), Fed::Other));
+        assert!(matches!(reader.feed("ftrace ring: 1 of 1 calls, 10 Hz, cpu 0, task x-1"), Fed::Consumed));
+        assert!(matches!(reader.feed("ftrace record: 1 0x10 0x20"), Fed::Consumed));
+        let log: Vec<LogLine> = ["ftrace ring: 1 of 1 calls, 10 Hz, cpu 0, task x-1", "ftrace record: 1 0x10 0x20"]
+            .iter()
+            .map(|text| LogLine { level: None, text: text.to_string(), timestamp: None })
+            .collect();
+        assert!(rings(&log).is_empty());
+    }
+
+    #[test]
+    fn text_is_linux_trace_format() {
+        let text = trace_text(&ring(), &symbols());
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "# tracer: function");
+        assert!(lines.contains(&"# entries-in-buffer/entries-written: 2/5   #P:1"));
+        assert_eq!(
+            lines[6],
+            "            boot-0       [000]     1.000000: kernel::demo::traced <-kernel::demo::caller"
+        );
+        assert_eq!(lines[7], "            boot-0       [000]     2.000000: kernel::demo::other <-kernel::demo::traced");
+        assert_eq!(lines.len(), 8);
+    }
+
+    #[test]
+    fn json_is_trace_events() {
+        let json: serde_json::Value = serde_json::from_str(&trace_json(&ring(), &symbols())).unwrap();
+        let events = json["traceEvents"].as_array().unwrap();
+        let calls: Vec<_> = events.iter().filter(|event| event["ph"] == "i").collect();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0]["name"], "kernel::demo::traced");
+        assert_eq!(calls[0]["args"]["caller"], "kernel::demo::caller");
+        assert!((calls[1]["ts"].as_f64().unwrap() - 2_000_000.016).abs() < 1e-6);
+        assert!(events.iter().any(|event| event["ph"] == "M" && event["args"]["name"] == "boot"));
+    }
+
+    #[test]
+    fn unknown_addresses_stay_numeric() {
+        let symbols = symbols();
+        assert_eq!(symbols.traced_function(0x9000), "0x9000");
+        assert_eq!(symbols.caller(0x1040), "kernel::demo::caller");
+        assert_eq!(symbols.caller(0x1045 + 0x100), "0x1145");
+    }
+}
