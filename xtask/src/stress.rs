@@ -100,6 +100,7 @@ pub fn sweep(
             || text.starts_with("sweep probed:")
             || text.starts_with("sweep refused:")
             || text.starts_with("sweep done:")
+            || text.starts_with("sweep: probe hit")
         {
             coverage.push(text.to_string());
         } else if text.starts_with("sweep FAILED:") || text.starts_with("sweep:") {
@@ -150,9 +151,11 @@ pub fn sweep(
 /// `FUNCTION+0xOFF:METHOD` from a `sweep FAILED: ... at FUNCTION+0xOFF (...) insn ... method M`.
 fn repeatable(line: &str) -> Option<String> {
     let (_, rest) = line.split_once(" at ")?;
-    let place = rest.split_whitespace().next()?;
+    // Names hold spaces (`<StackDepot<4096, 16>>::find`): the place ends at the address.
+    // The kernel splits its command line at spaces and matches names ignoring them.
+    let (place, _) = rest.split_once(" (0x")?;
     let method = rest.rsplit_once(" method ")?.1.trim();
-    Some(format!("{place}:{method}"))
+    Some(format!("{}:{method}", place.replace(' ', "")))
 }
 
 fn address_of(line: &str) -> Option<u64> {
@@ -199,4 +202,21 @@ pub fn sample(image: &build::KernelImage, variant: BuildVariant, cpu: CpuVariant
         println!("probe sweep sample [variant {}]: ok: {}", variant.name(), outcome.summary);
     }
     Ok(outcome.passed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_line_gives_the_probe_to_repeat() {
+        let line = "sweep FAILED: hit count differs in a random set at <stackdepot::depot::StackDepot<4096, 16>>::find+0xc8 \
+                    (0xffffff80400f0a50) insn 0xf2fffff9 method single-step";
+        assert_eq!(
+            repeatable(line).as_deref(),
+            Some("<stackdepot::depot::StackDepot<4096,16>>::find+0xc8:single-step")
+        );
+        assert_eq!(address_of(line), Some(0xffff_ff80_400f_0a50));
+        assert_eq!(repeatable("sweep: the unprobed workload could not run"), None);
+    }
 }

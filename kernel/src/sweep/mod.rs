@@ -253,10 +253,13 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits 
     }
     sweep.tally.batches += 1;
     let armed_any = armed.iter().any(|&armed| armed);
+    let mut new_traces = 0;
     let results = if armed_any {
+        let traces = crate::stacktrace::DEPOT.stats().records;
         COUNTING.store(true, Ordering::Relaxed);
         let results = workload::run();
         COUNTING.store(false, Ordering::Relaxed);
+        new_traces = crate::stacktrace::DEPOT.stats().records - traces;
         results
     } else {
         Some(sweep.reference)
@@ -275,6 +278,21 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits 
         for (index, &(address, method)) in probes.iter().enumerate() {
             if armed[index] {
                 report(sweep, address, method, "results differ (one of these probes)");
+            }
+        }
+    }
+    // Every pass saves the same stacks (the workload runs on a task of its own), so the
+    // warm-up saved them all: a new one means a probe showed in a trace (a slot or trampoline
+    // address where a return address belongs).
+    if new_traces != 0 {
+        defmt::error!(
+            "sweep: {=str}: the probed pass saved {=usize} stacks the unprobed ones did not",
+            label,
+            new_traces
+        );
+        for (index, &(address, method)) in probes.iter().enumerate() {
+            if armed[index] {
+                report(sweep, address, method, "new stack traces (one of these probes)");
             }
         }
     }
@@ -359,9 +377,14 @@ fn sweep_kretprobe(sweep: &mut Sweep, function: Function) {
         }
         sweep.tally.kretprobes[method_index(method)] += 1;
         RETURNS.store(0, Ordering::Relaxed);
+        let traces = crate::stacktrace::DEPOT.stats().records;
         COUNTING.store(true, Ordering::Relaxed);
         let results = workload::run();
         COUNTING.store(false, Ordering::Relaxed);
+        // A hijacked return the walkers did not repair would save a trace with the trampoline.
+        if crate::stacktrace::DEPOT.stats().records != traces {
+            report(sweep, function.start, method, "kretprobe: new stack traces");
+        }
         let _ = kretprobe::unregister(function.start);
         let returns = RETURNS.load(Ordering::Relaxed);
         let address = kretprobe::attach_address(function.start);
@@ -475,7 +498,10 @@ pub fn run(bootargs: &'static str) -> bool {
     let mut swept = 0usize;
     let mut instructions = 0u64;
     if let Some((name, offset, method)) = options.probe {
-        let Some(function) = all.iter().find(|function| function.name == name) else {
+        // xtask's repeat line drops the spaces of names like `<StackDepot<4096, 16>>::find`
+        // (the command line is split at spaces).
+        let without_spaces = |text: &'static str| text.chars().filter(|&c| c != ' ');
+        let Some(function) = all.iter().find(|function| without_spaces(function.name).eq(without_spaces(name))) else {
             defmt::error!("sweep: no function {=str}", name);
             return false;
         };

@@ -14,6 +14,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::probes::{self as kprobes, Method, Registers};
 use crate::stacktrace::{self, Mode};
+use crate::sync::IrqSpinLock;
 use unwind::TraceOptions;
 
 /// FNV-1a over 64-bit words: enough to tell two runs' results apart.
@@ -40,10 +41,31 @@ pub struct Results {
     pub returned: u64,
 }
 
-/// One pass. `None` only if a part could not run (no task slot, no tracer, no probe): the sweep
-/// reports that as a failure of the probes armed at the time.
-#[inline(never)]
+/// The last pass's results, from its task (`None`: a part could not run).
+static PASS: IrqSpinLock<Option<Results>> = IrqSpinLock::new(None);
+
+/// One pass, on a task of its own. `None` only if a part could not run (no task slot, no
+/// tracer, no probe): the sweep reports that as a failure of the probes armed at the time.
+///
+/// A task, not a call: the stacks the pass saves (the depot, the sanitizer heap's alloc/free
+/// stacks) then end at the task's entry, the same on every pass. Called from the sweep's
+/// different call sites, each would save new traces (its own callers), the depot's bucket
+/// chains would grow during the sweep and `StackDepot::find`'s hit counts would depend on when
+/// it was probed (seen as a random set disagreeing with its function's own pass in `full`).
 pub fn run() -> Option<Results> {
+    *PASS.lock() = None;
+    let task = crate::task::spawn("sweep-pass", pass_task, 0).ok()?;
+    crate::task::join(task);
+    PASS.lock().take()
+}
+
+extern "C" fn pass_task(_: u64) {
+    let results = pass();
+    *PASS.lock() = results;
+}
+
+#[inline(never)]
+fn pass() -> Option<Results> {
     let mut sum = Checksum::new();
     let mut returned = 0u64;
     returned = returned.wrapping_add(heap(&mut sum));
@@ -89,7 +111,7 @@ fn walkers(sum: &mut Checksum) -> u64 {
     depth
 }
 
-/// Frames from `nested_capture(0)` up to `run`.
+/// Frames from `nested_capture(0)` up to `pass`.
 const OWN_FRAMES: usize = 6;
 
 #[inline(never)]
@@ -102,8 +124,8 @@ fn nested_capture(levels: u32, sum: &mut Checksum) -> u64 {
         if crate::SHADOW_CALL_STACK { &[Mode::FramePointer, Mode::ShadowCallStack] } else { &[Mode::FramePointer] };
     for &mode in modes {
         let trace = stacktrace::capture(mode, TraceOptions::new(0, unwind::MAX_FRAMES));
-        // The workload's own frames only (nested_capture x4, walkers, run): what calls `run`
-        // differs between the sweep's call sites.
+        // The workload's own frames only (nested_capture x4, walkers, pass): the task's entry
+        // frames above them are not the workload's code.
         for &address in trace.addresses().iter().take(OWN_FRAMES) {
             sum.add(address);
         }
