@@ -63,7 +63,7 @@ pub fn run(args: &StressArgs) -> Result<u8, Failure> {
             if let Some(probe) = &args.probe {
                 words = format!("sweep.probe={probe}");
             }
-            let outcome = sweep(&image, variant, args.cpu, &words, Duration::from_secs(args.timeout), true)?;
+            let outcome = sweep(&image, variant, args.cpu, &words, Duration::from_secs(args.timeout), Print::Always)?;
             failed += u8::from(!outcome.passed);
         }
     }
@@ -74,6 +74,17 @@ pub struct Outcome {
     pub passed: bool,
     /// The coverage lines, joined (for the test tally's line).
     pub summary: String,
+    /// The kernel's `sweep FAILED:` and `sweep:` lines.
+    pub failures: Vec<String>,
+}
+
+/// When `sweep` prints its report.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Print {
+    Always,
+    OnFailure,
+    /// A run that is meant to fail (the sweep's own checks shown to fire).
+    Never,
 }
 
 /// One sweep run on virt; prints the coverage, failures (disassembled) and how to repeat them.
@@ -83,7 +94,7 @@ pub fn sweep(
     cpu: CpuVariant,
     words: &str,
     timeout: Duration,
-    verbose: bool,
+    print: Print,
 ) -> Result<Outcome, Failure> {
     let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 3, icount: false, dtb: None };
     // A slow tick: the workload must run the same code on every pass (see kernel/src/sweep).
@@ -110,7 +121,7 @@ pub fn sweep(
     let label = format!("{} variant {} {words}", machine.describe(), variant.name());
     // QEMU exits 0 on SIGTERM too: the kernel's own verdict line must be there.
     let passed = result.status == Some(0) && coverage.iter().any(|line| line == "sweep done: 0 failures");
-    if verbose || !passed {
+    if print == Print::Always || (print == Print::OnFailure && !passed) {
         println!(
             "stress probes [{label}]: {} ({:.1} s)",
             if passed { "ok" } else { "FAILED" },
@@ -120,7 +131,7 @@ pub fn sweep(
             println!("  {line}");
         }
     }
-    if !passed {
+    if !passed && print != Print::Never {
         for line in &failures {
             println!("  {line}");
             if let Some(repeat) = repeatable(line) {
@@ -145,7 +156,7 @@ pub fn sweep(
             Some(_) => {}
         }
     }
-    Ok(Outcome { passed, summary: coverage.join("; ") })
+    Ok(Outcome { passed, summary: coverage.join("; "), failures })
 }
 
 /// `FUNCTION+0xOFF:METHOD` from a `sweep FAILED: ... at FUNCTION+0xOFF (...) insn ... method M`.
@@ -197,11 +208,21 @@ fn disassemble(elf: &std::path::Path, address: u64) -> String {
 /// line; true if it passed.
 pub fn sample(image: &build::KernelImage, variant: BuildVariant, cpu: CpuVariant) -> Result<bool, Failure> {
     let words = "sweep.seed=19 sweep.functions=32 sweep.singles=16 sweep.ftrace=vector";
-    let outcome = sweep(image, variant, cpu, words, Duration::from_secs(120), false)?;
+    let outcome = sweep(image, variant, cpu, words, Duration::from_secs(120), Print::OnFailure)?;
     if outcome.passed {
         println!("probe sweep sample [variant {}]: ok: {}", variant.name(), outcome.summary);
     }
-    Ok(outcome.passed)
+    // The sweep's own check, shown to fail: workload passes on the caller's stack save new
+    // traces from each call site, which the new-stack check must report.
+    let injected = "sweep.seed=19 sweep.functions=4 sweep.singles=0 sweep.inject=callers-stack";
+    let caught = sweep(image, variant, cpu, injected, Duration::from_secs(120), Print::Never)?;
+    let detected = !caught.passed && caught.failures.iter().any(|line| line.contains("new stack traces"));
+    println!(
+        "probe sweep check [variant {}, passes on the caller's stack]: {}",
+        variant.name(),
+        if detected { "ok: caught as new stack traces" } else { "FAILED: the new-stack check did not fire" }
+    );
+    Ok(outcome.passed && detected)
 }
 
 #[cfg(test)]

@@ -26,7 +26,9 @@
 //! Command-line words (ignored by `cmdline`, which leaves dotted keys alone):
 //! `sweep.seed=N`, `sweep.functions=N` (a seeded sample of N functions; 0 or absent: all),
 //! `sweep.singles=N` (single probes), `sweep.probe=...`, `sweep.ftrace=list|call-ops|vector`
-//! (a counting tracer on every traceable function during the sweep).
+//! (a counting tracer on every traceable function during the sweep), `sweep.inject=callers-stack`
+//! (a test of the sweep itself: workload passes on the caller's stack, which its new-stack
+//! check must catch).
 
 mod workload;
 
@@ -104,6 +106,10 @@ fn parse(bootargs: &'static str) -> Result<Options, &'static str> {
                 let method = Method::ALL.into_iter().find(|m| m.name() == method).ok_or("sweep.probe: bad method")?;
                 options.probe = Some((name, offset, method));
             }
+            "sweep.inject" => match value {
+                "callers-stack" => workload::ON_CALLERS_STACK.store(true, Ordering::Relaxed),
+                _ => return Err("sweep.inject=callers-stack"),
+            },
             "sweep.ftrace" => {
                 options.ftrace = Some(match value {
                     "list" => crate::ftrace::Scheme::List,

@@ -10,7 +10,7 @@
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::probes::{self as kprobes, Method, Registers};
 use crate::stacktrace::{self, Mode};
@@ -41,6 +41,10 @@ pub struct Results {
     pub returned: u64,
 }
 
+/// `sweep.inject=callers-stack`: passes run on the caller's stack, as they once did, so the
+/// sweep's new-stack check must fail (CI runs it: the check is shown to catch what it is for).
+pub static ON_CALLERS_STACK: AtomicBool = AtomicBool::new(false);
+
 /// The last pass's results, from its task (`None`: a part could not run).
 static PASS: IrqSpinLock<Option<Results>> = IrqSpinLock::new(None);
 
@@ -53,6 +57,9 @@ static PASS: IrqSpinLock<Option<Results>> = IrqSpinLock::new(None);
 /// chains would grow during the sweep and `StackDepot::find`'s hit counts would depend on when
 /// it was probed (seen as a random set disagreeing with its function's own pass in `full`).
 pub fn run() -> Option<Results> {
+    if ON_CALLERS_STACK.load(Ordering::Relaxed) {
+        return pass();
+    }
     *PASS.lock() = None;
     let task = crate::task::spawn("sweep-pass", pass_task, 0).ok()?;
     crate::task::join(task);
