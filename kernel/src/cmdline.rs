@@ -1,6 +1,6 @@
 //! The kernel command line (`/chosen/bootargs`): what to run and how.
 //!
-//! `run=demo|test|panic|fault|unowned-brk|hang|use-after-free` (the last five exercise the failure paths), `filter=SUBSTRING` (tests), `hz=N` (tick rate), `exit=semihosting|park`,
+//! `run=demo|test|sweep|panic|fault|unowned-brk|hang|use-after-free` (the last five exercise the failure paths), `filter=SUBSTRING` (tests), `hz=N` (tick rate), `exit=semihosting|park`,
 //! `expect-pauth=QARMA5|QARMA3|IMPDEF|none` (what xtask knows the CPU variant has);
 //! benchmarks: `run=bench bench=SUITE,... reps=N clock=cycles|ns icount=0|1`;
 //! function tracing from boot: `ftrace=PATTERN ftrace-scheme=list|call-ops|vector`; the sanitizer
@@ -30,6 +30,8 @@ pub enum Run {
     UseAfterFree,
     /// A workload under the sampling profiler (`profile.*`).
     Profile,
+    /// The probe sweep (`sweep/`): its own `sweep.*` words say what to sweep.
+    Sweep,
 }
 
 pub struct CommandLine {
@@ -90,6 +92,7 @@ impl CommandLine {
                 (key::RUN, "demo") => line.run = Run::Demo,
                 (key::RUN, "test") => line.run = Run::Test,
                 (key::RUN, "bench") => line.run = Run::Bench,
+                (key::RUN, "sweep") => line.run = Run::Sweep,
                 (key::BENCH, suites) => line.bench_suites = suites,
                 (key::REPS, reps) => match reps.parse::<u32>() {
                     Ok(reps) if reps >= 1 => line.bench_reps = reps,

@@ -21,6 +21,7 @@ mod mm;
 mod probes;
 mod profile;
 mod stacktrace;
+mod sweep;
 mod symbols;
 mod sync;
 mod task;
@@ -189,6 +190,10 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
             loop {
                 cpu::wait_for_interrupt();
             }
+        }
+        cmdline::Run::Sweep => {
+            let passed = sweep::run(platform.bootargs);
+            exit(if passed { ExitStatus::Success } else { ExitStatus::TestsFailed })
         }
         cmdline::Run::Test => {
             let summary = tests::run(cmdline.filter, cmdline.expect_pauth, cmdline.icount);

@@ -16,6 +16,7 @@ mod qemu;
 mod sdimage;
 mod serial;
 mod setup;
+mod stress;
 mod test;
 mod trace;
 
@@ -56,6 +57,8 @@ enum Command {
     Flash(flash::FlashArgs),
     /// Decode a board's defmt log from a serial port until its exit sentinel.
     Monitor(serial::MonitorArgs),
+    /// Long runs: `stress probes` sweeps every probe-able kernel instruction with every method.
+    Stress(stress::StressArgs),
     /// Install what the host needs (QEMU 10 through apt) and fetch the Raspberry Pi 4 boot
     /// files, saying first what it will do; `--dry-run` only says.
     Setup(setup::SetupArgs),
@@ -89,6 +92,7 @@ fn main() -> ExitCode {
         Command::Flash(args) => flash::run(&args),
         Command::Lint => lint::run(),
         Command::Monitor(args) => serial::monitor(&args),
+        Command::Stress(args) => stress::run(&args),
         Command::Setup(args) => setup::run(&args),
     };
     match result {

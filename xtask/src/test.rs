@@ -213,6 +213,10 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
                 let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 3, icount: true, dtb: None };
                 timed_out |= run_configuration(&machine, &build_name, &image, args, "ftrace=*", &mut tally)?.timed_out;
             }
+            if variant != BuildVariant::Plain && "probe_sweep".contains(args.filter.as_str()) {
+                let passed = crate::stress::sample(&image, variant, cpus[0])?;
+                *if passed { &mut tally.passed } else { &mut tally.failed } += 1;
+            }
         }
         // QEMU raspi4b: the Pi 4's Cortex-A72, entered at EL2, GIC-400, the Pi 4 device tree.
         if let Some(dtb) = &rpi4_dtb {

@@ -14,6 +14,7 @@ mod kasan;
 mod kretprobe;
 mod probes;
 mod stacktrace;
+mod sweep;
 mod trap;
 mod user;
 
@@ -87,6 +88,7 @@ const TESTS: &[&[Test]] = &[
     probes::TESTS,
     ftrace::TESTS,
     kretprobe::TESTS,
+    sweep::TESTS,
     kasan::TESTS,
     user::TESTS,
 ];

@@ -1,0 +1,652 @@
+//! The probe sweep (issue 19): every instruction of real kernel code that the probe subsystem
+//! accepts, probed with every method its plan allows, while a workload runs through that code.
+//!
+//! For each function of the symbol table (`symbols::callsites` starts, `.ksyms` names; a
+//! function ends where the next starts) and each method, every word of the function is offered
+//! to `probes::register` at once (in batches of [`BATCH`]); the refused ones are counted by
+//! reason. Then the workload runs once, the probes are removed, and the sweep checks:
+//! - the workload's results (checksum of its data, sum of its return values) equal the
+//!   unprobed run's;
+//! - the probed words are the original ones again and the slot area (XOL slots, detour
+//!   trampolines) is byte-identical to before (its hash); the whole text at the end;
+//! - per instruction, every method gives the same hit count. Which instructions ran is known
+//!   from the methods agreeing: they are four independent mechanisms (a hardware step, a BRK
+//!   from a slot, the simulator, a branch to a trampoline) and the workload is deterministic
+//!   (the depot was warmed up, nothing allocates between passes, the tick is held off and
+//!   hits taken in IRQ context are not counted), so an instruction one method saw run and another did not, or a probe on code
+//!   that did not run being hit, shows up as a disagreement; the workload's own entry points
+//!   are checked to have been hit.
+//!
+//! Then a random set of 48 probes across the kernel at once, single probes one at a time, and
+//! a kretprobe on every function entry that allows one (its returns counted per method).
+//! A death (unexpected exception, hang, sanitizer report) ends the run with the last
+//! `sweep batch:` line naming the function and method; `sweep.probe=FUNCTION+OFFSET:METHOD`
+//! repeats exactly one probe.
+//!
+//! Command-line words (ignored by `cmdline`, which leaves dotted keys alone):
+//! `sweep.seed=N`, `sweep.functions=N` (a seeded sample of N functions; 0 or absent: all),
+//! `sweep.singles=N` (single probes), `sweep.probe=...`, `sweep.ftrace=list|call-ops|vector`
+//! (a counting tracer on every traceable function during the sweep), `sweep.inject=callers-stack`
+//! (a test of the sweep itself: workload passes on the caller's stack, which its new-stack
+//! check must catch).
+
+mod workload;
+
+use alloc::vec::Vec;
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use crate::probes::{self as kprobes, Method, ProbeError, Registers, kretprobe};
+use crate::symbols::Symbols;
+use workload::{Checksum, Results};
+
+/// Probes armed at once: the registry has 64 records and slot chunks; the workload's own probe
+/// needs one.
+const BATCH: usize = 48;
+/// Bytes of the probe slot area (`probes/slots.rs`: 64 chunks of 512 bytes).
+const SLOT_AREA_BYTES: u64 = 64 * 512;
+/// Longest function the sweep walks (instructions); longer ones are cut (and say so).
+const MAX_FUNCTION_WORDS: u64 = 4096;
+/// Accepted probes kept (a reservoir sample) for the random sets and the single probes.
+const RESERVOIR: usize = 8192;
+
+/// The probes armed now, their hit counts, and whether hits count (only while the workload runs).
+static ARMED: [AtomicU64; BATCH] = [const { AtomicU64::new(0) }; BATCH];
+static HITS: [AtomicU64; BATCH] = [const { AtomicU64::new(0) }; BATCH];
+static ARMED_COUNT: AtomicUsize = AtomicUsize::new(0);
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static RETURNS: AtomicU64 = AtomicU64::new(0);
+
+fn in_irq(sp: u64) -> bool {
+    crate::task::stacks::this_irq_slot().contains_stack(sp)
+}
+
+/// The sweep's pre-handler: counts a hit of the probed PC while the workload runs.
+fn count_hit(registers: &mut Registers) {
+    if !COUNTING.load(Ordering::Relaxed) || in_irq(registers.sp) {
+        return;
+    }
+    let count = ARMED_COUNT.load(Ordering::Relaxed);
+    if let Some(index) = (0..count).find(|&index| ARMED[index].load(Ordering::Relaxed) == registers.pc) {
+        HITS[index].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn count_return(registers: &mut Registers, _: u64) {
+    if COUNTING.load(Ordering::Relaxed) && !in_irq(registers.sp) {
+        RETURNS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// What the sweep was asked to do.
+struct Options {
+    seed: u64,
+    functions: usize,
+    singles: usize,
+    probe: Option<(&'static str, u64, Method)>,
+    ftrace: Option<crate::ftrace::Scheme>,
+}
+
+fn parse(bootargs: &'static str) -> Result<Options, &'static str> {
+    let mut options = Options { seed: 1, functions: 0, singles: 64, probe: None, ftrace: None };
+    for word in bootargs.split_whitespace() {
+        let Some((key, value)) = word.split_once('=') else { continue };
+        let number = || value.parse::<u64>().map_err(|_| "sweep: a number was expected");
+        match key {
+            "sweep.seed" => options.seed = number()?,
+            "sweep.functions" => options.functions = number()? as usize,
+            "sweep.singles" => options.singles = number()? as usize,
+            "sweep.probe" => {
+                let (place, method) = value.rsplit_once(':').ok_or("sweep.probe=FUNCTION+OFFSET:METHOD")?;
+                let (name, offset) = place.rsplit_once('+').ok_or("sweep.probe=FUNCTION+OFFSET:METHOD")?;
+                let offset = match offset.strip_prefix("0x") {
+                    Some(hex) => u64::from_str_radix(hex, 16),
+                    None => offset.parse(),
+                }
+                .map_err(|_| "sweep.probe: bad offset")?;
+                let method = Method::ALL.into_iter().find(|m| m.name() == method).ok_or("sweep.probe: bad method")?;
+                options.probe = Some((name, offset, method));
+            }
+            "sweep.inject" => match value {
+                "callers-stack" => workload::ON_CALLERS_STACK.store(true, Ordering::Relaxed),
+                _ => return Err("sweep.inject=callers-stack"),
+            },
+            "sweep.ftrace" => {
+                options.ftrace = Some(match value {
+                    "list" => crate::ftrace::Scheme::List,
+                    "call-ops" => crate::ftrace::Scheme::CallOps,
+                    "vector" => crate::ftrace::Scheme::Vector,
+                    _ => return Err("sweep.ftrace=list|call-ops|vector"),
+                })
+            }
+            _ => {}
+        }
+    }
+    Ok(options)
+}
+
+/// A function of the symbol table: its start, its end (the next start), its name.
+#[derive(Clone, Copy)]
+struct Function {
+    start: u64,
+    end: u64,
+    name: &'static str,
+}
+
+fn functions(symbols: &Symbols) -> Vec<Function> {
+    let mut starts: Vec<u64> = crate::symbols::callsites::entries().iter().map(|entry| entry + 8).collect();
+    starts.sort_unstable();
+    starts.dedup();
+    let (_, text_end) = text();
+    let mut functions = Vec::with_capacity(starts.len());
+    for (index, &start) in starts.iter().enumerate() {
+        let next = starts.get(index + 1).copied().unwrap_or(text_end);
+        let end = next.min(start + 4 * MAX_FUNCTION_WORDS);
+        let name = symbols.name_at(start).unwrap_or("?");
+        if name.starts_with("kernel::sweep::") && !name.starts_with("kernel::sweep::workload::") {
+            // The sweep's own bookkeeping runs between register and unregister: not the workload.
+            continue;
+        }
+        if name == "kernel::sweep::workload::probed_leaf" {
+            // The workload's own probe goes there (the probe registry's part of the workload).
+            continue;
+        }
+        functions.push(Function { start, end, name });
+    }
+    functions
+}
+
+unsafe extern "C" {
+    static __kernel_start: u8;
+    static __text_end: u8;
+}
+
+fn text() -> (u64, u64) {
+    (&raw const __kernel_start as u64, &raw const __text_end as u64)
+}
+
+fn hash_range(start: u64, end: u64) -> u64 {
+    let mut sum = Checksum::new();
+    for at in (start..end).step_by(8) {
+        // SAFETY: kernel text, mapped readable, 8-aligned.
+        sum.add(unsafe { core::ptr::read_volatile(at as *const u64) });
+    }
+    sum.value()
+}
+
+fn slot_hash() -> u64 {
+    let base = kprobes::slot_area_address();
+    hash_range(base, base + SLOT_AREA_BYTES)
+}
+
+fn word_at(address: u64) -> u32 {
+    // SAFETY: 4-aligned kernel text, mapped readable.
+    unsafe { core::ptr::read_volatile(address as *const u32) }
+}
+
+/// Counts: probes armed per method, refusals per reason, failures.
+struct Tally {
+    armed: [u64; 4],
+    refused: Vec<(&'static str, u64)>,
+    failures: u64,
+    batches: u64,
+    kretprobes: [u64; 4],
+    /// Functions whose counts were not compared (`count_exempt`).
+    exempt: u64,
+}
+
+impl Tally {
+    fn refuse(&mut self, error: ProbeError) {
+        let reason = error.as_str();
+        match self.refused.iter_mut().find(|(known, _)| *known == reason) {
+            Some((_, count)) => *count += 1,
+            None => self.refused.push((reason, 1)),
+        }
+    }
+}
+
+fn method_index(method: Method) -> usize {
+    Method::ALL.iter().position(|&known| known == method).unwrap_or(0)
+}
+
+struct Sweep {
+    reference: Results,
+    slots: u64,
+    symbols: Symbols,
+    tally: Tally,
+}
+
+/// A probe the sweep failed on: everything needed to repeat it.
+fn report(sweep: &mut Sweep, address: u64, method: Method, what: &str) {
+    let (name, offset) = match crate::symbols::callsites::function_containing(address) {
+        Some((start, _)) => (sweep.symbols.name_at(start).unwrap_or("?"), address - start),
+        None => ("?", 0),
+    };
+    defmt::error!(
+        "sweep FAILED: {=str} at {=str}+{=u64:#x} ({=u64:#x}) insn {=u32:#010x} method {=str}",
+        what,
+        name,
+        offset,
+        address,
+        word_at(address),
+        method.name()
+    );
+    sweep.tally.failures += 1;
+}
+
+/// Hit counts of a batch: None where the probe was refused.
+type BatchHits = [Option<u64>; BATCH];
+
+/// Arms `probes`, runs the workload, disarms, checks. Allocates nothing: the workload must find
+/// the heap as every other pass left it (its free lists decide how long `alloc` loops).
+fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits {
+    let mut hits = [None; BATCH];
+    let mut armed = [false; BATCH];
+    let mut originals = [0u32; BATCH];
+    for (index, &(address, _)) in probes.iter().enumerate() {
+        originals[index] = word_at(address);
+        ARMED[index].store(address, Ordering::Relaxed);
+        HITS[index].store(0, Ordering::Relaxed);
+    }
+    ARMED_COUNT.store(probes.len(), Ordering::Relaxed);
+    for (index, &(address, method)) in probes.iter().enumerate() {
+        match kprobes::register(address, method, count_hit, None) {
+            Ok(()) => {
+                armed[index] = true;
+                sweep.tally.armed[method_index(method)] += 1;
+            }
+            Err(error) => sweep.tally.refuse(error),
+        }
+    }
+    sweep.tally.batches += 1;
+    let armed_any = armed.iter().any(|&armed| armed);
+    let mut new_traces = 0;
+    let results = if armed_any {
+        let traces = crate::stacktrace::DEPOT.stats().records;
+        COUNTING.store(true, Ordering::Relaxed);
+        let results = workload::run();
+        COUNTING.store(false, Ordering::Relaxed);
+        new_traces = crate::stacktrace::DEPOT.stats().records - traces;
+        results
+    } else {
+        Some(sweep.reference)
+    };
+    for (index, &(address, method)) in probes.iter().enumerate() {
+        if armed[index]
+            && let Err(error) = kprobes::unregister(address)
+        {
+            defmt::error!("sweep: unregister: {}", error);
+            report(sweep, address, method, "unregister failed");
+        }
+    }
+    ARMED_COUNT.store(0, Ordering::Relaxed);
+    if armed_any && results != Some(sweep.reference) {
+        defmt::error!("sweep: {=str}: the workload's results differ from the unprobed run's", label);
+        for (index, &(address, method)) in probes.iter().enumerate() {
+            if armed[index] {
+                report(sweep, address, method, "results differ (one of these probes)");
+            }
+        }
+    }
+    // Every pass saves the same stacks (the workload runs on a task of its own), so the
+    // warm-up saved them all: a new one means a probe showed in a trace (a slot or trampoline
+    // address where a return address belongs).
+    if new_traces != 0 {
+        defmt::error!(
+            "sweep: {=str}: the probed pass saved {=usize} stacks the unprobed ones did not",
+            label,
+            new_traces
+        );
+        for (index, &(address, method)) in probes.iter().enumerate() {
+            if armed[index] {
+                report(sweep, address, method, "new stack traces (one of these probes)");
+            }
+        }
+    }
+    for (index, &(address, method)) in probes.iter().enumerate() {
+        if word_at(address) != originals[index] {
+            report(sweep, address, method, "text not restored");
+        }
+        hits[index] = armed[index].then(|| HITS[index].load(Ordering::Relaxed));
+    }
+    if slot_hash() != sweep.slots {
+        defmt::error!("sweep: {=str}: the slot area differs after unregistering", label);
+        sweep.tally.failures += 1;
+    }
+    hits
+}
+
+/// Every word of `function` with `method`, in batches, into `hits` (None: refused).
+fn sweep_function(sweep: &mut Sweep, function: Function, method: Method, hits: &mut [Option<u64>]) {
+    defmt::info!("sweep batch: {=str} method {=str}", function.name, method.name());
+    let words = ((function.end - function.start) / 4) as usize;
+    for first in (0..words).step_by(BATCH) {
+        let count = (words - first).min(BATCH);
+        let mut probes = [(0u64, method); BATCH];
+        for (index, probe) in probes[..count].iter_mut().enumerate() {
+            probe.0 = function.start + 4 * (first + index) as u64;
+        }
+        let batch_hits = batch(sweep, &probes[..count], function.name);
+        hits[first..first + count].copy_from_slice(&batch_hits[..count]);
+    }
+}
+
+/// Functions whose hit counts depend on what is probed, not only on the workload: the probe
+/// registry (its table walk, the slot chunks it clears and the workload's own probe's chunk
+/// depend on which probes the batch holds) and the task exit's shadow-stack high-water scan
+/// (the handlers run on the probed task's shadow stack, so a probe makes it deeper). Their
+/// results, text and slots are checked; their counts are not compared.
+fn count_exempt(name: &str) -> bool {
+    name.starts_with("kernel::probes::") || name == "task_exit_current"
+}
+
+/// The name of the function holding `address`.
+fn name_of(symbols: &Symbols, address: u64) -> &'static str {
+    crate::symbols::callsites::function_containing(address).and_then(|(start, _)| symbols.name_at(start)).unwrap_or("?")
+}
+
+/// The per-method hit counts of one function must agree word by word.
+fn compare_methods(sweep: &mut Sweep, function: Function, per_method: &[Vec<Option<u64>>]) {
+    if count_exempt(function.name) {
+        sweep.tally.exempt += 1;
+        return;
+    }
+    for (index, address) in (function.start..function.end).step_by(4).enumerate() {
+        let mut seen: Option<(Method, u64)> = None;
+        for method in Method::ALL {
+            let Some(hits) = per_method[method_index(method)].get(index).copied().flatten() else { continue };
+            match seen {
+                None => seen = Some((method, hits)),
+                Some((first, first_hits)) if first_hits != hits => {
+                    defmt::error!(
+                        "sweep: hit counts differ: {=str} {=u64}, {=str} {=u64}",
+                        first.name(),
+                        first_hits,
+                        method.name(),
+                        hits
+                    );
+                    report(sweep, address, method, "hit count differs between methods");
+                }
+                Some(_) => {}
+            }
+        }
+    }
+}
+
+/// A kretprobe on `function` with each method: its returns must agree across methods.
+fn sweep_kretprobe(sweep: &mut Sweep, function: Function) {
+    let mut seen: Option<(Method, u64)> = None;
+    for method in Method::ALL {
+        let before = slot_hash();
+        match kretprobe::register(function.start, method, None, count_return, 16) {
+            Ok(()) => {}
+            Err(_) => continue,
+        }
+        sweep.tally.kretprobes[method_index(method)] += 1;
+        RETURNS.store(0, Ordering::Relaxed);
+        let traces = crate::stacktrace::DEPOT.stats().records;
+        COUNTING.store(true, Ordering::Relaxed);
+        let results = workload::run();
+        COUNTING.store(false, Ordering::Relaxed);
+        // A hijacked return the walkers did not repair would save a trace with the trampoline.
+        if crate::stacktrace::DEPOT.stats().records != traces {
+            report(sweep, function.start, method, "kretprobe: new stack traces");
+        }
+        let _ = kretprobe::unregister(function.start);
+        let returns = RETURNS.load(Ordering::Relaxed);
+        let address = kretprobe::attach_address(function.start);
+        if results != Some(sweep.reference) {
+            report(sweep, address, method, "kretprobe: results differ");
+        }
+        if slot_hash() != before {
+            report(sweep, address, method, "kretprobe: slot area differs");
+        }
+        match seen {
+            None => seen = Some((method, returns)),
+            Some((_, first)) if first != returns && !count_exempt(function.name) => {
+                report(sweep, address, method, "kretprobe: returns differ")
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+/// The reference pass again, now that everything the sweep keeps is allocated: the heap is in
+/// the state every probed pass will find.
+fn rerun_reference(sweep: &mut Sweep) -> bool {
+    let _ = workload::run();
+    match workload::run() {
+        Some(results) => {
+            sweep.reference = results;
+            true
+        }
+        None => {
+            defmt::error!("sweep: the unprobed workload could not run");
+            false
+        }
+    }
+}
+
+/// A small xorshift generator: the sample and the random sets depend on the seed only.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// Runs the sweep the command line asks for; true if nothing failed.
+pub fn run(bootargs: &'static str) -> bool {
+    let options = match parse(bootargs) {
+        Ok(options) => options,
+        Err(message) => {
+            defmt::error!("{=str}", message);
+            return false;
+        }
+    };
+    let Some(symbols) = Symbols::get() else {
+        defmt::error!("sweep: no .ksyms table (an image not built by xtask)");
+        return false;
+    };
+    let started = crate::drivers::timer::counter();
+    // No tick during the sweep: a tick landing in a probed pass preempts it (one more
+    // `schedule`, seen as single-step 10 vs brk-step 11 hits on `kernel::task::schedule` in
+    // `full`), so the passes would not run the same code. The scheduler still switches at the
+    // workload's yields. The periodic tick restarts at the end.
+    crate::drivers::timer::fire_in(1 << 60);
+    let tracer = options.ftrace.and_then(|scheme| {
+        static EVERYWHERE: crate::ftrace::tracers::Counter = crate::ftrace::tracers::Counter::new();
+        crate::ftrace::set_scheme(scheme).ok()?;
+        let tracer = crate::ftrace::register_where(&EVERYWHERE.ops, |_| true).ok()?;
+        defmt::info!("sweep: a counting tracer on every traceable function ({=str})", scheme_name(scheme));
+        Some(tracer)
+    });
+    if options.ftrace.is_some() && tracer.is_none() {
+        defmt::error!("sweep: could not trace every function");
+        return false;
+    }
+    // Warm-up: the depot inserts the workload's traces, the heap reaches its steady state.
+    let Some(_) = workload::run() else {
+        defmt::error!("sweep: the unprobed workload could not run");
+        return false;
+    };
+    let Some(reference) = workload::run() else {
+        defmt::error!("sweep: the unprobed workload could not run");
+        return false;
+    };
+    if workload::run() != Some(reference) {
+        defmt::error!("sweep: the unprobed workload is not deterministic");
+        return false;
+    }
+    let (text_start, text_end) = text();
+    let text_before = hash_range(text_start, text_end);
+    let mut sweep = Sweep {
+        reference,
+        slots: slot_hash(),
+        symbols,
+        tally: Tally {
+            armed: [0; 4],
+            refused: Vec::with_capacity(64),
+            failures: 0,
+            batches: 0,
+            kretprobes: [0; 4],
+            exempt: 0,
+        },
+    };
+    let all = functions(&sweep.symbols);
+    let mut rng = Rng(options.seed.max(1).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut swept = 0usize;
+    let mut instructions = 0u64;
+    if let Some((name, offset, method)) = options.probe {
+        // xtask's repeat line drops the spaces of names like `<StackDepot<4096, 16>>::find`
+        // (the command line is split at spaces).
+        let without_spaces = |text: &'static str| text.chars().filter(|&c| c != ' ');
+        let Some(function) = all.iter().find(|function| without_spaces(function.name).eq(without_spaces(name))) else {
+            defmt::error!("sweep: no function {=str}", name);
+            return false;
+        };
+        let address = function.start + offset;
+        if !rerun_reference(&mut sweep) {
+            return false;
+        }
+        defmt::info!("sweep batch: {=str}+{=u64:#x} method {=str}", name, offset, method.name());
+        let hits = batch(&mut sweep, &[(address, method)], name);
+        defmt::info!("sweep: probe hit {=u64} times", hits[0].unwrap_or(0));
+        swept = 1;
+        instructions = 1;
+    } else {
+        let chosen: Vec<Function> = if options.functions == 0 || options.functions >= all.len() {
+            all.clone()
+        } else {
+            let mut picked: Vec<usize> = Vec::new();
+            while picked.len() < options.functions {
+                let index = rng.below(all.len());
+                if !picked.contains(&index) {
+                    picked.push(index);
+                }
+            }
+            picked.sort_unstable();
+            picked.into_iter().map(|index| all[index]).collect()
+        };
+        // Everything the sweep keeps is allocated now, before the reference pass (see `batch`).
+        let words = MAX_FUNCTION_WORDS as usize;
+        let mut per_method: Vec<Vec<Option<u64>>> = (0..4).map(|_| alloc::vec![None; words]).collect();
+        // A reservoir sample of the accepted probes, for the random sets and the singles.
+        let mut accepted: Vec<(u64, Method, u64)> = Vec::with_capacity(RESERVOIR);
+        let mut offered = 0u64;
+        let mut workload_entries_hit = 0;
+        if !rerun_reference(&mut sweep) {
+            return false;
+        }
+        for &function in &chosen {
+            for method in Method::ALL {
+                sweep_function(&mut sweep, function, method, &mut per_method[method_index(method)]);
+            }
+            compare_methods(&mut sweep, function, &per_method);
+            for (index, address) in (function.start..function.end).step_by(4).enumerate() {
+                for method in Method::ALL {
+                    let Some(hits) = per_method[method_index(method)][index] else { continue };
+                    offered += 1;
+                    if accepted.len() < RESERVOIR {
+                        accepted.push((address, method, hits));
+                    } else {
+                        let slot = (rng.next() % offered) as usize;
+                        if slot < RESERVOIR {
+                            accepted[slot] = (address, method, hits);
+                        }
+                    }
+                    if function.name.starts_with("kernel::sweep::workload::") && hits > 0 {
+                        workload_entries_hit += 1;
+                    }
+                }
+            }
+            sweep_kretprobe(&mut sweep, function);
+            swept += 1;
+            instructions += (function.end - function.start) / 4;
+        }
+        // Probes on the workload's own code that ran must have been hit (the count is not 0).
+        let workload_probed = chosen.iter().any(|function| function.name == "kernel::sweep::workload::run");
+        if workload_probed && workload_entries_hit == 0 {
+            defmt::error!("sweep: no probe on the workload's own code was hit");
+            sweep.tally.failures += 1;
+        }
+        // Random sets across the kernel: each probe's count must be its count when armed with
+        // its own function's words.
+        let rounds = if options.functions == 0 { accepted.len() / BATCH } else { 4 };
+        for round in 0..rounds.min(accepted.len() / BATCH) {
+            let mut set = [(0u64, Method::Simulate, 0u64); BATCH];
+            let mut filled = 0;
+            while filled < BATCH {
+                let candidate = accepted[rng.below(accepted.len())];
+                if !set[..filled].iter().any(|&(address, _, _)| address == candidate.0) {
+                    set[filled] = candidate;
+                    filled += 1;
+                }
+            }
+            defmt::info!("sweep batch: random set {=usize}", round);
+            let probes = set.map(|(address, method, _)| (address, method));
+            let hits = batch(&mut sweep, &probes, "random set");
+            for (&(address, method, expected), hits) in set.iter().zip(hits) {
+                if hits != Some(expected) && !count_exempt(name_of(&sweep.symbols, address)) {
+                    report(&mut sweep, address, method, "hit count differs in a random set");
+                }
+            }
+        }
+        for _ in 0..options.singles.min(accepted.len()) {
+            let (address, method, expected) = accepted[rng.below(accepted.len())];
+            defmt::info!("sweep batch: single {=u64:#x} method {=str}", address, method.name());
+            let hits = batch(&mut sweep, &[(address, method)], "single");
+            if hits[0] != Some(expected) && !count_exempt(name_of(&sweep.symbols, address)) {
+                report(&mut sweep, address, method, "hit count differs when probed alone");
+            }
+        }
+    }
+    if let Some(tracer) = tracer
+        && crate::ftrace::unregister(tracer).is_err()
+    {
+        defmt::error!("sweep: the tracer could not be removed");
+        sweep.tally.failures += 1;
+    }
+    if hash_range(text_start, text_end) != text_before && tracer.is_none() {
+        defmt::error!("sweep: kernel text differs from before the sweep");
+        sweep.tally.failures += 1;
+    }
+    crate::drivers::timer::start(crate::drivers::timer::hz());
+    let elapsed_ms = (crate::drivers::timer::counter() - started) * 1000 / crate::drivers::timer::frequency();
+    let tally = &sweep.tally;
+    defmt::info!(
+        "sweep coverage: {=usize} functions ({=u64} with counts not compared), {=u64} instructions, {=u64} batches, {=u64} ms",
+        swept,
+        tally.exempt,
+        instructions,
+        tally.batches,
+        elapsed_ms
+    );
+    for method in Method::ALL {
+        defmt::info!(
+            "sweep probed: {=str} {=u64} (kretprobes {=u64})",
+            method.name(),
+            tally.armed[method_index(method)],
+            tally.kretprobes[method_index(method)]
+        );
+    }
+    for &(reason, count) in &tally.refused {
+        defmt::info!("sweep refused: {=u64} {=str}", count, reason);
+    }
+    defmt::info!("sweep done: {=u64} failures", tally.failures);
+    tally.failures == 0
+}
+
+fn scheme_name(scheme: crate::ftrace::Scheme) -> &'static str {
+    match scheme {
+        crate::ftrace::Scheme::List => "list",
+        crate::ftrace::Scheme::CallOps => "call-ops",
+        crate::ftrace::Scheme::Vector => "vector",
+    }
+}
