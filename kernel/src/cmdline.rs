@@ -8,7 +8,8 @@
 //! report), `kasan.multi_shot` (print every report, not only the first; `=0|1` too), and the
 //! older `kasan=panic|recover` (fault=panic; fault=report with multi-shot);
 //! probes from boot: `kprobe=SYMBOL[+OFFSET]:METHOD`, `kretprobe=SYMBOL:METHOD` (repeatable);
-//! `kasan.stack_sample=N` (collect one allocation stack in N, N >= 1; default 1).
+//! `kasan.stack_sample=N` (collect one allocation stack in N, N >= 1; default 1);
+//! `kasan.mode=sync|async|asymm` (build variant `mte`: what a tag check fault does; default sync).
 //! The keys are `protocol::cmdline`'s, which xtask spells too.
 
 use protocol::cmdline as key;
@@ -54,6 +55,8 @@ pub struct CommandLine {
     pub boot_probes: crate::demo::boot_probes::Requests,
     /// `kasan.stack_sample=N`: one allocation stack in N is collected (free stacks always).
     pub stack_sample: u32,
+    /// `kasan.mode=`: what an MTE tag check fault does (build variant `mte`).
+    pub kasan_mode: crate::arch::mte::CheckMode,
 }
 
 impl CommandLine {
@@ -75,6 +78,7 @@ impl CommandLine {
             kasan_multi_shot: false,
             boot_probes: crate::demo::boot_probes::Requests::new(),
             stack_sample: 1,
+            kasan_mode: crate::arch::mte::CheckMode::Sync,
         };
         for word in bootargs.split_whitespace() {
             let (key, value) = word.split_once('=').unwrap_or((word, ""));
@@ -107,6 +111,10 @@ impl CommandLine {
                 ("kasan.fault", other) => {
                     defmt::warn!("cmdline: kasan.fault={=str} is not report|panic, keeping report", other)
                 }
+                ("kasan.mode", mode) => match crate::arch::mte::CheckMode::parse(mode) {
+                    Some(mode) => line.kasan_mode = mode,
+                    None => defmt::warn!("cmdline: kasan.mode={=str} is not sync|async|asymm, keeping sync", mode),
+                },
                 ("kasan.multi_shot", "" | "1" | "on") => line.kasan_multi_shot = true,
                 ("kasan.multi_shot", "0" | "off") => line.kasan_multi_shot = false,
                 ("kasan.multi_shot", other) => {

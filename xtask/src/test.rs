@@ -74,6 +74,10 @@ struct Selection {
 }
 
 const ALL_LEVELS: [(u8, u8); 4] = [(1, 2), (1, 3), (2, 2), (2, 3)];
+/// Build variant `mte`'s configurations (CPU, EL, GIC): IMPDEF PAuth at EL1/GICv2 and with EL2
+/// entry (HCR_EL2.ATA)/GICv3, and QARMA5 at EL1, in the default set and in --matrix alike.
+const MTE_CONFIGURATIONS: [(CpuVariant, u8, u8); 3] =
+    [(CpuVariant::MaxImpdef, 1, 2), (CpuVariant::MaxImpdef, 2, 3), (CpuVariant::MaxQarma5, 1, 2)];
 
 impl Selection {
     fn new(args: &TestArgs) -> Self {
@@ -100,7 +104,7 @@ impl Selection {
         let cpus =
             if args.matrix { given_or(&args.cpus, &CpuVariant::ALL) } else { given_or(&args.cpus, &default_cpus) };
         Self {
-            variants: if args.variants.is_empty() { BuildVariant::ALL.to_vec() } else { args.variants.clone() },
+            variants: if args.variants.is_empty() { BuildVariant::EVERY.to_vec() } else { args.variants.clone() },
             trimmed: CpuVariant::ALL.into_iter().filter(|cpu| args.cpus.is_empty() && !cpus.contains(cpu)).collect(),
             cpus,
             boards: if args.boards.is_empty() { vec![Board::Virt, Board::Rpi4] } else { args.boards.clone() },
@@ -129,6 +133,11 @@ impl Selection {
             "the default set"
         };
         eprintln!("xtask: kernel test configurations, {kind}:");
+        if self.boards.contains(&Board::Virt) && self.variants.contains(&BuildVariant::Mte) && !self.levels.is_empty() {
+            let configurations: Vec<_> =
+                MTE_CONFIGURATIONS.iter().map(|(cpu, el, gic)| format!("{} EL{el}/GICv{gic}", cpu.name())).collect();
+            eprintln!("  virt,mte=on: variant mte in {} (rpi4 and cortex-a72 have no MTE)", configurations.join(", "));
+        }
         if self.boards.contains(&Board::Virt) {
             let levels = self.levels.iter().map(|(el, gic)| format!("EL{el}/GICv{gic}")).collect::<Vec<_>>().join(", ");
             eprintln!(
@@ -183,11 +192,22 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
         None
     };
     'variants: for &variant in variants {
+        let mte = variant == BuildVariant::Mte;
         if boards.contains(&Board::Virt) {
             let image = build::kernel(Board::Virt, variant)?;
-            for &cpu in cpus {
-                for &(el, gic) in levels {
-                    let machine = Machine { board: Board::Virt, cpu, el, gic, icount: true, dtb: None };
+            // `mte` runs its own few configurations (emulated MTE makes every run slow), on the
+            // CPUs that have MTE; one configuration with --filter.
+            let configurations: Vec<(CpuVariant, u8, u8)> = if mte && (args.filter.is_empty() || args.matrix) {
+                MTE_CONFIGURATIONS.to_vec()
+            } else {
+                cpus.iter()
+                    .filter(|cpu| !mte || **cpu != CpuVariant::CortexA72)
+                    .flat_map(|&cpu| levels.iter().map(move |&(el, gic)| (cpu, el, gic)))
+                    .collect()
+            };
+            for (cpu, el, gic) in configurations {
+                {
+                    let machine = Machine { board: Board::Virt, cpu, el, gic, icount: true, dtb: None, mte };
                     let run = run_configuration(&machine, variant, &image, args, "", &mut tally)?;
                     timed_out |= run.timed_out;
                     // Every configuration registers the same tests: one empty match is all.
@@ -199,14 +219,14 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
             }
             // The whole suite again with the function tracer on every traceable function, from
             // boot to the end (ftrace: "tracing `*` does not hang the kernel").
-            if variant != BuildVariant::Plain && selection.ftrace {
+            if variant != BuildVariant::Plain && !mte && selection.ftrace {
                 let cpu = selection.ftrace_cpu();
-                let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 3, icount: true, dtb: None };
+                let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 3, icount: true, dtb: None, mte: false };
                 timed_out |= run_configuration(&machine, variant, &image, args, "ftrace=*", &mut tally)?.timed_out;
             }
         }
         // QEMU raspi4b: the Pi 4's Cortex-A72, entered at EL2, GIC-400, the Pi 4 device tree.
-        if let Some(dtb) = &rpi4_dtb {
+        if let Some(dtb) = rpi4_dtb.as_ref().filter(|_| !mte) {
             let image = build::kernel(Board::Rpi4, variant)?;
             let machine = Machine {
                 board: Board::Rpi4,
@@ -215,6 +235,7 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
                 gic: 2,
                 icount: false,
                 dtb: Some(dtb.clone()),
+                mte: false,
             };
             let run = run_configuration(&machine, variant, &image, args, "", &mut tally)?;
             timed_out |= run.timed_out;
@@ -286,7 +307,8 @@ fn host_tests(tally: &mut Tally) -> Result<(), Failure> {
 /// Runs that must fail the right way: a panic and an unexpected exception end with status 3
 /// and their report, a hang is killed on timeout with the running test named.
 fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Failure> {
-    let machine = Machine { board: Board::Virt, cpu: CpuVariant::MaxImpdef, el: 1, gic: 2, icount: false, dtb: None };
+    let machine =
+        Machine { board: Board::Virt, cpu: CpuVariant::MaxImpdef, el: 1, gic: 2, icount: false, dtb: None, mte: false };
     let checks: [(&str, &str, Option<i32>, &str); 5] = [
         ("panic", "run=panic exit=semihosting", Some(ExitStatus::Panic.code()), "panicked at kernel/src/main.rs"),
         (
@@ -341,7 +363,7 @@ fn bench_harness(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Fa
     let bootargs = "run=bench bench=baseline reps=1 clock=cycles icount=1 exit=semihosting";
     let mut runs = Vec::new();
     for cpu in [CpuVariant::MaxQarma5, CpuVariant::MaxQarma5, CpuVariant::CortexA72] {
-        let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 2, icount: true, dtb: None };
+        let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 2, icount: true, dtb: None, mte: false };
         let result = qemu::run(&machine, image, bootargs, Some(Duration::from_secs(120)), false)?;
         let rows: Vec<String> =
             result.log.iter().filter_map(|line| line.text.strip_prefix("bench row: ").map(str::to_string)).collect();
@@ -398,8 +420,15 @@ fn rpi4_checks(boot_files: &crate::bootfiles::BootFileArgs, tally: &mut Tally) -
     let verified = written.and_then(|()| crate::sdimage::verify(&card, &kernel));
     report_check(tally, "rpi4 SD card image verifies", verified.as_ref().err());
 
-    let machine =
-        Machine { board: Board::Rpi4, cpu: CpuVariant::CortexA72, el: 2, gic: 2, icount: true, dtb: Some(files.dtb) };
+    let machine = Machine {
+        board: Board::Rpi4,
+        cpu: CpuVariant::CortexA72,
+        el: 2,
+        gic: 2,
+        icount: true,
+        dtb: Some(files.dtb),
+        mte: false,
+    };
     // `exit=park`, as on the real board: the kernel prints its exit sentinel and parks, and
     // xtask quits QEMU after reading it. With semihosting QEMU could exit (closing the pty and
     // discarding what xtask had not read yet) before the last rows were read: a race seen under load.

@@ -12,6 +12,7 @@ mod foundation;
 mod ftrace;
 mod kasan;
 mod kretprobe;
+mod mte;
 mod probes;
 mod stacktrace;
 mod trap;
@@ -88,6 +89,7 @@ const TESTS: &[&[Test]] = &[
     ftrace::TESTS,
     kretprobe::TESTS,
     kasan::TESTS,
+    mte::TESTS,
     user::TESTS,
 ];
 

@@ -334,6 +334,7 @@ pub fn measure(plan: &RunPlan) -> Result<Vec<Sample>, Failure> {
         gic: 2,
         icount: plan.mode == Mode::Icount,
         dtb: plan.dtb.clone(),
+        mte: plan.variant == BuildVariant::Mte,
     };
     let reps = if plan.mode == Mode::Icount { 1 } else { plan.reps };
     let clock = if plan.mode == Mode::Wall { "ns" } else { "cycles" };
