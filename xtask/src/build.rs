@@ -246,3 +246,20 @@ fn raw_image(file: &object::File) -> Result<Vec<u8>, Failure> {
     }
     Ok(image)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mte_refuses_machines_without_mte() {
+        let refused = [(Board::Rpi4, "cortex-a72"), (Board::Virt, "cortex-a72"), (Board::Rpi4, "")];
+        for (board, cpu) in refused {
+            let failure = BuildVariant::Mte.check_machine(board, cpu).expect_err("refused");
+            assert_eq!(failure.status, 2);
+            assert!(!failure.message.contains('\n'));
+        }
+        assert!(BuildVariant::Mte.check_machine(Board::Virt, "max,pauth-impdef=on").is_ok());
+        assert!(BuildVariant::Prod.check_machine(Board::Rpi4, "cortex-a72").is_ok());
+    }
+}

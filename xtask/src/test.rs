@@ -255,6 +255,9 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
     if args.filter.is_empty() {
         let image = build::kernel(Board::Virt, BuildVariant::Full)?;
         failure_paths(&image, &mut tally)?;
+        if variants.contains(&BuildVariant::Mte) && boards.contains(&Board::Virt) {
+            mte_failure_paths(&mut tally)?;
+        }
         let prod = build::kernel(Board::Virt, BuildVariant::Prod)?;
         bench_harness(&prod, &mut tally)?;
         report_check(&mut tally, "icount regression gate", crate::bench::gate::check(&prod)?.as_ref());
@@ -332,8 +335,46 @@ fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Fa
         ),
     ];
     for (name, bootargs, expected_status, expected_line) in checks {
+        failure_path(&machine, image, (name, bootargs, expected_status, expected_line), tally)?;
+    }
+    Ok(())
+}
+
+/// Build variant `mte`'s failure paths: without `mte=on` the kernel says MTE is missing and
+/// exits non-zero; with it a use-after-free is a hardware tag check fault that
+/// `kasan.fault=panic` turns into the end of the run.
+fn mte_failure_paths(tally: &mut Tally) -> Result<(), Failure> {
+    let image = build::kernel(Board::Virt, BuildVariant::Mte)?;
+    let without =
+        Machine { board: Board::Virt, cpu: CpuVariant::MaxImpdef, el: 1, gic: 2, icount: false, dtb: None, mte: false };
+    let missing = (
+        "mte-missing",
+        "run=test exit=semihosting",
+        Some(ExitStatus::Unsupported.code()),
+        "MTE: not available (mte=on missing?)",
+    );
+    failure_path(&without, &image, missing, tally)?;
+    let with = Machine { mte: true, ..without };
+    let use_after_free = (
+        "mte-use-after-free",
+        "run=use-after-free kasan.fault=panic exit=semihosting",
+        Some(ExitStatus::Panic.code()),
+        "BUG: KASAN: slab-use-after-free",
+    );
+    failure_path(&with, &image, use_after_free, tally)
+}
+
+/// One failure path: the run ends with the expected status (None: still running at the
+/// timeout) after logging a line that starts with the expected text.
+fn failure_path(
+    machine: &Machine,
+    image: &build::KernelImage,
+    (name, bootargs, expected_status, expected_line): (&str, &str, Option<i32>, &str),
+    tally: &mut Tally,
+) -> Result<(), Failure> {
+    {
         let timeout = Duration::from_secs(if expected_status.is_none() { 3 } else { 60 });
-        let result = qemu::run(&machine, image, bootargs, Some(timeout), false)?;
+        let result = qemu::run(machine, image, bootargs, Some(timeout), false)?;
         let logged = result.log.iter().any(|line| line.text.starts_with(expected_line));
         let sentinel_ok = expected_status
             .is_none_or(|status| result.log.iter().any(|line| line.text == format!("tracelab: exit status {status}")));
