@@ -143,7 +143,7 @@ pub fn kernel_rustflags(variant: BuildVariant) -> Vec<String> {
 }
 
 /// The kernel crate's features for `board` in `variant` (`mte` selects the MTE tag storage).
-fn kernel_features(board: Board, variant: BuildVariant) -> String {
+pub fn kernel_features(board: Board, variant: BuildVariant) -> String {
     match variant {
         BuildVariant::Mte => format!("{},mte", board.feature()),
         _ => board.feature().to_string(),

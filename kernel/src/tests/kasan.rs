@@ -2,7 +2,9 @@
 //! case provokes one bug in recover mode and checks the report (bug type, access size,
 //! direction, and that the alloc and free stacks name the function that allocated and freed).
 //!
-//! Access checks exist only in the `full` build: the corpus skips elsewhere. The free-path checks
+//! Access checks exist in the `full` build (the compiler's) and in `mte` (the hardware's, KASAN
+//! HW_TAGS; where MTE differs, the case says so and asserts what MTE does, see
+//! docs/design/mte.md): the corpus skips elsewhere. The free-path checks
 //! (double and invalid free) belong to the allocator and run in every build. Cases that SW_TAGS
 //! cannot catch (an overflow inside the last granule, a tag collision) are checked as not caught.
 //! Recover mode lets each bad access the compiler checked happen (the runtime's intrinsics do

@@ -223,6 +223,7 @@ pub fn report_bad_free(bad: BadFree) {
 /// Reports an asynchronous tag check fault (MTE, `kasan.mode=async|asymm`), seen at a check
 /// point after the access: the hardware kept no address, so the report has only the check
 /// point's stack, in Linux's format for it.
+#[cfg(feature = "mte")]
 #[inline(never)]
 #[sanitize(kernel_hwaddress = "off")]
 pub fn report_async(pc: u64) {
