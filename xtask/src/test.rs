@@ -124,7 +124,9 @@ impl Selection {
     /// Says what will run, and what the default set leaves out and why.
     fn describe(&self, args: &TestArgs) {
         let names = |cpus: &[CpuVariant]| cpus.iter().map(|cpu| cpu.name()).collect::<Vec<_>>().join(", ");
-        let variants = self.variants.iter().map(|variant| variant.name()).collect::<Vec<_>>().join(", ");
+        // `mte` has its own configurations (said below); the matrix line is the others'.
+        let matrix_variants: Vec<_> = self.variants.iter().filter(|variant| **variant != BuildVariant::Mte).collect();
+        let variants = matrix_variants.iter().map(|variant| variant.name()).collect::<Vec<_>>().join(", ");
         let kind = if args.matrix {
             "the whole matrix (--matrix)"
         } else if !args.filter.is_empty() {
@@ -133,21 +135,27 @@ impl Selection {
             "the default set"
         };
         eprintln!("xtask: kernel test configurations, {kind}:");
-        if self.boards.contains(&Board::Virt) && self.variants.contains(&BuildVariant::Mte) && !self.levels.is_empty() {
+        if self.boards.contains(&Board::Virt)
+            && self.variants.contains(&BuildVariant::Mte)
+            && (args.filter.is_empty() || args.matrix)
+        {
             let configurations: Vec<_> =
                 MTE_CONFIGURATIONS.iter().map(|(cpu, el, gic)| format!("{} EL{el}/GICv{gic}", cpu.name())).collect();
             eprintln!("  virt,mte=on: variant mte in {} (rpi4 and cortex-a72 have no MTE)", configurations.join(", "));
         }
-        if self.boards.contains(&Board::Virt) {
+        if self.boards.contains(&Board::Virt) && !matrix_variants.is_empty() {
             let levels = self.levels.iter().map(|(el, gic)| format!("EL{el}/GICv{gic}")).collect::<Vec<_>>().join(", ");
             eprintln!(
                 "  virt: variants {variants} x CPUs {} x {levels} ({} QEMU runs)",
                 names(&self.cpus),
-                self.variants.len() * self.cpus.len() * self.levels.len()
+                matrix_variants.len() * self.cpus.len() * self.levels.len()
             );
             if self.ftrace {
-                let traced: Vec<_> =
-                    self.variants.iter().filter(|variant| **variant != BuildVariant::Plain).map(|v| v.name()).collect();
+                let traced: Vec<_> = matrix_variants
+                    .iter()
+                    .filter(|variant| ***variant != BuildVariant::Plain)
+                    .map(|v| v.name())
+                    .collect();
                 eprintln!(
                     "  virt: the suite under `ftrace=*` (every traceable function traced from boot), -cpu {} EL1/GICv3: {}",
                     self.ftrace_cpu().name(),
