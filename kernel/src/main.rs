@@ -175,6 +175,9 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
             // SAFETY: deliberately reads freed heap memory (still mapped RAM) to check that the
             // sanitizer reports it (and stops the kernel with kasan.fault=panic).
             let value = unsafe { core::ptr::read_volatile(address) };
+            // With MTE in async mode the read only set a flag: this is its check point.
+            #[cfg(feature = "mte")]
+            mm::kasan::mte::check_async(0);
             if mm::kasan::report::count() > reports {
                 // kasan.fault=report: the report was printed and the kernel goes on.
                 exit(ExitStatus::Success)
