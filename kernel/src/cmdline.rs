@@ -11,6 +11,7 @@
 //! `kasan.stack_sample=N` (collect one allocation stack in N, N >= 1; default 1);
 //! the profiler: `run=profile profile.workload=NAME profile.unwinder=fp|scs|both profile.every=N
 //! profile.clock=pmu|timer profile.break=fp|scs` (profile/mod.rs).
+//! `kasan.mode=sync|async|asymm` (build variant `mte`: what a tag check fault does; default sync).
 //! The keys are `protocol::cmdline`'s, which xtask spells too.
 
 use protocol::cmdline as key;
@@ -63,6 +64,8 @@ pub struct CommandLine {
     /// `run=profile`: `profile.workload=NAME profile.unwinder=fp|scs|both profile.every=N
     /// profile.clock=pmu|timer profile.break=fp|scs` (the last is the test-only broken unwinder).
     pub profile: crate::profile::Request,
+    /// `kasan.mode=`: what an MTE tag check fault does (build variant `mte`).
+    pub kasan_mode: crate::arch::mte::CheckMode,
 }
 
 impl CommandLine {
@@ -85,6 +88,7 @@ impl CommandLine {
             boot_probes: crate::demo::boot_probes::Requests::new(),
             stack_sample: 1,
             profile: crate::profile::Request::new(),
+            kasan_mode: crate::arch::mte::CheckMode::Sync,
         };
         for word in bootargs.split_whitespace() {
             let (key, value) = word.split_once('=').unwrap_or((word, ""));
@@ -132,6 +136,10 @@ impl CommandLine {
                 ("kasan.fault", other) => {
                     defmt::warn!("cmdline: kasan.fault={=str} is not report|panic, keeping report", other)
                 }
+                ("kasan.mode", mode) => match crate::arch::mte::CheckMode::parse(mode) {
+                    Some(mode) => line.kasan_mode = mode,
+                    None => defmt::warn!("cmdline: kasan.mode={=str} is not sync|async|asymm, keeping sync", mode),
+                },
                 ("kasan.multi_shot", "" | "1" | "on") => line.kasan_multi_shot = true,
                 ("kasan.multi_shot", "0" | "off") => line.kasan_multi_shot = false,
                 ("kasan.multi_shot", other) => {

@@ -39,7 +39,7 @@ pub const BUILD_VARIANT: &str = match option_env!("TRACELAB_VARIANT") {
 };
 
 /// Whether the kernel is built with the shadow call stack (x18 reserved and used).
-pub const SHADOW_CALL_STACK: bool = matches!(BUILD_VARIANT.as_bytes(), b"full" | b"prod");
+pub const SHADOW_CALL_STACK: bool = matches!(BUILD_VARIANT.as_bytes(), b"full" | b"prod" | b"mte");
 
 /// How a run ends; xtask reads it as QEMU's exit status.
 pub use protocol::ExitStatus;
@@ -53,12 +53,19 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     let platform = platform(dtb_pa);
     let cmdline = cmdline::CommandLine::parse(platform.bootargs, board::CONFIG.semihosting_by_default);
     SEMIHOSTING.store(cmdline.semihosting, Ordering::Relaxed);
+    if arch::mte::ENABLED_IN_BUILD && !arch::mte::available() {
+        defmt::error!("MTE: not available (mte=on missing?)");
+        exit(ExitStatus::Unsupported);
+    }
     let layout = match mm::init(&platform) {
         Ok(layout) => layout,
         Err(error) => panic!("memory init: {:?}", defmt::Debug2Format(&error)),
     };
     arch::park::park_secondaries(board::CONFIG.secondary_spin_table);
     stacktrace::init_depot();
+    // Tag checks on before the heap hands out the first tagged pointer (and tags its memory).
+    arch::mte::choose_mode(cmdline.kasan_mode);
+    arch::mte::init_this_cpu();
     mm::kasan::heap::init(layout.free.base + VA_OFFSET, layout.free.size, cmdline.tag_seed);
     mm::kasan::report::set_policy(cmdline.kasan_fault_panic, cmdline.kasan_multi_shot);
     stacktrace::seed_stack_sample(cmdline.tag_seed);
@@ -87,12 +94,16 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     defmt::info!("CPU: {=str} (MIDR {=u64:#x}), entered at EL{=u64}", cpu::core_name(), cpu::midr(), entry_el);
     defmt::info!("Command line: {=str}", platform.bootargs);
     defmt::info!("PAuth: {=str}", cpu::PointerAuth::detect().name());
-    let mte = match cpu::mte_level() {
-        0 => "none",
-        1 => "instructions only",
-        _ => "yes",
-    };
-    defmt::info!("MTE: {=str}", mte);
+    if arch::mte::ENABLED_IN_BUILD {
+        defmt::info!("MTE: enabled ({=str})", arch::mte::mode().name());
+    } else {
+        let mte = match cpu::mte_level() {
+            0 => "none",
+            1 => "instructions only",
+            _ => "yes",
+        };
+        defmt::info!("MTE: {=str}", mte);
+    }
     defmt::info!("TBI: kernel (TTBR1) and user (TTBR0) top bytes ignored");
     defmt::info!("Timer: {=u64} Hz counter, {=u64} Hz tick", drivers::timer::frequency(), cmdline.hz);
     defmt::info!("GIC: v{=u8}", drivers::interrupts::gic_version());
@@ -178,6 +189,9 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
             // SAFETY: deliberately reads freed heap memory (still mapped RAM) to check that the
             // sanitizer reports it (and stops the kernel with kasan.fault=panic).
             let value = unsafe { core::ptr::read_volatile(address) };
+            // With MTE in async mode the read only set a flag: this is its check point.
+            #[cfg(feature = "mte")]
+            mm::kasan::mte::check_async(0);
             if mm::kasan::report::count() > reports {
                 // kasan.fault=report: the report was printed and the kernel goes on.
                 exit(ExitStatus::Success)

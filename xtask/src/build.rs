@@ -23,17 +23,36 @@ pub enum BuildVariant {
     Prod,
     /// No instrumentation at all.
     Plain,
+    /// `prod` plus a heap whose tags are MTE allocation tags (KASAN HW_TAGS): no compiler
+    /// checks, the hardware checks every access. QEMU `virt` with `mte=on` and `-cpu max` only.
+    Mte,
 }
 
 impl BuildVariant {
+    /// The variants every CPU and board runs (the test matrix's default set).
     pub const ALL: [BuildVariant; 3] = [Self::Full, Self::Prod, Self::Plain];
+    /// Every variant, `mte` included (which needs QEMU's emulated MTE).
+    pub const EVERY: [BuildVariant; 4] = [Self::Full, Self::Prod, Self::Plain, Self::Mte];
 
     pub fn name(self) -> &'static str {
         match self {
             Self::Full => "full",
             Self::Prod => "prod",
             Self::Plain => "plain",
+            Self::Mte => "mte",
         }
+    }
+
+    /// Refuses a board or CPU this variant cannot run on (before anything is built): `mte`
+    /// needs MTE, which only QEMU `virt` with `-cpu max` emulates.
+    pub fn check_machine(self, board: Board, cpu: &str) -> Result<(), Failure> {
+        if self == Self::Mte && (board == Board::Rpi4 || cpu == "cortex-a72") {
+            return Err(Failure::usage(format!(
+                "--variant mte needs MTE: board virt with a max CPU (not board {} with --cpu {cpu})",
+                board.name()
+            )));
+        }
+        Ok(())
     }
 
     /// rustc flags for the kernel and every crate it links (core and alloc included, through
@@ -50,6 +69,9 @@ impl BuildVariant {
         match self {
             Self::Plain => vec![],
             Self::Prod => [&["-Zsanitizer=shadow-call-stack"][..], &instrumented].concat(),
+            // The assembler needs the memtag extension for IRG/STG/LDG; no code generation
+            // changes (LLVM emits MTE instructions only for the memtag sanitizer).
+            Self::Mte => [&["-Zsanitizer=shadow-call-stack"][..], &instrumented, &["-Ctarget-feature=+mte"]].concat(),
             Self::Full => [
                 &["-Zsanitizer=shadow-call-stack,kernel-hwaddress"][..],
                 &instrumented,
@@ -179,6 +201,14 @@ pub fn kernel_rustflags_with(variant: BuildVariant, options: SanitizerOptions) -
     flags
 }
 
+/// The kernel crate's features for `board` in `variant` (`mte` selects the MTE tag storage).
+pub fn kernel_features(board: Board, variant: BuildVariant) -> String {
+    match variant {
+        BuildVariant::Mte => format!("{},mte", board.feature()),
+        _ => board.feature().to_string(),
+    }
+}
+
 /// Builds the kernel for `board` in `variant`, checks its patchable entries, writes a raw image.
 pub fn kernel(board: Board, variant: BuildVariant) -> Result<KernelImage, Failure> {
     kernel_with(board, variant, SanitizerOptions::default())
@@ -186,6 +216,7 @@ pub fn kernel(board: Board, variant: BuildVariant) -> Result<KernelImage, Failur
 
 /// [`kernel`] with the sanitizer's `options` (which only `full` accepts: see [`SanitizerArgs`]).
 pub fn kernel_with(board: Board, variant: BuildVariant, options: SanitizerOptions) -> Result<KernelImage, Failure> {
+    variant.check_machine(board, "")?;
     let root = workspace_root();
     let options = if variant == BuildVariant::Full { options } else { SanitizerOptions::default() };
     let build_name = format!("{}{}", variant.name(), options.suffix());
@@ -201,7 +232,7 @@ pub fn kernel_with(board: Board, variant: BuildVariant, options: SanitizerOption
         .current_dir(&root)
         .args(["build", "--release", "--package", "kernel", "--target", KERNEL_TARGET])
         .args(["-Zbuild-std=core,alloc,compiler_builtins", "-Zbuild-std-features=compiler-builtins-mem"])
-        .args(["--no-default-features", "--features", board.feature()])
+        .args(["--no-default-features", "--features", &kernel_features(board, variant)])
         .arg("--target-dir")
         .arg(&target_dir)
         .args(["-Zunstable-options", "--artifact-dir"])
@@ -281,4 +312,21 @@ fn raw_image(file: &object::File) -> Result<Vec<u8>, Failure> {
         image[offset..offset + data.len()].copy_from_slice(data);
     }
     Ok(image)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mte_refuses_machines_without_mte() {
+        let refused = [(Board::Rpi4, "cortex-a72"), (Board::Virt, "cortex-a72"), (Board::Rpi4, "")];
+        for (board, cpu) in refused {
+            let failure = BuildVariant::Mte.check_machine(board, cpu).expect_err("refused");
+            assert_eq!(failure.status, 2);
+            assert!(!failure.message.contains('\n'));
+        }
+        assert!(BuildVariant::Mte.check_machine(Board::Virt, "max,pauth-impdef=on").is_ok());
+        assert!(BuildVariant::Prod.check_machine(Board::Rpi4, "cortex-a72").is_ok());
+    }
 }

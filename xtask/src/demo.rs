@@ -250,8 +250,8 @@ fn check_run(
         checks.push(check("demo stack traces: frame records and shadow call stack name the same frames", problem));
     }
 
-    // Part 3: the sanitizer's report.
-    if variant == BuildVariant::Full {
+    // Part 3: the sanitizer's report (the compiler's checks in `full`, MTE's in `mte`).
+    if matches!(variant, BuildVariant::Full | BuildVariant::Mte) {
         let allocated = block_functions(symbols, &report_block(log, "Allocated by task"));
         let freed = block_functions(symbols, &report_block(log, "Freed by task"));
         let faulting = block_functions(symbols, &report_block(log, "Call trace:"));
@@ -464,9 +464,12 @@ pub fn test(variants: &[BuildVariant], cpus: &[CpuVariant], boards: &[Board]) ->
     }
     let variants = if variants.is_empty() { &BuildVariant::ALL[..] } else { variants };
     let cpu = cpus.first().copied().unwrap_or(CpuVariant::MaxNoPauth);
-    let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 2, icount: true, dtb: None };
     let (mut passed, mut failed) = (0, 0);
     for &variant in variants {
+        // `mte` needs QEMU's emulated MTE (and a max CPU: the caller's, unless cortex-a72).
+        let mte = variant == BuildVariant::Mte;
+        let cpu = if mte && cpu == CpuVariant::CortexA72 { CpuVariant::MaxNoPauth } else { cpu };
+        let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 2, icount: true, dtb: None, mte };
         let image = build::kernel(Board::Virt, variant)?;
         let elf =
             std::fs::read(&image.elf).map_err(|error| Failure::usage(format!("{}: {error}", image.elf.display())))?;

@@ -196,6 +196,8 @@ pub struct Machine {
     pub icount: bool,
     /// The device tree QEMU passes (`raspi4b` needs one for the command line to arrive).
     pub dtb: Option<std::path::PathBuf>,
+    /// `virt,mte=on`: QEMU emulates the Memory Tagging Extension (build variant `mte`).
+    pub mte: bool,
 }
 
 impl Machine {
@@ -242,6 +244,9 @@ impl Machine {
                     machine.push_str(",virtualization=on");
                 }
                 machine.push_str(&format!(",gic-version={}", self.gic));
+                if self.mte {
+                    machine.push_str(",mte=on");
+                }
                 command.args(["-machine", &machine, "-cpu", self.cpu.name(), "-smp", "1", "-m", "128M"]);
             }
             // raspi4b: four Cortex-A72 (the secondaries wait in QEMU's spin table) and 2 GiB; the
@@ -436,8 +441,10 @@ pub fn run_interactive(args: &QemuArgs) -> Result<u8, Failure> {
         gic: args.gic.unwrap_or(2),
         icount: !args.no_icount,
         dtb: None,
+        mte: args.variant == BuildVariant::Mte,
     };
     machine.validate()?;
+    args.variant.check_machine(machine.board, machine.cpu.name())?;
     if args.filter.is_some() && !matches!(args.run, RunMode::Test | RunMode::Bench) {
         return Err(Failure::usage("--filter selects tests (--run test) or bench suites (--run bench)"));
     }

@@ -77,6 +77,10 @@ struct Selection {
 }
 
 const ALL_LEVELS: [(u8, u8); 4] = [(1, 2), (1, 3), (2, 2), (2, 3)];
+/// Build variant `mte`'s configurations (CPU, EL, GIC): IMPDEF PAuth at EL1/GICv2 and with EL2
+/// entry (HCR_EL2.ATA)/GICv3, and QARMA5 at EL1, in the default set and in --matrix alike.
+const MTE_CONFIGURATIONS: [(CpuVariant, u8, u8); 3] =
+    [(CpuVariant::MaxImpdef, 1, 2), (CpuVariant::MaxImpdef, 2, 3), (CpuVariant::MaxQarma5, 1, 2)];
 
 impl Selection {
     fn new(args: &TestArgs) -> Self {
@@ -103,7 +107,7 @@ impl Selection {
         let cpus =
             if args.matrix { given_or(&args.cpus, &CpuVariant::ALL) } else { given_or(&args.cpus, &default_cpus) };
         Self {
-            variants: if args.variants.is_empty() { BuildVariant::ALL.to_vec() } else { args.variants.clone() },
+            variants: if args.variants.is_empty() { BuildVariant::EVERY.to_vec() } else { args.variants.clone() },
             trimmed: CpuVariant::ALL.into_iter().filter(|cpu| args.cpus.is_empty() && !cpus.contains(cpu)).collect(),
             cpus,
             boards: if args.boards.is_empty() { vec![Board::Virt, Board::Rpi4] } else { args.boards.clone() },
@@ -123,7 +127,9 @@ impl Selection {
     /// Says what will run, and what the default set leaves out and why.
     fn describe(&self, args: &TestArgs) {
         let names = |cpus: &[CpuVariant]| cpus.iter().map(|cpu| cpu.name()).collect::<Vec<_>>().join(", ");
-        let variants = self.variants.iter().map(|variant| variant.name()).collect::<Vec<_>>().join(", ");
+        // `mte` has its own configurations (said below); the matrix line is the others'.
+        let matrix_variants: Vec<_> = self.variants.iter().filter(|variant| **variant != BuildVariant::Mte).collect();
+        let variants = matrix_variants.iter().map(|variant| variant.name()).collect::<Vec<_>>().join(", ");
         let kind = if args.matrix {
             "the whole matrix (--matrix)"
         } else if !args.filter.is_empty() {
@@ -132,16 +138,27 @@ impl Selection {
             "the default set"
         };
         eprintln!("xtask: kernel test configurations, {kind}:");
-        if self.boards.contains(&Board::Virt) {
+        if self.boards.contains(&Board::Virt)
+            && self.variants.contains(&BuildVariant::Mte)
+            && (args.filter.is_empty() || args.matrix)
+        {
+            let configurations: Vec<_> =
+                MTE_CONFIGURATIONS.iter().map(|(cpu, el, gic)| format!("{} EL{el}/GICv{gic}", cpu.name())).collect();
+            eprintln!("  virt,mte=on: variant mte in {} (rpi4 and cortex-a72 have no MTE)", configurations.join(", "));
+        }
+        if self.boards.contains(&Board::Virt) && !matrix_variants.is_empty() {
             let levels = self.levels.iter().map(|(el, gic)| format!("EL{el}/GICv{gic}")).collect::<Vec<_>>().join(", ");
             eprintln!(
                 "  virt: variants {variants} x CPUs {} x {levels} ({} QEMU runs)",
                 names(&self.cpus),
-                self.variants.len() * self.cpus.len() * self.levels.len()
+                matrix_variants.len() * self.cpus.len() * self.levels.len()
             );
             if self.ftrace {
-                let traced: Vec<_> =
-                    self.variants.iter().filter(|variant| **variant != BuildVariant::Plain).map(|v| v.name()).collect();
+                let traced: Vec<_> = matrix_variants
+                    .iter()
+                    .filter(|variant| ***variant != BuildVariant::Plain)
+                    .map(|v| v.name())
+                    .collect();
                 eprintln!(
                     "  virt: the suite under `ftrace=*` (every traceable function traced from boot), -cpu {} EL1/GICv3: {}",
                     self.ftrace_cpu().name(),
@@ -192,11 +209,22 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
     };
     'variants: for &variant in variants {
         let build_name = format!("{}{}", variant.name(), sanitizer.suffix());
+        let mte = variant == BuildVariant::Mte;
         if boards.contains(&Board::Virt) {
             let image = build::kernel_with(Board::Virt, variant, sanitizer)?;
-            for &cpu in cpus {
-                for &(el, gic) in levels {
-                    let machine = Machine { board: Board::Virt, cpu, el, gic, icount: true, dtb: None };
+            // `mte` runs its own few configurations (emulated MTE makes every run slow), on the
+            // CPUs that have MTE; one configuration with --filter.
+            let configurations: Vec<(CpuVariant, u8, u8)> = if mte && (args.filter.is_empty() || args.matrix) {
+                MTE_CONFIGURATIONS.to_vec()
+            } else {
+                cpus.iter()
+                    .filter(|cpu| !mte || **cpu != CpuVariant::CortexA72)
+                    .flat_map(|&cpu| levels.iter().map(move |&(el, gic)| (cpu, el, gic)))
+                    .collect()
+            };
+            for (cpu, el, gic) in configurations {
+                {
+                    let machine = Machine { board: Board::Virt, cpu, el, gic, icount: true, dtb: None, mte };
                     let run = run_configuration(&machine, &build_name, &image, args, "", &mut tally)?;
                     timed_out |= run.timed_out;
                     // Every configuration registers the same tests: one empty match is all.
@@ -208,18 +236,18 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
             }
             // The whole suite again with the function tracer on every traceable function, from
             // boot to the end (ftrace: "tracing `*` does not hang the kernel").
-            if variant != BuildVariant::Plain && selection.ftrace {
+            if variant != BuildVariant::Plain && !mte && selection.ftrace {
                 let cpu = selection.ftrace_cpu();
-                let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 3, icount: true, dtb: None };
+                let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 3, icount: true, dtb: None, mte: false };
                 timed_out |= run_configuration(&machine, &build_name, &image, args, "ftrace=*", &mut tally)?.timed_out;
             }
-            if variant != BuildVariant::Plain && "probe_sweep".contains(args.filter.as_str()) {
+            if variant != BuildVariant::Plain && !mte && "probe_sweep".contains(args.filter.as_str()) {
                 let passed = crate::stress::sample(&image, variant, cpus[0])?;
                 *if passed { &mut tally.passed } else { &mut tally.failed } += 1;
             }
         }
         // QEMU raspi4b: the Pi 4's Cortex-A72, entered at EL2, GIC-400, the Pi 4 device tree.
-        if let Some(dtb) = &rpi4_dtb {
+        if let Some(dtb) = rpi4_dtb.as_ref().filter(|_| !mte) {
             let image = build::kernel_with(Board::Rpi4, variant, sanitizer)?;
             let machine = Machine {
                 board: Board::Rpi4,
@@ -228,6 +256,7 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
                 gic: 2,
                 icount: false,
                 dtb: Some(dtb.clone()),
+                mte: false,
             };
             let run = run_configuration(&machine, &build_name, &image, args, "", &mut tally)?;
             timed_out |= run.timed_out;
@@ -247,7 +276,7 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
         let short = build::SanitizerOptions { short_granules: true };
         let image = build::kernel_with(Board::Virt, BuildVariant::Full, short)?;
         let cpu = if cpus.contains(&CpuVariant::MaxNoPauth) { CpuVariant::MaxNoPauth } else { cpus[0] };
-        let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 2, icount: true, dtb: None };
+        let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 2, icount: true, dtb: None, mte: false };
         let build_name = format!("full{}", short.suffix());
         let run = run_configuration(&machine, &build_name, &image, args, "filter=kasan_", &mut tally)?;
         timed_out |= run.timed_out;
@@ -258,6 +287,9 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
     if args.filter.is_empty() {
         let image = build::kernel(Board::Virt, BuildVariant::Full)?;
         failure_paths(&image, &mut tally)?;
+        if variants.contains(&BuildVariant::Mte) && boards.contains(&Board::Virt) {
+            mte_failure_paths(&mut tally)?;
+        }
         let prod = build::kernel(Board::Virt, BuildVariant::Prod)?;
         bench_harness(&prod, &mut tally)?;
         crate::profile::self_test(&mut |name, problem| report_check(&mut tally, name, problem.as_ref()))?;
@@ -311,7 +343,8 @@ fn host_tests(tally: &mut Tally) -> Result<(), Failure> {
 /// Runs that must fail the right way: a panic and an unexpected exception end with status 3
 /// and their report, a hang is killed on timeout with the running test named.
 fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Failure> {
-    let machine = Machine { board: Board::Virt, cpu: CpuVariant::MaxImpdef, el: 1, gic: 2, icount: false, dtb: None };
+    let machine =
+        Machine { board: Board::Virt, cpu: CpuVariant::MaxImpdef, el: 1, gic: 2, icount: false, dtb: None, mte: false };
     let checks: [(&str, &str, Option<i32>, &str); 5] = [
         ("panic", "run=panic exit=semihosting", Some(ExitStatus::Panic.code()), "panicked at kernel/src/main.rs"),
         (
@@ -335,8 +368,46 @@ fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Fa
         ),
     ];
     for (name, bootargs, expected_status, expected_line) in checks {
+        failure_path(&machine, image, (name, bootargs, expected_status, expected_line), tally)?;
+    }
+    Ok(())
+}
+
+/// Build variant `mte`'s failure paths: without `mte=on` the kernel says MTE is missing and
+/// exits non-zero; with it a use-after-free is a hardware tag check fault that
+/// `kasan.fault=panic` turns into the end of the run.
+fn mte_failure_paths(tally: &mut Tally) -> Result<(), Failure> {
+    let image = build::kernel(Board::Virt, BuildVariant::Mte)?;
+    let without =
+        Machine { board: Board::Virt, cpu: CpuVariant::MaxImpdef, el: 1, gic: 2, icount: false, dtb: None, mte: false };
+    let missing = (
+        "mte-missing",
+        "run=test exit=semihosting",
+        Some(ExitStatus::Unsupported.code()),
+        "MTE: not available (mte=on missing?)",
+    );
+    failure_path(&without, &image, missing, tally)?;
+    let with = Machine { mte: true, ..without };
+    let use_after_free = (
+        "mte-use-after-free",
+        "run=use-after-free kasan.fault=panic exit=semihosting",
+        Some(ExitStatus::Panic.code()),
+        "BUG: KASAN: slab-use-after-free",
+    );
+    failure_path(&with, &image, use_after_free, tally)
+}
+
+/// One failure path: the run ends with the expected status (None: still running at the
+/// timeout) after logging a line that starts with the expected text.
+fn failure_path(
+    machine: &Machine,
+    image: &build::KernelImage,
+    (name, bootargs, expected_status, expected_line): (&str, &str, Option<i32>, &str),
+    tally: &mut Tally,
+) -> Result<(), Failure> {
+    {
         let timeout = Duration::from_secs(if expected_status.is_none() { 3 } else { 60 });
-        let result = qemu::run(&machine, image, bootargs, Some(timeout), false)?;
+        let result = qemu::run(machine, image, bootargs, Some(timeout), false)?;
         let logged = result.log.iter().any(|line| line.text.starts_with(expected_line));
         let sentinel_ok = expected_status
             .is_none_or(|status| result.log.iter().any(|line| line.text == format!("tracelab: exit status {status}")));
@@ -366,7 +437,7 @@ fn bench_harness(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Fa
     let bootargs = "run=bench bench=baseline reps=1 clock=cycles icount=1 exit=semihosting";
     let mut runs = Vec::new();
     for cpu in [CpuVariant::MaxQarma5, CpuVariant::MaxQarma5, CpuVariant::CortexA72] {
-        let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 2, icount: true, dtb: None };
+        let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 2, icount: true, dtb: None, mte: false };
         let result = qemu::run(&machine, image, bootargs, Some(Duration::from_secs(120)), false)?;
         let rows: Vec<String> =
             result.log.iter().filter_map(|line| line.text.strip_prefix("bench row: ").map(str::to_string)).collect();
@@ -423,8 +494,15 @@ fn rpi4_checks(boot_files: &crate::bootfiles::BootFileArgs, tally: &mut Tally) -
     let verified = written.and_then(|()| crate::sdimage::verify(&card, &kernel));
     report_check(tally, "rpi4 SD card image verifies", verified.as_ref().err());
 
-    let machine =
-        Machine { board: Board::Rpi4, cpu: CpuVariant::CortexA72, el: 2, gic: 2, icount: true, dtb: Some(files.dtb) };
+    let machine = Machine {
+        board: Board::Rpi4,
+        cpu: CpuVariant::CortexA72,
+        el: 2,
+        gic: 2,
+        icount: true,
+        dtb: Some(files.dtb),
+        mte: false,
+    };
     // `exit=park`, as on the real board: the kernel prints its exit sentinel and parks, and
     // xtask quits QEMU after reading it. With semihosting QEMU could exit (closing the pty and
     // discarding what xtask had not read yet) before the last rows were read: a race seen under load.

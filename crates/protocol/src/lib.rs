@@ -20,6 +20,8 @@ pub enum ExitStatus {
     UsageError = 2,
     /// A panic, an unexpected exception, a KASAN report in panic mode.
     Panic = 3,
+    /// The build needs a CPU feature the machine lacks (variant `mte` without `mte=on`).
+    Unsupported = 4,
 }
 
 impl ExitStatus {

@@ -7,9 +7,9 @@ use crate::mm::kasan::{self as sanitizer, heap, report as kasan_report};
 use core::hint::black_box;
 
 pub fn show() {
-    if !sanitizer::CHECKS_COMPILED_IN {
+    if !sanitizer::CHECKS_COMPILED_IN && !sanitizer::HARDWARE_TAGS {
         defmt::info!(
-            "demo: skipped: variant {=str} has no sanitizer checks compiled in (kernel-hwaddress is in variant full only)",
+            "demo: skipped: variant {=str} has no sanitizer checks (kernel-hwaddress is in variant full, MTE in mte)",
             crate::BUILD_VARIANT
         );
         return;

@@ -115,7 +115,8 @@ pub fn init(platform: &Platform) -> Result<Layout, InitError> {
     // The rest of RAM.
     let ram_end = ram.end() & !(PAGE_SIZE - 1);
     space.map(ram.base + VA_OFFSET, ram.base, pa(kernel_start) - ram.base, Attributes::ReadWrite)?;
-    space.map(kernel_end, pa(kernel_end), ram_end - pa(kernel_end), Attributes::ReadWrite)?;
+    // The RAM after the image holds the heap: Tagged in build variant `mte` (its tags are MTE's).
+    space.map(kernel_end, pa(kernel_end), ram_end - pa(kernel_end), Attributes::TaggedReadWrite)?;
     // Devices.
     let mut map_device = |region: Region| -> Result<u64, MapError> {
         let base = region.base & !(PAGE_SIZE - 1);

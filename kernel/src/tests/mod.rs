@@ -12,6 +12,7 @@ mod foundation;
 mod ftrace;
 mod kasan;
 mod kretprobe;
+mod mte;
 mod probes;
 mod stacktrace;
 mod sweep;
@@ -90,6 +91,7 @@ const TESTS: &[&[Test]] = &[
     kretprobe::TESTS,
     sweep::TESTS,
     kasan::TESTS,
+    mte::TESTS,
     user::TESTS,
 ];
 

@@ -42,6 +42,8 @@ pub enum Owner {
     BenchResume,
     /// The tests' BRK range: the hook the tests installed.
     TestHook,
+    /// A synchronous tag check fault at EL1 (build variant `mte`): the sanitizer reports it.
+    TagCheckFault,
     /// A data abort at EL1: one of the unprivileged user accessors, if its PC is in their table.
     UserAccessFixup,
     /// `SVC #SVC_SYSCALL` from EL0.
@@ -68,6 +70,7 @@ pub fn route(esr: Esr, level: Level) -> Owner {
             _ => Owner::Unexpected,
         },
         (Level::El1, Esr::EC_SOFTWARE_STEP) => Owner::KprobeSoftwareStep,
+        (Level::El1, Esr::EC_DATA_ABORT) if HARDWARE_TAGS && is_tag_check_fault(esr.0) => Owner::TagCheckFault,
         (Level::El1, Esr::EC_DATA_ABORT) => Owner::UserAccessFixup,
         (Level::El1, _) => Owner::Unexpected,
         (Level::El0, Esr::EC_SVC64) => match esr.immediate() {
@@ -88,6 +91,9 @@ pub fn route(esr: Esr, level: Level) -> Owner {
 #[unsafe(no_mangle)]
 #[unsafe(link_section = ".text.noprobe")]
 extern "C" fn trap_el1_sync(frame: &mut ExceptionFrame) {
+    if HARDWARE_TAGS {
+        check_async_tag_faults(frame.elr);
+    }
     let handled = match route(Esr(frame.esr), Level::El1) {
         Owner::Kprobe => crate::probes::on_brk(frame),
         Owner::BenchResume => {
@@ -97,6 +103,7 @@ extern "C" fn trap_el1_sync(frame: &mut ExceptionFrame) {
         Owner::KprobeStep => crate::probes::on_step_brk(frame),
         Owner::KprobeSoftwareStep => crate::probes::on_software_step(frame),
         Owner::UserAccessFixup => crate::task::user::fixup_user_access(frame),
+        Owner::TagCheckFault => on_tag_check_fault(frame),
         Owner::TestHook | Owner::Syscall | Owner::Uprobe | Owner::UserFault | Owner::Unexpected => false,
     };
     if !handled {
@@ -122,6 +129,7 @@ extern "C" fn trap_el0_sync(frame: &mut ExceptionFrame) {
         | Owner::BenchResume
         | Owner::TestHook
         | Owner::UserAccessFixup
+        | Owner::TagCheckFault
         | Owner::Unexpected => unexpected(frame),
     }
 }
@@ -162,15 +170,44 @@ fn unexpected(frame: &mut ExceptionFrame) {
 /// The IRQ, on this CPU's IRQ stack (context.S).
 #[unsafe(no_mangle)]
 #[unsafe(link_section = ".text.noprobe")]
-extern "C" fn trap_irq(_frame: &mut ExceptionFrame) {
+extern "C" fn trap_irq(frame: &mut ExceptionFrame) {
+    if HARDWARE_TAGS {
+        check_async_tag_faults(frame.elr);
+    }
     crate::drivers::interrupts::handle_irq();
 }
 
 /// After the IRQ, back on the interrupted stack with IRQs masked (context.S).
 #[unsafe(no_mangle)]
-extern "C" fn trap_irq_exit(_frame: *mut ExceptionFrame) {
+extern "C" fn trap_irq_exit(frame: *mut ExceptionFrame) {
+    if HARDWARE_TAGS {
+        // SAFETY: context.S passes the interrupted context's frame, live until it resumes.
+        check_async_tag_faults(unsafe { (*frame).elr });
+    }
     task::irq_exit();
 }
+
+/// Whether the heap's tags are MTE's (build variant `mte`): only then can a tag check fault
+/// happen, and only then do the entries check for asynchronous ones (a constant: the other
+/// variants' entries do not change).
+const HARDWARE_TAGS: bool = crate::mm::kasan::HARDWARE_TAGS;
+
+#[cfg(feature = "mte")]
+use crate::mm::kasan::mte::{check_async as check_async_tag_faults, is_tag_check_fault, on_tag_check_fault};
+
+#[cfg(not(feature = "mte"))]
+const fn is_tag_check_fault(_esr: u64) -> bool {
+    false
+}
+
+#[cfg(not(feature = "mte"))]
+fn on_tag_check_fault(_frame: &mut ExceptionFrame) -> bool {
+    false
+}
+
+#[cfg(not(feature = "mte"))]
+#[inline(always)]
+fn check_async_tag_faults(_pc: u64) {}
 
 /// An FIQ, SError or AArch32 exception: nothing in the kernel raises them.
 #[unsafe(no_mangle)]

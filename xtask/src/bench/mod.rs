@@ -203,7 +203,7 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     } else {
         args.suites.clone()
     };
-    let cpus = match args.board {
+    let mut cpus = match args.board {
         _ if args.update_baseline => vec![gate::CPU],
         Board::Virt if args.cpus.is_empty() => CpuVariant::ALL.to_vec(),
         Board::Virt => args.cpus.clone(),
@@ -225,6 +225,14 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
             Some((_, names)) => names.push(suite.name),
             None => by_variant.push((variant, vec![suite.name])),
         }
+    }
+    if args.variant == Some(BuildVariant::Mte) {
+        // `mte` needs MTE: refused where asked for explicitly, left out of the default CPUs.
+        for &cpu in if args.cpus.is_empty() { &[][..] } else { &cpus[..] } {
+            BuildVariant::Mte.check_machine(args.board, cpu.name())?;
+        }
+        BuildVariant::Mte.check_machine(args.board, "")?;
+        cpus.retain(|&cpu| cpu != CpuVariant::CortexA72);
     }
     if args.serial.is_some() && by_variant.len() > 1 {
         return Err(Failure::usage("a board runs one kernel: give --variant when the suites' default variants differ"));
@@ -350,6 +358,7 @@ pub fn measure(plan: &RunPlan) -> Result<Vec<Sample>, Failure> {
         gic: 2,
         icount: plan.mode == Mode::Icount,
         dtb: plan.dtb.clone(),
+        mte: plan.variant == BuildVariant::Mte,
     };
     let reps = if plan.mode == Mode::Icount { 1 } else { plan.reps };
     let clock = if plan.mode == Mode::Wall { "ns" } else { "cycles" };

@@ -4,6 +4,7 @@
 
 use super::Mode;
 use super::results::{Provenance, Row};
+use crate::build::BuildVariant;
 use crate::qemu::CpuVariant;
 use std::cmp::Ordering;
 use std::fmt::Write;
@@ -121,6 +122,11 @@ fn distinct<T: PartialEq>(items: impl IntoIterator<Item = T>) -> Vec<T> {
     seen
 }
 
+/// Beside every table of build variant `mte` (KASAN HW_TAGS on QEMU's emulated MTE).
+const MTE_NOTE: &str = " Build variant `mte`: the hardware's tag check costs no instruction, so icount rows count only \
+the tagging instructions (IRG, STG, ST2G, LDG); wall figures are emulated MTE (QEMU TCG), which performs nothing like \
+MTE hardware.";
+
 fn mode_unit(mode: Mode, unit: &str) -> String {
     match mode {
         Mode::Icount if unit == "insn" => "icount insn".into(),
@@ -142,6 +148,9 @@ fn suite_tables(rows: &[&Row], link: Option<&str>) -> String {
         let _ = write!(text, "{}.", upper_first(meaning(&suite, metric)));
         if let Some(link) = link {
             let _ = write!(text, " ([contract]({link}))");
+        }
+        if variant == BuildVariant::Mte {
+            text.push_str(MTE_NOTE);
         }
         text.push_str("\n\n");
         let keys = distinct(group.iter().flat_map(|row| row.params.iter().map(|(key, _)| key.as_str())));

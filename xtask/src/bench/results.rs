@@ -274,7 +274,7 @@ fn parse_row(row: &Value) -> Result<Row, String> {
         _ => return Err("`params` is not an object".into()),
     };
     let variant = text("variant")?;
-    let variant = BuildVariant::ALL
+    let variant = BuildVariant::EVERY
         .into_iter()
         .find(|known| known.name() == variant)
         .ok_or_else(|| format!("unknown build variant '{variant}'"))?;

@@ -22,9 +22,16 @@ _start:
     b       1b
 
 from_el2:
-    // EL1 is AArch64 and may use PAuth without trapping (HCR_EL2.RW, APK, API).
+    // EL1 is AArch64 and may use PAuth without trapping (HCR_EL2.RW, APK, API); on a CPU with
+    // MTE it may access allocation tags (HCR_EL2.ATA: without it IRG reads tag 0, STG stores
+    // nothing and GCR/RGSR/TFSR accesses trap to EL2).
     ldr     x0, ={hcr_el2}
-    msr     hcr_el2, x0
+    mrs     x1, id_aa64pfr1_el1
+    ubfx    x1, x1, #8, #4                   // MTE [11:8]: 2 or more is full MTE
+    cmp     x1, #2
+    b.lo    11f
+    orr     x0, x0, #{hcr_ata}
+11: msr     hcr_el2, x0
     // EL1 may read the physical counter and use both timers; no virtual offset.
     mrs     x0, cnthctl_el2
     orr     x0, x0, #3

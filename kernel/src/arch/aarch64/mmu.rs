@@ -22,10 +22,13 @@ pub const TEXT_ALIAS_OFFSET: u64 = 0xFFFF_FFA0_0000_0000;
 /// `-hwasan-mapping-offset` (see xtask's build variants); the `shadow` test checks they agree.
 pub const SHADOW_OFFSET: u64 = 0xFFFF_FFC8_0000_0000;
 
-/// MAIR_EL1: index 0 Device-nGnRE, 1 Normal write-back, 2 Normal non-cacheable.
-pub const MAIR: u64 = 0x04 | (0xff << 8) | (0x44 << 16);
+/// MAIR_EL1: index 0 Device-nGnRE, 1 Normal write-back, 2 Normal non-cacheable; in build
+/// variant `mte`, 3 Tagged Normal write-back (0xF0: memory with MTE allocation tags; used only
+/// once the boot path checked that the CPU has MTE).
+pub const MAIR: u64 = 0x04 | (0xff << 8) | (0x44 << 16) | if cfg!(feature = "mte") { 0xf0 << 24 } else { 0 };
 const ATTR_DEVICE: u64 = 0 << 2;
 const ATTR_NORMAL: u64 = 1 << 2;
+const ATTR_TAGGED: u64 = 3 << 2;
 
 /// TCR_EL1: T0SZ = T1SZ = 25 (39-bit VA), 4 KiB granules, inner-shareable write-back walks,
 /// top-byte-ignore for both halves. IPS is filled in at boot from ID_AA64MMFR0_EL1.
@@ -100,6 +103,9 @@ pub enum Attributes {
     ReadWrite,
     /// Device-nGnRE MMIO, never executable.
     Device,
+    /// Read-write data, never executable, with MTE allocation tags (build variant `mte`; plain
+    /// `ReadWrite` elsewhere).
+    TaggedReadWrite,
 }
 
 impl Attributes {
@@ -112,6 +118,10 @@ impl Attributes {
             }
             Self::ReadWrite => common | ATTR_NORMAL | Descriptor::INNER_SHAREABLE | Descriptor::PXN,
             Self::Device => common | ATTR_DEVICE | Descriptor::PXN,
+            Self::TaggedReadWrite => {
+                let attr = if cfg!(feature = "mte") { ATTR_TAGGED } else { ATTR_NORMAL };
+                common | attr | Descriptor::INNER_SHAREABLE | Descriptor::PXN
+            }
         }
     }
 }

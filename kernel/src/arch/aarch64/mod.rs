@@ -5,6 +5,14 @@ pub mod cpu;
 pub mod esr;
 pub mod exception;
 pub mod mmu;
+#[cfg_attr(
+    not(feature = "mte"),
+    allow(
+        dead_code,
+        reason = "only build variant `mte` takes tag faults and seeds IRG; the others call init_this_cpu, a no-op"
+    )
+)]
+pub mod mte;
 pub mod park;
 pub mod patch;
 pub mod percpu;
@@ -16,6 +24,8 @@ use mmu::{Descriptor, VA_OFFSET};
 /// HCR_EL2 for running the kernel at EL1: RW (EL1 is AArch64), APK and API (PAuth keys and
 /// instructions do not trap to EL2).
 const HCR_EL2: u64 = (1 << 31) | (1 << 40) | (1 << 41);
+/// HCR_EL2.ATA: EL1 may access allocation tags (set by boot.S only when the CPU has MTE).
+const HCR_EL2_ATA: u64 = 1 << 56;
 /// SCTLR_EL1 with the MMU and caches off: only the RES1 bits of ARMv8.0 (11, 20, 22, 23, 28, 29).
 const SCTLR_MMU_OFF: u64 = 0x30D0_0800;
 /// SCTLR_EL1 with the MMU (M), data and instruction caches (C, I) and SP alignment checks (SA).
@@ -28,6 +38,7 @@ const SPSR_EL1H_MASKED: u64 = 0x3c5;
 core::arch::global_asm!(
     include_str!("boot.S"),
     hcr_el2 = const HCR_EL2,
+    hcr_ata = const HCR_EL2_ATA,
     sctlr_mmu_off = const SCTLR_MMU_OFF,
     sctlr_mmu_on = const SCTLR_MMU_ON,
     sctlr_enia = const SCTLR_ENIA,
@@ -50,6 +61,7 @@ core::arch::global_asm!(
     include_str!("vectors.S"),
     stack_bit = const stack::STACK_BIT,
     scs_check = const crate::SHADOW_CALL_STACK as u8,
+    mte_checks = const mte::ENABLED_IN_BUILD as u8,
     scs_mask = const stack::SHADOW_STACK_MASK,
     percpu_overflow_shadow_stack = const core::mem::offset_of!(percpu::PerCpu, overflow_shadow_stack),
     frame_size = const core::mem::size_of::<exception::ExceptionFrame>(),

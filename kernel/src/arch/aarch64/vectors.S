@@ -101,6 +101,12 @@ exception_entry:
     mrs     x2, elr_el1
     mrs     x3, spsr_el1
     stp     x2, x3, [sp, #{off_elr}]
+.if {mte_checks}
+    // Build variant `mte`: exception entry set PSTATE.TCO; handlers run with tag checks on (as
+    // Linux's kernel_entry), and so does code a handler resumes without ERET (a user task's
+    // exit returning to its kernel caller). ERET restores the context's own TCO from SPSR.
+    msr     S3_3_C4_C2_7, xzr                // TCO
+.endif
     // The interrupted SP: SP_EL1 above the frame and gap, or SP_EL0 (SPSR.M[0] = 0).
     add     x4, sp, #({frame_size} + {gap})
     mrs     x5, sp_el0

@@ -14,8 +14,17 @@
 
 pub mod abi;
 pub mod heap;
+#[cfg(feature = "mte")]
+pub mod mte;
 pub mod report;
 pub mod ring;
+#[cfg_attr(
+    feature = "mte",
+    allow(
+        dead_code,
+        reason = "build variant `mte` keeps its tags in MTE, not in the shadow (only DEFAULT_SEED is used)"
+    )
+)]
 pub mod shadow;
 pub mod storage;
 
@@ -24,3 +33,6 @@ pub use shadow::SHORT_GRANULES;
 
 /// Whether this kernel was built with the sanitizer's checks (build variant `full`).
 pub const CHECKS_COMPILED_IN: bool = matches!(crate::BUILD_VARIANT.as_bytes(), b"full");
+/// Whether this kernel's heap tags are MTE allocation tags that the hardware checks on every
+/// access (build variant `mte`, KASAN HW_TAGS).
+pub const HARDWARE_TAGS: bool = cfg!(feature = "mte");

@@ -149,6 +149,13 @@ pub fn recording(f: impl FnOnce()) -> (u64, Option<Report>) {
     *LAST.lock() = None;
     RECORDING.store(true, Ordering::SeqCst);
     f();
+    #[cfg(feature = "mte")]
+    {
+        // A synchronous tag check fault resumed its context with checks suppressed (mte.rs); an
+        // asynchronous one is reported at this check point.
+        crate::arch::mte::resume_checks();
+        super::mte::check_async(0);
+    }
     RECORDING.store(false, Ordering::SeqCst);
     (REPORTS.load(Ordering::SeqCst) - before, LAST.lock().take())
 }
@@ -216,6 +223,46 @@ pub fn report_bad_free(bad: BadFree) {
         stack_mode,
     };
     publish(&report);
+}
+
+/// Reports an asynchronous tag check fault (MTE, `kasan.mode=async|asymm`), seen at a check
+/// point after the access: the hardware kept no address, so the report has only the check
+/// point's stack, in Linux's format for it.
+#[cfg(feature = "mte")]
+#[inline(never)]
+#[sanitize(kernel_hwaddress = "off")]
+pub fn report_async(pc: u64) {
+    let first = REPORTS.fetch_add(1, Ordering::SeqCst) == 0;
+    let recording = RECORDING.load(Ordering::SeqCst);
+    if recording || first || MULTI_SHOT.load(Ordering::Relaxed) {
+        defmt::error!("{=str}", RULE);
+        defmt::error!("BUG: KASAN: invalid-access");
+        defmt::error!("Asynchronous fault: no details available");
+        defmt::error!("");
+        defmt::error!("Call trace:");
+        let trace = stacktrace::capture(stacktrace::Mode::FramePointer, TraceOptions::ALL);
+        for (index, entry) in trace.entries().enumerate() {
+            defmt::error!("  fp #{=usize} {=u64:#x}", index, entry.address);
+        }
+        defmt::error!("{=str}", RULE);
+    }
+    let report = Report {
+        bug: BugType::InvalidAccess,
+        address: 0,
+        size: 0,
+        write: false,
+        pointer_tag: Tags::MATCH_ALL,
+        memory_tag: Tags::MATCH_ALL,
+        pc,
+        object: None,
+        stack_mode: "",
+    };
+    if recording {
+        *LAST.lock() = Some(report);
+    } else if PANIC_ON_FAULT.load(Ordering::Relaxed) {
+        defmt::error!("Kernel panic - not syncing: kasan.fault=panic set ...");
+        crate::exit(crate::ExitStatus::Panic);
+    }
 }
 
 fn object_of(entry: RingEntry, allocation: Option<RingEntry>) -> Object {
@@ -303,6 +350,14 @@ fn print(report: &Report) {
         BugType::DoubleFree | BugType::InvalidFree => {
             defmt::error!("Free of addr {=u64:016x} by task {=str}/{=usize}", report.address, task_name, task)
         }
+        // A hardware tag check fault whose syndrome has no size (Linux prints none either).
+        _ if report.size == 0 => defmt::error!(
+            "{=str} at addr {=u64:016x} by task {=str}/{=usize}",
+            if report.write { "Write" } else { "Read" },
+            report.address,
+            task_name,
+            task
+        ),
         _ => defmt::error!(
             "{=str} of size {=u64} at addr {=u64:016x} by task {=str}/{=usize}",
             if report.write { "Write" } else { "Read" },

@@ -1,8 +1,8 @@
 //! The tag-storage seam: where a granule's memory tag lives and how an object's tag is drawn.
 //!
 //! A trait of associated functions and constants, implemented by a zero-sized type and
-//! selected once by the [`Tags`] alias (today the software shadow, `shadow.rs`; hardware MTE
-//! allocation tags would be a second implementation behind the same alias). Not `dyn`: every
+//! selected once by the [`Tags`] alias (the software shadow, `shadow.rs`, or in build variant `mte`
+//! the hardware's MTE allocation tags, `mte.rs`). Not `dyn`: every
 //! call is resolved at compile time and inlined as before, so the memory-tag read in the
 //! runtime's range checks and the tag writes on alloc/free cost exactly what the shadow's
 //! `ldrb`/`str` cost. A trait rather than a cfg-selected module so that the compiler checks
@@ -11,6 +11,9 @@
 //! Pointer tags (the top byte, ignored by the MMU with TBI) are the same in every
 //! implementation: they are plain functions here.
 
+#[cfg(feature = "mte")]
+pub use super::mte::MteTags as Tags;
+#[cfg(not(feature = "mte"))]
 pub use super::shadow::ShadowTags as Tags;
 
 /// Tag storage: the granule, the reserved tag values, and the three operations the heap and
