@@ -71,6 +71,26 @@ const MEANINGS: &[Meaning] = &[
         metric: "allocator_pct",
         text: "the allocator's share of the `no-stacks` total (alloc and free calls timed one by one)",
     },
+    Meaning {
+        suite: "kasan-boot",
+        metric: "walk_per_collection",
+        text: "on `fp` and `scs`: (X-no-depot - no-stacks) / collections, the walk's share of one collection",
+    },
+    Meaning {
+        suite: "kasan-boot",
+        metric: "depot_per_collection",
+        text: "on `fp` and `scs`: (X - X-no-depot) / collections, the depot's share of one collection",
+    },
+    Meaning {
+        suite: "kasan-boot",
+        metric: "alloc_per_call",
+        text: "on `no-stacks`: one allocation call, timed one by one (counter reads included)",
+    },
+    Meaning {
+        suite: "kasan-boot",
+        metric: "free_per_call",
+        text: "on `no-stacks`: one free call, timed one by one (counter reads included)",
+    },
     Meaning { suite: "kasan-boot", metric: "records", text: "stacks in the depot after the workload" },
     Meaning { suite: "kasan-boot", metric: "bytes", text: "memory those records take" },
     Meaning { suite: "kasan-boot", metric: "hash_collisions", text: "records whose hash equals another record's" },
