@@ -130,14 +130,20 @@ unsafe extern "C" {
     static __stack_slots_start: u8;
 }
 
+/// The index of `slot` among the stack slots (task slots first, in task-slot order).
+#[inline(always)]
+fn slot_index(slot: Slot) -> u64 {
+    // SAFETY: only the address of the linker symbol is taken.
+    let start = unsafe { &__stack_slots_start as *const u8 as u64 };
+    slot.0.wrapping_sub(start) / SLOT_SIZE
+}
+
 /// Which kind of slot `slot` is, from its index alone (no per-CPU load: the sanitizer-exempt
 /// walk path could not inline one in `full`): the task slots come first, then per CPU its IRQ
 /// slot and its overflow slot (task/stacks.rs), so a CPU's overflow slot follows its IRQ slot.
 #[inline(always)]
 fn place_of(slot: Slot) -> Place {
-    // SAFETY: only the address of the linker symbol is taken.
-    let start = unsafe { &__stack_slots_start as *const u8 as u64 };
-    let index = slot.0.wrapping_sub(start) / SLOT_SIZE;
+    let index = slot_index(slot);
     if index < stacks::TASK_SLOTS as u64 {
         Place::Task
     } else if (index - stacks::TASK_SLOTS as u64).is_multiple_of(2) {
@@ -176,8 +182,14 @@ fn declared_stacks(place: Place, here: Slot, buffer: &mut [StackRange; 3]) -> &[
 /// returns, the common case, costs the walk nothing more). The frame walk always has the
 /// repair: it compares each return address with the trampoline in a branch it has anyway.
 #[inline(always)]
-fn shadow_repair_for(place: Place) -> Option<&'static dyn ReturnRepair> {
-    if place == Place::Task && kretprobe::outstanding() == 0 { None } else { Some(&Repair) }
+fn shadow_repair_for(place: Place, here: Slot) -> Option<&'static dyn ReturnRepair> {
+    // On a task's stack the slot names the task (task slots come first, one per task): its
+    // count is read without testing SP against the IRQ stack or reading the scheduler.
+    if place == Place::Task && kretprobe::outstanding_in_task_slot(slot_index(here) as usize) == 0 {
+        None
+    } else {
+        Some(&Repair)
+    }
 }
 
 #[inline(always)]
@@ -242,7 +254,8 @@ fn collect_from_here(mode: Mode, options: TraceOptions, buffer: &mut [MaybeUnini
                 }
             }
             let walker = ShadowWalker::new(&KernelMemory, LAYOUT);
-            let walker = if let Some(repair) = shadow_repair_for(place) { walker.with_repair(repair) } else { walker };
+            let walker =
+                if let Some(repair) = shadow_repair_for(place, here) { walker.with_repair(repair) } else { walker };
             walker.walk(&segments[..count], options, buffer)
         }
     }

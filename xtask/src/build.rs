@@ -242,6 +242,10 @@ pub fn kernel_with(board: Board, variant: BuildVariant, options: SanitizerOption
         .env("TRACELAB_VARIANT", variant.name())
         .env("TRACELAB_KASAN_SHORT_GRANULES", if options.short_granules { "1" } else { "0" })
         .env("DEFMT_LOG", "info")
+        // One codegen unit: which functions LLVM inlines into a hot path (the probe hit, the
+        // trap entry, the walkers) then depends on the code, not on how the kernel crate
+        // happened to be split into units, so an icount row moves only when its path changes.
+        .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "1")
         .status()
         .map_err(|error| Failure::usage(format!("cannot run cargo: {error}")))?;
     if !status.success() {

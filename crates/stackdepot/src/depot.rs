@@ -216,9 +216,9 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
         let hash = hash_frames(frames);
         let found = if self.evictable {
             let _inside = self.gate.enter();
-            self.find(hash, frames, true)
+            self.find_inline(hash, frames, true)
         } else {
-            self.find(hash, frames, true)
+            self.find_inline(hash, frames, true)
         };
         if let Some(handle) = found {
             increment(&self.counters.hits);
@@ -231,7 +231,10 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
     }
 
     /// The miss path, under the lock: search again, then carve a record and
-    /// publish it at the head of its bucket. `Ok((handle, found))`.
+    /// publish it at the head of its bucket. `Ok((handle, found))`. Out of line and cold: the
+    /// hit path inlined into its callers then saves only the registers a lookup needs.
+    #[inline(never)]
+    #[cold]
     fn insert(&self, hash: u32, frames: &[u64], spin: bool) -> Result<(DepotHandle, bool), DepotError> {
         let mut state = if spin { self.state.lock() } else { self.state.try_lock().ok_or(DepotError::Busy)? };
         if self.evictable {
@@ -254,12 +257,20 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
         Ok((handle, false))
     }
 
-    /// Walks `hash`'s chain for `frames`; with eviction, takes a reference
-    /// (skipping dying records). Callers are inside the read gate or hold the lock.
+    /// [`find_inline`](Self::find_inline) for the miss path: exempt from the sanitizer as the
+    /// hit path is (the miss path around it is instrumented).
     #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline]
-    #[allow(clippy::question_mark, reason = "`?` is a call to `Try::branch`, which the exempt path would not inline")]
     fn find(&self, hash: u32, frames: &[u64], count_collisions: bool) -> Option<DepotHandle> {
+        self.find_inline(hash, frames, count_collisions)
+    }
+
+    /// Walks `hash`'s chain for `frames`; with eviction, takes a reference
+    /// (skipping dying records). Callers are inside the read gate or hold the lock. Always
+    /// inlined (the hit path, exempt from the sanitizer, keeps the chain walk in registers).
+    #[inline(always)]
+    #[allow(clippy::question_mark, reason = "`?` is a call to `Try::branch`, which the exempt path would not inline")]
+    fn find_inline(&self, hash: u32, frames: &[u64], count_collisions: bool) -> Option<DepotHandle> {
         let mut link = load_acquire_u32(&self.buckets[hash as usize & (BUCKETS - 1)]);
         while let Some(handle) = DepotHandle::from_raw(link) {
             let Some(record) = self.record(handle) else {

@@ -99,15 +99,12 @@ impl<'a> Record<'a> {
         let mut stored = self.words.as_ptr().wrapping_add(HEADER_WORDS);
         let mut wanted = frames.as_ptr();
         let pairs_end = wanted.wrapping_add(len & !1);
-        while wanted != pairs_end {
-            // SAFETY: the pair lies before pairs_end <= the end of `frames`, and as many words
-            // follow the header (checked above).
-            let (a, b, first, second) = unsafe { (*wanted, *wanted.add(1), &*stored, &*stored.add(1)) };
-            if (load_relaxed(first) != a) | (load_relaxed(second) != b) {
+        if wanted != pairs_end {
+            // SAFETY: the pairs lie before pairs_end <= the end of `frames`, and as many words
+            // follow the header (checked above); there is at least one pair.
+            if !unsafe { pairs_equal(&mut wanted, &mut stored, pairs_end) } {
                 return false;
             }
-            wanted = wanted.wrapping_add(2);
-            stored = stored.wrapping_add(2);
         }
         if len & 1 != 0 {
             // SAFETY: the last frame and its word, as above.
@@ -137,5 +134,68 @@ impl<'a> Record<'a> {
         for (word, frame) in self.words[HEADER_WORDS..].iter().zip(frames) {
             word.store(*frame, Ordering::Relaxed);
         }
+    }
+}
+
+/// Whether the pairs `[*wanted, pairs_end)` equal the words from `*stored`; both pointers end
+/// past the last pair compared.
+///
+/// In the kernel (arm64) seven instructions a pair: one `ldp` each side (each 64-bit half of an aligned
+/// `ldp` is single-copy atomic: a relaxed atomic load per word), `cmp` and `ccmp` under one
+/// branch (LLVM splits the two compares into two branches), the loop's compare and branch.
+/// Elsewhere (host tests, Miri) the same loop with relaxed atomic loads. Always inlined, so
+/// not instrumented in its one caller, [`Record::holds`].
+///
+/// # Safety
+///
+/// `*wanted < pairs_end`, `pairs_end - *wanted` is a whole number of pairs, all readable, and
+/// as many words from `*stored` are in the record's pool.
+#[inline(always)]
+unsafe fn pairs_equal(wanted: &mut *const u64, stored: &mut *const AtomicU64, pairs_end: *const u64) -> bool {
+    #[cfg(all(feature = "kernel", target_arch = "aarch64"))]
+    {
+        let equal: u64;
+        // SAFETY: reads only the pairs the caller vouches for (readonly, no stack); the loop
+        // ends at pairs_end or at the first pair that differs; `cset` reads the flags of the
+        // last compare (EQ: the loop reached the end; NE: a pair differed).
+        unsafe {
+            core::arch::asm!(
+                "2:",
+                "ldp {a}, {b}, [{wanted}], #16",
+                "ldp {c}, {d}, [{stored}], #16",
+                "cmp {a}, {c}",
+                // First equal: compare the second; else NZCV = 0000 (NE).
+                "ccmp {b}, {d}, #0, eq",
+                "b.ne 3f",
+                "cmp {wanted}, {end}",
+                "b.ne 2b",
+                "3:",
+                "cset {equal}, eq",
+                wanted = inout(reg) *wanted,
+                stored = inout(reg) *stored,
+                end = in(reg) pairs_end,
+                a = out(reg) _,
+                b = out(reg) _,
+                c = out(reg) _,
+                d = out(reg) _,
+                equal = lateout(reg) equal,
+                options(readonly, nostack)
+            )
+        };
+        equal != 0
+    }
+    #[cfg(not(all(feature = "kernel", target_arch = "aarch64")))]
+    {
+        while *wanted != pairs_end {
+            // SAFETY: the pair lies before pairs_end (the caller's contract), as do the two
+            // record words.
+            let (a, b, first, second) = unsafe { (**wanted, *wanted.add(1), &**stored, &*stored.add(1)) };
+            if (load_relaxed(first) != a) | (load_relaxed(second) != b) {
+                return false;
+            }
+            *wanted = wanted.wrapping_add(2);
+            *stored = stored.wrapping_add(2);
+        }
+        true
     }
 }

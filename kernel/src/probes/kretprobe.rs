@@ -238,6 +238,15 @@ pub fn outstanding() -> usize {
     unsafe { (*context_stack(sp)).len() }
 }
 
+/// Hijacked returns outstanding in the task of slot `index` (`index < TASK_SLOTS`), read by code
+/// running on that task's stack: the stack walker's gate, which knows the slot from SP and so
+/// skips the IRQ-stack test and the scheduler read [`outstanding`] makes.
+#[inline(always)]
+pub fn outstanding_in_task_slot(index: usize) -> usize {
+    // SAFETY: read in the context that owns the stack (the caller runs on it: see CONTEXTS).
+    unsafe { (*CONTEXTS.get(index)).len() }
+}
+
 /// A new task starts in task slot `index`: its context has no hijacked returns.
 pub fn forget_task(index: usize) {
     let _mask = IrqMask::new();

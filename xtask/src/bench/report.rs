@@ -74,13 +74,23 @@ const MEANINGS: &[Meaning] = &[
     },
     Meaning {
         suite: "kasan-boot",
+        metric: "walk_per_collection",
+        text: "on `fp` and `scs`: (X-no-depot - no-stacks) / collections, the walk's share of one collection",
+    },
+    Meaning {
+        suite: "kasan-boot",
+        metric: "depot_per_collection",
+        text: "on `fp` and `scs`: (X - X-no-depot) / collections, the depot's share of one collection",
+    },
+    Meaning {
+        suite: "kasan-boot",
         metric: "alloc_per_call",
-        text: "instructions of one heap allocation on `no-stacks` (the counter reads included)",
+        text: "on `no-stacks`: one allocation call, timed one by one (counter reads included)",
     },
     Meaning {
         suite: "kasan-boot",
         metric: "free_per_call",
-        text: "instructions of one heap free on `no-stacks` (the counter reads included)",
+        text: "on `no-stacks`: one free call, timed one by one (counter reads included)",
     },
     Meaning { suite: "kasan-boot", metric: "records", text: "stacks in the depot after the workload" },
     Meaning { suite: "kasan-boot", metric: "bytes", text: "memory those records take" },
