@@ -55,7 +55,13 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
         Ok(layout) => layout,
         Err(error) => panic!("memory init: {:?}", defmt::Debug2Format(&error)),
     };
-    arch::park::park_secondaries(board::CONFIG.secondary_spin_table);
+    let bring_up = task::cpus::bring_up(
+        platform.psci,
+        &platform.cpus,
+        board::CONFIG.secondary_spin_table,
+        cmdline.cpus,
+        cmdline.smp_fail_cpu,
+    );
     stacktrace::init_depot();
     mm::kasan::heap::init(layout.free.base + VA_OFFSET, layout.free.size, cmdline.tag_seed);
     mm::kasan::report::set_policy(cmdline.kasan_fault_panic, cmdline.kasan_multi_shot);
@@ -82,6 +88,19 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
         platform.model
     );
     defmt::info!("CPU: {=str} (MIDR {=u64:#x}), entered at EL{=u64}", cpu::core_name(), cpu::midr(), entry_el);
+    match bring_up.failure {
+        None if bring_up.online == bring_up.wanted => defmt::info!("CPUs: {=usize} online", bring_up.online),
+        failure => {
+            let (cpu, reason) = failure.map_or((0, "not online"), |(cpu, error)| (cpu, error.describe()));
+            defmt::error!(
+                "CPUs: {=usize} of {=usize} online (cpu {=usize}: {=str})",
+                bring_up.online,
+                bring_up.wanted,
+                cpu,
+                reason
+            )
+        }
+    }
     defmt::info!("Command line: {=str}", platform.bootargs);
     defmt::info!("PAuth: {=str}", cpu::PointerAuth::detect().name());
     let mte = match cpu::mte_level() {

@@ -464,7 +464,7 @@ pub fn test(variants: &[BuildVariant], cpus: &[CpuVariant], boards: &[Board]) ->
     }
     let variants = if variants.is_empty() { &BuildVariant::ALL[..] } else { variants };
     let cpu = cpus.first().copied().unwrap_or(CpuVariant::MaxNoPauth);
-    let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 2, icount: true, dtb: None };
+    let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 2, icount: true, dtb: None, smp: 1 };
     let (mut passed, mut failed) = (0, 0);
     for &variant in variants {
         let image = build::kernel(Board::Virt, variant)?;

@@ -12,7 +12,10 @@
 //! so one of them, beside `pauth=off` and the Cortex-A72, keeps every distinct path. On QEMU
 //! `raspi4b` (the Pi 4 board) every build variant runs once: Cortex-A72, EL2, GIC-400. Each kernel
 //! test counts once per configuration it ran in. `--filter` runs one configuration unless
-//! `--matrix` is given.
+//! `--matrix` is given (`--smp N`: on N CPUs). Every configuration above runs on one CPU; the
+//! default set adds the suite on 4 CPUs (`smp 4`): virt with max,pauth-impdef=on at EL1/GICv2
+//! per build variant, the first variant also at EL2 (PSCI through SMC) and with GICv3, and
+//! raspi4b (spin table).
 
 use crate::Failure;
 use crate::build::{self, Board, BuildVariant};
@@ -45,6 +48,10 @@ pub struct TestArgs {
     /// Skip the host crate tests.
     #[arg(long)]
     pub no_host: bool,
+    /// CPUs of the configurations asked for (1..=4; --filter runs its one configuration on N
+    /// CPUs). The default set adds its own `smp 4` configurations either way.
+    #[arg(long, default_value = "1", value_parser = crate::qemu::parse_smp)]
+    pub smp: u8,
     /// Seconds before a QEMU run counts as hung and is killed.
     #[arg(long, default_value = "120")]
     pub timeout: u64,
@@ -71,7 +78,17 @@ struct Selection {
     ftrace: bool,
     /// CPU variants left out, and why.
     trimmed: Vec<CpuVariant>,
+    /// CPUs of the configurations above (`--smp`).
+    smp: u8,
+    /// The suite on 4 CPUs: (entry level, GIC version) per build variant on virt with
+    /// `DEFAULT_PAUTH_CPU`, the first variant's also at EL2 and with GICv3 and on raspi4b.
+    smp4: bool,
 }
+
+/// (entry level, GIC version) of the `smp 4` configurations every build variant runs, and those
+/// only the first variant adds: bring-up through SMC from EL2 and the GICv3 redistributors.
+const SMP4_LEVELS: [(u8, u8); 1] = [(1, 2)];
+const SMP4_FIRST_VARIANT_LEVELS: [(u8, u8); 2] = [(2, 2), (1, 3)];
 
 const ALL_LEVELS: [(u8, u8); 4] = [(1, 2), (1, 3), (2, 2), (2, 3)];
 
@@ -94,6 +111,8 @@ impl Selection {
                 levels: vec![(1, 2)],
                 ftrace: false,
                 trimmed: Vec::new(),
+                smp: args.smp,
+                smp4: false,
             };
         }
         let default_cpus = [CpuVariant::MaxNoPauth, DEFAULT_PAUTH_CPU, CpuVariant::CortexA72];
@@ -106,6 +125,8 @@ impl Selection {
             boards: if args.boards.is_empty() { vec![Board::Virt, Board::Rpi4] } else { args.boards.clone() },
             levels: ALL_LEVELS.to_vec(),
             ftrace: true,
+            smp: args.smp,
+            smp4: true,
         }
     }
 
@@ -144,6 +165,21 @@ impl Selection {
                     self.ftrace_cpu().name(),
                     traced.join(", ")
                 );
+            }
+        }
+        if self.smp != 1 {
+            eprintln!("  the configurations above on {} CPUs (--smp)", self.smp);
+        }
+        if self.smp4 {
+            let first = self.variants.first().map_or("", |variant| variant.name());
+            if self.boards.contains(&Board::Virt) && self.cpus.contains(&DEFAULT_PAUTH_CPU) {
+                eprintln!(
+                    "  smp 4: virt -cpu {} EL1/GICv2: variants {variants}; EL2/GICv2 and EL1/GICv3: {first}",
+                    DEFAULT_PAUTH_CPU.name()
+                );
+            }
+            if self.boards.contains(&Board::Rpi4) && self.cpus.contains(&CpuVariant::CortexA72) {
+                eprintln!("  smp 4: rpi4: {first}");
             }
         }
         if self.boards.contains(&Board::Rpi4) && self.cpus.contains(&CpuVariant::CortexA72) {
@@ -187,7 +223,8 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
             let image = build::kernel(Board::Virt, variant)?;
             for &cpu in cpus {
                 for &(el, gic) in levels {
-                    let machine = Machine { board: Board::Virt, cpu, el, gic, icount: true, dtb: None };
+                    let smp = selection.smp;
+                    let machine = Machine { board: Board::Virt, cpu, el, gic, icount: true, dtb: None, smp };
                     let run = run_configuration(&machine, variant, &image, args, "", &mut tally)?;
                     timed_out |= run.timed_out;
                     // Every configuration registers the same tests: one empty match is all.
@@ -197,11 +234,21 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
                     }
                 }
             }
+            // The whole suite on 4 CPUs (bring-up through HVC and SMC, GICv2 and GICv3).
+            if selection.smp4 && cpus.contains(&DEFAULT_PAUTH_CPU) {
+                let first = Some(&variant) == variants.first();
+                let extra = if first { &SMP4_FIRST_VARIANT_LEVELS[..] } else { &[] };
+                for &(el, gic) in SMP4_LEVELS.iter().chain(extra) {
+                    let cpu = DEFAULT_PAUTH_CPU;
+                    let machine = Machine { board: Board::Virt, cpu, el, gic, icount: true, dtb: None, smp: 4 };
+                    timed_out |= run_configuration(&machine, variant, &image, args, "", &mut tally)?.timed_out;
+                }
+            }
             // The whole suite again with the function tracer on every traceable function, from
             // boot to the end (ftrace: "tracing `*` does not hang the kernel").
             if variant != BuildVariant::Plain && selection.ftrace {
                 let cpu = selection.ftrace_cpu();
-                let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 3, icount: true, dtb: None };
+                let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 3, icount: true, dtb: None, smp: 1 };
                 timed_out |= run_configuration(&machine, variant, &image, args, "ftrace=*", &mut tally)?.timed_out;
             }
         }
@@ -215,12 +262,17 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
                 gic: 2,
                 icount: false,
                 dtb: Some(dtb.clone()),
+                smp: selection.smp,
             };
             let run = run_configuration(&machine, variant, &image, args, "", &mut tally)?;
             timed_out |= run.timed_out;
             if run.unmatched {
                 unmatched = true;
                 break;
+            }
+            if selection.smp4 && Some(&variant) == variants.first() {
+                let machine = Machine { smp: 4, ..machine };
+                timed_out |= run_configuration(&machine, variant, &image, args, "", &mut tally)?.timed_out;
             }
         }
     }
@@ -284,10 +336,10 @@ fn host_tests(tally: &mut Tally) -> Result<(), Failure> {
 }
 
 /// Runs that must fail the right way: a panic and an unexpected exception end with status 3
-/// and their report, a hang is killed on timeout with the running test named.
+/// and their report, a hang is killed on timeout with the running test named, a CPU that does
+/// not come up is named and fails the bring-up test.
 fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Failure> {
-    let machine = Machine { board: Board::Virt, cpu: CpuVariant::MaxImpdef, el: 1, gic: 2, icount: false, dtb: None };
-    let checks: [(&str, &str, Option<i32>, &str); 5] = [
+    let checks: [(&str, &str, Option<i32>, &str); 6] = [
         ("panic", "run=panic exit=semihosting", Some(ExitStatus::Panic.code()), "panicked at kernel/src/main.rs"),
         (
             "fault",
@@ -308,8 +360,19 @@ fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Fa
             Some(ExitStatus::Panic.code()),
             "BUG: KASAN: slab-use-after-free",
         ),
+        // On 4 CPUs (the check's `smp.` prefix): a CPU that PSCI refuses is named in the banner,
+        // and the bring-up test fails instead of the kernel waiting for it.
+        (
+            "cpu-not-online",
+            "run=test filter=secondary_cpus_are_online smp.fail-cpu=2 exit=semihosting",
+            Some(ExitStatus::TestsFailed.code()),
+            "CPUs: 3 of 4 online (cpu 2: PSCI INVALID_PARAMETERS)",
+        ),
     ];
     for (name, bootargs, expected_status, expected_line) in checks {
+        let smp = if bootargs.contains("smp.") { 4 } else { 1 };
+        let machine =
+            Machine { board: Board::Virt, cpu: CpuVariant::MaxImpdef, el: 1, gic: 2, icount: false, dtb: None, smp };
         let timeout = Duration::from_secs(if expected_status.is_none() { 3 } else { 60 });
         let result = qemu::run(&machine, image, bootargs, Some(timeout), false)?;
         let logged = result.log.iter().any(|line| line.text.starts_with(expected_line));
@@ -340,8 +403,16 @@ fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Fa
 fn bench_harness(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Failure> {
     let bootargs = "run=bench bench=baseline reps=1 clock=cycles icount=1 exit=semihosting";
     let mut runs = Vec::new();
-    for cpu in [CpuVariant::MaxQarma5, CpuVariant::MaxQarma5, CpuVariant::CortexA72] {
-        let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 2, icount: true, dtb: None };
+    // The last two on 4 CPUs: icount stays deterministic with the secondaries running.
+    let machines = [
+        (CpuVariant::MaxQarma5, 1),
+        (CpuVariant::MaxQarma5, 1),
+        (CpuVariant::CortexA72, 1),
+        (DEFAULT_PAUTH_CPU, 4),
+        (DEFAULT_PAUTH_CPU, 4),
+    ];
+    for (cpu, smp) in machines {
+        let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 2, icount: true, dtb: None, smp };
         let result = qemu::run(&machine, image, bootargs, Some(Duration::from_secs(120)), false)?;
         let rows: Vec<String> =
             result.log.iter().filter_map(|line| line.text.strip_prefix("bench row: ").map(str::to_string)).collect();
@@ -355,6 +426,7 @@ fn bench_harness(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Fa
     };
     let checks = [
         ("icount runs are identical", runs[0].1 == runs[1].1 && !runs[0].1.is_empty()),
+        ("icount runs on 4 CPUs are identical", runs[3].1 == runs[4].1 && !runs[3].1.is_empty()),
         ("all bench runs exit 0", runs.iter().all(|(status, _)| *status == Some(0))),
         ("a call is 2 instructions", per_op(&runs[0].1, "call") == Some(2.0)),
         (
@@ -398,8 +470,15 @@ fn rpi4_checks(boot_files: &crate::bootfiles::BootFileArgs, tally: &mut Tally) -
     let verified = written.and_then(|()| crate::sdimage::verify(&card, &kernel));
     report_check(tally, "rpi4 SD card image verifies", verified.as_ref().err());
 
-    let machine =
-        Machine { board: Board::Rpi4, cpu: CpuVariant::CortexA72, el: 2, gic: 2, icount: true, dtb: Some(files.dtb) };
+    let machine = Machine {
+        board: Board::Rpi4,
+        cpu: CpuVariant::CortexA72,
+        el: 2,
+        gic: 2,
+        icount: true,
+        dtb: Some(files.dtb),
+        smp: 1,
+    };
     // `exit=park`, as on the real board: the kernel prints its exit sentinel and parks, and
     // xtask quits QEMU after reading it. With semihosting QEMU could exit (closing the pty and
     // discarding what xtask had not read yet) before the last rows were read: a race seen under load.

@@ -13,6 +13,7 @@ mod ftrace;
 mod kasan;
 mod kretprobe;
 mod probes;
+mod smp;
 mod stacktrace;
 mod trap;
 mod user;
@@ -89,6 +90,7 @@ const TESTS: &[&[Test]] = &[
     kretprobe::TESTS,
     kasan::TESTS,
     user::TESTS,
+    smp::TESTS,
 ];
 
 /// The tests' trap hook (installed by `run`): the probe tests' harness BRKs, then whatever a

@@ -60,6 +60,14 @@ pub fn midr() -> u64 {
     MIDR_EL1.get()
 }
 
+/// This CPU's MPIDR_EL1 (its affinity: what PSCI and the device tree name it by).
+pub fn mpidr() -> u64 {
+    let value: u64;
+    // SAFETY: reads an ID register; no memory is touched.
+    unsafe { core::arch::asm!("mrs {}, mpidr_el1", out(reg) value, options(nomem, nostack, preserves_flags)) };
+    value
+}
+
 /// The core's name from MIDR_EL1 (implementer and part number).
 pub fn core_name() -> &'static str {
     let midr = midr();

@@ -1,0 +1,89 @@
+//! Which CPUs run the kernel: the secondaries the machine offers (device tree CPUs through PSCI,
+//! or the board's spin table), capped by `cpus=N`, each started on its idle slot.
+
+use super::stacks;
+use crate::arch::park;
+use crate::arch::smp::{self, Release, StartError};
+use crate::board::{CpuList, PsciConduit};
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+/// CPUs `bring_up` tried to run, the boot CPU included (0 before it ran).
+static WANTED: AtomicUsize = AtomicUsize::new(0);
+
+/// CPUs the kernel tried to run (all of them should be online).
+pub fn wanted() -> usize {
+    WANTED.load(Ordering::Relaxed)
+}
+
+/// CPUs online now.
+pub fn online() -> usize {
+    smp::online_count()
+}
+
+/// Whether CPU `cpu` reported online.
+pub fn is_online(cpu: usize) -> bool {
+    smp::is_online(cpu)
+}
+
+/// The outcome of bring-up, for the banner.
+pub struct BringUp {
+    pub online: usize,
+    /// CPUs the kernel tried to run, the boot CPU included.
+    pub wanted: usize,
+    /// The first CPU that did not come up, and why.
+    pub failure: Option<(usize, StartError)>,
+}
+
+/// MPIDR_EL1's affinity fields (Aff3, Aff2-Aff0), as a device tree's `reg` writes them.
+const AFFINITY_MASK: u64 = 0xff_00ff_ffff;
+
+/// Starts the secondaries, one at a time. `limit` is `cpus=N`: without it every CPU the device
+/// tree lists runs on PSCI boards, and only the boot CPU on spin-table boards (whose cores always
+/// exist, as QEMU's raspi4b has 4). Spin-table cores not started are parked. `broken` (test-only,
+/// `smp.fail-cpu=N`) gives CPU N an MPIDR no CPU has on PSCI boards.
+pub fn bring_up(
+    psci: Option<PsciConduit>,
+    cpus: &CpuList,
+    spin_table: &[u64],
+    limit: Option<usize>,
+    broken: Option<usize>,
+) -> BringUp {
+    smp::mark_boot_cpu_online();
+    let mut releases = [None::<Release>; stacks::CPUS - 1];
+    let mut available = 0;
+    if !spin_table.is_empty() {
+        for (release, &entry) in releases.iter_mut().zip(spin_table) {
+            *release = Some(Release::SpinTable { entry });
+            available += 1;
+        }
+    } else if let Some(conduit) = psci {
+        let boot_mpidr = crate::arch::cpu::mpidr() & AFFINITY_MASK;
+        let secondaries = cpus.mpidr[..cpus.count].iter().filter(|&&mpidr| mpidr != boot_mpidr);
+        for (release, &mpidr) in releases.iter_mut().zip(secondaries) {
+            *release = Some(Release::Psci { conduit, mpidr });
+            available += 1;
+        }
+    }
+    let default = if spin_table.is_empty() { available + 1 } else { 1 };
+    let wanted = limit.unwrap_or(default).min(available + 1);
+    WANTED.store(wanted, Ordering::Relaxed);
+    let mut failure = None;
+    for (index, release) in releases[..wanted - 1].iter().enumerate() {
+        let cpu = index + 1;
+        let release = match release.expect("the first `available` releases are filled") {
+            Release::Psci { conduit, .. } if broken == Some(cpu) => Release::Psci { conduit, mpidr: AFFINITY_MASK },
+            release => release,
+        };
+        let started =
+            smp::start_cpu(cpu, release, stacks::idle_slot(cpu), stacks::irq_slot(cpu), stacks::overflow_slot(cpu));
+        if let Err(error) = started
+            && failure.is_none()
+        {
+            failure = Some((cpu, error));
+        }
+    }
+    if spin_table.len() >= wanted {
+        park::park_secondaries(&spin_table[wanted - 1..]);
+    }
+    BringUp { online: smp::online_count(), wanted, failure }
+}
