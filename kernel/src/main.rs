@@ -55,13 +55,6 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
         Ok(layout) => layout,
         Err(error) => panic!("memory init: {:?}", defmt::Debug2Format(&error)),
     };
-    let bring_up = task::cpus::bring_up(
-        platform.psci,
-        &platform.cpus,
-        board::CONFIG.secondary_spin_table,
-        cmdline.cpus,
-        cmdline.smp_fail_cpu,
-    );
     stacktrace::init_depot();
     mm::kasan::heap::init(layout.free.base + VA_OFFSET, layout.free.size, cmdline.tag_seed);
     mm::kasan::report::set_policy(cmdline.kasan_fault_panic, cmdline.kasan_multi_shot);
@@ -69,6 +62,14 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     stacktrace::set_stack_sample(cmdline.stack_sample);
     symbols::callsites::init();
     drivers::interrupts::init(layout.gic, platform.virtual_timer_intid);
+    // Each secondary sets up its own GIC interface: after the distributor.
+    let bring_up = task::cpus::bring_up(
+        platform.psci,
+        &platform.cpus,
+        board::CONFIG.secondary_spin_table,
+        cmdline.cpus,
+        cmdline.smp_fail_cpu,
+    );
     drivers::timer::on_tick(task::tick);
     drivers::timer::on_tick(stacktrace::on_tick);
     drivers::timer::start(cmdline.hz);

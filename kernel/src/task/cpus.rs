@@ -5,7 +5,7 @@ use super::stacks;
 use crate::arch::park;
 use crate::arch::smp::{self, Release, StartError};
 use crate::board::{CpuList, PsciConduit};
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// CPUs `bring_up` tried to run, the boot CPU included (0 before it ran).
 static WANTED: AtomicUsize = AtomicUsize::new(0);
@@ -13,6 +13,31 @@ static WANTED: AtomicUsize = AtomicUsize::new(0);
 /// CPUs the kernel tried to run (all of them should be online).
 pub fn wanted() -> usize {
     WANTED.load(Ordering::Relaxed)
+}
+
+/// Per CPU: wake-up SGIs its idle loop took.
+static WAKES: [AtomicU64; stacks::CPUS] = [const { AtomicU64::new(0) }; stacks::CPUS];
+
+/// Wake-up SGIs CPU `cpu` took.
+pub fn wakes(cpu: usize) -> u64 {
+    WAKES[cpu].load(Ordering::Acquire)
+}
+
+/// A secondary's life once its arch state is set up: its GIC interface, online, then idle in
+/// `wfi` with interrupts masked (it runs no tasks yet), taking wake-up SGIs by polling the GIC
+/// and answering each with `sev`.
+fn secondary_idle(cpu: usize) -> ! {
+    crate::drivers::interrupts::init_this_cpu();
+    smp::mark_this_cpu_online();
+    loop {
+        crate::arch::cpu::wait_for_interrupt();
+        let taken = crate::drivers::interrupts::take_pending();
+        if taken != 0 {
+            WAKES[cpu].fetch_add(taken, Ordering::Release);
+            // SAFETY: wakes a CPU waiting for this answer with `wfe`.
+            unsafe { core::arch::asm!("dsb ish", "sev", options(nomem, nostack, preserves_flags)) };
+        }
+    }
 }
 
 /// CPUs online now.
@@ -37,7 +62,8 @@ pub struct BringUp {
 /// MPIDR_EL1's affinity fields (Aff3, Aff2-Aff0), as a device tree's `reg` writes them.
 const AFFINITY_MASK: u64 = 0xff_00ff_ffff;
 
-/// Starts the secondaries, one at a time. `limit` is `cpus=N`: without it every CPU the device
+/// Starts the secondaries, one at a time (after the GIC's distributor is set up: each sets up
+/// its own interface). `limit` is `cpus=N`: without it every CPU the device
 /// tree lists runs on PSCI boards, and only the boot CPU on spin-table boards (whose cores always
 /// exist, as QEMU's raspi4b has 4). Spin-table cores not started are parked. `broken` (test-only,
 /// `smp.fail-cpu=N`) gives CPU N an MPIDR no CPU has on PSCI boards.
@@ -74,8 +100,8 @@ pub fn bring_up(
             Release::Psci { conduit, .. } if broken == Some(cpu) => Release::Psci { conduit, mpidr: AFFINITY_MASK },
             release => release,
         };
-        let started =
-            smp::start_cpu(cpu, release, stacks::idle_slot(cpu), stacks::irq_slot(cpu), stacks::overflow_slot(cpu));
+        let (idle, irq, overflow) = (stacks::idle_slot(cpu), stacks::irq_slot(cpu), stacks::overflow_slot(cpu));
+        let started = smp::start_cpu(cpu, release, idle, irq, overflow, secondary_idle);
         if let Err(error) = started
             && failure.is_none()
         {

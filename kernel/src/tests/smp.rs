@@ -2,11 +2,14 @@
 //! data. (The `smp_*` concurrency tests come with scheduling on every CPU.)
 
 use super::{Context, Outcome, Test, Verdict, check, check_eq};
-use crate::arch::percpu;
+use crate::arch::{cpu, percpu};
 use crate::task::{cpus, stacks};
 use core::sync::atomic::Ordering;
 
-pub const TESTS: &[Test] = &[Test { name: "secondary_cpus_are_online", run: secondary_cpus_are_online }];
+pub const TESTS: &[Test] = &[
+    Test { name: "secondary_cpus_are_online", run: secondary_cpus_are_online },
+    Test { name: "wake_sgi_reaches_every_cpu", run: wake_sgi_reaches_every_cpu },
+];
 
 /// Each wanted CPU is online and set up its own per-CPU entry (index, IRQ and overflow stacks):
 /// only code running on that CPU writes those (`secondary_main`). `smp.fail-cpu=N` makes this
@@ -26,4 +29,48 @@ fn secondary_cpus_are_online(_: &Context) -> Outcome {
     }
     check_eq!(cpus::online(), wanted);
     if wanted == 1 { Ok(Verdict::Skipped("one CPU (run with --smp N)")) } else { Ok(Verdict::Passed) }
+}
+
+/// Each secondary takes a wake-up SGI sent to it, and only it: the GIC routes by the target the
+/// CPU recorded for itself (GICv2 interface mask, GICv3 affinity and its own redistributor).
+fn wake_sgi_reaches_every_cpu(_: &Context) -> Outcome {
+    let wanted = cpus::wanted();
+    if wanted == 1 {
+        return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
+    }
+    let initial: [u64; stacks::CPUS] = core::array::from_fn(cpus::wakes);
+    for target in 1..wanted {
+        let before: [u64; stacks::CPUS] = core::array::from_fn(cpus::wakes);
+        crate::drivers::interrupts::send_wake(target);
+        check!(wait_until(|| cpus::wakes(target) > before[target]));
+        check_eq!(cpus::wakes(target), before[target] + 1);
+        for other in (1..wanted).filter(|&other| other != target) {
+            check_eq!(cpus::wakes(other), before[other]);
+        }
+    }
+    // One wake each in all: none was delivered twice or to a CPU it was not sent to.
+    for (cpu, &count) in initial.iter().enumerate().take(wanted).skip(1) {
+        check_eq!(cpus::wakes(cpu), count + 1);
+    }
+    check_eq!(crate::drivers::interrupts::unhandled(), 0);
+    Ok(Verdict::Passed)
+}
+
+/// Waits with `wfe` (the answering CPU's `sev`, or the event stream) for at most 100 ms.
+fn wait_until(done: impl Fn() -> bool) -> bool {
+    let start = crate::drivers::timer::counter();
+    let patience = crate::drivers::timer::frequency() / 10;
+    let saved = cpu::event_stream_on();
+    let result = loop {
+        if done() {
+            break true;
+        }
+        if crate::drivers::timer::counter().wrapping_sub(start) > patience {
+            break false;
+        }
+        // SAFETY: waits for an event; no memory is touched.
+        unsafe { core::arch::asm!("wfe", options(nomem, nostack, preserves_flags)) };
+    };
+    cpu::event_stream_restore(saved);
+    result
 }

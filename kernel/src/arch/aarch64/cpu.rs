@@ -125,3 +125,22 @@ pub fn wait_for_interrupt() {
     // SAFETY: WFI only waits; interrupts wake it.
     unsafe { core::arch::asm!("wfi", options(nomem, nostack, preserves_flags)) };
 }
+
+/// Turns on this CPU's timer event stream (CNTKCTL_EL1.EVNTEN, an event every 1024 counter ticks)
+/// so that a `wfe` whose wake-up may never be signalled (a CPU that does not come up or release)
+/// still returns to check its deadline. Returns what to give `event_stream_restore`.
+pub fn event_stream_on() -> u64 {
+    let saved: u64;
+    // SAFETY: reads CNTKCTL_EL1; no memory is touched.
+    unsafe { core::arch::asm!("mrs {}, cntkctl_el1", out(reg) saved, options(nomem, nostack, preserves_flags)) };
+    let stream = (saved & !(0xf << 4)) | (1 << 2) | (10 << 4);
+    // SAFETY: the event-stream bits only wake this CPU's `wfe`; the EL0 access bits are kept.
+    unsafe { core::arch::asm!("msr cntkctl_el1, {}", "isb", in(reg) stream, options(nomem, nostack, preserves_flags)) };
+    saved
+}
+
+/// Restores CNTKCTL_EL1 as `event_stream_on` found it.
+pub fn event_stream_restore(saved: u64) {
+    // SAFETY: writes back this CPU's own earlier value.
+    unsafe { core::arch::asm!("msr cntkctl_el1, {}", "isb", in(reg) saved, options(nomem, nostack, preserves_flags)) };
+}

@@ -1,6 +1,7 @@
 //! Secondary CPU bring-up: PSCI CPU_ON or a spin-table release into `secondary_entry` (boot.S),
 //! which turns the MMU on through the early identity map with the boot CPU's tables and APIA
-//! key, then `secondary_main` here (per-CPU data, TTBR0 walks off) marks the CPU online.
+//! key, then `secondary_main` here (per-CPU data, TTBR0 walks off) hands the CPU to the task
+//! layer, which marks it online.
 //!
 //! CPUs are started one at a time: `SECONDARY_BOOT` holds the one CPU's first stack while it
 //! starts, and the boot CPU waits (with `wfe`, woken by the CPU's `sev` or the timer's event
@@ -29,6 +30,8 @@ pub struct SecondaryBoot {
     /// The starting CPU's IRQ and overflow slots (slot base addresses).
     pub irq_slot: AtomicU64,
     pub overflow_slot: AtomicU64,
+    /// What the CPU runs once its arch state is set up (`start_cpu`'s `then`).
+    pub then: AtomicU64,
 }
 
 #[unsafe(no_mangle)]
@@ -42,6 +45,7 @@ pub static SECONDARY_BOOT: SecondaryBoot = SecondaryBoot {
     scs_base: AtomicU64::new(0),
     irq_slot: AtomicU64::new(0),
     overflow_slot: AtomicU64::new(0),
+    then: AtomicU64::new(0),
 };
 
 /// Bit n: CPU n runs kernel code (the boot CPU's bit is set by `mark_boot_cpu_online`).
@@ -106,9 +110,24 @@ pub fn is_online(cpu: usize) -> bool {
     ONLINE.load(Ordering::Acquire) & (1 << cpu) != 0
 }
 
-/// Starts CPU `cpu` on `idle` (its first stack) with its IRQ and overflow slots, and waits until
-/// it is online. Runs on the boot CPU, after the kernel's tables are live.
-pub fn start_cpu(cpu: usize, release: Release, idle: Slot, irq: Slot, overflow: Slot) -> Result<(), StartError> {
+/// Marks the calling secondary online and wakes the boot CPU waiting for it in `start_cpu`.
+pub fn mark_this_cpu_online() {
+    ONLINE.fetch_or(1 << super::percpu::this_cpu_index(), Ordering::Release);
+    // SAFETY: wakes the boot CPU waiting in `wait_online`.
+    unsafe { core::arch::asm!("dsb ish", "sev", options(nomem, nostack, preserves_flags)) };
+}
+
+/// Starts CPU `cpu` on `idle` (its first stack) with its IRQ and overflow slots, running `then`
+/// once its arch state is set up; waits until `then` calls `mark_this_cpu_online`. Runs on the
+/// boot CPU, after the kernel's tables are live.
+pub fn start_cpu(
+    cpu: usize,
+    release: Release,
+    idle: Slot,
+    irq: Slot,
+    overflow: Slot,
+    then: fn(usize) -> !,
+) -> Result<(), StartError> {
     assert!((1..CPUS).contains(&cpu), "cpu {cpu} is not a secondary this kernel has room for");
     let boot = &SECONDARY_BOOT;
     let (ttbr1, tcr, sctlr, apia_lo, apia_hi): (u64, u64, u64, u64, u64);
@@ -144,6 +163,7 @@ pub fn start_cpu(cpu: usize, release: Release, idle: Slot, irq: Slot, overflow: 
     boot.scs_base.store(idle.shadow_stack_base(), Ordering::Relaxed);
     boot.irq_slot.store(irq.0, Ordering::Relaxed);
     boot.overflow_slot.store(overflow.0, Ordering::Relaxed);
+    boot.then.store(then as usize as u64, Ordering::Relaxed);
     let block = boot as *const SecondaryBoot as u64;
     const _: () = assert!(core::mem::size_of::<SecondaryBoot>() <= 128);
     // SAFETY: cleans the block's two cache lines to PoC so that the CPU reading it with its MMU
@@ -182,21 +202,17 @@ pub fn start_cpu(cpu: usize, release: Release, idle: Slot, irq: Slot, overflow: 
 /// Waits for CPU `cpu`'s online bit with `wfe`, the timer's event stream bounding each wait (a
 /// CPU that never comes up sends no `sev`), for at most 100 ms of counter time.
 fn wait_online(cpu: usize) -> Result<(), StartError> {
-    let (frequency, start, saved): (u64, u64, u64);
-    // SAFETY: reads the counter, its frequency and CNTKCTL_EL1; no memory is touched.
+    let (frequency, start): (u64, u64);
+    // SAFETY: reads the counter and its frequency; no memory is touched.
     unsafe {
         core::arch::asm!(
             "mrs {freq}, cntfrq_el0",
             "mrs {now}, cntvct_el0",
-            "mrs {saved}, cntkctl_el1",
-            freq = out(reg) frequency, now = out(reg) start, saved = out(reg) saved,
+            freq = out(reg) frequency, now = out(reg) start,
             options(nomem, nostack, preserves_flags),
         )
     };
-    // EVNTEN with EVNTI = 10: an event every 1024 counter ticks while waiting; restored below.
-    let stream = (saved & !(0xf << 4)) | (1 << 2) | (10 << 4);
-    // SAFETY: CNTKCTL_EL1's event-stream bits only wake this CPU's `wfe`.
-    unsafe { core::arch::asm!("msr cntkctl_el1, {}", "isb", in(reg) stream, options(nomem, nostack, preserves_flags)) };
+    let saved = super::cpu::event_stream_on();
     let deadline = start + frequency / 10;
     let result = loop {
         if ONLINE.load(Ordering::Acquire) & (1 << cpu) != 0 {
@@ -211,14 +227,13 @@ fn wait_online(cpu: usize) -> Result<(), StartError> {
             break Err(StartError::NoResponse);
         }
     };
-    // SAFETY: restores CNTKCTL_EL1 as it was.
-    unsafe { core::arch::asm!("msr cntkctl_el1, {}", "isb", in(reg) saved, options(nomem, nostack, preserves_flags)) };
+    super::cpu::event_stream_restore(saved);
     result
 }
 
 /// The secondary's first Rust code (boot.S `secondary_high`), on its idle stack with the MMU
-/// on: TTBR0 walks off as on the boot CPU, its per-CPU data, online. It then idles with
-/// interrupts masked: its GIC interface and tick are not set up yet (docs/design/smp.md).
+/// on: TTBR0 walks off as on the boot CPU, its per-CPU data, then what `start_cpu` was given
+/// (the task layer's idle loop), which marks the CPU online.
 #[unsafe(no_mangle)]
 extern "C" fn secondary_main(cpu: u64) -> ! {
     let boot = &SECONDARY_BOOT;
@@ -239,10 +254,8 @@ extern "C" fn secondary_main(cpu: u64) -> ! {
     let irq = Slot(boot.irq_slot.load(Ordering::Relaxed));
     let overflow = Slot(boot.overflow_slot.load(Ordering::Relaxed));
     super::percpu::init_this_cpu(cpu as usize, irq, overflow);
-    ONLINE.fetch_or(1 << cpu, Ordering::Release);
-    // SAFETY: wakes the boot CPU waiting in `wait_online`.
-    unsafe { core::arch::asm!("dsb ish", "sev", options(nomem, nostack, preserves_flags)) };
-    loop {
-        super::cpu::wait_for_interrupt();
-    }
+    let then = boot.then.load(Ordering::Relaxed);
+    // SAFETY: `start_cpu` stored a `fn(usize) -> !` there before releasing this CPU.
+    let then: fn(usize) -> ! = unsafe { core::mem::transmute(then as usize) };
+    then(cpu as usize)
 }
