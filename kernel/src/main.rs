@@ -275,6 +275,10 @@ fn panic(info: &core::panic::PanicInfo) -> ! {
     }
     let (file, line) = info.location().map_or(("?", 0), |location| (location.file(), location.line()));
     defmt::error!("panicked at {=str}:{=u32}: {}", file, line, defmt::Display2Format(&info.message()));
+    let (stopped, others) = task::cpus::stop_others();
+    if others != 0 {
+        defmt::error!("panic: stopped {=usize} of {=usize} other CPUs", stopped, others);
+    }
     if let Some(test) = tests::current() {
         defmt::error!("  while running test {=str}", test);
     }

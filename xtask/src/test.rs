@@ -336,41 +336,53 @@ fn host_tests(tally: &mut Tally) -> Result<(), Failure> {
 }
 
 /// Runs that must fail the right way: a panic and an unexpected exception end with status 3
-/// and their report, a hang is killed on timeout with the running test named, a CPU that does
-/// not come up is named and fails the bring-up test.
+/// and their report, a hang is killed on timeout with the running test named, a panic on 4 CPUs
+/// stops the other three, a CPU that does not come up is named and fails the bring-up test.
 fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Failure> {
-    let checks: [(&str, &str, Option<i32>, &str); 6] = [
-        ("panic", "run=panic exit=semihosting", Some(ExitStatus::Panic.code()), "panicked at kernel/src/main.rs"),
+    // (name, CPUs, kernel command line, expected status, expected line)
+    let checks: [(&str, u8, &str, Option<i32>, &str); 7] = [
+        ("panic", 1, "run=panic exit=semihosting", Some(ExitStatus::Panic.code()), "panicked at kernel/src/main.rs"),
         (
             "fault",
+            1,
             "run=fault exit=semihosting",
             Some(ExitStatus::Panic.code()),
             "unexpected synchronous exception: DataAbort",
         ),
         (
             "unowned-brk",
+            1,
             "run=unowned-brk exit=semihosting",
             Some(ExitStatus::Panic.code()),
             "unexpected synchronous exception: Brk (ESR 0xf20001ff)",
         ),
-        ("hang", "run=hang exit=semihosting", None, "test start: deliberate_hang"),
+        ("hang", 1, "run=hang exit=semihosting", None, "test start: deliberate_hang"),
         (
             "use-after-free",
+            1,
             "run=use-after-free kasan.fault=panic exit=semihosting",
             Some(ExitStatus::Panic.code()),
             "BUG: KASAN: slab-use-after-free",
         ),
-        // On 4 CPUs (the check's `smp.` prefix): a CPU that PSCI refuses is named in the banner,
-        // and the bring-up test fails instead of the kernel waiting for it.
+        // A panic stops the other CPUs by SGI and says so.
+        (
+            "panic-stops-cpus",
+            4,
+            "run=panic exit=semihosting",
+            Some(ExitStatus::Panic.code()),
+            "panic: stopped 3 of 3 other CPUs",
+        ),
+        // A CPU that PSCI refuses is named in the banner, and the bring-up test fails instead of
+        // the kernel waiting for it.
         (
             "cpu-not-online",
+            4,
             "run=test filter=secondary_cpus_are_online smp.fail-cpu=2 exit=semihosting",
             Some(ExitStatus::TestsFailed.code()),
             "CPUs: 3 of 4 online (cpu 2: PSCI INVALID_PARAMETERS)",
         ),
     ];
-    for (name, bootargs, expected_status, expected_line) in checks {
-        let smp = if bootargs.contains("smp.") { 4 } else { 1 };
+    for (name, smp, bootargs, expected_status, expected_line) in checks {
         let machine =
             Machine { board: Board::Virt, cpu: CpuVariant::MaxImpdef, el: 1, gic: 2, icount: false, dtb: None, smp };
         let timeout = Duration::from_secs(if expected_status.is_none() { 3 } else { 60 });

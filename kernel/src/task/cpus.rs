@@ -5,7 +5,7 @@ use super::stacks;
 use crate::arch::park;
 use crate::arch::smp::{self, Release, StartError};
 use crate::board::{CpuList, PsciConduit};
-use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// CPUs `bring_up` tried to run, the boot CPU included (0 before it ran).
 static WANTED: AtomicUsize = AtomicUsize::new(0);
@@ -23,9 +23,29 @@ pub fn wakes(cpu: usize) -> u64 {
     WAKES[cpu].load(Ordering::Acquire)
 }
 
+/// Set by `stop_others`: a CPU that sees it on a wake-up stops for good.
+static STOP: AtomicBool = AtomicBool::new(false);
+/// Bit n: CPU n stopped on request.
+static STOPPED: AtomicU64 = AtomicU64::new(0);
+
+/// Stops every other online CPU (a panic: nothing else runs while the report is printed and the
+/// kernel exits): sets `STOP`, sends each the wake-up SGI, waits up to 100 ms for all to confirm.
+/// Returns (CPUs that stopped, CPUs asked).
+pub fn stop_others() -> (usize, usize) {
+    let me = crate::arch::percpu::this_cpu_index();
+    let others = smp::online_mask() & !(1 << me);
+    STOP.store(true, Ordering::Release);
+    for cpu in (0..stacks::CPUS).filter(|cpu| others & (1 << cpu) != 0) {
+        crate::drivers::interrupts::send_wake(cpu);
+    }
+    crate::arch::cpu::wait_until(100, || STOPPED.load(Ordering::Acquire) & others == others);
+    let stopped = STOPPED.load(Ordering::Acquire) & others;
+    (stopped.count_ones() as usize, others.count_ones() as usize)
+}
+
 /// A secondary's life once its arch state is set up: its GIC interface, online, then idle in
 /// `wfi` with interrupts masked (it runs no tasks yet), taking wake-up SGIs by polling the GIC
-/// and answering each with `sev`.
+/// and answering each with `sev`; a wake-up after `stop_others` stops it for good.
 fn secondary_idle(cpu: usize) -> ! {
     crate::drivers::interrupts::init_this_cpu();
     smp::mark_this_cpu_online();
@@ -33,6 +53,14 @@ fn secondary_idle(cpu: usize) -> ! {
         crate::arch::cpu::wait_for_interrupt();
         let taken = crate::drivers::interrupts::take_pending();
         if taken != 0 {
+            if STOP.load(Ordering::Acquire) {
+                STOPPED.fetch_or(1 << cpu, Ordering::Release);
+                // SAFETY: tells the stopping CPU (waiting with `wfe`) that this one stopped.
+                unsafe { core::arch::asm!("dsb ish", "sev", options(nomem, nostack, preserves_flags)) };
+                loop {
+                    crate::arch::cpu::wait_for_interrupt();
+                }
+            }
             WAKES[cpu].fetch_add(taken, Ordering::Release);
             // SAFETY: wakes a CPU waiting for this answer with `wfe`.
             unsafe { core::arch::asm!("dsb ish", "sev", options(nomem, nostack, preserves_flags)) };

@@ -42,7 +42,7 @@ fn wake_sgi_reaches_every_cpu(_: &Context) -> Outcome {
     for target in 1..wanted {
         let before: [u64; stacks::CPUS] = core::array::from_fn(cpus::wakes);
         crate::drivers::interrupts::send_wake(target);
-        check!(wait_until(|| cpus::wakes(target) > before[target]));
+        check!(cpu::wait_until(100, || cpus::wakes(target) > before[target]));
         check_eq!(cpus::wakes(target), before[target] + 1);
         for other in (1..wanted).filter(|&other| other != target) {
             check_eq!(cpus::wakes(other), before[other]);
@@ -54,23 +54,4 @@ fn wake_sgi_reaches_every_cpu(_: &Context) -> Outcome {
     }
     check_eq!(crate::drivers::interrupts::unhandled(), 0);
     Ok(Verdict::Passed)
-}
-
-/// Waits with `wfe` (the answering CPU's `sev`, or the event stream) for at most 100 ms.
-fn wait_until(done: impl Fn() -> bool) -> bool {
-    let start = crate::drivers::timer::counter();
-    let patience = crate::drivers::timer::frequency() / 10;
-    let saved = cpu::event_stream_on();
-    let result = loop {
-        if done() {
-            break true;
-        }
-        if crate::drivers::timer::counter().wrapping_sub(start) > patience {
-            break false;
-        }
-        // SAFETY: waits for an event; no memory is touched.
-        unsafe { core::arch::asm!("wfe", options(nomem, nostack, preserves_flags)) };
-    };
-    cpu::event_stream_restore(saved);
-    result
 }

@@ -139,6 +139,29 @@ pub fn event_stream_on() -> u64 {
     saved
 }
 
+/// Waits with `wfe` until `done` holds or `timeout_ms` of counter time pass; the event stream
+/// bounds each `wfe` (the CPU expected to `sev` may never do so). Returns whether `done` held.
+pub fn wait_until(timeout_ms: u64, done: impl Fn() -> bool) -> bool {
+    let frequency: u64;
+    // SAFETY: reads the counter frequency; no memory is touched.
+    unsafe { core::arch::asm!("mrs {}, cntfrq_el0", out(reg) frequency, options(nomem, nostack, preserves_flags)) };
+    let start = super::counters::virtual_count();
+    let patience = frequency * timeout_ms / 1000;
+    let saved = event_stream_on();
+    let result = loop {
+        if done() {
+            break true;
+        }
+        if super::counters::virtual_count().wrapping_sub(start) > patience {
+            break false;
+        }
+        // SAFETY: waits for an event; no memory is touched.
+        unsafe { core::arch::asm!("wfe", options(nomem, nostack, preserves_flags)) };
+    };
+    event_stream_restore(saved);
+    result
+}
+
 /// Restores CNTKCTL_EL1 as `event_stream_on` found it.
 pub fn event_stream_restore(saved: u64) {
     // SAFETY: writes back this CPU's own earlier value.

@@ -100,6 +100,11 @@ pub fn mark_boot_cpu_online() {
     ONLINE.fetch_or(1, Ordering::Release);
 }
 
+/// Bit n set: CPU n is online.
+pub fn online_mask() -> u64 {
+    ONLINE.load(Ordering::Acquire)
+}
+
 /// CPUs online now.
 pub fn online_count() -> usize {
     ONLINE.load(Ordering::Acquire).count_ones() as usize
