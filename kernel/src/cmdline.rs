@@ -1,6 +1,6 @@
 //! The kernel command line (`/chosen/bootargs`): what to run and how.
 //!
-//! `run=demo|test|sweep|panic|fault|unowned-brk|hang|use-after-free` (the last five exercise the failure paths), `filter=SUBSTRING` (tests), `hz=N` (tick rate), `exit=semihosting|park`,
+//! `run=demo|test|sweep|profile|panic|fault|unowned-brk|hang|use-after-free` (the last five exercise the failure paths), `filter=SUBSTRING` (tests), `hz=N` (tick rate), `cpus=N` (CPUs to bring up), `exit=semihosting|park`,
 //! `expect-pauth=QARMA5|QARMA3|IMPDEF|none` (what xtask knows the CPU variant has);
 //! benchmarks: `run=bench bench=SUITE,... reps=N clock=cycles|ns icount=0|1`;
 //! function tracing from boot: `ftrace=PATTERN ftrace-scheme=list|call-ops|vector`; the sanitizer
@@ -66,6 +66,11 @@ pub struct CommandLine {
     pub profile: crate::profile::Request,
     /// `kasan.mode=`: what an MTE tag check fault does (build variant `mte`).
     pub kasan_mode: crate::arch::mte::CheckMode,
+    /// `cpus=N`: CPUs to bring up, the boot CPU included (None: every CPU the machine has, or
+    /// only the boot CPU where the board says so).
+    pub cpus: Option<usize>,
+    /// `smp.fail-cpu=N` (test-only): CPU N is started with an MPIDR no CPU has.
+    pub smp_fail_cpu: Option<usize>,
 }
 
 impl CommandLine {
@@ -89,6 +94,8 @@ impl CommandLine {
             stack_sample: 1,
             profile: crate::profile::Request::new(),
             kasan_mode: crate::arch::mte::CheckMode::Sync,
+            cpus: None,
+            smp_fail_cpu: None,
         };
         for word in bootargs.split_whitespace() {
             let (key, value) = word.split_once('=').unwrap_or((word, ""));
@@ -156,6 +163,18 @@ impl CommandLine {
                 (key::HZ, hz) => match hz.parse::<u64>() {
                     Ok(hz) if (1..=10_000).contains(&hz) => line.hz = hz,
                     _ => defmt::warn!("cmdline: hz={=str} is not in 1..=10000, keeping {=u64}", hz, line.hz),
+                },
+                (key::CPUS, cpus) => match cpus.parse::<usize>() {
+                    Ok(cpus) if (1..=crate::arch::percpu::CPUS).contains(&cpus) => line.cpus = Some(cpus),
+                    _ => defmt::warn!(
+                        "cmdline: cpus={=str} is not in 1..={=usize}, ignored",
+                        cpus,
+                        crate::arch::percpu::CPUS
+                    ),
+                },
+                (key::SMP_FAIL_CPU, cpu) => match cpu.parse::<usize>() {
+                    Ok(cpu) => line.smp_fail_cpu = Some(cpu),
+                    _ => defmt::warn!("cmdline: smp.fail-cpu={=str} is not a CPU number", cpu),
                 },
                 (key::EXIT, "semihosting") => line.semihosting = true,
                 (key::EXIT, "park") => line.semihosting = false,

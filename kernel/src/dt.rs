@@ -10,7 +10,7 @@
 //! addresses through that node's `ranges`. Without a device tree (the Pi 4's firmware passes
 //! 0x100 when it has none) or with an empty memory node, the board's fallback is used.
 
-use crate::board::{BoardConfig, GicRegions, Platform, PsciConduit, Region};
+use crate::board::{BoardConfig, CpuList, GicRegions, Platform, PsciConduit, Region};
 use flat_device_tree::Fdt;
 
 #[derive(Debug, defmt::Format)]
@@ -123,6 +123,15 @@ impl Platform {
             .and_then(|node| node.property("method"))
             .and_then(|method| method.as_str())
             .and_then(PsciConduit::from_method);
+        let mut cpus = CpuList::EMPTY;
+        for cpu in fdt.cpus() {
+            let Some(mpidr) = cpu.ids().ok().and_then(|ids| ids.first().ok()) else { continue };
+            if cpus.count < CpuList::MAX {
+                cpus.mpidr[cpus.count] = mpidr as u64;
+                cpus.count += 1;
+            }
+            cpus.listed += 1;
+        }
         Ok(Self {
             dtb: Region { base: dtb_pa, size: total as u64 },
             ram,
@@ -132,6 +141,7 @@ impl Platform {
             bootargs,
             model,
             psci,
+            cpus,
             used_fallback,
         })
     }

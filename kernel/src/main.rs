@@ -61,7 +61,6 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
         Ok(layout) => layout,
         Err(error) => panic!("memory init: {:?}", defmt::Debug2Format(&error)),
     };
-    arch::park::park_secondaries(board::CONFIG.secondary_spin_table);
     stacktrace::init_depot();
     // Tag checks on before the heap hands out the first tagged pointer (and tags its memory).
     arch::mte::choose_mode(cmdline.kasan_mode);
@@ -72,6 +71,14 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     stacktrace::set_stack_sample(cmdline.stack_sample);
     symbols::callsites::init();
     drivers::interrupts::init(layout.gic, platform.virtual_timer_intid);
+    // Each secondary sets up its own GIC interface: after the distributor.
+    let bring_up = task::cpus::bring_up(
+        platform.psci,
+        &platform.cpus,
+        board::CONFIG.secondary_spin_table,
+        cmdline.cpus,
+        cmdline.smp_fail_cpu,
+    );
     drivers::timer::on_tick(task::tick);
     drivers::timer::on_tick(stacktrace::on_tick);
     profile::init(platform.pmu_intid);
@@ -92,6 +99,19 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
         platform.model
     );
     defmt::info!("CPU: {=str} (MIDR {=u64:#x}), entered at EL{=u64}", cpu::core_name(), cpu::midr(), entry_el);
+    match bring_up.failure {
+        None if bring_up.online == bring_up.wanted => defmt::info!("CPUs: {=usize} online", bring_up.online),
+        failure => {
+            let (cpu, reason) = failure.map_or((0, "not online"), |(cpu, error)| (cpu, error.describe()));
+            defmt::error!(
+                "CPUs: {=usize} of {=usize} online (cpu {=usize}: {=str})",
+                bring_up.online,
+                bring_up.wanted,
+                cpu,
+                reason
+            )
+        }
+    }
     defmt::info!("Command line: {=str}", platform.bootargs);
     defmt::info!("PAuth: {=str}", cpu::PointerAuth::detect().name());
     if arch::mte::ENABLED_IN_BUILD {
@@ -287,6 +307,10 @@ fn panic(info: &core::panic::PanicInfo) -> ! {
     }
     let (file, line) = info.location().map_or(("?", 0), |location| (location.file(), location.line()));
     defmt::error!("panicked at {=str}:{=u32}: {}", file, line, defmt::Display2Format(&info.message()));
+    let (stopped, others) = task::cpus::stop_others();
+    if others != 0 {
+        defmt::error!("panic: stopped {=usize} of {=usize} other CPUs", stopped, others);
+    }
     if let Some(test) = tests::current() {
         defmt::error!("  while running test {=str}", test);
     }

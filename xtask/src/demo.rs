@@ -469,7 +469,7 @@ pub fn test(variants: &[BuildVariant], cpus: &[CpuVariant], boards: &[Board]) ->
         // `mte` needs QEMU's emulated MTE (and a max CPU: the caller's, unless cortex-a72).
         let mte = variant == BuildVariant::Mte;
         let cpu = if mte && cpu == CpuVariant::CortexA72 { CpuVariant::MaxNoPauth } else { cpu };
-        let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 2, icount: true, dtb: None, mte };
+        let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 2, icount: true, dtb: None, mte, smp: 1 };
         let image = build::kernel(Board::Virt, variant)?;
         let elf =
             std::fs::read(&image.elf).map_err(|error| Failure::usage(format!("{}: {error}", image.elf.display())))?;

@@ -122,7 +122,16 @@ pub fn collect(args: &ProfileArgs) -> Result<Profile, Failure> {
     validate(args)?;
     let cpu = args.cpu.unwrap_or(CpuVariant::MaxImpdef);
     let image = build::kernel(Board::Virt, args.variant)?;
-    let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 2, icount: true, dtb: None, mte: args.variant == BuildVariant::Mte };
+    let machine = Machine {
+        board: Board::Virt,
+        cpu,
+        el: 1,
+        gic: 2,
+        icount: true,
+        dtb: None,
+        mte: args.variant == BuildVariant::Mte,
+        smp: 1,
+    };
     machine.validate()?;
     let mut words = vec![
         "run=profile".to_string(),

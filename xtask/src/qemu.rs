@@ -68,6 +68,9 @@ pub struct QemuArgs {
     /// GIC version on virt (rpi4: the GIC-400, v2).
     #[arg(long, value_parser = clap::value_parser!(u8).range(2..=3))]
     pub gic: Option<u8>,
+    /// CPUs (1..=4): QEMU's -smp on virt; on rpi4 (always 4 cores) how many the kernel starts.
+    #[arg(long, default_value = "1", value_parser = parse_smp)]
+    pub smp: u8,
     #[command(flatten)]
     pub boot_files: crate::bootfiles::BootFileArgs,
     /// What the kernel runs: the demonstration of every mechanism, the kernel test suite, the
@@ -114,6 +117,14 @@ pub struct QemuArgs {
     /// Kill QEMU after this many seconds.
     #[arg(long, default_value = "60")]
     pub timeout: u64,
+}
+
+/// `--smp N`: 1..=4 (the kernel keeps per-CPU data for four CPUs; the Pi 4 has four cores).
+pub fn parse_smp(text: &str) -> Result<u8, String> {
+    match text.parse::<u8>() {
+        Ok(count @ 1..=4) => Ok(count),
+        _ => Err("expected a CPU count in 1..=4".to_string()),
+    }
 }
 
 /// `--run`: the kernel's `run=` word.
@@ -198,11 +209,20 @@ pub struct Machine {
     pub dtb: Option<std::path::PathBuf>,
     /// `virt,mte=on`: QEMU emulates the Memory Tagging Extension (build variant `mte`).
     pub mte: bool,
+    /// CPUs the kernel runs on (1..=4): QEMU's `-smp` on virt; on raspi4b, which always has 4,
+    /// the kernel's `cpus=` (`Machine::bootargs`).
+    pub smp: u8,
 }
 
 impl Machine {
     pub fn describe(&self) -> String {
-        format!("{} -cpu {} EL{} GICv{}", self.board.name(), self.cpu.name(), self.el, self.gic)
+        format!("{} -cpu {} EL{} GICv{} smp {}", self.board.name(), self.cpu.name(), self.el, self.gic, self.smp)
+    }
+
+    /// The kernel command line words this machine needs: `cpus=N` where the board's CPUs exist
+    /// whatever QEMU's `-smp` (raspi4b) and the kernel starts only the boot CPU by default.
+    pub fn bootargs(&self) -> Option<String> {
+        (self.board == Board::Rpi4 || self.smp != 1).then(|| format!("cpus={}", self.smp))
     }
 
     /// Checks the combination before anything is built or run.
@@ -247,10 +267,12 @@ impl Machine {
                 if self.mte {
                     machine.push_str(",mte=on");
                 }
-                command.args(["-machine", &machine, "-cpu", self.cpu.name(), "-smp", "1", "-m", "128M"]);
+                let smp = self.smp.to_string();
+                command.args(["-machine", &machine, "-cpu", self.cpu.name(), "-smp", &smp, "-m", "128M"]);
             }
-            // raspi4b: four Cortex-A72 (the secondaries wait in QEMU's spin table) and 2 GiB; the
-            // raw image is loaded at 0x80000 and entered at EL2, as the firmware does.
+            // raspi4b: four Cortex-A72 (the secondaries wait in QEMU's spin table; the kernel's
+            // `cpus=` says how many it starts) and 2 GiB; the raw image is loaded at 0x80000 and
+            // entered at EL2, as the firmware does.
             Board::Rpi4 => {
                 command.args(["-machine", "raspi4b"]);
             }
@@ -271,11 +293,15 @@ impl Machine {
     }
 
     fn common_args(&self, command: &mut Command, image: &build::KernelImage, bootargs: &str) {
+        let bootargs = match self.bootargs() {
+            Some(words) => format!("{bootargs} {words}"),
+            None => bootargs.to_string(),
+        };
         command
             .args(["-semihosting-config", "enable=on,target=native", "-no-reboot"])
             .arg("-kernel")
             .arg(&image.raw)
-            .args(["-append", bootargs]);
+            .args(["-append", &bootargs]);
         if self.icount {
             command.args(["-icount", "shift=0,sleep=off"]);
         }
@@ -442,6 +468,7 @@ pub fn run_interactive(args: &QemuArgs) -> Result<u8, Failure> {
         icount: !args.no_icount,
         dtb: None,
         mte: args.variant == BuildVariant::Mte,
+        smp: args.smp,
     };
     machine.validate()?;
     args.variant.check_machine(machine.board, machine.cpu.name())?;

@@ -96,7 +96,16 @@ pub fn sweep(
     timeout: Duration,
     print: Print,
 ) -> Result<Outcome, Failure> {
-    let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 3, icount: false, dtb: None, mte: variant == BuildVariant::Mte };
+    let machine = Machine {
+        board: Board::Virt,
+        cpu,
+        el: 1,
+        gic: 3,
+        icount: false,
+        dtb: None,
+        mte: variant == BuildVariant::Mte,
+        smp: 1,
+    };
     // A slow tick: the workload must run the same code on every pass (see kernel/src/sweep).
     let bootargs = format!("run=sweep hz=10 exit=semihosting {words}");
     let result = qemu::run(&machine, image, &bootargs, Some(timeout), false)?;

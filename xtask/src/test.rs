@@ -12,7 +12,10 @@
 //! so one of them, beside `pauth=off` and the Cortex-A72, keeps every distinct path. On QEMU
 //! `raspi4b` (the Pi 4 board) every build variant runs once: Cortex-A72, EL2, GIC-400. Each kernel
 //! test counts once per configuration it ran in. `--filter` runs one configuration unless
-//! `--matrix` is given. When `full` is in the set, the `kasan_` corpus runs once more in the
+//! `--matrix` is given (`--smp N`: on N CPUs). Every configuration above runs on one CPU; the
+//! default set adds the suite on 4 CPUs (`smp 4`): virt with max,pauth-impdef=on at EL1/GICv2
+//! per build variant, the first variant also at EL2 (PSCI through SMC) and with GICv3, and
+//! raspi4b (spin table). When `full` is in the set, the `kasan_` corpus runs once more in the
 //! short-granule build (`--kasan-short-granules`; virt, EL1, GICv2, `max,pauth=off` if selected).
 
 use crate::Failure;
@@ -48,6 +51,10 @@ pub struct TestArgs {
     /// Skip the host crate tests.
     #[arg(long)]
     pub no_host: bool,
+    /// CPUs of the configurations asked for (1..=4; --filter runs its one configuration on N
+    /// CPUs). The default set adds its own `smp 4` configurations either way.
+    #[arg(long, default_value = "1", value_parser = crate::qemu::parse_smp)]
+    pub smp: u8,
     /// Seconds before a QEMU run counts as hung and is killed.
     #[arg(long, default_value = "120")]
     pub timeout: u64,
@@ -74,7 +81,17 @@ struct Selection {
     ftrace: bool,
     /// CPU variants left out, and why.
     trimmed: Vec<CpuVariant>,
+    /// CPUs of the configurations above (`--smp`).
+    smp: u8,
+    /// The suite on 4 CPUs: (entry level, GIC version) per build variant on virt with
+    /// `DEFAULT_PAUTH_CPU`, the first variant's also at EL2 and with GICv3 and on raspi4b.
+    smp4: bool,
 }
+
+/// (entry level, GIC version) of the `smp 4` configurations every build variant runs, and those
+/// only the first variant adds: bring-up through SMC from EL2 and the GICv3 redistributors.
+const SMP4_LEVELS: [(u8, u8); 1] = [(1, 2)];
+const SMP4_FIRST_VARIANT_LEVELS: [(u8, u8); 2] = [(2, 2), (1, 3)];
 
 const ALL_LEVELS: [(u8, u8); 4] = [(1, 2), (1, 3), (2, 2), (2, 3)];
 /// Build variant `mte`'s configurations (CPU, EL, GIC): IMPDEF PAuth at EL1/GICv2 and with EL2
@@ -101,6 +118,8 @@ impl Selection {
                 levels: vec![(1, 2)],
                 ftrace: false,
                 trimmed: Vec::new(),
+                smp: args.smp,
+                smp4: false,
             };
         }
         let default_cpus = [CpuVariant::MaxNoPauth, DEFAULT_PAUTH_CPU, CpuVariant::CortexA72];
@@ -113,6 +132,8 @@ impl Selection {
             boards: if args.boards.is_empty() { vec![Board::Virt, Board::Rpi4] } else { args.boards.clone() },
             levels: ALL_LEVELS.to_vec(),
             ftrace: true,
+            smp: args.smp,
+            smp4: true,
         }
     }
 
@@ -164,6 +185,21 @@ impl Selection {
                     self.ftrace_cpu().name(),
                     traced.join(", ")
                 );
+            }
+        }
+        if self.smp != 1 {
+            eprintln!("  the configurations above on {} CPUs (--smp)", self.smp);
+        }
+        if self.smp4 {
+            let first = self.variants.first().map_or("", |variant| variant.name());
+            if self.boards.contains(&Board::Virt) && self.cpus.contains(&DEFAULT_PAUTH_CPU) {
+                eprintln!(
+                    "  smp 4: virt -cpu {} EL1/GICv2: variants {variants}; EL2/GICv2 and EL1/GICv3: {first}",
+                    DEFAULT_PAUTH_CPU.name()
+                );
+            }
+            if self.boards.contains(&Board::Rpi4) && self.cpus.contains(&CpuVariant::CortexA72) {
+                eprintln!("  smp 4: rpi4: {first}");
             }
         }
         if self.boards.contains(&Board::Rpi4) && self.cpus.contains(&CpuVariant::CortexA72) {
@@ -224,7 +260,8 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
             };
             for (cpu, el, gic) in configurations {
                 {
-                    let machine = Machine { board: Board::Virt, cpu, el, gic, icount: true, dtb: None, mte };
+                    let machine =
+                        Machine { board: Board::Virt, cpu, el, gic, icount: true, dtb: None, mte, smp: selection.smp };
                     let run = run_configuration(&machine, &build_name, &image, args, "", &mut tally)?;
                     timed_out |= run.timed_out;
                     // Every configuration registers the same tests: one empty match is all.
@@ -234,11 +271,23 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
                     }
                 }
             }
+            // The whole suite on 4 CPUs (bring-up through HVC and SMC, GICv2 and GICv3).
+            if selection.smp4 && !mte && cpus.contains(&DEFAULT_PAUTH_CPU) {
+                let first = Some(&variant) == variants.first();
+                let extra = if first { &SMP4_FIRST_VARIANT_LEVELS[..] } else { &[] };
+                for &(el, gic) in SMP4_LEVELS.iter().chain(extra) {
+                    let cpu = DEFAULT_PAUTH_CPU;
+                    let machine =
+                        Machine { board: Board::Virt, cpu, el, gic, icount: true, dtb: None, mte: false, smp: 4 };
+                    timed_out |= run_configuration(&machine, &build_name, &image, args, "", &mut tally)?.timed_out;
+                }
+            }
             // The whole suite again with the function tracer on every traceable function, from
             // boot to the end (ftrace: "tracing `*` does not hang the kernel").
             if variant != BuildVariant::Plain && !mte && selection.ftrace {
                 let cpu = selection.ftrace_cpu();
-                let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 3, icount: true, dtb: None, mte: false };
+                let machine =
+                    Machine { board: Board::Virt, cpu, el: 1, gic: 3, icount: true, dtb: None, mte: false, smp: 1 };
                 timed_out |= run_configuration(&machine, &build_name, &image, args, "ftrace=*", &mut tally)?.timed_out;
             }
             if variant != BuildVariant::Plain && !mte && "probe_sweep".contains(args.filter.as_str()) {
@@ -257,12 +306,17 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
                 icount: false,
                 dtb: Some(dtb.clone()),
                 mte: false,
+                smp: selection.smp,
             };
             let run = run_configuration(&machine, &build_name, &image, args, "", &mut tally)?;
             timed_out |= run.timed_out;
             if run.unmatched {
                 unmatched = true;
                 break;
+            }
+            if selection.smp4 && Some(&variant) == variants.first() {
+                let machine = Machine { smp: 4, ..machine };
+                timed_out |= run_configuration(&machine, &build_name, &image, args, "", &mut tally)?.timed_out;
             }
         }
     }
@@ -276,7 +330,7 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
         let short = build::SanitizerOptions { short_granules: true };
         let image = build::kernel_with(Board::Virt, BuildVariant::Full, short)?;
         let cpu = if cpus.contains(&CpuVariant::MaxNoPauth) { CpuVariant::MaxNoPauth } else { cpus[0] };
-        let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 2, icount: true, dtb: None, mte: false };
+        let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 2, icount: true, dtb: None, mte: false, smp: 1 };
         let build_name = format!("full{}", short.suffix());
         let run = run_configuration(&machine, &build_name, &image, args, "filter=kasan_", &mut tally)?;
         timed_out |= run.timed_out;
@@ -341,33 +395,64 @@ fn host_tests(tally: &mut Tally) -> Result<(), Failure> {
 }
 
 /// Runs that must fail the right way: a panic and an unexpected exception end with status 3
-/// and their report, a hang is killed on timeout with the running test named.
+/// and their report, a hang is killed on timeout with the running test named, a panic on 4 CPUs
+/// stops the other three, a CPU that does not come up is named and fails the bring-up test.
 fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Failure> {
-    let machine =
-        Machine { board: Board::Virt, cpu: CpuVariant::MaxImpdef, el: 1, gic: 2, icount: false, dtb: None, mte: false };
-    let checks: [(&str, &str, Option<i32>, &str); 5] = [
-        ("panic", "run=panic exit=semihosting", Some(ExitStatus::Panic.code()), "panicked at kernel/src/main.rs"),
+    let machine = Machine {
+        board: Board::Virt,
+        cpu: CpuVariant::MaxImpdef,
+        el: 1,
+        gic: 2,
+        icount: false,
+        dtb: None,
+        mte: false,
+        smp: 1,
+    };
+    // (name, CPUs, kernel command line, expected status, expected line)
+    let checks: [(&str, u8, &str, Option<i32>, &str); 7] = [
+        ("panic", 1, "run=panic exit=semihosting", Some(ExitStatus::Panic.code()), "panicked at kernel/src/main.rs"),
         (
             "fault",
+            1,
             "run=fault exit=semihosting",
             Some(ExitStatus::Panic.code()),
             "unexpected synchronous exception: DataAbort",
         ),
         (
             "unowned-brk",
+            1,
             "run=unowned-brk exit=semihosting",
             Some(ExitStatus::Panic.code()),
             "unexpected synchronous exception: Brk (ESR 0xf20001ff)",
         ),
-        ("hang", "run=hang exit=semihosting", None, "test start: deliberate_hang"),
+        ("hang", 1, "run=hang exit=semihosting", None, "test start: deliberate_hang"),
         (
             "use-after-free",
+            1,
             "run=use-after-free kasan.fault=panic exit=semihosting",
             Some(ExitStatus::Panic.code()),
             "BUG: KASAN: slab-use-after-free",
         ),
+        // A panic stops the other CPUs by SGI and says so.
+        (
+            "panic-stops-cpus",
+            4,
+            "run=panic exit=semihosting",
+            Some(ExitStatus::Panic.code()),
+            "panic: stopped 3 of 3 other CPUs",
+        ),
+        // A CPU that PSCI refuses is named in the banner, and the bring-up test fails instead of
+        // the kernel waiting for it.
+        (
+            "cpu-not-online",
+            4,
+            "run=test filter=secondary_cpus_are_online smp.fail-cpu=2 exit=semihosting",
+            Some(ExitStatus::TestsFailed.code()),
+            "CPUs: 3 of 4 online (cpu 2: PSCI INVALID_PARAMETERS)",
+        ),
     ];
-    for (name, bootargs, expected_status, expected_line) in checks {
+    for (name, smp, bootargs, expected_status, expected_line) in checks {
+        let machine = Machine { smp, dtb: None, ..machine };
         failure_path(&machine, image, (name, bootargs, expected_status, expected_line), tally)?;
     }
     Ok(())
@@ -378,8 +463,16 @@ fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Fa
 /// `kasan.fault=panic` turns into the end of the run.
 fn mte_failure_paths(tally: &mut Tally) -> Result<(), Failure> {
     let image = build::kernel(Board::Virt, BuildVariant::Mte)?;
-    let without =
-        Machine { board: Board::Virt, cpu: CpuVariant::MaxImpdef, el: 1, gic: 2, icount: false, dtb: None, mte: false };
+    let without = Machine {
+        board: Board::Virt,
+        cpu: CpuVariant::MaxImpdef,
+        el: 1,
+        gic: 2,
+        icount: false,
+        dtb: None,
+        mte: false,
+        smp: 1,
+    };
     let missing = (
         "mte-missing",
         "run=test exit=semihosting",
@@ -436,8 +529,16 @@ fn failure_path(
 fn bench_harness(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Failure> {
     let bootargs = "run=bench bench=baseline reps=1 clock=cycles icount=1 exit=semihosting";
     let mut runs = Vec::new();
-    for cpu in [CpuVariant::MaxQarma5, CpuVariant::MaxQarma5, CpuVariant::CortexA72] {
-        let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 2, icount: true, dtb: None, mte: false };
+    // The last two on 4 CPUs: icount stays deterministic with the secondaries running.
+    let machines = [
+        (CpuVariant::MaxQarma5, 1),
+        (CpuVariant::MaxQarma5, 1),
+        (CpuVariant::CortexA72, 1),
+        (DEFAULT_PAUTH_CPU, 4),
+        (DEFAULT_PAUTH_CPU, 4),
+    ];
+    for (cpu, smp) in machines {
+        let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 2, icount: true, dtb: None, mte: false, smp };
         let result = qemu::run(&machine, image, bootargs, Some(Duration::from_secs(120)), false)?;
         let rows: Vec<String> =
             result.log.iter().filter_map(|line| line.text.strip_prefix("bench row: ").map(str::to_string)).collect();
@@ -451,6 +552,7 @@ fn bench_harness(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Fa
     };
     let checks = [
         ("icount runs are identical", runs[0].1 == runs[1].1 && !runs[0].1.is_empty()),
+        ("icount runs on 4 CPUs are identical", runs[3].1 == runs[4].1 && !runs[3].1.is_empty()),
         ("all bench runs exit 0", runs.iter().all(|(status, _)| *status == Some(0))),
         ("a call is 2 instructions", per_op(&runs[0].1, "call") == Some(2.0)),
         (
@@ -502,6 +604,7 @@ fn rpi4_checks(boot_files: &crate::bootfiles::BootFileArgs, tally: &mut Tally) -
         icount: true,
         dtb: Some(files.dtb),
         mte: false,
+        smp: 1,
     };
     // `exit=park`, as on the real board: the kernel prints its exit sentinel and parks, and
     // xtask quits QEMU after reading it. With semihosting QEMU could exit (closing the pty and

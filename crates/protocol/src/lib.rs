@@ -56,6 +56,12 @@ pub mod cmdline {
     pub const RUN: &str = "run";
     pub const FILTER: &str = "filter";
     pub const HZ: &str = "hz";
+    /// How many CPUs to bring up (1..=4; the boot CPU counts). On boards whose secondaries
+    /// all exist (raspi4b) this chooses; elsewhere it caps the device tree's CPUs.
+    pub const CPUS: &str = "cpus";
+    /// Test-only: start this CPU with an MPIDR no CPU has, so PSCI refuses it and the banner and
+    /// the `secondary_cpus_are_online` test must report it.
+    pub const SMP_FAIL_CPU: &str = "smp.fail-cpu";
     pub const EXIT: &str = "exit";
     pub const EXPECT_PAUTH: &str = "expect-pauth";
     pub const BENCH: &str = "bench";

@@ -41,6 +41,22 @@ pub enum GicRegions {
     V3 { distributor: Region, redistributor: Region },
 }
 
+/// The CPUs the device tree lists (`/cpus/cpu@N`), by MPIDR affinity (`reg`), in its order.
+#[derive(Clone, Copy)]
+pub struct CpuList {
+    pub mpidr: [u64; Self::MAX],
+    /// Entries filled (at most `MAX`).
+    pub count: usize,
+    /// CPUs the device tree lists, also those beyond `MAX`.
+    pub listed: usize,
+}
+
+impl CpuList {
+    /// The most CPUs the kernel keeps per-CPU data for.
+    pub const MAX: usize = crate::arch::percpu::CPUS;
+    pub const EMPTY: Self = Self { mpidr: [0; Self::MAX], count: 0, listed: 0 };
+}
+
 /// The machine the kernel runs on: the board's constants completed by the device tree (or by
 /// the board's fallback without one).
 pub struct Platform {
@@ -57,6 +73,8 @@ pub struct Platform {
     /// How to reach the firmware's PSCI (the `/psci` node's `method`); None without that node
     /// (the Pi 4's firmware: its secondaries wait on the spin table).
     pub psci: Option<PsciConduit>,
+    /// The CPUs (empty without a device tree).
+    pub cpus: CpuList,
     /// Whether anything came from the board's fallback instead of the device tree.
     pub used_fallback: bool,
 }
@@ -73,6 +91,7 @@ impl Platform {
             bootargs: "",
             model: board.name,
             psci: board.fallback.psci,
+            cpus: CpuList::EMPTY,
             used_fallback: true,
         }
     }

@@ -3,7 +3,7 @@
 //!
 //! The device tree's `/psci` node says which instruction reaches the firmware (`method`): `hvc`
 //! on QEMU `virt` entered at EL1 (QEMU plays the hypervisor), `smc` with `virtualization=on`
-//! (QEMU plays EL3). Secondary CPUs will be started through CPU_ON on boards that have it.
+//! (QEMU plays EL3). Secondary CPUs are started through CPU_ON (arch/aarch64/smp.rs).
 
 /// The instruction that carries a PSCI call to the firmware.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, defmt::Format)]
@@ -14,6 +14,8 @@ pub enum PsciConduit {
 
 /// PSCI_VERSION (DEN0022 5.1.1): no arguments, returns major << 16 | minor.
 const PSCI_VERSION: u32 = 0x8400_0000;
+/// CPU_ON, SMC64 (DEN0022 5.1.4): target MPIDR, entry point (physical), context id (x0 there).
+const CPU_ON: u32 = 0xC400_0003;
 
 impl PsciConduit {
     /// The device tree's spelling of `method`.
@@ -36,6 +38,12 @@ impl PsciConduit {
     pub fn version(self) -> (u16, u16) {
         let version = self.call(PSCI_VERSION, 0, 0, 0) as u32;
         ((version >> 16) as u16, version as u16)
+    }
+
+    /// Starts the CPU whose MPIDR affinity is `mpidr` at physical `entry`, MMU off, with `context`
+    /// in x0, at the caller's exception level. Returns PSCI's status (0, or a negative error).
+    pub fn cpu_on(self, mpidr: u64, entry: u64, context: u64) -> i64 {
+        self.call(CPU_ON, mpidr, entry, context) as i64
     }
 
     /// One SMCCC call: function id in w0, arguments in x1-x3, result in x0. SMCCC 1.1 lets the

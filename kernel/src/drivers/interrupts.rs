@@ -1,4 +1,4 @@
-//! IRQ dispatch: the GIC says which interrupt, the handler for it runs.
+//! IRQ dispatch: the GIC says which interrupt, the handler for it runs; SGIs between CPUs.
 
 use super::gic::{Gic, GicConfig, SPECIAL_INTID_START};
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -22,6 +22,43 @@ pub fn register_private(intid: u32, handler: fn()) {
     PRIVATE.register((intid, handler));
     if let Some(gic) = GIC.get() {
         gic.enable_private(intid);
+    }
+}
+
+/// The SGI that wakes a CPU to look at what another CPU asked of it (an IPI).
+pub const SGI_WAKE: u32 = 1;
+
+/// Sets up a secondary CPU's GIC interface and enables the wake-up SGI there. On that CPU, after
+/// `init` ran on the boot CPU.
+pub fn init_this_cpu() {
+    let gic = GIC.get().expect("interrupts::init runs before the secondaries start");
+    gic.init_this_cpu();
+    gic.enable_private(SGI_WAKE);
+}
+
+/// Sends the wake-up SGI to CPU `cpu` (online, past `init_this_cpu`).
+pub fn send_wake(cpu: usize) {
+    if let Some(gic) = GIC.get() {
+        gic.send_sgi(SGI_WAKE, cpu);
+    }
+}
+
+/// With interrupts masked: acknowledges and ends every interrupt pending at this CPU, returning
+/// how many were the wake-up SGI (the idle loop of a CPU that runs no IRQ handlers yet).
+pub fn take_pending() -> u64 {
+    let Some(gic) = GIC.get() else { return 0 };
+    let mut wakes = 0;
+    loop {
+        let intid = gic.acknowledge();
+        if intid >= SPECIAL_INTID_START {
+            return wakes;
+        }
+        if intid == SGI_WAKE {
+            wakes += 1;
+        } else {
+            UNHANDLED.fetch_add(1, Ordering::Relaxed);
+        }
+        gic.end_of_interrupt(intid);
     }
 }
 

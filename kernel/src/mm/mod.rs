@@ -130,8 +130,9 @@ pub fn init(platform: &Platform) -> Result<Layout, InitError> {
             GicConfig::V2 { distributor: map_device(distributor)?, cpu_interface: map_device(cpu_interface)? }
         }
         GicRegions::V3 { distributor, redistributor } => {
-            // One CPU: its RD_base and SGI_base frames only.
-            let redistributor = Region { base: redistributor.base, size: redistributor.size.min(0x2_0000) };
+            // Every CPU's RD_base and SGI_base frames (the region may describe more CPUs).
+            let frames = crate::arch::percpu::CPUS as u64 * crate::drivers::gic::GICR_FRAME_SIZE;
+            let redistributor = Region { base: redistributor.base, size: redistributor.size.min(frames) };
             GicConfig::V3 { distributor: map_device(distributor)?, redistributor: map_device(redistributor)? }
         }
     };

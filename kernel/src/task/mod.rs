@@ -7,6 +7,7 @@
 //! entry moves to the CPU's overflow stacks and the task is killed with a report (stacktrace.rs).
 //! The scheduler state is only touched with IRQs masked on this (single) CPU.
 
+pub mod cpus;
 pub mod stacks;
 pub mod user;
 

@@ -1,12 +1,13 @@
-//! Stack slots: which slot is whose (tasks first, then each CPU's IRQ and overflow slots). The
-//! slot geometry (`Slot`, sizes, the bits vectors.S tests) and the per-CPU data live in arch/.
+//! Stack slots: which slot is whose (tasks first, then each CPU's IRQ and overflow slots, then
+//! the secondaries' idle slots). The slot geometry (`Slot`, sizes, the bits vectors.S tests) and the per-CPU data live in arch/.
 
 pub use crate::arch::percpu::{CPUS, this_cpu};
 pub use crate::arch::stack::{SHADOW_STACK_SIZE, SLOT_SIZE, STACK_SIZE, Slot};
 
 pub const TASK_SLOTS: usize = 8;
-/// Task slots, then per CPU an IRQ slot and an overflow slot (kernel.ld reserves this many).
-pub const SLOTS: usize = TASK_SLOTS + 2 * CPUS;
+/// Task slots, then per CPU an IRQ slot and an overflow slot, then each secondary CPU's idle
+/// slot (the boot CPU idles in task 0). kernel.ld reserves this many.
+pub const SLOTS: usize = TASK_SLOTS + 2 * CPUS + (CPUS - 1);
 
 /// The slots between two linker symbols.
 pub fn slots(start: u64, end: u64) -> impl Iterator<Item = Slot> {
@@ -35,6 +36,12 @@ pub fn irq_slot(cpu: usize) -> Slot {
 
 pub fn overflow_slot(cpu: usize) -> Slot {
     slot(TASK_SLOTS + 2 * cpu + 1)
+}
+
+/// Secondary CPU `cpu`'s idle slot: the stack it starts on.
+pub fn idle_slot(cpu: usize) -> Slot {
+    assert!((1..CPUS).contains(&cpu));
+    slot(TASK_SLOTS + 2 * CPUS + cpu - 1)
 }
 
 /// This CPU's IRQ slot.

@@ -14,6 +14,7 @@ mod kasan;
 mod kretprobe;
 mod mte;
 mod probes;
+mod smp;
 mod stacktrace;
 mod sweep;
 mod trap;
@@ -93,6 +94,7 @@ const TESTS: &[&[Test]] = &[
     kasan::TESTS,
     mte::TESTS,
     user::TESTS,
+    smp::TESTS,
 ];
 
 /// The tests' trap hook (installed by `run`): the probe tests' harness BRKs, then whatever a

@@ -151,6 +151,7 @@ pub fn check(image: &KernelImage) -> Result<Option<String>, Failure> {
         timeout: Duration::from_secs(300),
         dtb: None,
         serial: None,
+        smp: 1,
     };
     let started = std::time::Instant::now();
     let rows = match super::measure(&plan) {

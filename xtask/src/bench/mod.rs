@@ -123,6 +123,9 @@ pub struct BenchArgs {
     /// Repetitions per case in wall mode (icount is deterministic: one rep).
     #[arg(long, default_value = "5", value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub reps: u32,
+    /// CPUs the kernel runs on (1..=4; default 1: every row is a single-CPU measurement).
+    #[arg(long, default_value = "1", value_parser = crate::qemu::parse_smp)]
+    pub smp: u8,
     /// Output directory (default: target/bench, under CARGO_TARGET_DIR when set).
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -282,6 +285,7 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
                     timeout: Duration::from_secs(args.timeout),
                     dtb: dtb.clone(),
                     serial: args.serial.as_deref(),
+                    smp: args.smp,
                 };
                 match measure(&plan) {
                     Ok(mut more) => {
@@ -346,6 +350,8 @@ pub struct RunPlan<'a> {
     pub dtb: Option<PathBuf>,
     /// A real board's serial line: the board runs what its SD card says.
     pub serial: Option<&'a Path>,
+    /// CPUs (`Machine::smp`).
+    pub smp: u8,
 }
 
 /// Runs the kernel's bench mode once and returns its samples, or why the run failed.
@@ -359,6 +365,7 @@ pub fn measure(plan: &RunPlan) -> Result<Vec<Sample>, Failure> {
         icount: plan.mode == Mode::Icount,
         dtb: plan.dtb.clone(),
         mte: plan.variant == BuildVariant::Mte,
+        smp: plan.smp,
     };
     let reps = if plan.mode == Mode::Icount { 1 } else { plan.reps };
     let clock = if plan.mode == Mode::Wall { "ns" } else { "cycles" };

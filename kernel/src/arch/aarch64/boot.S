@@ -7,21 +7,9 @@
 // Registers kept across the sequence: x19 = DTB physical address, x20 = entry EL, x21 = extra
 // SCTLR_EL1 bits (EnIA when the CPU has PAuth).
 
-.section .text.boot, "ax"
-.global _start
-_start:
-    mov     x19, x0
-    mrs     x20, CurrentEL
-    lsr     x20, x20, #2
-    cmp     x20, #2
-    b.eq    from_el2
-    cmp     x20, #1
-    b.eq    at_el1
-    // EL3 entry (the Pi 4 loading an ELF) is not supported: park rather than run wrongly.
-1:  wfe
-    b       1b
-
-from_el2:
+// EL2 -> EL1 at `target`, with EL1 free of EL2 traps. Clobbers x0 and x1 only: the boot CPU and
+// every secondary run it, so that all CPUs see the same EL2 configuration.
+.macro drop_to_el1 target
     // EL1 is AArch64 and may use PAuth without trapping (HCR_EL2.RW, APK, API); on a CPU with
     // MTE it may access allocation tags (HCR_EL2.ATA: without it IRG reads tag 0, STG stores
     // nothing and GCR/RGSR/TFSR accesses trap to EL2).
@@ -54,9 +42,27 @@ from_el2:
     msr     sctlr_el1, x0
     mov     x0, #{spsr_el1h_masked}
     msr     spsr_el2, x0
-    adr     x0, at_el1
+    adr     x0, \target
     msr     elr_el2, x0
     eret
+.endm
+
+.section .text.boot, "ax"
+.global _start
+_start:
+    mov     x19, x0
+    mrs     x20, CurrentEL
+    lsr     x20, x20, #2
+    cmp     x20, #2
+    b.eq    from_el2
+    cmp     x20, #1
+    b.eq    at_el1
+    // EL3 entry (the Pi 4 loading an ELF) is not supported: park rather than run wrongly.
+1:  wfe
+    b       1b
+
+from_el2:
+    drop_to_el1 at_el1
 
 at_el1:
     msr     daifset, #0xf
@@ -185,6 +191,81 @@ high_entry:
     bl      kernel_main
 10: wfe
     b       10b
+
+// Secondary CPUs (arch/aarch64/smp.rs) enter here with the MMU and caches off, at the physical
+// address: PSCI CPU_ON passes the CPU's index in x0 (its context id); a spin-table core passes
+// nothing, so `secondary_spin_entry` takes the index from MPIDR_EL1.Aff0 (the Pi 4's cores 0-3).
+// The boot CPU fills SECONDARY_BOOT (and cleans it to PoC) before releasing each CPU, one at a
+// time. Registers kept: x19 = CPU index, x21 = extra SCTLR_EL1 bits, x22 = SECONDARY_BOOT.
+.global secondary_spin_entry
+secondary_spin_entry:
+    mrs     x0, mpidr_el1
+    and     x0, x0, #0xff
+.global secondary_entry
+secondary_entry:
+    mov     x19, x0
+    mrs     x1, CurrentEL
+    lsr     x1, x1, #2
+    cmp     x1, #2
+    b.ne    secondary_at_el1
+    drop_to_el1 secondary_at_el1
+
+secondary_at_el1:
+    msr     daifset, #0xf
+    ldr     x0, ={sctlr_mmu_off}
+    msr     sctlr_el1, x0
+    isb
+    adrp    x22, SECONDARY_BOOT
+    add     x22, x22, :lo12:SECONDARY_BOOT
+    // The boot CPU's MAIR and TCR (TTBR0 walks on again, for the identity map below), the early
+    // identity map in TTBR0 (boot.S never rewrites it), the live kernel tables in TTBR1.
+    ldr     x0, ={mair}
+    msr     mair_el1, x0
+    ldr     x0, [x22, #{boot_tcr}]
+    bic     x0, x0, #{tcr_epd0}
+    msr     tcr_el1, x0
+    adrp    x0, EARLY_L1_TTBR0
+    msr     ttbr0_el1, x0
+    ldr     x0, [x22, #{boot_ttbr1}]
+    msr     ttbr1_el1, x0
+    isb
+    tlbi    vmalle1
+    dsb     nsh
+    isb
+    // The kernel's APIA key is the boot CPU's (return addresses signed on one CPU authenticate
+    // on another after a migration); EnIA before any Rust frame exists, as on the boot CPU.
+    ldr     x21, [x22, #{boot_sctlr_extra}]
+    cbz     x21, 1f
+    ldr     x0, [x22, #{boot_apia_lo}]
+    msr     S3_0_C2_C1_0, x0                 // APIAKeyLo_EL1
+    ldr     x0, [x22, #{boot_apia_hi}]
+    msr     S3_0_C2_C1_1, x0                 // APIAKeyHi_EL1
+1:  ldr     x0, ={sctlr_mmu_on}
+    orr     x0, x0, x21
+    msr     sctlr_el1, x0
+    isb
+    ldr     x0, =secondary_high
+    br      x0
+
+secondary_high:
+    // Now in the upper half: SECONDARY_BOOT by its kernel address. This CPU's first stack gets
+    // the same final frame marker as the boot task's.
+    ldr     x22, =SECONDARY_BOOT
+    ldr     x0, [x22, #{boot_stack_top}]
+    sub     sp, x0, #48
+    stp     xzr, xzr, [sp]
+    stp     xzr, xzr, [sp, #16]
+    str     xzr, [sp, #32]
+    ldr     x18, [x22, #{boot_scs_base}]
+    adr     x0, exception_vectors
+    msr     vbar_el1, x0
+    isb
+    mov     x29, sp
+    mov     x30, xzr
+    mov     x0, x19
+    bl      secondary_main
+2:  wfe
+    b       2b
 
 // Switch TTBR1_EL1 to new tables. Runs from the identity map (the caller computes this code's
 // physical address) so that no upper-half translation is used between the write and the TLB

@@ -68,6 +68,14 @@ pub fn midr() -> u64 {
     MIDR_EL1.get()
 }
 
+/// This CPU's MPIDR_EL1 (its affinity: what PSCI and the device tree name it by).
+pub fn mpidr() -> u64 {
+    let value: u64;
+    // SAFETY: reads an ID register; no memory is touched.
+    unsafe { core::arch::asm!("mrs {}, mpidr_el1", out(reg) value, options(nomem, nostack, preserves_flags)) };
+    value
+}
+
 /// The core's name from MIDR_EL1 (implementer and part number).
 pub fn core_name() -> &'static str {
     let midr = midr();
@@ -124,4 +132,46 @@ pub fn enable_interrupts() {
 pub fn wait_for_interrupt() {
     // SAFETY: WFI only waits; interrupts wake it.
     unsafe { core::arch::asm!("wfi", options(nomem, nostack, preserves_flags)) };
+}
+
+/// Turns on this CPU's timer event stream (CNTKCTL_EL1.EVNTEN, an event every 1024 counter ticks)
+/// so that a `wfe` whose wake-up may never be signalled (a CPU that does not come up or release)
+/// still returns to check its deadline. Returns what to give `event_stream_restore`.
+pub fn event_stream_on() -> u64 {
+    let saved: u64;
+    // SAFETY: reads CNTKCTL_EL1; no memory is touched.
+    unsafe { core::arch::asm!("mrs {}, cntkctl_el1", out(reg) saved, options(nomem, nostack, preserves_flags)) };
+    let stream = (saved & !(0xf << 4)) | (1 << 2) | (10 << 4);
+    // SAFETY: the event-stream bits only wake this CPU's `wfe`; the EL0 access bits are kept.
+    unsafe { core::arch::asm!("msr cntkctl_el1, {}", "isb", in(reg) stream, options(nomem, nostack, preserves_flags)) };
+    saved
+}
+
+/// Waits with `wfe` until `done` holds or `timeout_ms` of counter time pass; the event stream
+/// bounds each `wfe` (the CPU expected to `sev` may never do so). Returns whether `done` held.
+pub fn wait_until(timeout_ms: u64, done: impl Fn() -> bool) -> bool {
+    let frequency: u64;
+    // SAFETY: reads the counter frequency; no memory is touched.
+    unsafe { core::arch::asm!("mrs {}, cntfrq_el0", out(reg) frequency, options(nomem, nostack, preserves_flags)) };
+    let start = super::counters::virtual_count();
+    let patience = frequency * timeout_ms / 1000;
+    let saved = event_stream_on();
+    let result = loop {
+        if done() {
+            break true;
+        }
+        if super::counters::virtual_count().wrapping_sub(start) > patience {
+            break false;
+        }
+        // SAFETY: waits for an event; no memory is touched.
+        unsafe { core::arch::asm!("wfe", options(nomem, nostack, preserves_flags)) };
+    };
+    event_stream_restore(saved);
+    result
+}
+
+/// Restores CNTKCTL_EL1 as `event_stream_on` found it.
+pub fn event_stream_restore(saved: u64) {
+    // SAFETY: writes back this CPU's own earlier value.
+    unsafe { core::arch::asm!("msr cntkctl_el1, {}", "isb", in(reg) saved, options(nomem, nostack, preserves_flags)) };
 }

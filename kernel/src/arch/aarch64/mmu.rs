@@ -43,7 +43,7 @@ pub const TCR: u64 = 25
     | (2 << 30)
     | TCR_TBI0
     | TCR_TBI1;
-const TCR_EPD0: u64 = 1 << 7;
+pub const TCR_EPD0: u64 = 1 << 7;
 pub const TCR_TBI0: u64 = 1 << 37;
 pub const TCR_TBI1: u64 = 1 << 38;
 

@@ -16,6 +16,7 @@ pub mod mte;
 pub mod park;
 pub mod patch;
 pub mod percpu;
+pub mod smp;
 pub mod stack;
 pub mod step;
 
@@ -55,6 +56,14 @@ core::arch::global_asm!(
     tcr = const mmu::TCR,
     key_lo_seed = const 0x7472_6163_656c_6162_u64, // "tracelab"
     key_hi_seed = const 0x9e37_79b9_7f4a_7c15_u64,
+    tcr_epd0 = const mmu::TCR_EPD0,
+    boot_ttbr1 = const core::mem::offset_of!(smp::SecondaryBoot, ttbr1),
+    boot_tcr = const core::mem::offset_of!(smp::SecondaryBoot, tcr),
+    boot_sctlr_extra = const core::mem::offset_of!(smp::SecondaryBoot, sctlr_extra),
+    boot_apia_lo = const core::mem::offset_of!(smp::SecondaryBoot, apia_lo),
+    boot_apia_hi = const core::mem::offset_of!(smp::SecondaryBoot, apia_hi),
+    boot_stack_top = const core::mem::offset_of!(smp::SecondaryBoot, stack_top),
+    boot_scs_base = const core::mem::offset_of!(smp::SecondaryBoot, scs_base),
 );
 
 core::arch::global_asm!(

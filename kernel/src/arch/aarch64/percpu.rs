@@ -5,8 +5,9 @@ use super::exception::ExceptionFrame;
 use super::stack::Slot;
 use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
-/// CPUs the kernel brings up (kernel.ld reserves an IRQ and an overflow slot for each).
-pub const CPUS: usize = 1;
+/// CPUs the kernel can bring up (kernel.ld reserves an IRQ and an overflow slot for each, and an
+/// idle slot for each secondary).
+pub const CPUS: usize = 4;
 
 #[repr(C)]
 pub struct PerCpu {
@@ -72,6 +73,11 @@ pub fn this_cpu() -> &'static PerCpu {
     // SAFETY: TPIDR_EL1 holds the address of this CPU's entry of PER_CPU (init_this_cpu wrote
     // it, nothing else writes the register), a static that lives forever.
     unsafe { &*(data as *const PerCpu) }
+}
+
+/// CPU `cpu`'s data (another CPU's only to read: its owner writes it).
+pub fn cpu_data(cpu: usize) -> &'static PerCpu {
+    &PER_CPU[cpu]
 }
 
 /// This CPU's index.

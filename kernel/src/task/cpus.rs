@@ -1,0 +1,143 @@
+//! Which CPUs run the kernel: the secondaries the machine offers (device tree CPUs through PSCI,
+//! or the board's spin table), capped by `cpus=N`, each started on its idle slot.
+
+use super::stacks;
+use crate::arch::park;
+use crate::arch::smp::{self, Release, StartError};
+use crate::board::{CpuList, PsciConduit};
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+/// CPUs `bring_up` tried to run, the boot CPU included (0 before it ran).
+static WANTED: AtomicUsize = AtomicUsize::new(0);
+
+/// CPUs the kernel tried to run (all of them should be online).
+pub fn wanted() -> usize {
+    WANTED.load(Ordering::Relaxed)
+}
+
+/// Per CPU: wake-up SGIs its idle loop took.
+static WAKES: [AtomicU64; stacks::CPUS] = [const { AtomicU64::new(0) }; stacks::CPUS];
+
+/// Wake-up SGIs CPU `cpu` took.
+pub fn wakes(cpu: usize) -> u64 {
+    WAKES[cpu].load(Ordering::Acquire)
+}
+
+/// Set by `stop_others`: a CPU that sees it on a wake-up stops for good.
+static STOP: AtomicBool = AtomicBool::new(false);
+/// Bit n: CPU n stopped on request.
+static STOPPED: AtomicU64 = AtomicU64::new(0);
+
+/// Stops every other online CPU (a panic: nothing else runs while the report is printed and the
+/// kernel exits): sets `STOP`, sends each the wake-up SGI, waits up to 100 ms for all to confirm.
+/// Returns (CPUs that stopped, CPUs asked).
+pub fn stop_others() -> (usize, usize) {
+    let me = crate::arch::percpu::this_cpu_index();
+    let others = smp::online_mask() & !(1 << me);
+    STOP.store(true, Ordering::Release);
+    for cpu in (0..stacks::CPUS).filter(|cpu| others & (1 << cpu) != 0) {
+        crate::drivers::interrupts::send_wake(cpu);
+    }
+    crate::arch::cpu::wait_until(100, || STOPPED.load(Ordering::Acquire) & others == others);
+    let stopped = STOPPED.load(Ordering::Acquire) & others;
+    (stopped.count_ones() as usize, others.count_ones() as usize)
+}
+
+/// A secondary's life once its arch state is set up: its GIC interface, online, then idle in
+/// `wfi` with interrupts masked (it runs no tasks yet), taking wake-up SGIs by polling the GIC
+/// and answering each with `sev`; a wake-up after `stop_others` stops it for good.
+fn secondary_idle(cpu: usize) -> ! {
+    crate::drivers::interrupts::init_this_cpu();
+    smp::mark_this_cpu_online();
+    loop {
+        crate::arch::cpu::wait_for_interrupt();
+        let taken = crate::drivers::interrupts::take_pending();
+        if taken != 0 {
+            if STOP.load(Ordering::Acquire) {
+                STOPPED.fetch_or(1 << cpu, Ordering::Release);
+                // SAFETY: tells the stopping CPU (waiting with `wfe`) that this one stopped.
+                unsafe { core::arch::asm!("dsb ish", "sev", options(nomem, nostack, preserves_flags)) };
+                loop {
+                    crate::arch::cpu::wait_for_interrupt();
+                }
+            }
+            WAKES[cpu].fetch_add(taken, Ordering::Release);
+            // SAFETY: wakes a CPU waiting for this answer with `wfe`.
+            unsafe { core::arch::asm!("dsb ish", "sev", options(nomem, nostack, preserves_flags)) };
+        }
+    }
+}
+
+/// CPUs online now.
+pub fn online() -> usize {
+    smp::online_count()
+}
+
+/// Whether CPU `cpu` reported online.
+pub fn is_online(cpu: usize) -> bool {
+    smp::is_online(cpu)
+}
+
+/// The outcome of bring-up, for the banner.
+pub struct BringUp {
+    pub online: usize,
+    /// CPUs the kernel tried to run, the boot CPU included.
+    pub wanted: usize,
+    /// The first CPU that did not come up, and why.
+    pub failure: Option<(usize, StartError)>,
+}
+
+/// MPIDR_EL1's affinity fields (Aff3, Aff2-Aff0), as a device tree's `reg` writes them.
+const AFFINITY_MASK: u64 = 0xff_00ff_ffff;
+
+/// Starts the secondaries, one at a time (after the GIC's distributor is set up: each sets up
+/// its own interface). `limit` is `cpus=N`: without it every CPU the device
+/// tree lists runs on PSCI boards, and only the boot CPU on spin-table boards (whose cores always
+/// exist, as QEMU's raspi4b has 4). Spin-table cores not started are parked. `broken` (test-only,
+/// `smp.fail-cpu=N`) gives CPU N an MPIDR no CPU has on PSCI boards.
+pub fn bring_up(
+    psci: Option<PsciConduit>,
+    cpus: &CpuList,
+    spin_table: &[u64],
+    limit: Option<usize>,
+    broken: Option<usize>,
+) -> BringUp {
+    smp::mark_boot_cpu_online();
+    let mut releases = [None::<Release>; stacks::CPUS - 1];
+    let mut available = 0;
+    if !spin_table.is_empty() {
+        for (release, &entry) in releases.iter_mut().zip(spin_table) {
+            *release = Some(Release::SpinTable { entry });
+            available += 1;
+        }
+    } else if let Some(conduit) = psci {
+        let boot_mpidr = crate::arch::cpu::mpidr() & AFFINITY_MASK;
+        let secondaries = cpus.mpidr[..cpus.count].iter().filter(|&&mpidr| mpidr != boot_mpidr);
+        for (release, &mpidr) in releases.iter_mut().zip(secondaries) {
+            *release = Some(Release::Psci { conduit, mpidr });
+            available += 1;
+        }
+    }
+    let default = if spin_table.is_empty() { available + 1 } else { 1 };
+    let wanted = limit.unwrap_or(default).min(available + 1);
+    WANTED.store(wanted, Ordering::Relaxed);
+    let mut failure = None;
+    for (index, release) in releases[..wanted - 1].iter().enumerate() {
+        let cpu = index + 1;
+        let release = match release.expect("the first `available` releases are filled") {
+            Release::Psci { conduit, .. } if broken == Some(cpu) => Release::Psci { conduit, mpidr: AFFINITY_MASK },
+            release => release,
+        };
+        let (idle, irq, overflow) = (stacks::idle_slot(cpu), stacks::irq_slot(cpu), stacks::overflow_slot(cpu));
+        let started = smp::start_cpu(cpu, release, idle, irq, overflow, secondary_idle);
+        if let Err(error) = started
+            && failure.is_none()
+        {
+            failure = Some((cpu, error));
+        }
+    }
+    if spin_table.len() >= wanted {
+        park::park_secondaries(&spin_table[wanted - 1..]);
+    }
+    BringUp { online: smp::online_count(), wanted, failure }
+}
