@@ -56,14 +56,6 @@ pub fn mte_level() -> u64 {
     (value >> 8) & 0xf
 }
 
-/// MPIDR_EL1: this CPU's affinity (Aff0 in bits [7:0]).
-pub fn mpidr() -> u64 {
-    let value: u64;
-    // SAFETY: reading an ID register has no side effects.
-    unsafe { core::arch::asm!("mrs {}, mpidr_el1", out(reg) value, options(nomem, nostack)) };
-    value
-}
-
 pub fn midr() -> u64 {
     MIDR_EL1.get()
 }
