@@ -23,6 +23,10 @@ pub struct Options {
 }
 
 /// Runs the demonstration's parts in order (the banner has been printed by `kernel_main`).
+// Never inlined: kernel_main runs every mode from the boot stack (32 KiB), and the test suite
+// with it; a mode inlined there puts its locals in kernel_main's frame for every other mode
+// (one codegen unit inlined this one: 26 KiB, and deep test chains overflowed).
+#[inline(never)]
 pub fn run(options: &Options) {
     crate::arch::counters::start_cycle_counter();
     let plan = Plan {

@@ -65,6 +65,10 @@ pub fn init(pmu_intid: Option<u32>) {
 static PMU_INTID: spin::Once<Option<u32>> = spin::Once::new();
 
 /// Runs the requested workload under the profiler and dumps the profile. Ok(workload passed).
+// Never inlined: kernel_main runs every mode from the boot stack (32 KiB), and the test suite
+// with it; a mode inlined there puts its locals in kernel_main's frame for every other mode
+// (one codegen unit inlined this one: 26 KiB, and deep test chains overflowed).
+#[inline(never)]
 pub fn run(request: &Request, context: &workload::Context) -> Result<bool, &'static str> {
     let Some(workload) = workload::find(request.workload) else {
         defmt::error!("profile: unknown workload {=str} (known: {=str})", request.workload, workload::NAMES);

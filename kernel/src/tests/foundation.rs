@@ -9,6 +9,7 @@ use crate::mm::kasan;
 use crate::sync::IrqMask;
 
 pub const TESTS: &[Test] = &[
+    Test { name: "boot_stack_leaves_the_tests_room", run: boot_stack_leaves_the_tests_room },
     Test { name: "brk_is_taken_and_returned_from", run: brk_is_taken_and_returned_from },
     Test { name: "data_abort_on_guard_page_is_decoded", run: data_abort_on_guard_page_is_decoded },
     Test { name: "timer_ticks_at_configured_rate", run: timer_ticks_at_configured_rate },
@@ -277,4 +278,21 @@ fn sanitizer_checks_run(_: &Context) -> Outcome {
 
 fn fail(expression: &'static str) -> super::Failure {
     super::Failure { expression, file: file!(), line: line!() }
+}
+
+/// The suite runs on the boot stack (32 KiB) below `kernel_main`'s frame, and the deepest tests
+/// (random call chains of up to 100 frames, overflow tests) need most of it. A run mode inlined
+/// into `kernel_main` once took 26 KiB of its frame and the chain test overflowed: fail here, by
+/// name, before that happens.
+fn boot_stack_leaves_the_tests_room(_: &Context) -> Outcome {
+    use crate::arch::aarch64::stack::{SLOT_SIZE, Slot};
+    let sp: u64;
+    // SAFETY: reads SP; no memory is touched.
+    unsafe { core::arch::asm!("mov {}, sp", out(reg) sp, options(nomem, nostack, preserves_flags)) };
+    let slot = Slot(sp & !(SLOT_SIZE - 1));
+    check!(slot.contains_stack(sp));
+    let used = slot.stack_top() - sp;
+    defmt::info!("  {=u64} bytes of the boot stack used at a test's entry", used);
+    check!(used <= 8 << 10);
+    Ok(Verdict::Passed)
 }
