@@ -308,6 +308,11 @@ impl fmt::Display for Exception {
 /// On `Err`, no register (PC, SP, PSTATE included) has changed.
 #[allow(clippy::question_mark, reason = "`?` is a core generic, instrumented on the hit path: see `access!`")]
 #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+// The probe hit path runs it: a probe inside it is hit from inside a hit, and the nested BRK has
+// no owner (the whole-kernel probe sweep found it, `full`, a random set with a simulated probe
+// in the heap). In the kernel every instantiation goes to no-probe text.
+#[cfg_attr(feature = "kernel", unsafe(link_section = ".text.noprobe"))]
+#[cfg_attr(feature = "kernel", allow(unsafe_code, reason = "the no-probe link_section above, nothing else"))]
 #[inline]
 pub fn simulate<R, M>(
     insn: &Simulated,

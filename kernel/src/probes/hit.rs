@@ -169,6 +169,11 @@ fn simulate_hit(simulated: &Simulated, registers: &mut Registers) -> bool {
     simulate(simulated, &mut FrameRegisters(registers), &mut KernelMemory, &CONFIG).is_ok()
 }
 
+/// Where the simulator this hit path runs starts (a test checks it is no-probe text).
+pub fn simulator_text() -> u64 {
+    simulate::<FrameRegisters<'static>, KernelMemory> as *const () as u64
+}
+
 /// BRK #0x006 after a slot's instruction (brk-step). False if no slot is being executed there.
 #[unsafe(link_section = ".text.noprobe")]
 pub fn on_step_brk(frame: &mut ExceptionFrame) -> bool {
