@@ -171,6 +171,9 @@ pub struct Registry<'table, const SITES: usize, const TRACER_WORDS: usize, const
     tracers: [[TracerSlot; 64]; TRACER_WORDS],
     vectors: [VectorSlot<TRACER_WORDS>; VECTORS],
     generation: u64,
+    /// Test-only wrong sequence: enable a site's BL before writing its literal (the race tests
+    /// must catch it).
+    bl_before_literal: bool,
 }
 
 impl<'table, const SITES: usize, const TRACER_WORDS: usize, const VECTORS: usize>
@@ -186,7 +189,14 @@ impl<'table, const SITES: usize, const TRACER_WORDS: usize, const VECTORS: usize
             tracers: [[TracerSlot::Free; 64]; TRACER_WORDS],
             vectors: [VectorSlot::Free; VECTORS],
             generation: 0,
+            bl_before_literal: false,
         }
+    }
+
+    /// Test-only: enables (`true`) the wrong order "BL before the literal" when a site is
+    /// enabled, so that a race test can show it catches it. Off by default.
+    pub fn set_bl_before_literal(&mut self, wrong: bool) {
+        self.bl_before_literal = wrong;
     }
 
     /// The table this registry publishes to.
@@ -545,11 +555,16 @@ impl<'table, const SITES: usize, const TRACER_WORDS: usize, const VECTORS: usize
         let new_state = match (record.state, literal) {
             (SiteState::Disabled { literal: old }, Some(new)) => {
                 // The literal first: a CPU that executes the new BL must find it.
+                if self.bl_before_literal {
+                    patcher.write_u32(call_site.call(), bl);
+                }
                 if old != new {
                     patcher.write_u64(call_site.literal(), new);
                     applied.literal_writes += 1;
                 }
-                patcher.write_u32(call_site.call(), bl);
+                if !self.bl_before_literal {
+                    patcher.write_u32(call_site.call(), bl);
+                }
                 applied.instruction_writes += 1;
                 applied.enabled += 1;
                 SiteState::Calling { literal: new }

@@ -232,6 +232,12 @@ pub fn set_scheme(scheme: Scheme) -> Result<Applied, Error> {
     })
 }
 
+/// Test-only wrong sequence (the race tests show they catch it): enabling a site writes its BL
+/// before its literal.
+pub fn set_bl_before_literal(wrong: bool) {
+    with_registry(|registry| registry.set_bl_before_literal(wrong));
+}
+
 /// Waits until every CPU has been seen outside the trampoline's guarded section.
 fn grace_period() {
     // One CPU (`task::stacks::CPUS`), and the caller is not inside a tracer (checked, or the

@@ -17,7 +17,7 @@
 //! (`hit.rs`) finds a probe by PC in a lock-free table and never allocates or decodes. What a
 //! probe may not be placed on, and why, is in `refuse.rs`, `probes::plan` and [`ProbeError`].
 
-use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
 
 use super::cells::Records;
 use super::{Handler, ProbeError, refuse, slots};
@@ -78,6 +78,29 @@ struct Registry {
 
 static REGISTRY: spin::Mutex<Registry> = spin::Mutex::new(Registry { records_used: 0, chunks_used: 0 });
 
+/// Test-only wrong sequences for detours, which the race tests must catch (never set otherwise).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum WrongOrder {
+    /// The correct sequences.
+    None = 0,
+    /// Register: the branch to the trampoline before the trampoline is written.
+    BranchBeforeTrampoline = 1,
+    /// Unregister: the trampoline cleared before the original instruction is back.
+    TrampolineClearedFirst = 2,
+}
+
+static WRONG_ORDER: AtomicU8 = AtomicU8::new(WrongOrder::None as u8);
+
+/// Test-only: makes detour registration or removal use a wrong sequence (`WrongOrder::None`
+/// restores the correct ones).
+pub fn set_wrong_order(order: WrongOrder) {
+    WRONG_ORDER.store(order as u8, Ordering::Relaxed);
+}
+
+fn wrong_order(order: WrongOrder) -> bool {
+    WRONG_ORDER.load(Ordering::Relaxed) == order as u8
+}
+
 const _: () = assert!(MAX_PROBES <= 64 && slots::CHUNKS <= 64, "one u64 bitmap each");
 
 #[inline(always)]
@@ -137,6 +160,7 @@ pub fn register(address: u64, method: Method, pre: Handler, post: Option<Handler
     } else {
         None
     };
+    let mut early_branch = false;
     let action = match plan {
         Plan::Simulate(simulated) => Action::Simulate(simulated),
         Plan::SimulateFramePush => Action::SimulateFramePush,
@@ -148,6 +172,13 @@ pub fn register(address: u64, method: Method, pre: Handler, post: Option<Handler
         Plan::Detour => {
             let trampoline = slots::chunk_address(chunk.unwrap_or(0));
             let probe_pointer = record_pointer(record) as u64;
+            if wrong_order(WrongOrder::BranchBeforeTrampoline)
+                && let Ok(branch) = probes::encode_b(address, trampoline)
+            {
+                // SAFETY: as the final write below (deliberately too early: a test-only switch).
+                unsafe { patch::write_instruction(address, branch.word()) };
+                early_branch = true;
+            }
             slots::write_detour(trampoline, address, original, &classification, probe_pointer)?;
             Action::Detour { trampoline }
         }
@@ -172,9 +203,11 @@ pub fn register(address: u64, method: Method, pre: Handler, post: Option<Handler
         },
         _ => encode_brk(BRK_KPROBE).word(),
     };
-    // SAFETY: address is kernel text; BRK and B may replace any instruction while it runs
-    // (ARM ARM B2.2.5 concurrent modification: B, BL, BRK, NOP, ...).
-    unsafe { patch::write_instruction(address, patched) };
+    if !early_branch {
+        // SAFETY: address is kernel text; BRK and B may replace any instruction while it runs
+        // (ARM ARM B2.2.5 concurrent modification: B, BL, BRK, NOP, ...).
+        unsafe { patch::write_instruction(address, patched) };
+    }
     Ok(())
 }
 
@@ -186,11 +219,15 @@ pub fn unregister(address: u64) -> Result<(), ProbeError> {
     };
     let (original, chunk) = (probe.original, probe.chunk);
     let record = (0..MAX_PROBES).find(|&record| core::ptr::eq(record_pointer(record), probe));
+    let clear_first = wrong_order(WrongOrder::TrampolineClearedFirst);
+    if clear_first && let Some(chunk) = chunk {
+        slots::clear(slots::chunk_address(chunk));
+    }
     // SAFETY: address is the probed kernel text word; restoring the original is a BRK/B -> insn
     // change the architecture allows concurrently with execution.
     unsafe { patch::write_instruction(address, original) };
     unpublish(address);
-    if let Some(chunk) = chunk {
+    if !clear_first && let Some(chunk) = chunk {
         slots::clear(slots::chunk_address(chunk));
     }
     if let Some(record) = record {

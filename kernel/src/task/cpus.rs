@@ -44,8 +44,9 @@ pub fn stop_others() -> (usize, usize) {
 }
 
 /// A secondary's life once its arch state is set up: its GIC interface, online, then idle in
-/// `wfi` with interrupts masked (it runs no tasks yet), taking wake-up SGIs by polling the GIC
-/// and answering each with `sev`; a wake-up after `stop_others` stops it for good.
+/// `wfi` with interrupts masked (it runs no tasks yet), taking wake-up SGIs by polling the GIC,
+/// running a posted cross-CPU call (`cross_call::serve`) and answering each with `sev`; a wake-up
+/// after `stop_others` stops it for good.
 fn secondary_idle(cpu: usize) -> ! {
     crate::drivers::interrupts::init_this_cpu();
     smp::mark_this_cpu_online();
@@ -62,6 +63,7 @@ fn secondary_idle(cpu: usize) -> ! {
                 }
             }
             WAKES[cpu].fetch_add(taken, Ordering::Release);
+            super::cross_call::serve();
             // SAFETY: wakes a CPU waiting for this answer with `wfe`.
             unsafe { core::arch::asm!("dsb ish", "sev", options(nomem, nostack, preserves_flags)) };
         }

@@ -8,6 +8,7 @@
 //! The scheduler state is only touched with IRQs masked on this (single) CPU.
 
 pub mod cpus;
+pub mod cross_call;
 pub mod stacks;
 pub mod user;
 

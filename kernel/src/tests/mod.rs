@@ -14,6 +14,7 @@ mod kasan;
 mod kretprobe;
 mod mte;
 mod probes;
+mod race;
 mod smp;
 mod stacktrace;
 mod sweep;
@@ -95,6 +96,7 @@ const TESTS: &[&[Test]] = &[
     mte::TESTS,
     user::TESTS,
     smp::TESTS,
+    race::TESTS,
 ];
 
 /// The tests' trap hook (installed by `run`): the probe tests' harness BRKs, then whatever a
@@ -105,6 +107,9 @@ fn on_trap(frame: &mut ExceptionFrame) -> bool {
         && Esr(frame.esr).class() == ExceptionClass::Brk
         && probes::on_brk(frame)
     {
+        return true;
+    }
+    if race::on_trap(frame) {
         return true;
     }
     let class = Esr(frame.esr).class();

@@ -2,6 +2,28 @@
 //! self-modifying code needs (ARM ARM B2.4.4, "Concurrent modification and execution").
 
 use super::mmu::{TEXT_ALIAS_OFFSET, VA_OFFSET};
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+/// Test-only: a function called after every single store of an instruction or a literal, with
+/// the stored address, once the store is visible to instruction fetch (the race tests step the
+/// patcher with it). 0: none (normal runs: one load and a branch per store).
+static STEP_HOOK: AtomicUsize = AtomicUsize::new(0);
+
+/// Installs (`Some`) or removes the step hook. The hook runs on the patching CPU, inside the
+/// patcher's locks: it must not patch text itself.
+pub fn set_step_hook(hook: Option<fn(u64)>) {
+    STEP_HOOK.store(hook.map_or(0, |hook| hook as usize), Ordering::Release);
+}
+
+#[inline(always)]
+fn step_point(address: u64) {
+    let hook = STEP_HOOK.load(Ordering::Acquire);
+    if hook != 0 {
+        // SAFETY: a non-zero hook was stored by `set_step_hook` from a `fn(u64)`.
+        let hook = unsafe { core::mem::transmute::<usize, fn(u64)>(hook) };
+        hook(address);
+    }
+}
 
 /// Writes one instruction at kernel text address `pc` and makes it visible to instruction fetch
 /// on this CPU.
@@ -28,6 +50,7 @@ pub unsafe fn write_instruction(pc: u64, instruction: u32) {
             options(nostack, preserves_flags),
         );
     }
+    step_point(pc);
 }
 
 /// Replaces the 64-bit literal at kernel text address `address` (a callsite's ops pointer) with
@@ -50,6 +73,7 @@ pub unsafe fn write_literal(address: u64, value: u64) {
             options(nostack, preserves_flags),
         );
     }
+    step_point(address);
 }
 
 /// Writes consecutive instructions from kernel text address `pc` (a probe slot or trampoline),
