@@ -17,7 +17,7 @@
 //! (`hit.rs`) finds a probe by PC in a lock-free table and never allocates or decodes. What a
 //! probe may not be placed on, and why, is in `refuse.rs`, `probes::plan` and [`ProbeError`].
 
-use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, Ordering};
 
 use super::cells::Records;
 use super::{Handler, ProbeError, refuse, slots};

@@ -24,6 +24,7 @@ pub const TESTS: &[Test] = &[
     Test { name: "cross_call_reports_what_failed", run: cross_call_reports_what_failed },
     Test { name: "race_kprobe_arm_disarm", run: race_kprobe_arm_disarm },
     Test { name: "race_ftrace_enable_disable", run: race_ftrace_enable_disable },
+    Test { name: "race_ftrace_literal_swaps", run: race_ftrace_literal_swaps },
     Test { name: "race_wrong_sequences_are_caught", run: race_wrong_sequences_are_caught },
 ];
 
@@ -155,8 +156,9 @@ const FTRACE_HITS: usize = 1;
 
 /// Kprobe hits, counted by the race probes' pre-handler on whichever CPU hits.
 static PROBE_HITS: AtomicU64 = AtomicU64::new(0);
-/// The ftrace tracer of the race tests (a per-CPU counter).
+/// The ftrace tracers of the race tests (per-CPU counters).
 static TRACER: Counter = Counter::new();
+static SECOND_TRACER: Counter = Counter::new();
 
 fn count_hit(_: &mut Registers) {
     PROBE_HITS.fetch_add(1, Ordering::Relaxed);
@@ -165,7 +167,7 @@ fn count_hit(_: &mut Registers) {
 fn hits() -> u64 {
     match HIT_SOURCE.load(Ordering::Relaxed) {
         KPROBE_HITS => PROBE_HITS.load(Ordering::Relaxed),
-        _ => TRACER.hits(),
+        _ => TRACER.hits() + SECOND_TRACER.hits(),
     }
 }
 
@@ -223,7 +225,9 @@ struct Sequence {
     before: Behaviour,
     after: Behaviour,
     stores: usize,
-    switch_at: usize,
+    /// `None`: the sequence changes nothing a call can observe (a scheme change: the tracers
+    /// are called either way); every execution must still be "before" (= "after").
+    switch_at: Option<usize>,
     /// The site's result for an argument.
     result: fn(u64) -> u64,
 }
@@ -335,10 +339,11 @@ fn sweep(sequence: &Sequence, patcher: impl FnOnce() -> bool) -> Finding {
     let others = cpus::online() - 1;
     let planned = (sequence.stores + 1) * others;
     defmt::info!(
-        "race {=str}: {=usize} interleavings ({=usize} stores + 1 points x {=usize} CPUs; planned {=usize}), before up to point {=?}, after from point {=?} (design: {=usize}), {=usize} wrong",
+        "race {=str}: {=usize} interleavings ({=usize} stores: {=usize} points x {=usize} CPUs; planned {=usize}), before up to point {=?}, after from point {=?} (design: {=?}), {=usize} wrong",
         sequence.name,
         state.checked,
         state.point,
+        state.point + 1,
         others,
         planned,
         state.last_before,
@@ -351,8 +356,8 @@ fn sweep(sequence: &Sequence, patcher: impl FnOnce() -> bool) -> Finding {
     } else if state.wrong != 0 {
         Finding::WrongBehaviour
     } else if state.before_after_after.is_some()
-        || state.first_after != Some(sequence.switch_at)
-        || state.last_before != Some(sequence.switch_at - 1)
+        || state.first_after != sequence.switch_at
+        || state.last_before != Some(sequence.switch_at.map_or(sequence.stores, |store| store - 1))
     {
         Finding::SwitchedElsewhere
     } else {
@@ -474,11 +479,24 @@ fn race_probe(method: Method) -> (Finding, Finding) {
     HIT_SOURCE.store(KPROBE_HITS, Ordering::Relaxed);
     let in_use = chunk_words_in_use();
     let stores = registration_stores(method, address);
-    let arm = Sequence { name: method_name(method, true), before: NOT_HIT, after: HIT, stores, switch_at: stores, result: probe_result };
+    let arm = Sequence {
+        name: method_name(method, true),
+        before: NOT_HIT,
+        after: HIT,
+        stores,
+        switch_at: Some(stores),
+        result: probe_result,
+    };
     let armed = sweep(&arm, || kprobes::register(address, method, count_hit, None).is_ok());
     let cleared = chunk_words_in_use() - in_use;
-    let disarm =
-        Sequence { name: method_name(method, false), before: HIT, after: NOT_HIT, stores: 1 + cleared, switch_at: 1, result: probe_result };
+    let disarm = Sequence {
+        name: method_name(method, false),
+        before: HIT,
+        after: NOT_HIT,
+        stores: 1 + cleared,
+        switch_at: Some(1),
+        result: probe_result,
+    };
     let disarmed = sweep(&disarm, || kprobes::unregister(address).is_ok());
     (armed, disarmed)
 }
@@ -535,7 +553,14 @@ fn race_tracer(scheme: Scheme, names: [&'static str; 2]) -> (Finding, Finding) {
     // Enabling: the literal (nop ops -> the tracer or the list), then NOP -> BL: "after" from
     // the BL. Disabling: the literal back to nop ops (the tracer is no longer called), then
     // BL -> NOP: "after" from the literal.
-    let enable = Sequence { name: names[0], before: UNTRACED, after: TRACED, stores: 2, switch_at: 2, result: traced_result };
+    let enable = Sequence {
+        name: names[0],
+        before: UNTRACED,
+        after: TRACED,
+        stores: 2,
+        switch_at: Some(2),
+        result: traced_result,
+    };
     let mut tracer = None;
     let enabled = sweep(&enable, || {
         tracer = ftrace::register_where(&TRACER.ops, |entry| entry + 8 == function).ok();
@@ -547,7 +572,7 @@ fn race_tracer(scheme: Scheme, names: [&'static str; 2]) -> (Finding, Finding) {
         before: TRACED,
         after: Behaviour { hits: 0, trampoline: None },
         stores: 2,
-        switch_at: 1,
+        switch_at: Some(1),
         result: traced_result,
     };
     let disabled = sweep(&disable, || ftrace::unregister(tracer).is_ok());
@@ -569,6 +594,68 @@ fn race_ftrace_enable_disable(_: &Context) -> Outcome {
     check!(call_ops == (Finding::Correct, Finding::Correct));
     check!(list == (Finding::Correct, Finding::Correct));
     Ok(Verdict::Passed)
+}
+
+const TRACED_ONCE: Behaviour = Behaviour { hits: 1, trampoline: Some(true) };
+const TRACED_TWICE: Behaviour = Behaviour { hits: 2, trampoline: Some(true) };
+
+/// A one-store literal sequence on the race site (already traced), stepped.
+fn literal_sweep(name: &'static str, before: Behaviour, after: Behaviour, patcher: impl FnOnce() -> bool) -> Finding {
+    let switch_at = (before.hits != after.hits).then_some(1);
+    sweep(&Sequence { name, before, after, stores: 1, switch_at, result: traced_result }, patcher)
+}
+
+/// The call-ops literal swaps while the BL stays: a second tracer joins the site (the literal
+/// goes from the first tracer's ops to the list or a vector: one store, "after" from it), the
+/// scheme changes with both tracing (list <-> vector: the same calls either way), and the
+/// second tracer leaves (back to the first's ops).
+fn race_ftrace_literal_swaps(_: &Context) -> Outcome {
+    if let Some(skip) = needs_cpus() {
+        return Ok(skip);
+    }
+    let function = race_traced as *const () as u64;
+    if ftrace::site_state(function).is_none() {
+        return Ok(Verdict::Skipped("no patchable function entries (plain)"));
+    }
+    SITE.store(function, Ordering::Relaxed);
+    HIT_SOURCE.store(FTRACE_HITS, Ordering::Relaxed);
+    let on_site = move |entry: u64| entry + 8 == function;
+    check!(ftrace::set_scheme(Scheme::CallOps).is_ok());
+    let Ok(first) = ftrace::register_where(&TRACER.ops, on_site) else { return Err(super::fail("first tracer")) };
+    let mut findings = [Finding::Correct; 6];
+    for (index, (scheme, other)) in
+        [(Scheme::CallOps, Scheme::Vector), (Scheme::Vector, Scheme::CallOps)].into_iter().enumerate()
+    {
+        let mut second = None;
+        findings[3 * index] =
+            literal_sweep(scheme_name(scheme, "second tracer joins"), TRACED_ONCE, TRACED_TWICE, || {
+                second = ftrace::register_where(&SECOND_TRACER.ops, on_site).ok();
+                second.is_some()
+            });
+        findings[3 * index + 1] =
+            literal_sweep(scheme_name(other, "scheme change to"), TRACED_TWICE, TRACED_TWICE, || {
+                ftrace::set_scheme(other).is_ok()
+            });
+        findings[3 * index + 2] =
+            literal_sweep(scheme_name(other, "second tracer leaves"), TRACED_TWICE, TRACED_ONCE, || {
+                second.is_some_and(|tracer| ftrace::unregister(tracer).is_ok())
+            });
+    }
+    check!(ftrace::unregister(first).is_ok());
+    check!(ftrace::set_scheme(Scheme::CallOps).is_ok());
+    check!(findings == [Finding::Correct; 6]);
+    Ok(Verdict::Passed)
+}
+
+fn scheme_name(scheme: Scheme, what: &'static str) -> &'static str {
+    match (scheme, what) {
+        (Scheme::CallOps, "second tracer joins") => "ftrace call-ops: second tracer joins (own ops -> list)",
+        (Scheme::Vector, "second tracer joins") => "ftrace vector: second tracer joins (own ops -> vector)",
+        (Scheme::Vector, "scheme change to") => "ftrace scheme change call-ops -> vector (list -> vector)",
+        (Scheme::CallOps, "scheme change to") => "ftrace scheme change vector -> call-ops (vector -> list)",
+        (Scheme::Vector, _) => "ftrace vector: second tracer leaves (vector -> own ops)",
+        _ => "ftrace call-ops: second tracer leaves (list -> own ops)",
+    }
 }
 
 /// The test-only wrong sequences make their race sweeps fail: the BL enabled before the
