@@ -210,6 +210,26 @@ fn enable_writes_literal_then_bl_and_disable_the_reverse() {
     assert_eq!(registry.site_state(3), Some(SiteState::Disabled { literal: NOP_OPS }));
 }
 
+/// The test-only wrong order (the kernel's race tests must catch it) swaps exactly the two
+/// enabling stores, and nothing else.
+#[test]
+fn wrong_order_switch_enables_the_bl_before_the_literal() {
+    let table = Table::new();
+    let (mut text, mut registry) = setup(&table, Scheme::CallOps);
+    let site = text.site(3);
+    registry.set_bl_before_literal(true);
+    registry.register(tracer_ops(1), [3]).unwrap();
+    registry.apply(&mut text).unwrap();
+    assert_eq!(
+        text.take_log(),
+        [
+            Write::U32 { address: site.call(), value: bl(site) },
+            Write::U64 { address: site.literal(), value: tracer_ops(1) }
+        ]
+    );
+    assert_eq!(text_state(&text, 3), (tracer_ops(1), true, true));
+}
+
 #[test]
 fn second_tracer_on_a_site_with_its_own_ops_swaps_only_the_literal() {
     let table = Table::new();
