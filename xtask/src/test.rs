@@ -725,6 +725,8 @@ fn run_configuration(
     if done && let Err(problem) = ktap.agrees_with(passed, failed, skipped) {
         problems.push(format!("KTAP output: {problem}"));
     }
+    // On several CPUs, a test that needs them (`smp_*`, `race_*`, the cross-CPU calls) must run.
+    problems.extend(skipped_as_on_one_cpu(result.log.iter().map(|line| line.text.as_str()), machine.smp));
     // Tracing from boot must have traced something and stopped cleanly at the end.
     let traced = |line: &crate::log::LogLine| {
         line.text
@@ -760,6 +762,17 @@ fn run_configuration(
         }
     }
     Ok(ConfigurationRun { timed_out: result.status.is_none(), unmatched: false })
+}
+
+/// Tests skipped as on one CPU (`test skipped: NAME (one CPU (run with --smp N))`) in a run on
+/// `smp` > 1 CPUs: the kernel did not see the others, and the tests that need them did not run.
+fn skipped_as_on_one_cpu<'a>(log: impl Iterator<Item = &'a str>, smp: u8) -> Vec<String> {
+    if smp <= 1 {
+        return Vec::new();
+    }
+    log.filter_map(|text| text.strip_prefix("test skipped: ")?.strip_suffix(" (one CPU (run with --smp N))"))
+        .map(|name| format!("test {name} skipped as on one CPU, on smp {smp}"))
+        .collect()
 }
 
 /// Every record carries the counter's time (`S.UUUUUU`), and it never runs backwards.
@@ -860,6 +873,20 @@ mod tests {
     const RUN: &str = "banner\nKTAP version 1\n1..3\ntest start: a\ntest ok: a\nok 1 a\n\
                        test skipped: b c (no SCS in plain)\nok 2 b c # SKIP no SCS in plain\n\
                        ERROR test FAILED: d\nnot ok 3 d\ntests done: 1 passed, 1 failed, 1 skipped";
+
+    #[test]
+    fn one_cpu_skips_fail_a_run_on_several_cpus() {
+        let log = [
+            "test skipped: race_kprobe_arm_disarm (one CPU (run with --smp N))",
+            "test skipped: ftrace_traces_irq_context (variant plain has no patchable entries)",
+            "test ok: cross_call_runs_on_every_cpu",
+        ];
+        assert_eq!(
+            skipped_as_on_one_cpu(log.into_iter(), 4),
+            ["test race_kprobe_arm_disarm skipped as on one CPU, on smp 4"]
+        );
+        assert!(skipped_as_on_one_cpu(log.into_iter(), 1).is_empty());
+    }
 
     #[test]
     fn timestamps_must_be_present_and_forward() {
