@@ -579,8 +579,8 @@ fn race_tracer(scheme: Scheme, names: [&'static str; 2]) -> (Finding, Finding) {
     (enabled, disabled)
 }
 
-/// ftrace's NOP <-> BL and literal stores under `call-ops` (the literal is the tracer's ops) and
-/// `list` (the list ops), stepped with every other CPU calling the traced function at each point.
+/// ftrace's NOP <-> BL and literal stores under `call-ops` and `vector` (one tracer: the literal
+/// is the tracer's ops) and `list` (the list ops), stepped with every other CPU calling the traced function at each point.
 fn race_ftrace_enable_disable(_: &Context) -> Outcome {
     if let Some(skip) = needs_cpus() {
         return Ok(skip);
@@ -590,9 +590,11 @@ fn race_ftrace_enable_disable(_: &Context) -> Outcome {
     }
     let call_ops = race_tracer(Scheme::CallOps, ["ftrace call-ops enable", "ftrace call-ops disable"]);
     let list = race_tracer(Scheme::List, ["ftrace list enable", "ftrace list disable"]);
+    let vector = race_tracer(Scheme::Vector, ["ftrace vector enable", "ftrace vector disable"]);
     check!(ftrace::set_scheme(Scheme::CallOps).is_ok());
     check!(call_ops == (Finding::Correct, Finding::Correct));
     check!(list == (Finding::Correct, Finding::Correct));
+    check!(vector == (Finding::Correct, Finding::Correct));
     Ok(Verdict::Passed)
 }
 
