@@ -610,7 +610,7 @@ fn literal_sweep(name: &'static str, before: Behaviour, after: Behaviour, patche
 /// The call-ops literal swaps while the BL stays: a second tracer joins the site (the literal
 /// goes from the first tracer's ops to the list or a vector: one store, "after" from it), the
 /// scheme changes with both tracing (list <-> vector: the same calls either way), and the
-/// second tracer leaves (back to the first's ops).
+/// second tracer leaves (back to the first's ops); with one tracer, call-ops <-> list.
 fn race_ftrace_literal_swaps(_: &Context) -> Outcome {
     if let Some(skip) = needs_cpus() {
         return Ok(skip);
@@ -624,7 +624,16 @@ fn race_ftrace_literal_swaps(_: &Context) -> Outcome {
     let on_site = move |entry: u64| entry + 8 == function;
     check!(ftrace::set_scheme(Scheme::CallOps).is_ok());
     let Ok(first) = ftrace::register_where(&TRACER.ops, on_site) else { return Err(super::fail("first tracer")) };
-    let mut findings = [Finding::Correct; 6];
+    let mut findings = [Finding::Correct; 8];
+    // One tracer: call-ops -> list -> call-ops swaps its own ops for the list ops and back.
+    findings[6] =
+        literal_sweep("ftrace scheme change call-ops -> list (own ops -> list)", TRACED_ONCE, TRACED_ONCE, || {
+            ftrace::set_scheme(Scheme::List).is_ok()
+        });
+    findings[7] =
+        literal_sweep("ftrace scheme change list -> call-ops (list -> own ops)", TRACED_ONCE, TRACED_ONCE, || {
+            ftrace::set_scheme(Scheme::CallOps).is_ok()
+        });
     for (index, (scheme, other)) in
         [(Scheme::CallOps, Scheme::Vector), (Scheme::Vector, Scheme::CallOps)].into_iter().enumerate()
     {
@@ -645,7 +654,7 @@ fn race_ftrace_literal_swaps(_: &Context) -> Outcome {
     }
     check!(ftrace::unregister(first).is_ok());
     check!(ftrace::set_scheme(Scheme::CallOps).is_ok());
-    check!(findings == [Finding::Correct; 6]);
+    check!(findings == [Finding::Correct; 8]);
     Ok(Verdict::Passed)
 }
 
