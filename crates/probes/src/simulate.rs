@@ -54,9 +54,9 @@ impl Condition {
 
     /// `ConditionHolds(cond)` for flags `nzcv` (N in bit 3 .. V in bit 0).
     /// Part of the simulator: see `simulate` for why it is no-probe text.
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[cfg_attr(feature = "kernel", unsafe(link_section = ".text.noprobe"))]
     #[cfg_attr(feature = "kernel", allow(unsafe_code, reason = "the no-probe link_section above, nothing else"))]
-    #[inline(always)]
     pub const fn holds(self, nzcv: u8) -> bool {
         let (n, z, c, v) = (nzcv & 8 != 0, nzcv & 4 != 0, nzcv & 2 != 0, nzcv & 1 != 0);
         let result = match self.0 >> 1 {
@@ -314,10 +314,10 @@ impl fmt::Display for Exception {
 #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
 // The probe hit path runs it: a probe inside it is hit from inside a hit, and the nested BRK has
 // no owner (the whole-kernel probe sweep found it, `full`, a random set with a simulated probe
-// in the heap). In the kernel every instantiation goes to no-probe text, and so does everything it
-// calls: its helpers are always inlined (and no-probe if kept out of line), and it calls no `core`
-// generic (`full` instantiates those instrumented and out of line, in probeable text: the kernel
-// test `probe_simulator_calls_only_noprobe_text` checks every branch out of it).
+// in the heap). In the kernel every instantiation goes to no-probe text, and so does everything
+// it calls: its helpers are no-probe text too, and it calls no `core` generic (`full`
+// instantiates those instrumented and out of line, in probeable text; the kernel test
+// `probe_simulator_calls_only_noprobe_text` checks every branch out of it).
 #[cfg_attr(feature = "kernel", unsafe(link_section = ".text.noprobe"))]
 #[cfg_attr(feature = "kernel", allow(unsafe_code, reason = "the no-probe link_section above, nothing else"))]
 #[inline]
@@ -426,9 +426,9 @@ where
 /// LDP/STP (X registers), C6.2: every check and access happens before the
 /// first register write.
 #[allow(clippy::too_many_arguments, reason = "the decoded fields of one instruction")]
+#[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
 #[cfg_attr(feature = "kernel", unsafe(link_section = ".text.noprobe"))]
 #[cfg_attr(feature = "kernel", allow(unsafe_code, reason = "the no-probe link_section above, nothing else"))]
-#[inline(always)]
 fn load_store_pair<R, M>(
     registers: &mut R,
     memory: &mut M,
@@ -474,26 +474,26 @@ where
 }
 
 /// PSTATE.NZCV as a 4-bit value.
+#[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
 #[cfg_attr(feature = "kernel", unsafe(link_section = ".text.noprobe"))]
 #[cfg_attr(feature = "kernel", allow(unsafe_code, reason = "the no-probe link_section above, nothing else"))]
-#[inline(always)]
 fn nzcv<R: RegisterFile + ?Sized>(registers: &R) -> u8 {
     ((registers.pstate() >> NZCV_SHIFT) & 0xf) as u8
 }
 
 /// `X[n]` (or `W[n]` zero-extended) where 31 is the zero register.
+#[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
 #[cfg_attr(feature = "kernel", unsafe(link_section = ".text.noprobe"))]
 #[cfg_attr(feature = "kernel", allow(unsafe_code, reason = "the no-probe link_section above, nothing else"))]
-#[inline(always)]
 fn read_zr<R: RegisterFile + ?Sized>(registers: &R, n: Register, is_64: bool) -> u64 {
     let value = if n.0 == 31 { 0 } else { registers.x(n.0) };
     if is_64 { value } else { value & 0xffff_ffff }
 }
 
 /// `X[n] = value` where 31 is the zero register (the write is discarded).
+#[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
 #[cfg_attr(feature = "kernel", unsafe(link_section = ".text.noprobe"))]
 #[cfg_attr(feature = "kernel", allow(unsafe_code, reason = "the no-probe link_section above, nothing else"))]
-#[inline(always)]
 fn write_zr<R: RegisterFile + ?Sized>(registers: &mut R, n: u8, value: u64) {
     if n < 31 {
         registers.set_x(n, value);
@@ -502,9 +502,9 @@ fn write_zr<R: RegisterFile + ?Sized>(registers: &mut R, n: u8, value: u64) {
 
 /// `AddWithCarry(x, y, carry_in)` on 32 or 64 bits: the result (zero-extended
 /// to 64 bits) and NZCV.
+#[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
 #[cfg_attr(feature = "kernel", unsafe(link_section = ".text.noprobe"))]
 #[cfg_attr(feature = "kernel", allow(unsafe_code, reason = "the no-probe link_section above, nothing else"))]
-#[inline(always)]
 pub(crate) fn add_with_carry(x: u64, y: u64, carry_in: bool, is_64: bool) -> (u64, u8) {
     let (bits, mask) = if is_64 { (64, u64::MAX) } else { (32, 0xffff_ffff) };
     let (x, y) = (x & mask, y & mask);

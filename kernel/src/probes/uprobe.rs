@@ -260,12 +260,6 @@ impl Memory for UserMemory {
     }
 }
 
-/// Where the simulator the user probe hit path runs starts (a test checks every branch out of it
-/// goes to no-probe text).
-pub fn user_simulator_text() -> u64 {
-    simulate::<FrameRegisters<'static>, UserMemory> as *const () as u64
-}
-
 /// EL0: SCTLR_EL1.SA0 is clear; TBI0/TBI1 apply to instruction addresses.
 const USER_CONFIG: SimulationConfig =
     SimulationConfig { sp_alignment_check: false, guarded_page: false, instruction_tbi: [true, true] };

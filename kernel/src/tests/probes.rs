@@ -750,9 +750,12 @@ fn call_increment(_: &mut Registers) {
     REENTERED_RESULT.store(unsafe { probe_target_increment(41) }, Ordering::Relaxed);
 }
 
-/// Hit counts of one outer/inner pair: the outer probe's handler calls the inner probe's
-/// function. Returns (outer result, inner result inside the handler, outer counts, inner counts).
-fn reentry_round(outer_method: Method, inner_method: Method) -> Result<(u64, u64, (u64, u64), (u64, u64)), Failure> {
+/// What one outer/inner pair gave: the outer target's result, the inner target's result inside
+/// the outer handler, and the (hits, missed) counts of the outer and the inner probe.
+type ReentryRound = (u64, u64, (u64, u64), (u64, u64));
+
+/// One outer/inner pair: the outer probe's handler calls the inner probe's function.
+fn reentry_round(outer_method: Method, inner_method: Method) -> Result<ReentryRound, Failure> {
     let outer = probe_target_mov as *const () as u64;
     let inner = probe_target_increment as *const () as u64;
     REENTERED_RESULT.store(0, Ordering::Relaxed);
