@@ -3,7 +3,7 @@
 
 use super::exception::ExceptionFrame;
 use super::stack::Slot;
-use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 /// CPUs the kernel can bring up (kernel.ld reserves an IRQ and an overflow slot for each, and an
 /// idle slot for each secondary).
@@ -31,6 +31,23 @@ pub struct PerCpu {
     pub user_apia: [AtomicU64; 2],
     /// This CPU's index (0 for the boot CPU).
     pub index: AtomicU64,
+    /// This CPU's kernel-probe state, owned by `probes::hit` (here so that the hit path reaches
+    /// it from TPIDR_EL1 in one instruction).
+    pub probe: ProbeControl,
+}
+
+/// A CPU's kernel-probe state (Linux's per-CPU `kprobe_ctlblk`): what the hit path is doing and
+/// for which probes. Addresses of probe records, not their type: arch knows nothing of probes;
+/// only `probes::hit` reads or writes these, on their own CPU.
+pub struct ProbeControl {
+    /// `probes::hit`'s status code (idle, handling, stepping, re-entered, ...).
+    pub status: AtomicU32,
+    /// The probe being handled (or stepped), null when idle.
+    pub current: AtomicPtr<()>,
+    /// The probe a re-entered hit interrupted (restored when the re-entered one is done).
+    pub previous: AtomicPtr<()>,
+    /// The interrupted SPSR while a probe's slot is being stepped.
+    pub step_spsr: AtomicU64,
 }
 
 static PER_CPU: [PerCpu; CPUS] = [const {
@@ -46,6 +63,12 @@ static PER_CPU: [PerCpu; CPUS] = [const {
         kernel_apia: [const { AtomicU64::new(0) }; 2],
         user_apia: [const { AtomicU64::new(0) }; 2],
         index: AtomicU64::new(0),
+        probe: ProbeControl {
+            status: AtomicU32::new(0),
+            current: AtomicPtr::new(core::ptr::null_mut()),
+            previous: AtomicPtr::new(core::ptr::null_mut()),
+            step_spsr: AtomicU64::new(0),
+        },
     }
 }; CPUS];
 
