@@ -71,7 +71,12 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     stacktrace::set_stack_sample(cmdline.stack_sample);
     symbols::callsites::init();
     drivers::interrupts::init(layout.gic, platform.virtual_timer_intid);
-    // Each secondary sets up its own GIC interface: after the distributor.
+    drivers::timer::on_tick(task::tick);
+    drivers::timer::on_tick(stacktrace::on_tick);
+    profile::init(platform.pmu_intid);
+    drivers::timer::start(cmdline.hz);
+    // Each secondary sets up its own GIC interface (after the distributor) and its own tick (at
+    // the rate the boot CPU's set).
     let bring_up = task::cpus::bring_up(
         platform.psci,
         &platform.cpus,
@@ -79,10 +84,6 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
         cmdline.cpus,
         cmdline.smp_fail_cpu,
     );
-    drivers::timer::on_tick(task::tick);
-    drivers::timer::on_tick(stacktrace::on_tick);
-    profile::init(platform.pmu_intid);
-    drivers::timer::start(cmdline.hz);
     probes::init();
     task::user::init();
     let traceable = ftrace::init();

@@ -32,7 +32,7 @@
 use core::sync::atomic::{AtomicBool, Ordering};
 
 use super::stacks::TASK_SLOTS;
-use super::{SpawnError, TaskId, scheduler};
+use super::{CpuMask, SpawnError, TaskId};
 use crate::arch::exception::{Esr, ExceptionFrame, STACK_GAP};
 use crate::arch::mmu::pa_of;
 use crate::sync::{Hooks, IrqMask};
@@ -128,7 +128,7 @@ impl UserTask {
 /// Task slot `slot`'s user state. Callers hold IRQs masked (exception handlers, the scheduler,
 /// `spawn`) or read the slot of an ended task, as for every scheduler field.
 fn user(slot: usize) -> &'static mut UserTask {
-    &mut scheduler().tasks[slot].user
+    super::user_state(slot)
 }
 
 fn space(slot: usize) -> &'static mut Space {
@@ -277,16 +277,16 @@ pub fn spawn(name: &'static str, entry: u64, arguments: [u64; 3], options: Optio
     assert!(INITIALISED.load(Ordering::Relaxed), "task::user::init first");
     assert!(kernel_text_address(entry).is_some(), "user entry must be user text");
     let _masked = IrqMask::new();
-    let id = super::spawn(name, user_task_main, 0)?;
+    // Starts on this CPU (no other CPU may pick it before its space is built), with IRQs
+    // masked until it enters EL0 when the options say so.
+    let daif = if options.irqs_masked { 0x3c0 } else { 0 };
+    let id = super::spawn_with(CpuMask::one(super::this_cpu()), name, user_task_main, 0, daif)?;
     build_space(id.0, options);
     for hook in USER_SPAWN_HOOKS.iter() {
         hook(id.0);
     }
     let spsr = if options.irqs_masked { 0x3c0 } else { 0 };
     *user(id.0) = UserTask { active: true, entry, arguments, spsr, exit_code: None, fault: None, apia: new_key(id.0) };
-    if options.irqs_masked {
-        scheduler().tasks[id.0].context.daif = 0x3c0;
-    }
     Ok(id)
 }
 
