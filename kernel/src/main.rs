@@ -75,6 +75,8 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     drivers::timer::on_tick(stacktrace::on_tick);
     profile::init(platform.pmu_intid);
     drivers::timer::start(cmdline.hz);
+    // Before the secondaries: each runs the per-CPU half as it comes up.
+    task::user::init();
     // Each secondary sets up its own GIC interface (after the distributor) and its own tick (at
     // the rate the boot CPU's set).
     let bring_up = task::cpus::bring_up(
@@ -85,7 +87,6 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
         cmdline.smp_fail_cpu,
     );
     probes::init();
-    task::user::init();
     let traceable = ftrace::init();
 
     if cmdline.run == cmdline::Run::Demo {

@@ -78,6 +78,7 @@ fn secondary_idle(cpu: usize) -> ! {
     crate::drivers::interrupts::init_this_cpu();
     super::become_idle(cpu);
     crate::drivers::timer::start_this_cpu();
+    super::user::init_this_cpu();
     smp::mark_this_cpu_online();
     crate::arch::cpu::enable_interrupts();
     super::idle_loop()

@@ -154,11 +154,20 @@ pub fn pan_enabled() -> bool {
 }
 
 /// Turns on TTBR0 walks (on an empty table), PAN where the CPU has it, and EL0 access to the
-/// virtual counter and the PMU cycle counter (the user bench loops read them). Once.
+/// virtual counter and the PMU cycle counter (the user bench loops read them), on this CPU; the
+/// secondaries run `init_this_cpu` as they come up (after this). Once.
 pub fn init() {
     if INITIALISED.swap(true, Ordering::SeqCst) {
         return;
     }
+    HAS_PAN.store(cpu_has_pan(), Ordering::Relaxed);
+    init_this_cpu();
+}
+
+/// `init`'s per-CPU half: this CPU's copy of the kernel's APIA key (vectors.S switches keys on
+/// every entry from and return to EL0), TTBR0 walks on an empty table, EL0 counter access, PAN.
+pub fn init_this_cpu() {
+    assert!(INITIALISED.load(Ordering::Relaxed), "task::user::init first");
     if crate::arch::cpu::PointerAuth::detect() != crate::arch::cpu::PointerAuth::None {
         let (low, high): (u64, u64);
         // SAFETY: reads the APIA key registers, which exist on this CPU (PAuth detected; boot.S
@@ -172,8 +181,7 @@ pub fn init() {
         cpu.kernel_apia[1].store(high, Ordering::Relaxed);
         cpu.pauth_keys.store(1, Ordering::Relaxed);
     }
-    let has_pan = cpu_has_pan();
-    HAS_PAN.store(has_pan, Ordering::Relaxed);
+    let has_pan = HAS_PAN.load(Ordering::Relaxed);
     let empty = pa_of(core::ptr::addr_of!(EMPTY_L1) as u64);
     // SAFETY: TTBR0 gets a valid (empty) table before EPD0 lets the walker use it; the TLB is
     // flushed after. CNTKCTL_EL1.EL0VCTEN (bit 1) and PMUSERENR_EL0.EN|CR (bits 0, 2) only grant
@@ -329,12 +337,13 @@ fn build_space(slot: usize, options: Options) {
         space.l3.0[l3_index(USER_STACK_BASE + index as u64 * PAGE)] = pa_of(page as *const Page as u64) | USER_DATA;
     }
     // SAFETY: publishes the tables and drops whatever an earlier space of this ASID left in the
-    // TLB; the slot's task has not run yet.
+    // TLB of every CPU (inner-shareable: the slot's last task may have run on another CPU); the
+    // slot's task has not run yet.
     unsafe {
         core::arch::asm!(
             "dsb ishst",
-            "tlbi aside1, {asid}",
-            "dsb nsh",
+            "tlbi aside1is, {asid}",
+            "dsb ish",
             "isb",
             asid = in(reg) asid(slot) << 48,
             options(nostack, preserves_flags)
@@ -418,7 +427,18 @@ pub fn fault(id: TaskId) -> Option<UserFault> {
 
 /// Runs `entry(arguments)` at EL0 to its end and returns its exit code, or the fault.
 pub fn run(entry: u64, arguments: [u64; 3], options: Options) -> Result<u64, UserFault> {
-    let id = spawn("user", entry, arguments, options).expect("a free task slot");
+    run_on(super::this_cpu(), entry, arguments, options)
+}
+
+/// `run` in a task pinned to CPU `cpu`.
+pub fn run_on(cpu: usize, entry: u64, arguments: [u64; 3], options: Options) -> Result<u64, UserFault> {
+    let id = {
+        // Masked from spawn to the move, so the task never starts on this CPU.
+        let _masked = IrqMask::new();
+        let id = spawn("user", entry, arguments, options).expect("a free task slot");
+        super::set_affinity(id, CpuMask::one(cpu));
+        id
+    };
     super::join(id);
     match (exit_code(id), fault(id)) {
         (Some(code), _) => Ok(code),
