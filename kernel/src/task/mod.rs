@@ -352,15 +352,16 @@ fn pick_next(scheduler: &Scheduler, me: usize, current: usize) -> usize {
         .unwrap_or_else(|| idle_task(me))
 }
 
-/// Switches to the next runnable task, if there is another. IRQs masked, run queue unlocked.
-fn schedule() {
+/// Switches to the next runnable task, if there is another (returns whether it switched). IRQs
+/// masked, run queue unlocked.
+fn schedule() -> bool {
     lock_run_queue();
-    switch_locked();
+    switch_locked()
 }
 
 /// `schedule` with the run queue locked by the caller; returns with it unlocked (in the task it
 /// switched back to, maybe on another CPU).
-fn switch_locked() {
+fn switch_locked() -> bool {
     let scheduler = scheduler();
     let cpu = percpu::this_cpu();
     let me = cpu.index.load(Ordering::Relaxed) as usize;
@@ -372,7 +373,7 @@ fn switch_locked() {
             panic!("no runnable task on CPU {} (the idle task ended)", me);
         }
         unlock_run_queue();
-        return;
+        return false;
     }
     scheduler.tasks[current].on_cpu = NOT_RUNNING;
     scheduler.tasks[next].on_cpu = me as u8;
@@ -387,12 +388,13 @@ fn switch_locked() {
     unsafe { switch_to(prev_context, next_context) };
     // Back in this task, switched to by a CPU that locked the run queue for it.
     unlock_run_queue();
+    true
 }
 
-/// Gives the CPU to the next runnable task.
-pub fn yield_now() {
+/// Gives the CPU to the next runnable task; returns whether another task ran.
+pub fn yield_now() -> bool {
     let _masked = IrqMask::new();
-    schedule();
+    schedule()
 }
 
 /// The timer tick asks for a task switch at the end of the IRQ.
@@ -434,6 +436,8 @@ pub(crate) extern "C" fn task_exit_current() -> ! {
     let scheduler = scheduler();
     scheduler.tasks[index].shadow_high_water = high_water;
     scheduler.tasks[index].state = State::Exited;
+    // Wakes a `join` waiting with `wfe` on another CPU (it reads the state under the lock).
+    cpu::send_event();
     switch_locked();
     unreachable!("an exited task was resumed");
 }
@@ -450,6 +454,7 @@ pub fn kill_current(reason: KillReason) -> ! {
     let scheduler = scheduler();
     scheduler.tasks[index].shadow_high_water = high_water;
     scheduler.tasks[index].state = State::Killed(reason);
+    cpu::send_event();
     switch_locked();
     unreachable!("a killed task was resumed");
 }
@@ -498,13 +503,16 @@ pub fn current_slot() -> Slot {
     task_slot(current().0)
 }
 
-/// Yields until task `id` has ended; returns how it ended.
+/// Yields until task `id` has ended; returns how it ended. With nothing else to run here (the
+/// task runs on another CPU) it waits in `wfe`: the task's end sends an event, and the tick
+/// (an interrupt) ends the wait too.
 pub fn join(id: TaskId) -> State {
     loop {
         match state(id) {
             State::Runnable => {
-                yield_now();
-                core::hint::spin_loop();
+                if !yield_now() {
+                    cpu::wait_for_event();
+                }
             }
             ended => return ended,
         }
