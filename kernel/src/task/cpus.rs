@@ -84,6 +84,35 @@ fn secondary_idle(cpu: usize) -> ! {
     super::idle_loop()
 }
 
+/// A grace period: waits until every other online CPU has passed a quiescent point (a task
+/// switch or an idle pass: `task::quiescent_point`) after the call began. Each is sent a wake-up
+/// SGI, whose end reschedules it (a switch or not, a quiescent point), so an idle or busy CPU
+/// answers at once rather than at its next tick. Waits with `wfe`; panics naming a CPU that
+/// has not answered within 100 ms (one running with IRQs masked, or stuck).
+pub fn synchronize() {
+    let me = crate::arch::percpu::this_cpu_index();
+    let others = smp::online_mask() & !(1 << me) & !STOPPED.load(Ordering::Acquire);
+    if others == 0 {
+        return;
+    }
+    // The caller's patch is visible before the counts are read (see `quiescent_point`).
+    core::sync::atomic::fence(Ordering::SeqCst);
+    let count = |cpu: usize| crate::arch::percpu::cpu_data(cpu).quiescent.load(Ordering::Acquire);
+    let before: [u64; stacks::CPUS] = core::array::from_fn(count);
+    let waiting = || (0..stacks::CPUS).filter(move |&cpu| others & (1 << cpu) != 0);
+    for cpu in waiting() {
+        crate::drivers::interrupts::send_wake(cpu);
+    }
+    let passed = || waiting().all(|cpu| count(cpu) != before[cpu]);
+    if !crate::arch::cpu::wait_until(SYNCHRONIZE_MS, passed) {
+        let stuck = waiting().find(|&cpu| count(cpu) == before[cpu]).unwrap_or(usize::MAX);
+        panic!("grace period: cpu {} passed no quiescent point within {} ms", stuck, SYNCHRONIZE_MS);
+    }
+}
+
+/// How long `synchronize` waits for the other CPUs.
+const SYNCHRONIZE_MS: u64 = 100;
+
 /// CPUs online now.
 pub fn online() -> usize {
     smp::online_count()

@@ -366,7 +366,7 @@ fn switch_locked() -> bool {
     let cpu = percpu::this_cpu();
     let me = cpu.index.load(Ordering::Relaxed) as usize;
     let current = cpu.current_task.load(Ordering::Relaxed);
-    cpu.quiescent.fetch_add(1, Ordering::Relaxed);
+    quiescent_point(cpu);
     let next = pick_next(scheduler, me, current);
     if next == current {
         if scheduler.tasks[current].state != State::Runnable {
@@ -414,9 +414,20 @@ pub fn irq_exit() {
 /// SGI ends `wfi`, and the end of that IRQ switches to whatever became runnable here.
 pub fn idle_loop() -> ! {
     loop {
-        percpu::this_cpu().quiescent.fetch_add(1, Ordering::Relaxed);
+        quiescent_point(percpu::this_cpu());
         cpu::wait_for_interrupt();
     }
+}
+
+/// This CPU is outside every tracer (and every other read-side section the grace period of
+/// `cpus::synchronize` covers). The count is a release store (what this CPU did in a tracer
+/// before is visible before it), followed by a full barrier: a later load of a patched literal
+/// or instruction cannot be satisfied before the count is visible, so a waiter that still sees
+/// the old count had published its patch before this CPU loads it (store-buffering order).
+#[inline(always)]
+fn quiescent_point(cpu: &percpu::PerCpu) {
+    cpu.quiescent.store(cpu.quiescent.load(Ordering::Relaxed) + 1, Ordering::Release);
+    core::sync::atomic::fence(Ordering::SeqCst);
 }
 
 /// The end of a task's entry function (`task_trampoline`): checks the shadow stack's end marker,

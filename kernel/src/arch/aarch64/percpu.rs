@@ -9,6 +9,14 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering
 /// idle slot for each secondary).
 pub const CPUS: usize = 4;
 
+/// A CPU's ftrace recursion guard (ftrace/trampoline.rs reads and writes it by offset:
+/// `guard` at 0, `recursions` at 8): non-zero while a tracer runs on the CPU.
+#[repr(C)]
+pub struct TracerGuard {
+    pub guard: AtomicU64,
+    pub recursions: AtomicU64,
+}
+
 #[repr(C)]
 pub struct PerCpu {
     pub irq_stack_top: AtomicU64,
@@ -43,6 +51,8 @@ pub struct PerCpu {
     /// Bumped each time this CPU passes a quiescent point (a task switch, an idle pass): a
     /// grace period waits until every other online CPU's count moved.
     pub quiescent: AtomicU64,
+    /// This CPU's ftrace recursion guard.
+    pub tracer: TracerGuard,
 }
 
 static PER_CPU: [PerCpu; CPUS] = [const {
@@ -63,6 +73,7 @@ static PER_CPU: [PerCpu; CPUS] = [const {
         context_switches: AtomicU64::new(0),
         ticks: AtomicU64::new(0),
         quiescent: AtomicU64::new(0),
+        tracer: TracerGuard { guard: AtomicU64::new(0), recursions: AtomicU64::new(0) },
     }
 }; CPUS];
 
