@@ -49,11 +49,6 @@ pub fn ticks() -> u64 {
     crate::arch::percpu::this_cpu().ticks.load(Ordering::Relaxed)
 }
 
-/// Ticks CPU `cpu` took.
-pub fn ticks_of(cpu: usize) -> u64 {
-    crate::arch::percpu::cpu_data(cpu).ticks.load(Ordering::Relaxed)
-}
-
 /// Adds `consumer` to what every tick runs (IRQ context, after the count). At init, before the
 /// timer starts.
 pub fn on_tick(consumer: fn()) {

@@ -160,7 +160,8 @@ pub struct Summary {
 static TESTS_RUN: [AtomicU64; crate::task::stacks::CPUS] = [const { AtomicU64::new(0) }; crate::task::stacks::CPUS];
 
 /// The test a secondary runs for `run_spread`, and its outcome.
-static SPREAD_JOB: IrqSpinLock<Option<(fn(&Context) -> Outcome, Context)>> = IrqSpinLock::new(None);
+static SPREAD_JOB: IrqSpinLock<Option<(TestFn, Context)>> = IrqSpinLock::new(None);
+type TestFn = fn(&Context) -> Outcome;
 static SPREAD_OUTCOME: IrqSpinLock<Option<Outcome>> = IrqSpinLock::new(None);
 
 extern "C" fn spread_task(_: u64) {
@@ -176,7 +177,7 @@ extern "C" fn spread_task(_: u64) {
 fn run_spread(index: usize, test: &Test, context: &Context) -> Outcome {
     let online = crate::task::cpus::online();
     let cpu = index % online;
-    if cpu == 0 || CPU0_ONLY.iter().any(|name| test.name == *name) {
+    if cpu == 0 || CPU0_ONLY.contains(&test.name) {
         let outcome = (test.run)(context);
         TESTS_RUN[crate::task::this_cpu()].fetch_add(1, Ordering::Relaxed);
         return outcome;
@@ -200,7 +201,7 @@ const CPU0_ONLY: &[&str] = &["trap_this_cpu_is_tpidr_el1", "short_buffer_stops_a
 
 /// Per CPU: context switches, IRQs (timer ticks and wake-up SGIs) and tests run.
 fn print_cpu_summary() {
-    for cpu in 0..crate::task::cpus::online() {
+    for (cpu, tests_run) in TESTS_RUN.iter().enumerate().take(crate::task::cpus::online()) {
         let data = crate::arch::percpu::cpu_data(cpu);
         defmt::info!(
             "cpu {=usize}: {=u64} context switches, {=u64} IRQs ({=u64} ticks, {=u64} wake-ups), {=u64} tests run",
@@ -209,7 +210,7 @@ fn print_cpu_summary() {
             data.ticks.load(Ordering::Relaxed) + crate::task::cpus::wakes(cpu),
             data.ticks.load(Ordering::Relaxed),
             crate::task::cpus::wakes(cpu),
-            TESTS_RUN[cpu].load(Ordering::Relaxed)
+            tests_run.load(Ordering::Relaxed)
         );
     }
 }
