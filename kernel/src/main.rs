@@ -61,6 +61,7 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
         Ok(layout) => layout,
         Err(error) => panic!("memory init: {:?}", defmt::Debug2Format(&error)),
     };
+    arch::mmu::use_local_tlbi(cmdline.smp_local_tlbi);
     stacktrace::init_depot();
     // Tag checks on before the heap hands out the first tagged pointer (and tags its memory).
     arch::mte::choose_mode(cmdline.kasan_mode);

@@ -336,19 +336,9 @@ fn build_space(slot: usize, options: Options) {
         }
         space.l3.0[l3_index(USER_STACK_BASE + index as u64 * PAGE)] = pa_of(page as *const Page as u64) | USER_DATA;
     }
-    // SAFETY: publishes the tables and drops whatever an earlier space of this ASID left in the
-    // TLB of every CPU (inner-shareable: the slot's last task may have run on another CPU); the
-    // slot's task has not run yet.
-    unsafe {
-        core::arch::asm!(
-            "dsb ishst",
-            "tlbi aside1is, {asid}",
-            "dsb ish",
-            "isb",
-            asid = in(reg) asid(slot) << 48,
-            options(nostack, preserves_flags)
-        )
-    };
+    // Publishes the tables and drops whatever an earlier space of this ASID left in the TLB of
+    // every CPU (the slot's last task may have run on another one); its task has not run yet.
+    crate::arch::mmu::invalidate_asid(asid(slot));
 }
 
 /// Points TTBR0 at the address space of task slot `next` (called by the scheduler, IRQs masked).

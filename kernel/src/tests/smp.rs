@@ -15,6 +15,7 @@ pub const TESTS: &[Test] = &[
     Test { name: "wake_sgi_reaches_every_cpu", run: wake_sgi_reaches_every_cpu },
     Test { name: "smp_tasks_run_on_every_cpu", run: smp_tasks_run_on_every_cpu },
     Test { name: "smp_kretprobe_migrates", run: smp_kretprobe_migrates },
+    Test { name: "smp_tlb_shootdown", run: smp_tlb_shootdown },
 ];
 
 /// Each wanted CPU is online and set up its own per-CPU entry (index, IRQ and overflow stacks):
@@ -218,5 +219,81 @@ fn smp_kretprobe_migrates(_: &Context) -> Outcome {
         }
     }
     check!(methods_run >= 2);
+    Ok(Verdict::Passed)
+}
+
+/// The shootdown test's phases: observers touch the page (and count themselves), then wait for
+/// the change; what each read after it.
+static TOUCHED: AtomicUsize = AtomicUsize::new(0);
+static CHANGED: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+static SEEN_BEFORE: [AtomicU64; stacks::CPUS] = [const { AtomicU64::new(0) }; stacks::CPUS];
+static SEEN_AFTER: [AtomicU64; stacks::CPUS] = [const { AtomicU64::new(0) }; stacks::CPUS];
+
+/// What frame `index` of the test page holds.
+const fn frame_mark(index: usize) -> u64 {
+    0x7157_0000_0000_0000 | index as u64
+}
+
+fn read_test_page() -> u64 {
+    // SAFETY: mm::init maps TLB_TEST_PAGE (to one of the two test frames) for good.
+    unsafe { core::ptr::read_volatile(crate::arch::mmu::TLB_TEST_PAGE as *const u64) }
+}
+
+/// On its CPU: reads the test page (its TLB now holds the translation), waits with `wfe` for
+/// the change, reads it again.
+extern "C" fn tlb_observer(cpu: u64) {
+    let cpu = cpu as usize;
+    SEEN_BEFORE[cpu].store(read_test_page(), Ordering::Relaxed);
+    TOUCHED.fetch_add(1, Ordering::Release);
+    cpu::send_event();
+    let deadline = crate::drivers::timer::counter() + crate::drivers::timer::frequency() / 2;
+    while !CHANGED.load(Ordering::Acquire) && crate::drivers::timer::counter() < deadline {
+        cpu::wait_for_event();
+    }
+    SEEN_AFTER[cpu].store(read_test_page(), Ordering::Relaxed);
+}
+
+/// A kernel mapping changed on one CPU is seen changed on the others, which had touched the
+/// page first (their TLBs held the old translation): the change is invalidated with a broadcast
+/// `tlbi vaae1is`. Under `smp.tlbi=local` the invalidation stays on this CPU and the others keep
+/// reading the old frame: this test fails (xtask's failure path `smp-local-tlbi`).
+fn smp_tlb_shootdown(_: &Context) -> Outcome {
+    let wanted = cpus::wanted();
+    if wanted == 1 {
+        return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
+    }
+    let me = task::this_cpu();
+    for index in 0..2 {
+        let frame = (crate::mm::tlb_test_frame(index) + crate::arch::mmu::VA_OFFSET) as *mut u64;
+        // SAFETY: the test frames are this test's own page-aligned static pages.
+        unsafe { core::ptr::write_volatile(frame, frame_mark(index)) };
+    }
+    crate::arch::mmu::retarget_test_page(crate::mm::tlb_test_frame(0));
+    check_eq!(read_test_page(), frame_mark(0));
+    TOUCHED.store(0, Ordering::Relaxed);
+    CHANGED.store(false, Ordering::Relaxed);
+    let mut ids = [None; stacks::CPUS];
+    let observers = (0..wanted).filter(|&cpu| cpu != me);
+    for cpu in observers.clone() {
+        SEEN_BEFORE[cpu].store(0, Ordering::Relaxed);
+        SEEN_AFTER[cpu].store(0, Ordering::Relaxed);
+        ids[cpu] = Some(
+            task::spawn_on(CpuMask::one(cpu), "tlb-observer", tlb_observer, cpu as u64).map_err(|_| fail("spawn"))?,
+        );
+    }
+    check!(cpu::wait_until(500, || TOUCHED.load(Ordering::Acquire) == wanted - 1));
+    crate::arch::mmu::retarget_test_page(crate::mm::tlb_test_frame(1));
+    check_eq!(read_test_page(), frame_mark(1));
+    CHANGED.store(true, Ordering::Release);
+    cpu::send_event();
+    for cpu in observers {
+        check!(task::join(ids[cpu].expect("spawned above")) == State::Exited);
+        check_eq!(SEEN_BEFORE[cpu].load(Ordering::Relaxed), frame_mark(0));
+        let after = SEEN_AFTER[cpu].load(Ordering::Relaxed);
+        if after != frame_mark(1) {
+            defmt::error!("  cpu {=usize} still reads the old frame after the change", cpu);
+        }
+        check_eq!(after, frame_mark(1));
+    }
     Ok(Verdict::Passed)
 }
