@@ -16,6 +16,7 @@ pub const TESTS: &[Test] = &[
     Test { name: "smp_tasks_run_on_every_cpu", run: smp_tasks_run_on_every_cpu },
     Test { name: "smp_kretprobe_migrates", run: smp_kretprobe_migrates },
     Test { name: "smp_tlb_shootdown", run: smp_tlb_shootdown },
+    Test { name: "smp_depot_concurrent_saves", run: smp_depot_concurrent_saves },
 ];
 
 /// Each wanted CPU is online and set up its own per-CPU entry (index, IRQ and overflow stacks):
@@ -294,6 +295,137 @@ fn smp_tlb_shootdown(_: &Context) -> Outcome {
             defmt::error!("  cpu {=usize} still reads the old frame after the change", cpu);
         }
         check_eq!(after, frame_mark(1));
+    }
+    Ok(Verdict::Passed)
+}
+
+/// Traces the depot test saves: `DEPOT_TRACES` of them, every CPU all of them, each CPU in its
+/// own order, `DEPOT_ROUNDS` times.
+const DEPOT_TRACES: usize = 48;
+const DEPOT_ROUNDS: usize = 40;
+/// Rounds whose every save starts at a barrier of all savers.
+const BARRIER_ROUNDS: usize = 4;
+/// Per CPU and trace: the raw handle it got (0: none yet), and a handle that differed from the
+/// one it got before (a trace stored twice).
+static DEPOT_HANDLES: [[AtomicU64; DEPOT_TRACES]; stacks::CPUS] =
+    [const { [const { AtomicU64::new(0) }; DEPOT_TRACES] }; stacks::CPUS];
+static DEPOT_ERRORS: AtomicU64 = AtomicU64::new(0);
+/// CPUs inside `DEPOT.save` now, and the most seen at once (the overlap witness).
+static INSIDE: AtomicUsize = AtomicUsize::new(0);
+static MOST_INSIDE: AtomicUsize = AtomicUsize::new(0);
+/// Set by the runner when every saver is spawned: they start together.
+static GO: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// Trace `index` of a run (`salt` makes each run's traces new to the depot): frames that look
+/// like kernel return addresses, of lengths 3..=18.
+fn depot_trace(index: usize, salt: u64, buffer: &mut [u64; 18]) -> &[u64] {
+    let length = 3 + index % 16;
+    for (depth, frame) in buffer.iter_mut().enumerate().take(length) {
+        *frame = 0xffff_ff80_4000_0000 + salt * 0x10_0000 + (index as u64) * 0x1000 + depth as u64 * 4;
+    }
+    &buffer[..length]
+}
+
+static DEPOT_SALT: AtomicU64 = AtomicU64::new(0);
+/// The savers taking part, and how many arrived at the barrier so far (round 0).
+static SAVERS: AtomicUsize = AtomicUsize::new(0);
+static ARRIVED: AtomicUsize = AtomicUsize::new(0);
+
+/// One CPU's saves: all traces, many rounds; checks that each save of a trace gives the same
+/// handle.
+extern "C" fn depot_saver(cpu: u64) {
+    let cpu = cpu as usize;
+    let salt = DEPOT_SALT.load(Ordering::Relaxed);
+    while !GO.load(Ordering::Acquire) {
+        cpu::wait_for_event();
+    }
+    let mut buffer = [0; 18];
+    let savers = SAVERS.load(Ordering::Relaxed);
+    for round in 0..DEPOT_ROUNDS {
+        for step in 0..DEPOT_TRACES {
+            if round < BARRIER_ROUNDS {
+                // All CPUs reach each trace together: in round 0 they race to insert it, later
+                // to look it up.
+                let arrived = ARRIVED.fetch_add(1, Ordering::AcqRel) + 1;
+                let target = (round * DEPOT_TRACES + step + 1) * savers;
+                if arrived == target {
+                    cpu::send_event();
+                }
+                while ARRIVED.load(Ordering::Acquire) < target {
+                    cpu::wait_for_event();
+                }
+            }
+            // The barrier rounds in one order for all, then each CPU in its own.
+            let index = if round < BARRIER_ROUNDS { step } else { (step * (2 * cpu + 1) + round) % DEPOT_TRACES };
+            let frames = depot_trace(index, salt, &mut buffer);
+            let inside = INSIDE.fetch_add(1, Ordering::AcqRel) + 1;
+            MOST_INSIDE.fetch_max(inside, Ordering::Relaxed);
+            let saved = crate::stacktrace::DEPOT.save(frames);
+            INSIDE.fetch_sub(1, Ordering::AcqRel);
+            let Ok(handle) = saved else {
+                DEPOT_ERRORS.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            let raw = u64::from(handle.to_raw());
+            let seen = DEPOT_HANDLES[cpu][index].swap(raw, Ordering::Relaxed);
+            if seen != 0 && seen != raw {
+                DEPOT_ERRORS.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Every CPU saves an overlapping set of new traces into the stack depot at once: each handle
+/// gives back exactly its trace, and all CPUs got the same handle for a trace (none stored
+/// twice). Prints its overlap witness, the most CPUs inside `save` at once; without icount it
+/// must reach 2 (under icount the CPUs take turns in long slices, so it is only printed).
+fn smp_depot_concurrent_saves(context: &Context) -> Outcome {
+    let wanted = cpus::wanted();
+    if wanted == 1 {
+        return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
+    }
+    let salt = DEPOT_SALT.fetch_add(1, Ordering::Relaxed) + 1 + (crate::drivers::timer::counter() & 0xff) * 64;
+    DEPOT_SALT.store(salt, Ordering::Relaxed);
+    for handles in &DEPOT_HANDLES {
+        for handle in handles {
+            handle.store(0, Ordering::Relaxed);
+        }
+    }
+    DEPOT_ERRORS.store(0, Ordering::Relaxed);
+    MOST_INSIDE.store(0, Ordering::Relaxed);
+    GO.store(false, Ordering::Relaxed);
+    SAVERS.store(wanted, Ordering::Relaxed);
+    ARRIVED.store(0, Ordering::Relaxed);
+    let before = crate::stacktrace::DEPOT.stats();
+    let mut ids = [None; stacks::CPUS];
+    for (cpu, id) in ids.iter_mut().enumerate().take(wanted) {
+        *id =
+            Some(task::spawn_on(CpuMask::one(cpu), "depot-saver", depot_saver, cpu as u64).map_err(|_| fail("spawn"))?);
+    }
+    GO.store(true, Ordering::Release);
+    cpu::send_event();
+    for id in ids.iter().take(wanted) {
+        check!(task::join(id.expect("spawned above")) == State::Exited);
+    }
+    let after = crate::stacktrace::DEPOT.stats();
+    let most = MOST_INSIDE.load(Ordering::Relaxed);
+    defmt::info!("  overlap witness: at most {=usize} of {=usize} CPUs inside the depot's save at once", most, wanted);
+    check_eq!(DEPOT_ERRORS.load(Ordering::Relaxed), 0);
+    // Exactly one new record per trace.
+    check_eq!(after.records - before.records, DEPOT_TRACES);
+    let mut buffer = [0; 18];
+    let mut fetched = [0; unwind::MAX_FRAMES];
+    for index in 0..DEPOT_TRACES {
+        let raw = DEPOT_HANDLES[0][index].load(Ordering::Relaxed);
+        for handles in DEPOT_HANDLES.iter().take(wanted) {
+            check_eq!(handles[index].load(Ordering::Relaxed), raw);
+        }
+        let handle = stackdepot::DepotHandle::from_raw(raw as u32).ok_or(fail("a handle for every trace"))?;
+        let frames = crate::stacktrace::DEPOT.fetch(handle, &mut fetched).ok_or(fail("the handle fetches"))?;
+        check!(frames == depot_trace(index, salt, &mut buffer));
+    }
+    if !context.icount {
+        check!(most >= 2);
     }
     Ok(Verdict::Passed)
 }
