@@ -8,7 +8,7 @@
 //! a probe there would recurse, which the nesting check turns into a report instead of a stack
 //! overflow.
 
-use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::Ordering;
 
 use super::Registers;
 use super::frame::{FrameRegisters, registers};
@@ -17,26 +17,17 @@ use crate::arch::exception::ExceptionFrame;
 use crate::arch::step::{self, MDSCR_KDE, MDSCR_SS, SPSR_BTYPE, SPSR_D, SPSR_DAIF, SPSR_F, SPSR_I, SPSR_SS};
 use probes::{Fault, Memory, Simulated, SimulationConfig, simulate};
 
-/// This CPU's hit state (one CPU for now), in one static so that the hit path materialises one
-/// address (the kernel is built with the large code model: 4 instructions per address).
-struct CpuState {
-    /// 0: no handler running; 1: a handler is running (a hit now is missed); 2: a missed hit is
-    /// being performed (a hit now means the hit path itself was probed: refused, reported).
-    /// Only ever changed by code that restores it before returning, so nested exceptions see a
-    /// consistent value without read-modify-write.
-    nesting: AtomicU32,
-    /// The probe whose slot is executing, the SPSR it was hit with, and the nesting to restore.
-    stepping: AtomicPtr<Probe>,
-    step_spsr: AtomicU64,
-    step_nesting: AtomicU32,
+/// This CPU's hit state, in its per-CPU data (reached through TPIDR_EL1: cheaper than a static
+/// under the large code model). `nesting`: 0 no handler running; 1 a handler is running (a hit
+/// now is missed); 2 a missed hit is being performed (a hit now means the hit path itself was
+/// probed: refused, reported); only ever changed by code that restores it before returning, so
+/// nested exceptions see a consistent value without read-modify-write. `stepping`,
+/// `step_spsr`, `step_nesting`: the probe whose slot is executing, the SPSR it was hit with, and
+/// the nesting to restore. Per CPU: hits on several CPUs at once are independent.
+#[inline(always)]
+fn cpu() -> &'static crate::arch::percpu::ProbeHitState {
+    &crate::arch::percpu::this_cpu().probe_hit
 }
-
-static CPU: CpuState = CpuState {
-    nesting: AtomicU32::new(0),
-    stepping: AtomicPtr::new(core::ptr::null_mut()),
-    step_spsr: AtomicU64::new(0),
-    step_nesting: AtomicU32::new(0),
-};
 
 /// What the simulator needs to know about EL1: SCTLR_EL1.SA is set (arch/aarch64/mod.rs), and
 /// TCR_EL1.TBI0/TBI1 apply to instruction addresses (TBID0/1 are clear).
@@ -98,11 +89,11 @@ pub fn on_brk(frame: &mut ExceptionFrame) -> bool {
     let Some(probe) = lookup(frame.elr) else {
         return false;
     };
-    let nesting = CPU.nesting.load(Ordering::Relaxed);
+    let nesting = cpu().nesting.load(Ordering::Relaxed);
     if nesting >= 2 {
         return false;
     }
-    CPU.nesting.store(nesting + 1, Ordering::Relaxed);
+    cpu().nesting.store(nesting + 1, Ordering::Relaxed);
     let missed = nesting == 1;
     if missed {
         probe.missed.fetch_add(1, Ordering::Relaxed);
@@ -120,7 +111,7 @@ pub fn on_brk(frame: &mut ExceptionFrame) -> bool {
             if !missed && let Some(post) = probe.post {
                 post(registers);
             }
-            CPU.nesting.store(nesting, Ordering::Relaxed);
+            cpu().nesting.store(nesting, Ordering::Relaxed);
         }
         Action::SimulateFramePush => {
             // SCTLR_EL1.SA: the original would take an SP alignment fault (reported, as from
@@ -136,16 +127,16 @@ pub fn on_brk(frame: &mut ExceptionFrame) -> bool {
             if !missed && let Some(post) = probe.post {
                 post(registers(frame));
             }
-            CPU.nesting.store(nesting, Ordering::Relaxed);
+            cpu().nesting.store(nesting, Ordering::Relaxed);
         }
         Action::OutOfLine { slot, hardware_step } => {
-            if !CPU.stepping.load(Ordering::Relaxed).is_null() {
+            if !cpu().stepping.load(Ordering::Relaxed).is_null() {
                 // Only a handler can hit a probe here, and handlers never run mid-step.
                 return false;
             }
-            CPU.stepping.store(probe as *const Probe as *mut Probe, Ordering::Relaxed);
-            CPU.step_spsr.store(frame.spsr, Ordering::Relaxed);
-            CPU.step_nesting.store(nesting, Ordering::Relaxed);
+            cpu().stepping.store(probe as *const Probe as *mut (), Ordering::Relaxed);
+            cpu().step_spsr.store(frame.spsr, Ordering::Relaxed);
+            cpu().step_nesting.store(nesting, Ordering::Relaxed);
             frame.elr = slot;
             if hardware_step {
                 // Step exactly the slot's instruction: SS set, debug unmasked, interrupts masked
@@ -188,7 +179,7 @@ pub fn on_software_step(frame: &mut ExceptionFrame) -> bool {
 
 #[unsafe(link_section = ".text.noprobe")]
 fn finish_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
-    let probe = CPU.stepping.load(Ordering::Relaxed);
+    let probe = cpu().stepping.load(Ordering::Relaxed) as *const Probe;
     if probe.is_null() {
         return false;
     }
@@ -204,18 +195,18 @@ fn finish_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
     if hardware_step {
         set_mdscr(MDSCR_KDE | MDSCR_SS, false);
     }
-    let saved = CPU.step_spsr.load(Ordering::Relaxed);
+    let saved = cpu().step_spsr.load(Ordering::Relaxed);
     let restored = SPSR_DAIF | SPSR_SS;
     frame.spsr = (frame.spsr & !restored) | (saved & restored);
     frame.elr = probe.address + 4;
-    CPU.stepping.store(core::ptr::null_mut(), Ordering::Relaxed);
-    let nesting = CPU.step_nesting.load(Ordering::Relaxed);
+    cpu().stepping.store(core::ptr::null_mut(), Ordering::Relaxed);
+    let nesting = cpu().step_nesting.load(Ordering::Relaxed);
     if nesting == 0
         && let Some(post) = probe.post
     {
         post(registers(frame));
     }
-    CPU.nesting.store(nesting, Ordering::Relaxed);
+    cpu().nesting.store(nesting, Ordering::Relaxed);
     true
 }
 
@@ -224,12 +215,12 @@ fn finish_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
 /// NZCV are restored into the context; changes to sp and pc are ignored.
 #[unsafe(link_section = ".text.noprobe")]
 pub extern "C" fn detour_entry(probe: &Probe, registers: &mut Registers) {
-    if CPU.nesting.load(Ordering::Relaxed) != 0 {
+    if cpu().nesting.load(Ordering::Relaxed) != 0 {
         probe.missed.fetch_add(1, Ordering::Relaxed);
         return;
     }
-    CPU.nesting.store(1, Ordering::Relaxed);
+    cpu().nesting.store(1, Ordering::Relaxed);
     probe.hits.fetch_add(1, Ordering::Relaxed);
     (probe.pre)(registers);
-    CPU.nesting.store(0, Ordering::Relaxed);
+    cpu().nesting.store(0, Ordering::Relaxed);
 }

@@ -17,6 +17,7 @@ pub const TESTS: &[Test] = &[
     Test { name: "smp_kretprobe_migrates", run: smp_kretprobe_migrates },
     Test { name: "smp_tlb_shootdown", run: smp_tlb_shootdown },
     Test { name: "smp_depot_concurrent_saves", run: smp_depot_concurrent_saves },
+    Test { name: "smp_kprobe_hits_every_cpu", run: smp_kprobe_hits_every_cpu },
 ];
 
 /// Each wanted CPU is online and set up its own per-CPU entry (index, IRQ and overflow stacks):
@@ -426,6 +427,105 @@ fn smp_depot_concurrent_saves(context: &Context) -> Outcome {
     }
     if !context.icount {
         check!(most >= 2);
+    }
+    Ok(Verdict::Passed)
+}
+
+/// Calls of the probed function per CPU and method.
+const CALLS_PER_CPU: u64 = 10_000;
+static PROBE_HITS: AtomicU64 = AtomicU64::new(0);
+static WRONG_RESULTS: AtomicU64 = AtomicU64::new(0);
+/// CPUs inside a call of the probed function (its BRK, handler and step included) now, and the
+/// most at once (the overlap witness).
+static IN_PROBED_CALL: AtomicUsize = AtomicUsize::new(0);
+static MOST_IN_PROBED_CALL: AtomicUsize = AtomicUsize::new(0);
+/// Callers running (they start when all are).
+static READY: AtomicUsize = AtomicUsize::new(0);
+
+#[inline(never)]
+extern "C" fn probed_sum(a: u64, b: u64) -> u64 {
+    a.wrapping_mul(3).wrapping_add(b)
+}
+
+fn count_concurrent_hit(_: &mut Registers) {
+    PROBE_HITS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// One CPU's calls of the probed function, started together with the others.
+extern "C" fn probed_caller(cpu: u64) {
+    // Starts when every caller is running.
+    if READY.fetch_add(1, Ordering::AcqRel) + 1 == SAVERS.load(Ordering::Relaxed) {
+        cpu::send_event();
+    }
+    while READY.load(Ordering::Acquire) < SAVERS.load(Ordering::Relaxed) {
+        cpu::wait_for_event();
+    }
+    let call: extern "C" fn(u64, u64) -> u64 = core::hint::black_box(probed_sum);
+    for index in 0..CALLS_PER_CPU {
+        let inside = IN_PROBED_CALL.fetch_add(1, Ordering::AcqRel) + 1;
+        MOST_IN_PROBED_CALL.fetch_max(inside, Ordering::Relaxed);
+        let result = call(index, cpu);
+        IN_PROBED_CALL.fetch_sub(1, Ordering::AcqRel);
+        if result != index.wrapping_mul(3).wrapping_add(cpu) {
+            WRONG_RESULTS.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Every CPU calls one kprobe'd function 10,000 times at once, per method: the hit count is
+/// exactly the number of calls (none missed: the hit state is per CPU), every call returns the
+/// right value. Prints its overlap witness, the most CPUs inside a probed call at once (per
+/// method, and the most over all methods, which without icount must reach 2: a detour hit is
+/// short enough that a loaded 2-core host may run its callers one after the other).
+fn smp_kprobe_hits_every_cpu(context: &Context) -> Outcome {
+    let wanted = cpus::wanted();
+    if wanted == 1 {
+        return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
+    }
+    // After the patchable-entry NOPs, which ftrace owns (where the build has them).
+    let target = kretprobe::attach_address(probed_sum as *const () as u64);
+    let (mut methods_run, mut witness) = (0, 0);
+    for method in Method::ALL {
+        match crate::probes::register(target, method, count_concurrent_hit, None) {
+            Ok(()) => {}
+            Err(ProbeError::NotSimulated | ProbeError::NeedsOriginalPc(Text::Kernel)) => continue,
+            Err(error) => {
+                defmt::error!("  {}: {}", method, error);
+                return Err(fail("kprobe registered"));
+            }
+        }
+        methods_run += 1;
+        PROBE_HITS.store(0, Ordering::Relaxed);
+        WRONG_RESULTS.store(0, Ordering::Relaxed);
+        MOST_IN_PROBED_CALL.store(0, Ordering::Relaxed);
+        READY.store(0, Ordering::Relaxed);
+        SAVERS.store(wanted, Ordering::Relaxed);
+        let mut ids = [None; stacks::CPUS];
+        let mut spawned = Ok(());
+        for (cpu, id) in ids.iter_mut().enumerate().take(wanted) {
+            match task::spawn_on(CpuMask::one(cpu), "probed-caller", probed_caller, cpu as u64) {
+                Ok(spawned_id) => *id = Some(spawned_id),
+                Err(_) => spawned = Err(fail("spawn")),
+            }
+        }
+        for id in ids.iter().take(wanted).flatten() {
+            task::join(*id);
+        }
+        let counts = crate::probes::counts(target);
+        check!(crate::probes::unregister(target).is_ok());
+        spawned?;
+        let most = MOST_IN_PROBED_CALL.load(Ordering::Relaxed);
+        defmt::info!("  {}: at most {=usize} of {=usize} CPUs inside the probed call at once", method, most, wanted);
+        let calls = CALLS_PER_CPU * wanted as u64;
+        check_eq!(WRONG_RESULTS.load(Ordering::Relaxed), 0);
+        check_eq!(PROBE_HITS.load(Ordering::Relaxed), calls);
+        check!(counts == Some((calls, 0)));
+        witness = witness.max(most);
+    }
+    check!(methods_run >= 2);
+    defmt::info!("  overlap witness: at most {=usize} of {=usize} CPUs inside a probed call at once", witness, wanted);
+    if !context.icount {
+        check!(witness >= 2);
     }
     Ok(Verdict::Passed)
 }

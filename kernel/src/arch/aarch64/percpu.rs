@@ -17,6 +17,15 @@ pub struct TracerGuard {
     pub recursions: AtomicU64,
 }
 
+/// A CPU's kprobe hit state (probes/hit.rs says what each field means).
+#[repr(C)]
+pub struct ProbeHitState {
+    pub nesting: core::sync::atomic::AtomicU32,
+    pub step_nesting: core::sync::atomic::AtomicU32,
+    pub stepping: AtomicPtr<()>,
+    pub step_spsr: AtomicU64,
+}
+
 #[repr(C)]
 pub struct PerCpu {
     pub irq_stack_top: AtomicU64,
@@ -53,6 +62,8 @@ pub struct PerCpu {
     pub quiescent: AtomicU64,
     /// This CPU's ftrace recursion guard.
     pub tracer: TracerGuard,
+    /// This CPU's kprobe hit state.
+    pub probe_hit: ProbeHitState,
 }
 
 static PER_CPU: [PerCpu; CPUS] = [const {
@@ -74,6 +85,12 @@ static PER_CPU: [PerCpu; CPUS] = [const {
         ticks: AtomicU64::new(0),
         quiescent: AtomicU64::new(0),
         tracer: TracerGuard { guard: AtomicU64::new(0), recursions: AtomicU64::new(0) },
+        probe_hit: ProbeHitState {
+            nesting: core::sync::atomic::AtomicU32::new(0),
+            step_nesting: core::sync::atomic::AtomicU32::new(0),
+            stepping: AtomicPtr::new(core::ptr::null_mut()),
+            step_spsr: AtomicU64::new(0),
+        },
     }
 }; CPUS];
 
