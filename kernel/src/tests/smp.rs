@@ -18,6 +18,7 @@ pub const TESTS: &[Test] = &[
     Test { name: "smp_tlb_shootdown", run: smp_tlb_shootdown },
     Test { name: "smp_depot_concurrent_saves", run: smp_depot_concurrent_saves },
     Test { name: "smp_kprobe_hits_every_cpu", run: smp_kprobe_hits_every_cpu },
+    Test { name: "smp_heap_concurrent_alloc_free", run: smp_heap_concurrent_alloc_free },
 ];
 
 /// Each wanted CPU is online and set up its own per-CPU entry (index, IRQ and overflow stacks):
@@ -526,6 +527,92 @@ fn smp_kprobe_hits_every_cpu(context: &Context) -> Outcome {
     defmt::info!("  overlap witness: at most {=usize} of {=usize} CPUs inside a probed call at once", witness, wanted);
     if !context.icount {
         check!(witness >= 2);
+    }
+    Ok(Verdict::Passed)
+}
+
+/// Allocations per CPU in the heap test.
+const HEAP_ROUNDS: usize = 1500;
+static HEAP_WRONG: AtomicU64 = AtomicU64::new(0);
+/// CPUs inside `heap::allocate` or `heap::free` now, and the most at once (the overlap witness).
+static IN_HEAP: AtomicUsize = AtomicUsize::new(0);
+static MOST_IN_HEAP: AtomicUsize = AtomicUsize::new(0);
+
+fn in_heap<T>(f: impl FnOnce() -> T) -> T {
+    let inside = IN_HEAP.fetch_add(1, Ordering::AcqRel) + 1;
+    MOST_IN_HEAP.fetch_max(inside, Ordering::Relaxed);
+    let result = f();
+    IN_HEAP.fetch_sub(1, Ordering::AcqRel);
+    result
+}
+
+/// One CPU's allocations: objects of varied sizes, filled and checked word by word (every
+/// access tag-checked in `full`), freed; a few kept alive across rounds so frees interleave.
+extern "C" fn heap_worker(cpu: u64) {
+    if READY.fetch_add(1, Ordering::AcqRel) + 1 == SAVERS.load(Ordering::Relaxed) {
+        cpu::send_event();
+    }
+    while READY.load(Ordering::Acquire) < SAVERS.load(Ordering::Relaxed) {
+        cpu::wait_for_event();
+    }
+    let mut kept = [0u64; 4];
+    for round in 0..HEAP_ROUNDS {
+        let words = 1 + (round * 7 + cpu as usize * 13) % 60;
+        let Some(object) = in_heap(|| crate::mm::kasan::heap::allocate(words * 8, 16)) else {
+            HEAP_WRONG.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
+        let pattern = (cpu << 56) | (round as u64) << 16;
+        for word in 0..words {
+            // SAFETY: `object` holds `words` words, allocated above and not yet freed.
+            unsafe { core::ptr::write_volatile((object as *mut u64).add(word), pattern | word as u64) };
+        }
+        for word in 0..words {
+            // SAFETY: as above.
+            if unsafe { core::ptr::read_volatile((object as *const u64).add(word)) } != pattern | word as u64 {
+                HEAP_WRONG.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let slot = round % kept.len();
+        let old = core::mem::replace(&mut kept[slot], object);
+        if old != 0 {
+            in_heap(|| crate::mm::kasan::heap::free(old));
+        }
+    }
+    for object in kept.into_iter().filter(|&object| object != 0) {
+        in_heap(|| crate::mm::kasan::heap::free(object));
+    }
+}
+
+/// Every CPU allocates, fills, checks and frees heap objects at once, with stack collection as
+/// configured: no sanitizer report (no false positive), every word reads back, the heap's audit
+/// passes after. Prints its overlap witness (CPUs inside allocate/free at once); without icount
+/// it must reach 2.
+fn smp_heap_concurrent_alloc_free(context: &Context) -> Outcome {
+    let wanted = cpus::wanted();
+    if wanted == 1 {
+        return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
+    }
+    HEAP_WRONG.store(0, Ordering::Relaxed);
+    MOST_IN_HEAP.store(0, Ordering::Relaxed);
+    READY.store(0, Ordering::Relaxed);
+    SAVERS.store(wanted, Ordering::Relaxed);
+    let reports = crate::mm::kasan::report::count();
+    let mut ids = [None; stacks::CPUS];
+    for (cpu, id) in ids.iter_mut().enumerate().take(wanted) {
+        *id =
+            Some(task::spawn_on(CpuMask::one(cpu), "heap-worker", heap_worker, cpu as u64).map_err(|_| fail("spawn"))?);
+    }
+    for id in ids.iter().take(wanted).flatten() {
+        check!(task::join(*id) == State::Exited);
+    }
+    let most = MOST_IN_HEAP.load(Ordering::Relaxed);
+    defmt::info!("  overlap witness: at most {=usize} of {=usize} CPUs inside the heap at once", most, wanted);
+    check_eq!(crate::mm::kasan::report::count(), reports);
+    check_eq!(HEAP_WRONG.load(Ordering::Relaxed), 0);
+    check!(crate::mm::kasan::heap::audit().is_ok());
+    if !context.icount {
+        check!(most >= 2);
     }
     Ok(Verdict::Passed)
 }
