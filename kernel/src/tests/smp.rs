@@ -19,6 +19,7 @@ pub const TESTS: &[Test] = &[
     Test { name: "smp_depot_concurrent_saves", run: smp_depot_concurrent_saves },
     Test { name: "smp_kprobe_hits_every_cpu", run: smp_kprobe_hits_every_cpu },
     Test { name: "smp_heap_concurrent_alloc_free", run: smp_heap_concurrent_alloc_free },
+    Test { name: "smp_traces_agree_in_irqs_every_cpu", run: smp_traces_agree_in_irqs_every_cpu },
 ];
 
 /// Each wanted CPU is online and set up its own per-CPU entry (index, IRQ and overflow stacks):
@@ -613,6 +614,40 @@ fn smp_heap_concurrent_alloc_free(context: &Context) -> Outcome {
     check!(crate::mm::kasan::heap::audit().is_ok());
     if !context.icount {
         check!(most >= 2);
+    }
+    Ok(Verdict::Passed)
+}
+
+/// The random-point trace test's context and outcome, for the task that runs it on a CPU.
+static AGREE_CONTEXT: crate::sync::IrqSpinLock<Option<Context>> = crate::sync::IrqSpinLock::new(None);
+static AGREE_OUTCOME: crate::sync::IrqSpinLock<Option<Outcome>> = crate::sync::IrqSpinLock::new(None);
+
+extern "C" fn agree_task(_: u64) {
+    let context = AGREE_CONTEXT.lock().take().expect("set by the test");
+    let outcome = super::stacktrace::traces_agree_in_irqs_at_random_points(&context);
+    *AGREE_OUTCOME.lock() = Some(outcome);
+}
+
+/// IRQ-time frame-pointer and shadow-call-stack traces agree (or differ by the predicted window
+/// frame) at 200 random interrupted points, on every CPU in turn: the stacktrace suite's
+/// random-point test run in a task pinned to each CPU (its tick, its IRQ stack, its capture).
+fn smp_traces_agree_in_irqs_every_cpu(context: &Context) -> Outcome {
+    if cpus::wanted() == 1 {
+        return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
+    }
+    for cpu in 0..cpus::wanted() {
+        *AGREE_CONTEXT.lock() = Some(*context);
+        let id = task::spawn_on(CpuMask::one(cpu), "traces-agree", agree_task, 0).map_err(|_| fail("spawn"))?;
+        task::join(id);
+        match AGREE_OUTCOME.lock().take() {
+            Some(Ok(Verdict::Passed)) => {}
+            Some(Ok(Verdict::Skipped(reason))) => return Ok(Verdict::Skipped(reason)),
+            Some(Err(failure)) => {
+                defmt::error!("  on cpu {=usize}", cpu);
+                return Err(failure);
+            }
+            None => return Err(fail("the test's task returned")),
+        }
     }
     Ok(Verdict::Passed)
 }
