@@ -199,12 +199,11 @@ pub fn register_where(ops: &'static Ops, mut filter: impl FnMut(u64) -> bool) ->
             return Err(Error::NoMatch);
         }
         let applied = registry.apply(&mut KernelPatcher)?;
-        // Frees the vector slots this apply retired (a site moving from set {A, B} to
-        // {A, B, C}): without it, registering many tracers one by one would run out of slots.
-        grace_period();
-        registry.grace_period_elapsed(applied.generation);
-        Ok(tracer)
+        Ok((tracer, applied.generation))
     })
+    // Frees the vector slots this apply retired (a site moving from set {A, B} to {A, B, C}):
+    // without it, registering many tracers one by one would run out of slots.
+    .map(|(tracer, generation)| after_grace_period(generation, tracer))
 }
 
 /// Stops `tracer` and returns once no CPU can still be inside it: its ops may then be reused.
@@ -214,27 +213,32 @@ pub fn unregister(tracer: TracerId) -> Result<Applied, Error> {
     }
     with_registry(|registry| {
         registry.unregister(tracer)?;
-        let applied = registry.apply(&mut KernelPatcher)?;
-        grace_period();
-        registry.grace_period_elapsed(applied.generation);
-        Ok(applied)
+        Ok(registry.apply(&mut KernelPatcher)?)
     })
+    .map(|applied| after_grace_period(applied.generation, applied))
 }
 
 /// Switches the dispatch scheme and re-targets every traced site (literal stores only).
 pub fn set_scheme(scheme: Scheme) -> Result<Applied, Error> {
     with_registry(|registry| {
         registry.set_scheme(scheme)?;
-        let applied = registry.apply(&mut KernelPatcher)?;
-        grace_period();
-        registry.grace_period_elapsed(applied.generation);
-        Ok(applied)
+        Ok(registry.apply(&mut KernelPatcher)?)
     })
+    .map(|applied| after_grace_period(applied.generation, applied))
 }
 
-/// Waits until no CPU can still run a tracer through the ops or vectors this apply retired: the
-/// caller is not inside a tracer (checked, or the registry lock is held with IRQs masked so no
-/// tracer can be entered here meanwhile), and every other online CPU passed a quiescent point.
+/// Waits for a grace period, outside the registry lock (a CPU spinning on that lock with IRQs
+/// masked could not pass a quiescent point), then frees what applies up to `generation`
+/// retired (a later generation's grace period, which began after ours, covers ours too).
+fn after_grace_period<T>(generation: u64, result: T) -> T {
+    grace_period();
+    with_registry(|registry| registry.grace_period_elapsed(generation));
+    result
+}
+
+/// Waits until no CPU can still run a tracer through the ops or vectors an apply retired: the
+/// caller is not inside a tracer (checked; and after the apply this CPU's own calls load the new
+/// literals), and every other online CPU passed a quiescent point.
 fn grace_period() {
     debug_assert!(!trampoline::this_cpu().inside_tracer());
     crate::task::cpus::synchronize();
