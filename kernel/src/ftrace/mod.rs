@@ -236,11 +236,23 @@ fn after_grace_period<T>(generation: u64, result: T) -> T {
     result
 }
 
+/// Test-only: grace periods end at once (the test that shows `unregister` waits for the other
+/// CPUs sets it, to prove it would see the difference).
+static SKIP_GRACE_PERIOD: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// Test-only: makes every grace period end at once (`true`) or wait again (`false`).
+pub fn skip_grace_periods_for_test(skip: bool) {
+    SKIP_GRACE_PERIOD.store(skip, core::sync::atomic::Ordering::Relaxed);
+}
+
 /// Waits until no CPU can still run a tracer through the ops or vectors an apply retired: the
 /// caller is not inside a tracer (checked; and after the apply this CPU's own calls load the new
 /// literals), and every other online CPU passed a quiescent point.
 fn grace_period() {
     debug_assert!(!trampoline::this_cpu().inside_tracer());
+    if SKIP_GRACE_PERIOD.load(core::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
     crate::task::cpus::synchronize();
 }
 

@@ -20,6 +20,7 @@ pub const TESTS: &[Test] = &[
     Test { name: "smp_kprobe_hits_every_cpu", run: smp_kprobe_hits_every_cpu },
     Test { name: "smp_heap_concurrent_alloc_free", run: smp_heap_concurrent_alloc_free },
     Test { name: "smp_traces_agree_in_irqs_every_cpu", run: smp_traces_agree_in_irqs_every_cpu },
+    Test { name: "smp_ftrace_unregister_waits_for_other_cpus", run: smp_ftrace_unregister_waits_for_other_cpus },
 ];
 
 /// Each wanted CPU is online and set up its own per-CPU entry (index, IRQ and overflow stacks):
@@ -649,5 +650,78 @@ fn smp_traces_agree_in_irqs_every_cpu(context: &Context) -> Outcome {
             None => return Err(fail("the test's task returned")),
         }
     }
+    Ok(Verdict::Passed)
+}
+
+/// The grace-period test: the slow tracer is running on the other CPU; this CPU is unregistering.
+static SLOW_INSIDE: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+static SLOW_ENTERED: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+static UNREGISTERING: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// A tracer that stays inside (IRQs masked, as every tracer) until the other CPU has started to
+/// unregister it, and 5 ms more; bounded by 50 ms in all.
+#[sanitize(kernel_hwaddress = "off")]
+unsafe extern "C" fn slow_tracer(_: u64, _: u64, _: &crate::ftrace::Ops, _: &mut crate::ftrace::Regs) {
+    SLOW_INSIDE.store(true, Ordering::Release);
+    SLOW_ENTERED.store(true, Ordering::Release);
+    let frequency = crate::drivers::timer::frequency();
+    let deadline = crate::drivers::timer::counter() + frequency / 20;
+    while !UNREGISTERING.load(Ordering::Acquire) && crate::drivers::timer::counter() < deadline {
+        core::hint::spin_loop();
+    }
+    let linger = crate::drivers::timer::counter() + frequency / 200;
+    while crate::drivers::timer::counter() < linger {
+        core::hint::spin_loop();
+    }
+    SLOW_INSIDE.store(false, Ordering::Release);
+}
+
+static SLOW: crate::ftrace::Ops = crate::ftrace::Ops { func: slow_tracer, private: 0 };
+
+#[inline(never)]
+fn grace_target(x: u64) -> u64 {
+    core::hint::black_box(x) + 1
+}
+
+extern "C" fn grace_caller(_: u64) {
+    core::hint::black_box(grace_target(1));
+}
+
+/// One round: CPU 1 enters the slow tracer; this CPU unregisters it meanwhile. Whether CPU 1 was
+/// still inside when `unregister` returned.
+fn unregister_while_inside() -> Result<bool, Failure> {
+    let target = grace_target as *const () as u64;
+    let tracer = crate::ftrace::register_where(&SLOW, |entry| entry + 8 == target)
+        .map_err(|_| fail("grace_target is traceable"))?;
+    SLOW_INSIDE.store(false, Ordering::Relaxed);
+    SLOW_ENTERED.store(false, Ordering::Relaxed);
+    UNREGISTERING.store(false, Ordering::Relaxed);
+    let other = if task::this_cpu() == 1 { 0 } else { 1 };
+    let id = task::spawn_on(CpuMask::one(other), "grace-caller", grace_caller, 0).map_err(|_| fail("spawn"))?;
+    let entered = cpu::wait_until(100, || SLOW_ENTERED.load(Ordering::Acquire));
+    UNREGISTERING.store(true, Ordering::Release);
+    let unregistered = crate::ftrace::unregister(tracer).is_ok();
+    let still_inside = SLOW_INSIDE.load(Ordering::Acquire);
+    task::join(id);
+    check!(entered && unregistered);
+    Ok(still_inside)
+}
+
+/// `ftrace::unregister` returns only when no other CPU can still be inside the tracer: with
+/// another CPU inside it (IRQs masked), unregister waits for that CPU's quiescent point, so the
+/// tracer has been left by then. With grace periods skipped (test-only switch) the same round
+/// must see the other CPU still inside: the check can fail.
+fn smp_ftrace_unregister_waits_for_other_cpus(_: &Context) -> Outcome {
+    if cpus::wanted() == 1 {
+        return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
+    }
+    if crate::symbols::callsites::entries().is_empty() {
+        return Ok(Verdict::Skipped("variant plain has no patchable entries"));
+    }
+    crate::ftrace::skip_grace_periods_for_test(true);
+    let without = unregister_while_inside();
+    crate::ftrace::skip_grace_periods_for_test(false);
+    check!(without?);
+    check!(!unregister_while_inside()?);
     Ok(Verdict::Passed)
 }
