@@ -199,12 +199,11 @@ pub fn register_where(ops: &'static Ops, mut filter: impl FnMut(u64) -> bool) ->
             return Err(Error::NoMatch);
         }
         let applied = registry.apply(&mut KernelPatcher)?;
-        // Frees the vector slots this apply retired (a site moving from set {A, B} to
-        // {A, B, C}): without it, registering many tracers one by one would run out of slots.
-        grace_period();
-        registry.grace_period_elapsed(applied.generation);
-        Ok(tracer)
+        Ok((tracer, applied.generation))
     })
+    // Frees the vector slots this apply retired (a site moving from set {A, B} to {A, B, C}):
+    // without it, registering many tracers one by one would run out of slots.
+    .map(|(tracer, generation)| after_grace_period(generation, tracer))
 }
 
 /// Stops `tracer` and returns once no CPU can still be inside it: its ops may then be reused.
@@ -214,22 +213,18 @@ pub fn unregister(tracer: TracerId) -> Result<Applied, Error> {
     }
     with_registry(|registry| {
         registry.unregister(tracer)?;
-        let applied = registry.apply(&mut KernelPatcher)?;
-        grace_period();
-        registry.grace_period_elapsed(applied.generation);
-        Ok(applied)
+        Ok(registry.apply(&mut KernelPatcher)?)
     })
+    .map(|applied| after_grace_period(applied.generation, applied))
 }
 
 /// Switches the dispatch scheme and re-targets every traced site (literal stores only).
 pub fn set_scheme(scheme: Scheme) -> Result<Applied, Error> {
     with_registry(|registry| {
         registry.set_scheme(scheme)?;
-        let applied = registry.apply(&mut KernelPatcher)?;
-        grace_period();
-        registry.grace_period_elapsed(applied.generation);
-        Ok(applied)
+        Ok(registry.apply(&mut KernelPatcher)?)
     })
+    .map(|applied| after_grace_period(applied.generation, applied))
 }
 
 /// Test-only wrong sequence (the race tests show they catch it): enabling a site writes its BL
@@ -238,11 +233,32 @@ pub fn set_bl_before_literal(wrong: bool) {
     with_registry(|registry| registry.set_bl_before_literal(wrong));
 }
 
-/// Waits until no CPU can still run a tracer through the ops or vectors this apply retired: the
-/// caller is not inside a tracer (checked, or the registry lock is held with IRQs masked so no
-/// tracer can be entered here meanwhile), and every other online CPU passed a quiescent point.
+/// Waits for a grace period, outside the registry lock (a CPU spinning on that lock with IRQs
+/// masked could not pass a quiescent point), then frees what applies up to `generation`
+/// retired (a later generation's grace period, which began after ours, covers ours too).
+fn after_grace_period<T>(generation: u64, result: T) -> T {
+    grace_period();
+    with_registry(|registry| registry.grace_period_elapsed(generation));
+    result
+}
+
+/// Test-only: grace periods end at once (the test that shows `unregister` waits for the other
+/// CPUs sets it, to prove it would see the difference).
+static SKIP_GRACE_PERIOD: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// Test-only: makes every grace period end at once (`true`) or wait again (`false`).
+pub fn skip_grace_periods_for_test(skip: bool) {
+    SKIP_GRACE_PERIOD.store(skip, core::sync::atomic::Ordering::Relaxed);
+}
+
+/// Waits until no CPU can still run a tracer through the ops or vectors an apply retired: the
+/// caller is not inside a tracer (checked; and after the apply this CPU's own calls load the new
+/// literals), and every other online CPU passed a quiescent point.
 fn grace_period() {
     debug_assert!(!trampoline::this_cpu().inside_tracer());
+    if SKIP_GRACE_PERIOD.load(core::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
     crate::task::cpus::synchronize();
 }
 

@@ -16,6 +16,11 @@ pub const TESTS: &[Test] = &[
     Test { name: "smp_tasks_run_on_every_cpu", run: smp_tasks_run_on_every_cpu },
     Test { name: "smp_kretprobe_migrates", run: smp_kretprobe_migrates },
     Test { name: "smp_tlb_shootdown", run: smp_tlb_shootdown },
+    Test { name: "smp_depot_concurrent_saves", run: smp_depot_concurrent_saves },
+    Test { name: "smp_kprobe_hits_every_cpu", run: smp_kprobe_hits_every_cpu },
+    Test { name: "smp_heap_concurrent_alloc_free", run: smp_heap_concurrent_alloc_free },
+    Test { name: "smp_traces_agree_in_irqs_every_cpu", run: smp_traces_agree_in_irqs_every_cpu },
+    Test { name: "smp_ftrace_unregister_waits_for_other_cpus", run: smp_ftrace_unregister_waits_for_other_cpus },
 ];
 
 /// Each wanted CPU is online and set up its own per-CPU entry (index, IRQ and overflow stacks):
@@ -295,5 +300,428 @@ fn smp_tlb_shootdown(_: &Context) -> Outcome {
         }
         check_eq!(after, frame_mark(1));
     }
+    Ok(Verdict::Passed)
+}
+
+/// Traces the depot test saves: `DEPOT_TRACES` of them, every CPU all of them, each CPU in its
+/// own order, `DEPOT_ROUNDS` times.
+const DEPOT_TRACES: usize = 48;
+const DEPOT_ROUNDS: usize = 40;
+/// Rounds whose every save starts at a barrier of all savers.
+const BARRIER_ROUNDS: usize = 4;
+/// Per CPU and trace: the raw handle it got (0: none yet), and a handle that differed from the
+/// one it got before (a trace stored twice).
+static DEPOT_HANDLES: [[AtomicU64; DEPOT_TRACES]; stacks::CPUS] =
+    [const { [const { AtomicU64::new(0) }; DEPOT_TRACES] }; stacks::CPUS];
+static DEPOT_ERRORS: AtomicU64 = AtomicU64::new(0);
+/// CPUs inside `DEPOT.save` now, and the most seen at once (the overlap witness).
+static INSIDE: AtomicUsize = AtomicUsize::new(0);
+static MOST_INSIDE: AtomicUsize = AtomicUsize::new(0);
+/// Set by the runner when every saver is spawned: they start together.
+static GO: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// Trace `index` of a run (`salt` makes each run's traces new to the depot): frames that look
+/// like kernel return addresses, of lengths 3..=18.
+fn depot_trace(index: usize, salt: u64, buffer: &mut [u64; 18]) -> &[u64] {
+    let length = 3 + index % 16;
+    for (depth, frame) in buffer.iter_mut().enumerate().take(length) {
+        *frame = 0xffff_ff80_4000_0000 + salt * 0x10_0000 + (index as u64) * 0x1000 + depth as u64 * 4;
+    }
+    &buffer[..length]
+}
+
+static DEPOT_SALT: AtomicU64 = AtomicU64::new(0);
+/// The savers taking part, and how many arrived at the barrier so far (round 0).
+static SAVERS: AtomicUsize = AtomicUsize::new(0);
+static ARRIVED: AtomicUsize = AtomicUsize::new(0);
+
+/// One CPU's saves: all traces, many rounds; checks that each save of a trace gives the same
+/// handle.
+extern "C" fn depot_saver(cpu: u64) {
+    let cpu = cpu as usize;
+    let salt = DEPOT_SALT.load(Ordering::Relaxed);
+    while !GO.load(Ordering::Acquire) {
+        cpu::wait_for_event();
+    }
+    let mut buffer = [0; 18];
+    let savers = SAVERS.load(Ordering::Relaxed);
+    for round in 0..DEPOT_ROUNDS {
+        for step in 0..DEPOT_TRACES {
+            if round < BARRIER_ROUNDS {
+                // All CPUs reach each trace together: in round 0 they race to insert it, later
+                // to look it up.
+                let arrived = ARRIVED.fetch_add(1, Ordering::AcqRel) + 1;
+                let target = (round * DEPOT_TRACES + step + 1) * savers;
+                if arrived == target {
+                    cpu::send_event();
+                }
+                while ARRIVED.load(Ordering::Acquire) < target {
+                    cpu::wait_for_event();
+                }
+            }
+            // The barrier rounds in one order for all, then each CPU in its own.
+            let index = if round < BARRIER_ROUNDS { step } else { (step * (2 * cpu + 1) + round) % DEPOT_TRACES };
+            let frames = depot_trace(index, salt, &mut buffer);
+            let inside = INSIDE.fetch_add(1, Ordering::AcqRel) + 1;
+            MOST_INSIDE.fetch_max(inside, Ordering::Relaxed);
+            let saved = crate::stacktrace::DEPOT.save(frames);
+            INSIDE.fetch_sub(1, Ordering::AcqRel);
+            let Ok(handle) = saved else {
+                DEPOT_ERRORS.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            let raw = u64::from(handle.to_raw());
+            let seen = DEPOT_HANDLES[cpu][index].swap(raw, Ordering::Relaxed);
+            if seen != 0 && seen != raw {
+                DEPOT_ERRORS.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Every CPU saves an overlapping set of new traces into the stack depot at once: each handle
+/// gives back exactly its trace, and all CPUs got the same handle for a trace (none stored
+/// twice). Prints its overlap witness, the most CPUs inside `save` at once; without icount it
+/// must reach 2 (under icount the CPUs take turns in long slices, so it is only printed).
+fn smp_depot_concurrent_saves(context: &Context) -> Outcome {
+    let wanted = cpus::wanted();
+    if wanted == 1 {
+        return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
+    }
+    let salt = DEPOT_SALT.fetch_add(1, Ordering::Relaxed) + 1 + (crate::drivers::timer::counter() & 0xff) * 64;
+    DEPOT_SALT.store(salt, Ordering::Relaxed);
+    for handles in &DEPOT_HANDLES {
+        for handle in handles {
+            handle.store(0, Ordering::Relaxed);
+        }
+    }
+    DEPOT_ERRORS.store(0, Ordering::Relaxed);
+    MOST_INSIDE.store(0, Ordering::Relaxed);
+    GO.store(false, Ordering::Relaxed);
+    SAVERS.store(wanted, Ordering::Relaxed);
+    ARRIVED.store(0, Ordering::Relaxed);
+    let before = crate::stacktrace::DEPOT.stats();
+    let mut ids = [None; stacks::CPUS];
+    for (cpu, id) in ids.iter_mut().enumerate().take(wanted) {
+        *id =
+            Some(task::spawn_on(CpuMask::one(cpu), "depot-saver", depot_saver, cpu as u64).map_err(|_| fail("spawn"))?);
+    }
+    GO.store(true, Ordering::Release);
+    cpu::send_event();
+    for id in ids.iter().take(wanted) {
+        check!(task::join(id.expect("spawned above")) == State::Exited);
+    }
+    let after = crate::stacktrace::DEPOT.stats();
+    let most = MOST_INSIDE.load(Ordering::Relaxed);
+    defmt::info!("  overlap witness: at most {=usize} of {=usize} CPUs inside the depot's save at once", most, wanted);
+    check_eq!(DEPOT_ERRORS.load(Ordering::Relaxed), 0);
+    // Exactly one new record per trace.
+    check_eq!(after.records - before.records, DEPOT_TRACES);
+    let mut buffer = [0; 18];
+    let mut fetched = [0; unwind::MAX_FRAMES];
+    for index in 0..DEPOT_TRACES {
+        let raw = DEPOT_HANDLES[0][index].load(Ordering::Relaxed);
+        for handles in DEPOT_HANDLES.iter().take(wanted) {
+            check_eq!(handles[index].load(Ordering::Relaxed), raw);
+        }
+        let handle = stackdepot::DepotHandle::from_raw(raw as u32).ok_or(fail("a handle for every trace"))?;
+        let frames = crate::stacktrace::DEPOT.fetch(handle, &mut fetched).ok_or(fail("the handle fetches"))?;
+        check!(frames == depot_trace(index, salt, &mut buffer));
+    }
+    if !context.icount {
+        check!(most >= 2);
+    }
+    Ok(Verdict::Passed)
+}
+
+/// Calls of the probed function per CPU and method.
+const CALLS_PER_CPU: u64 = 10_000;
+static PROBE_HITS: AtomicU64 = AtomicU64::new(0);
+static WRONG_RESULTS: AtomicU64 = AtomicU64::new(0);
+/// CPUs inside a call of the probed function (its BRK, handler and step included) now, and the
+/// most at once (the overlap witness).
+static IN_PROBED_CALL: AtomicUsize = AtomicUsize::new(0);
+static MOST_IN_PROBED_CALL: AtomicUsize = AtomicUsize::new(0);
+/// Callers running (they start when all are).
+static READY: AtomicUsize = AtomicUsize::new(0);
+
+#[inline(never)]
+extern "C" fn probed_sum(a: u64, b: u64) -> u64 {
+    a.wrapping_mul(3).wrapping_add(b)
+}
+
+fn count_concurrent_hit(_: &mut Registers) {
+    PROBE_HITS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// One CPU's calls of the probed function, started together with the others.
+extern "C" fn probed_caller(cpu: u64) {
+    // Starts when every caller is running.
+    if READY.fetch_add(1, Ordering::AcqRel) + 1 == SAVERS.load(Ordering::Relaxed) {
+        cpu::send_event();
+    }
+    while READY.load(Ordering::Acquire) < SAVERS.load(Ordering::Relaxed) {
+        cpu::wait_for_event();
+    }
+    let call: extern "C" fn(u64, u64) -> u64 = core::hint::black_box(probed_sum);
+    for index in 0..CALLS_PER_CPU {
+        let inside = IN_PROBED_CALL.fetch_add(1, Ordering::AcqRel) + 1;
+        MOST_IN_PROBED_CALL.fetch_max(inside, Ordering::Relaxed);
+        let result = call(index, cpu);
+        IN_PROBED_CALL.fetch_sub(1, Ordering::AcqRel);
+        if result != index.wrapping_mul(3).wrapping_add(cpu) {
+            WRONG_RESULTS.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Every CPU calls one kprobe'd function 10,000 times at once, per method: the hit count is
+/// exactly the number of calls (none missed: the hit state is per CPU), every call returns the
+/// right value. Prints its overlap witness, the most CPUs inside a probed call at once (per
+/// method, and the most over all methods, which without icount must reach 2: a detour hit is
+/// short enough that a loaded 2-core host may run its callers one after the other).
+fn smp_kprobe_hits_every_cpu(context: &Context) -> Outcome {
+    let wanted = cpus::wanted();
+    if wanted == 1 {
+        return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
+    }
+    // After the patchable-entry NOPs, which ftrace owns (where the build has them).
+    let target = kretprobe::attach_address(probed_sum as *const () as u64);
+    let (mut methods_run, mut witness) = (0, 0);
+    for method in Method::ALL {
+        match crate::probes::register(target, method, count_concurrent_hit, None) {
+            Ok(()) => {}
+            Err(ProbeError::NotSimulated | ProbeError::NeedsOriginalPc(Text::Kernel)) => continue,
+            Err(error) => {
+                defmt::error!("  {}: {}", method, error);
+                return Err(fail("kprobe registered"));
+            }
+        }
+        methods_run += 1;
+        PROBE_HITS.store(0, Ordering::Relaxed);
+        WRONG_RESULTS.store(0, Ordering::Relaxed);
+        MOST_IN_PROBED_CALL.store(0, Ordering::Relaxed);
+        READY.store(0, Ordering::Relaxed);
+        SAVERS.store(wanted, Ordering::Relaxed);
+        let mut ids = [None; stacks::CPUS];
+        let mut spawned = Ok(());
+        for (cpu, id) in ids.iter_mut().enumerate().take(wanted) {
+            match task::spawn_on(CpuMask::one(cpu), "probed-caller", probed_caller, cpu as u64) {
+                Ok(spawned_id) => *id = Some(spawned_id),
+                Err(_) => spawned = Err(fail("spawn")),
+            }
+        }
+        for id in ids.iter().take(wanted).flatten() {
+            task::join(*id);
+        }
+        let counts = crate::probes::counts(target);
+        check!(crate::probes::unregister(target).is_ok());
+        spawned?;
+        let most = MOST_IN_PROBED_CALL.load(Ordering::Relaxed);
+        defmt::info!("  {}: at most {=usize} of {=usize} CPUs inside the probed call at once", method, most, wanted);
+        let calls = CALLS_PER_CPU * wanted as u64;
+        check_eq!(WRONG_RESULTS.load(Ordering::Relaxed), 0);
+        check_eq!(PROBE_HITS.load(Ordering::Relaxed), calls);
+        check!(counts == Some((calls, 0)));
+        witness = witness.max(most);
+    }
+    check!(methods_run >= 2);
+    defmt::info!("  overlap witness: at most {=usize} of {=usize} CPUs inside a probed call at once", witness, wanted);
+    if !context.icount {
+        check!(witness >= 2);
+    }
+    Ok(Verdict::Passed)
+}
+
+/// Allocations per CPU in the heap test.
+const HEAP_ROUNDS: usize = 1500;
+static HEAP_WRONG: AtomicU64 = AtomicU64::new(0);
+/// CPUs inside `heap::allocate` or `heap::free` now, and the most at once (the overlap witness).
+static IN_HEAP: AtomicUsize = AtomicUsize::new(0);
+static MOST_IN_HEAP: AtomicUsize = AtomicUsize::new(0);
+
+fn in_heap<T>(f: impl FnOnce() -> T) -> T {
+    let inside = IN_HEAP.fetch_add(1, Ordering::AcqRel) + 1;
+    MOST_IN_HEAP.fetch_max(inside, Ordering::Relaxed);
+    let result = f();
+    IN_HEAP.fetch_sub(1, Ordering::AcqRel);
+    result
+}
+
+/// One CPU's allocations: objects of varied sizes, filled and checked word by word (every
+/// access tag-checked in `full`), freed; a few kept alive across rounds so frees interleave.
+extern "C" fn heap_worker(cpu: u64) {
+    if READY.fetch_add(1, Ordering::AcqRel) + 1 == SAVERS.load(Ordering::Relaxed) {
+        cpu::send_event();
+    }
+    while READY.load(Ordering::Acquire) < SAVERS.load(Ordering::Relaxed) {
+        cpu::wait_for_event();
+    }
+    let mut kept = [0u64; 4];
+    for round in 0..HEAP_ROUNDS {
+        let words = 1 + (round * 7 + cpu as usize * 13) % 60;
+        let Some(object) = in_heap(|| crate::mm::kasan::heap::allocate(words * 8, 16)) else {
+            HEAP_WRONG.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
+        let pattern = (cpu << 56) | (round as u64) << 16;
+        for word in 0..words {
+            // SAFETY: `object` holds `words` words, allocated above and not yet freed.
+            unsafe { core::ptr::write_volatile((object as *mut u64).add(word), pattern | word as u64) };
+        }
+        for word in 0..words {
+            // SAFETY: as above.
+            if unsafe { core::ptr::read_volatile((object as *const u64).add(word)) } != pattern | word as u64 {
+                HEAP_WRONG.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let slot = round % kept.len();
+        let old = core::mem::replace(&mut kept[slot], object);
+        if old != 0 {
+            in_heap(|| crate::mm::kasan::heap::free(old));
+        }
+    }
+    for object in kept.into_iter().filter(|&object| object != 0) {
+        in_heap(|| crate::mm::kasan::heap::free(object));
+    }
+}
+
+/// Every CPU allocates, fills, checks and frees heap objects at once, with stack collection as
+/// configured: no sanitizer report (no false positive), every word reads back, the heap's audit
+/// passes after. Prints its overlap witness (CPUs inside allocate/free at once); without icount
+/// it must reach 2.
+fn smp_heap_concurrent_alloc_free(context: &Context) -> Outcome {
+    let wanted = cpus::wanted();
+    if wanted == 1 {
+        return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
+    }
+    HEAP_WRONG.store(0, Ordering::Relaxed);
+    MOST_IN_HEAP.store(0, Ordering::Relaxed);
+    READY.store(0, Ordering::Relaxed);
+    SAVERS.store(wanted, Ordering::Relaxed);
+    let reports = crate::mm::kasan::report::count();
+    let mut ids = [None; stacks::CPUS];
+    for (cpu, id) in ids.iter_mut().enumerate().take(wanted) {
+        *id =
+            Some(task::spawn_on(CpuMask::one(cpu), "heap-worker", heap_worker, cpu as u64).map_err(|_| fail("spawn"))?);
+    }
+    for id in ids.iter().take(wanted).flatten() {
+        check!(task::join(*id) == State::Exited);
+    }
+    let most = MOST_IN_HEAP.load(Ordering::Relaxed);
+    defmt::info!("  overlap witness: at most {=usize} of {=usize} CPUs inside the heap at once", most, wanted);
+    check_eq!(crate::mm::kasan::report::count(), reports);
+    check_eq!(HEAP_WRONG.load(Ordering::Relaxed), 0);
+    check!(crate::mm::kasan::heap::audit().is_ok());
+    if !context.icount {
+        check!(most >= 2);
+    }
+    Ok(Verdict::Passed)
+}
+
+/// The random-point trace test's context and outcome, for the task that runs it on a CPU.
+static AGREE_CONTEXT: crate::sync::IrqSpinLock<Option<Context>> = crate::sync::IrqSpinLock::new(None);
+static AGREE_OUTCOME: crate::sync::IrqSpinLock<Option<Outcome>> = crate::sync::IrqSpinLock::new(None);
+
+extern "C" fn agree_task(_: u64) {
+    let context = AGREE_CONTEXT.lock().take().expect("set by the test");
+    let outcome = super::stacktrace::traces_agree_in_irqs_at_random_points(&context);
+    *AGREE_OUTCOME.lock() = Some(outcome);
+}
+
+/// IRQ-time frame-pointer and shadow-call-stack traces agree (or differ by the predicted window
+/// frame) at 200 random interrupted points, on every CPU in turn: the stacktrace suite's
+/// random-point test run in a task pinned to each CPU (its tick, its IRQ stack, its capture).
+fn smp_traces_agree_in_irqs_every_cpu(context: &Context) -> Outcome {
+    if cpus::wanted() == 1 {
+        return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
+    }
+    for cpu in 0..cpus::wanted() {
+        *AGREE_CONTEXT.lock() = Some(*context);
+        let id = task::spawn_on(CpuMask::one(cpu), "traces-agree", agree_task, 0).map_err(|_| fail("spawn"))?;
+        task::join(id);
+        match AGREE_OUTCOME.lock().take() {
+            Some(Ok(Verdict::Passed)) => {}
+            Some(Ok(Verdict::Skipped(reason))) => return Ok(Verdict::Skipped(reason)),
+            Some(Err(failure)) => {
+                defmt::error!("  on cpu {=usize}", cpu);
+                return Err(failure);
+            }
+            None => return Err(fail("the test's task returned")),
+        }
+    }
+    Ok(Verdict::Passed)
+}
+
+/// The grace-period test: the slow tracer is running on the other CPU; this CPU is unregistering.
+static SLOW_INSIDE: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+static SLOW_ENTERED: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+static UNREGISTERING: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// A tracer that stays inside (IRQs masked, as every tracer) until the other CPU has started to
+/// unregister it, and 5 ms more; bounded by 50 ms in all.
+#[sanitize(kernel_hwaddress = "off")]
+unsafe extern "C" fn slow_tracer(_: u64, _: u64, _: &crate::ftrace::Ops, _: &mut crate::ftrace::Regs) {
+    SLOW_INSIDE.store(true, Ordering::Release);
+    SLOW_ENTERED.store(true, Ordering::Release);
+    let frequency = crate::drivers::timer::frequency();
+    let deadline = crate::drivers::timer::counter() + frequency / 20;
+    while !UNREGISTERING.load(Ordering::Acquire) && crate::drivers::timer::counter() < deadline {
+        core::hint::spin_loop();
+    }
+    let linger = crate::drivers::timer::counter() + frequency / 200;
+    while crate::drivers::timer::counter() < linger {
+        core::hint::spin_loop();
+    }
+    SLOW_INSIDE.store(false, Ordering::Release);
+}
+
+static SLOW: crate::ftrace::Ops = crate::ftrace::Ops { func: slow_tracer, private: 0 };
+
+#[inline(never)]
+fn grace_target(x: u64) -> u64 {
+    core::hint::black_box(x) + 1
+}
+
+extern "C" fn grace_caller(_: u64) {
+    core::hint::black_box(grace_target(1));
+}
+
+/// One round: CPU 1 enters the slow tracer; this CPU unregisters it meanwhile. Whether CPU 1 was
+/// still inside when `unregister` returned.
+fn unregister_while_inside() -> Result<bool, Failure> {
+    let target = grace_target as *const () as u64;
+    let tracer = crate::ftrace::register_where(&SLOW, |entry| entry + 8 == target)
+        .map_err(|_| fail("grace_target is traceable"))?;
+    SLOW_INSIDE.store(false, Ordering::Relaxed);
+    SLOW_ENTERED.store(false, Ordering::Relaxed);
+    UNREGISTERING.store(false, Ordering::Relaxed);
+    let other = if task::this_cpu() == 1 { 0 } else { 1 };
+    let id = task::spawn_on(CpuMask::one(other), "grace-caller", grace_caller, 0).map_err(|_| fail("spawn"))?;
+    let entered = cpu::wait_until(100, || SLOW_ENTERED.load(Ordering::Acquire));
+    UNREGISTERING.store(true, Ordering::Release);
+    let unregistered = crate::ftrace::unregister(tracer).is_ok();
+    let still_inside = SLOW_INSIDE.load(Ordering::Acquire);
+    task::join(id);
+    check!(entered && unregistered);
+    Ok(still_inside)
+}
+
+/// `ftrace::unregister` returns only when no other CPU can still be inside the tracer: with
+/// another CPU inside it (IRQs masked), unregister waits for that CPU's quiescent point, so the
+/// tracer has been left by then. With grace periods skipped (test-only switch) the same round
+/// must see the other CPU still inside: the check can fail.
+fn smp_ftrace_unregister_waits_for_other_cpus(_: &Context) -> Outcome {
+    if cpus::wanted() == 1 {
+        return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
+    }
+    if crate::symbols::callsites::entries().is_empty() {
+        return Ok(Verdict::Skipped("variant plain has no patchable entries"));
+    }
+    crate::ftrace::skip_grace_periods_for_test(true);
+    let without = unregister_while_inside();
+    crate::ftrace::skip_grace_periods_for_test(false);
+    check!(without?);
+    check!(!unregister_while_inside()?);
     Ok(Verdict::Passed)
 }

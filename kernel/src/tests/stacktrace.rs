@@ -357,7 +357,7 @@ fn one_extra(longer: &[u64], shorter: &[u64]) -> bool {
     longer.len() > split + 1 && longer[split + 1..].iter().zip(&shorter[split..]).all(|(a, b)| a == b)
 }
 
-fn traces_agree_in_irqs_at_random_points(context: &Context) -> Outcome {
+pub(super) fn traces_agree_in_irqs_at_random_points(context: &Context) -> Outcome {
     if let Some(skipped) = no_scs() {
         return skipped;
     }
