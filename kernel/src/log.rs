@@ -92,7 +92,7 @@ fn take_console(me: u32) {
         return;
     }
     let start = crate::drivers::timer::counter();
-    let patience = crate::drivers::timer::frequency() * TAKEOVER_MS / 1000;
+    let patience = crate::drivers::timer::frequency() * crate::arch::cpu::patience_ms(TAKEOVER_MS) / 1000;
     let saved = cpu::event_stream_on();
     loop {
         // SAFETY: waits for an event: the owner's `sev` after its release store (one sent between

@@ -53,6 +53,7 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     let platform = platform(dtb_pa);
     let cmdline = cmdline::CommandLine::parse(platform.bootargs, board::CONFIG.semihosting_by_default);
     SEMIHOSTING.store(cmdline.semihosting, Ordering::Relaxed);
+    arch::cpu::set_patience(cmdline.icount);
     if arch::mte::ENABLED_IN_BUILD && !arch::mte::available() {
         defmt::error!("MTE: not available (mte=on missing?)");
         exit(ExitStatus::Unsupported);

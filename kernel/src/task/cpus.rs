@@ -105,7 +105,11 @@ pub fn synchronize() {
     let passed = || waiting().all(|cpu| count(cpu) != before[cpu]);
     if !crate::arch::cpu::wait_until(SYNCHRONIZE_MS, passed) {
         let stuck = waiting().find(|&cpu| count(cpu) == before[cpu]).unwrap_or(usize::MAX);
-        panic!("grace period: cpu {} passed no quiescent point within {} ms", stuck, SYNCHRONIZE_MS);
+        panic!(
+            "grace period: cpu {} passed no quiescent point within {} ms",
+            stuck,
+            crate::arch::cpu::patience_ms(SYNCHRONIZE_MS)
+        );
     }
 }
 

@@ -109,7 +109,7 @@ pub fn run_on_within(
     crate::drivers::interrupts::send_wake(cpu);
     let done = crate::arch::cpu::wait_until(milliseconds, || mailbox.served.load(Ordering::Acquire) == sequence);
     if !done {
-        return Err(CrossCallError::Timeout { cpu, milliseconds });
+        return Err(CrossCallError::Timeout { cpu, milliseconds: crate::arch::cpu::patience_ms(milliseconds) });
     }
     Ok(mailbox.result.load(Ordering::Relaxed))
 }

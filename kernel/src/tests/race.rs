@@ -417,7 +417,7 @@ fn cross_call_reports_what_failed(_: &Context) -> Outcome {
     let cpu = if crate::arch::percpu::this_cpu_index() == online - 1 { online - 2 } else { online - 1 };
     RELEASE.store(false, Ordering::Release);
     let timed_out = cross_call::run_on_within(cpu, hold_until_released, 5, 2);
-    check!(timed_out == Err(CrossCallError::Timeout { cpu, milliseconds: 2 }));
+    check!(timed_out == Err(CrossCallError::Timeout { cpu, milliseconds: crate::arch::cpu::patience_ms(2) }));
     check!(cross_call::run_on(cpu, cross_call_echo, 1) == Err(CrossCallError::Busy(cpu)));
     RELEASE.store(true, Ordering::Release);
     // SAFETY: wakes the held CPU from `wfe`; the `dsb` makes RELEASE visible first.

@@ -154,14 +154,34 @@ pub fn event_stream_on() -> u64 {
     saved
 }
 
-/// Waits with `wfe` until `done` holds or `timeout_ms` of counter time pass; the event stream
-/// bounds each `wfe` (the CPU expected to `sev` may never do so). Returns whether `done` held.
+/// How much longer than asked every cross-CPU wait is (`wait_until`): 1 under icount, where
+/// counter time is instruction time and every CPU runs in turn; `WALL_PATIENCE` otherwise, where
+/// it is wall time and a loaded host (4 vCPUs on 2 cores) can leave a vCPU unscheduled for
+/// longer than a timeout meant for the other CPU's work.
+static PATIENCE: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(WALL_PATIENCE);
+
+/// The factor without icount (QEMU without `-icount`, or a board).
+pub const WALL_PATIENCE: u64 = 20;
+
+/// Sets the factor at boot: 1 when QEMU runs with `-icount` (the command line says so).
+pub fn set_patience(instruction_exact: bool) {
+    PATIENCE.store(if instruction_exact { 1 } else { WALL_PATIENCE }, core::sync::atomic::Ordering::Relaxed);
+}
+
+/// What a wait of `timeout_ms` really waits, in milliseconds of counter time (for messages).
+pub fn patience_ms(timeout_ms: u64) -> u64 {
+    timeout_ms * PATIENCE.load(core::sync::atomic::Ordering::Relaxed)
+}
+
+/// Waits with `wfe` until `done` holds or `timeout_ms` (times the patience factor) of counter
+/// time pass; the event stream bounds each `wfe` (the CPU expected to `sev` may never do so).
+/// Returns whether `done` held.
 pub fn wait_until(timeout_ms: u64, done: impl Fn() -> bool) -> bool {
     let frequency: u64;
     // SAFETY: reads the counter frequency; no memory is touched.
     unsafe { core::arch::asm!("mrs {}, cntfrq_el0", out(reg) frequency, options(nomem, nostack, preserves_flags)) };
     let start = super::counters::virtual_count();
-    let patience = frequency * timeout_ms / 1000;
+    let patience = frequency * patience_ms(timeout_ms) / 1000;
     let saved = event_stream_on();
     let result = loop {
         if done() {
