@@ -199,11 +199,13 @@ pub fn register_where(ops: &'static Ops, mut filter: impl FnMut(u64) -> bool) ->
             return Err(Error::NoMatch);
         }
         let applied = registry.apply(&mut KernelPatcher)?;
-        // Frees the vector slots this apply retired (a site moving from set {A, B} to
-        // {A, B, C}): without it, registering many tracers one by one would run out of slots.
-        grace_period();
-        registry.grace_period_elapsed(applied.generation);
-        Ok(tracer)
+        Ok((tracer, applied))
+    })
+    // Frees the vector slots this apply retired (a site moving from set {A, B} to {A, B, C}):
+    // without it, registering many tracers one by one would run out of slots.
+    .map(|(tracer, applied)| {
+        after_grace_period(applied.generation);
+        tracer
     })
 }
 
@@ -212,24 +214,22 @@ pub fn unregister(tracer: TracerId) -> Result<Applied, Error> {
     if trampoline::this_cpu().inside_tracer() {
         return Err(Error::InsideTracer);
     }
-    with_registry(|registry| {
+    let applied = with_registry(|registry| {
         registry.unregister(tracer)?;
-        let applied = registry.apply(&mut KernelPatcher)?;
-        grace_period();
-        registry.grace_period_elapsed(applied.generation);
-        Ok(applied)
-    })
+        registry.apply(&mut KernelPatcher)
+    })?;
+    after_grace_period(applied.generation);
+    Ok(applied)
 }
 
 /// Switches the dispatch scheme and re-targets every traced site (literal stores only).
 pub fn set_scheme(scheme: Scheme) -> Result<Applied, Error> {
-    with_registry(|registry| {
+    let applied = with_registry(|registry| {
         registry.set_scheme(scheme)?;
-        let applied = registry.apply(&mut KernelPatcher)?;
-        grace_period();
-        registry.grace_period_elapsed(applied.generation);
-        Ok(applied)
-    })
+        registry.apply(&mut KernelPatcher)
+    })?;
+    after_grace_period(applied.generation);
+    Ok(applied)
 }
 
 /// Test-only wrong sequence (the race tests show they catch it): enabling a site writes its BL
@@ -238,12 +238,16 @@ pub fn set_bl_before_literal(wrong: bool) {
     with_registry(|registry| registry.set_bl_before_literal(wrong));
 }
 
-/// Waits until no CPU can still run a tracer through the ops or vectors this apply retired: the
-/// caller is not inside a tracer (checked, or the registry lock is held with IRQs masked so no
-/// tracer can be entered here meanwhile), and every other online CPU passed a quiescent point.
-fn grace_period() {
+/// Waits until no CPU can still run a tracer through the ops or vectors the apply that returned
+/// `generation` retired, then frees them in the registry. The caller is not inside a tracer, and
+/// every other online CPU passes a quiescent point. The registry lock is not held meanwhile: a
+/// CPU spinning on it (an `IrqSpinLock`, IRQs masked) would never pass a quiescent point, and
+/// the grace period would wait for it forever. Retired slots are freed by generation, so an
+/// `apply` by another CPU in between frees nothing too early.
+fn after_grace_period(generation: u64) {
     debug_assert!(!trampoline::this_cpu().inside_tracer());
     crate::task::cpus::synchronize();
+    with_registry(|registry| registry.grace_period_elapsed(generation));
 }
 
 /// How many times a tracer called a traced function and the guard skipped it.
