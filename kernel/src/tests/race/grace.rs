@@ -1,0 +1,363 @@
+//! Patch races, direction (b): one executing CPU is stepped instruction by instruction (hardware
+//! software step, MDSCR_EL1.SS/KDE) through a kprobe's site, its detour trampoline and the
+//! handler entry; at every point it is held while CPU 0 runs the whole unregistration (restore
+//! the word, unpublish, grace period, poison and free the slot or trampoline). A correct grace
+//! period returns only after the held CPU resumed; every execution is the probe's old behaviour
+//! (a hit) or the new one (no hit), never a fault in poisoned memory. See docs/design/races.md.
+
+use super::{
+    Behaviour, Execution, Finding, HIT, HIT_SOURCE, KPROBE_HITS, NOT_HIT, PROBE_HITS, SITE,
+    chunk_words_in_use, execute_with, last_execution, needs_cpus, probe_result, race_probe_target,
+    unlock_debug_everywhere,
+};
+use crate::arch::counters::virtual_count;
+use crate::arch::exception::{Esr, ExceptionClass, ExceptionFrame};
+use crate::arch::{cpu, percpu, step};
+use crate::probes::{self as kprobes, Method, Registers, kprobe::WrongOrder};
+use crate::task::cross_call;
+use crate::tests::{Context, Outcome, Verdict, check, check_eq};
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+// `race_step_call(argument, function, landing)`: as `race_call` without the stack painting.
+// It unmasks debug exceptions (PSTATE.D) just before the `blr`: with MDSCR_EL1.SS set and
+// PSTATE.SS clear the step is active-pending, so the first step exception is taken there (ELR =
+// `race_step_blr`); each step exception returns with SPSR.SS set, so exactly one instruction
+// runs before the next. A faulting call resumes at `1:` (the race trap hook).
+core::arch::global_asm!(
+    r#"
+    .section .text.noprobe, "ax"
+    .balign 4
+    .global race_step_call
+race_step_call:
+    stp     x29, x30, [sp, #-112]!
+    mov     x29, sp
+    stp     x19, x20, [sp, #16]
+    stp     x21, x22, [sp, #32]
+    stp     x23, x24, [sp, #48]
+    stp     x25, x26, [sp, #64]
+    stp     x27, x28, [sp, #80]
+    stp     x18, x2, [sp, #96]
+    mov     x3, sp
+    adr     x4, 1f
+    stp     x3, x4, [x2]
+    str     xzr, [x2, #16]
+    msr     daifclr, #8
+    .global race_step_blr
+race_step_blr:
+    blr     x1
+1:  msr     daifset, #8
+    ldp     x18, x2, [sp, #96]
+    ldp     x19, x20, [sp, #16]
+    ldp     x21, x22, [sp, #32]
+    ldp     x23, x24, [sp, #48]
+    ldp     x25, x26, [sp, #64]
+    ldp     x27, x28, [sp, #80]
+    ldp     x29, x30, [sp], #112
+    ret
+"#
+);
+
+unsafe extern "C" {
+    fn race_step_call(argument: u64, function: u64, landing: *mut u64) -> u64;
+    static race_step_blr: u32;
+}
+
+/// The executing CPU (CPU 1) and how long it is held at its point, in milliseconds of counter
+/// time (the grace period's own limit is 100 ms).
+const EXECUTOR: usize = 1;
+const HOLD_MS: u64 = 2;
+/// The probed function's length (`race_probe_target`: three instructions).
+const SITE_BYTES: u64 = 12;
+/// The slot area (64 chunks of 512 bytes).
+const SLOT_AREA_BYTES: u64 = 64 * 512;
+const NO_POINT: usize = usize::MAX;
+
+/// The stepper's state: which CPU is stepped (index + 1, 0 = none), the points it passed in
+/// this execution, where it is held, and what it saw.
+static STEPPED_CPU: AtomicUsize = AtomicUsize::new(0);
+static POINTS: AtomicUsize = AtomicUsize::new(0);
+static POINTS_IN_SLOTS: AtomicUsize = AtomicUsize::new(0);
+static HOLD_AT: AtomicUsize = AtomicUsize::new(NO_POINT);
+static HOLD_IN_HANDLER: AtomicBool = AtomicBool::new(false);
+static HELD: AtomicBool = AtomicBool::new(false);
+static HELD_PC: AtomicU64 = AtomicU64::new(0);
+static RESUMED_AT: AtomicU64 = AtomicU64::new(0);
+
+fn blr_address() -> u64 {
+    // SAFETY: only the address of the asm label is taken.
+    unsafe { &race_step_blr as *const u32 as u64 }
+}
+
+fn in_slot_area(pc: u64) -> bool {
+    let area = kprobes::slot_area_address();
+    (area..area + SLOT_AREA_BYTES).contains(&pc)
+}
+
+/// Where stepping goes on: the `blr`, the probed function, the slot area (trampolines, slots).
+/// The first point outside (the handler's entry, or the return to `race_step_call`) is the last:
+/// handlers and what they call are not stepped (they may use LDXR/STXR loops, which a step's
+/// exception return would keep failing).
+fn stepped_region(pc: u64) -> bool {
+    let site = race_probe_target as *const () as u64;
+    pc == blr_address() || (site..site + SITE_BYTES).contains(&pc) || in_slot_area(pc)
+}
+
+/// Holds this CPU for `HOLD_MS` (IRQs and debug exceptions masked: it passes no quiescent
+/// point), after telling CPU 0 where; records when it resumed.
+fn hold(pc: u64) {
+    HELD_PC.store(pc, Ordering::Relaxed);
+    HELD.store(true, Ordering::Release);
+    cpu::send_event();
+    cpu::wait_until(HOLD_MS, || false);
+    RESUMED_AT.store(virtual_count(), Ordering::Release);
+}
+
+fn stop_stepping(frame: &mut ExceptionFrame) {
+    frame.spsr &= !step::SPSR_SS;
+    step::set_mdscr(step::MDSCR_KDE | step::MDSCR_SS, false);
+    STEPPED_CPU.store(0, Ordering::Relaxed);
+}
+
+/// A software-step exception on the stepped CPU (called first by the race trap hook): one more
+/// point; held there if it is the point under test; stepping goes on inside the stepped region.
+#[unsafe(link_section = ".text.noprobe")]
+pub fn on_step(frame: &mut ExceptionFrame) -> bool {
+    if Esr(frame.esr).class() != ExceptionClass::SoftwareStep
+        || STEPPED_CPU.load(Ordering::Relaxed) != percpu::this_cpu_index() + 1
+    {
+        return false;
+    }
+    let point = POINTS.load(Ordering::Relaxed);
+    POINTS.store(point + 1, Ordering::Relaxed);
+    if in_slot_area(frame.elr) {
+        POINTS_IN_SLOTS.store(POINTS_IN_SLOTS.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+    if point == HOLD_AT.load(Ordering::Relaxed) {
+        hold(frame.elr);
+    }
+    if stepped_region(frame.elr) {
+        frame.spsr |= step::SPSR_SS;
+    } else {
+        stop_stepping(frame);
+    }
+    true
+}
+
+/// The probe's pre-handler: counts the hit; on the executing CPU, holds there when told (the
+/// last point: a CPU inside the handler, about to return into the slot or trampoline).
+fn hold_in_handler(_: &mut Registers) {
+    PROBE_HITS.fetch_add(1, Ordering::Relaxed);
+    if percpu::this_cpu_index() == EXECUTOR && HOLD_IN_HANDLER.load(Ordering::Relaxed) {
+        hold(0);
+    }
+}
+
+/// Runs on the executing CPU (through the cross-call mailbox, IRQs masked): one stepped call.
+fn execute_stepped(argument: u64) -> u64 {
+    POINTS.store(0, Ordering::Relaxed);
+    POINTS_IN_SLOTS.store(0, Ordering::Relaxed);
+    STEPPED_CPU.store(percpu::this_cpu_index() + 1, Ordering::Relaxed);
+    step::set_mdscr(step::MDSCR_KDE | step::MDSCR_SS, true);
+    execute_with(argument, race_step_call);
+    // A call that left no stepped point (or faulted) still ends stepping here.
+    step::set_mdscr(step::MDSCR_KDE | step::MDSCR_SS, false);
+    STEPPED_CPU.store(0, Ordering::Relaxed);
+    0
+}
+
+/// What one (b) sweep saw.
+struct GraceSweep {
+    name: &'static str,
+    planned: usize,
+    checked: usize,
+    /// Executions that were neither the hit nor the restored instruction.
+    wrong: usize,
+    /// Points at which unregistration returned before the held CPU resumed.
+    not_waited: usize,
+    /// Points never reached, executions that did not finish, freed chunks not poisoned.
+    lost: usize,
+    last_after: Option<usize>,
+    first_before: Option<usize>,
+    after_after_before: bool,
+}
+
+impl GraceSweep {
+    fn finding(&self) -> Finding {
+        if self.checked != self.planned || self.lost != 0 {
+            Finding::Coverage
+        } else if self.wrong != 0 {
+            Finding::WrongBehaviour
+        } else if self.not_waited != 0 {
+            Finding::NotWaited
+        } else if self.after_after_before || self.last_after != Some(1) || self.first_before != Some(2) {
+            Finding::SwitchedElsewhere
+        } else {
+            Finding::Correct
+        }
+    }
+}
+
+/// The probe's behaviour before unregistration (a hit) and after (the original instruction).
+const BEFORE: Behaviour = HIT;
+const AFTER: Behaviour = NOT_HIT;
+
+/// One point: the probe registered, the executor held at `point` (or in the handler), CPU 0
+/// unregisters; then the execution and the wait are checked.
+fn check_point(sweep: &mut GraceSweep, method: Method, point: usize, in_handler: bool, in_use: usize) {
+    let address = race_probe_target as *const () as u64;
+    if kprobes::register(address, method, hold_in_handler, None).is_err() {
+        sweep.lost += 1;
+        return;
+    }
+    HELD.store(false, Ordering::Relaxed);
+    HOLD_AT.store(if in_handler { NO_POINT } else { point }, Ordering::Relaxed);
+    HOLD_IN_HANDLER.store(in_handler, Ordering::Relaxed);
+    let argument = 2000 + point as u64;
+    // Posted without waiting (a 0 ms timeout): the executor is held while this CPU unregisters.
+    let _ = cross_call::run_on_within(EXECUTOR, execute_stepped, argument, 0);
+    let held = cpu::wait_until(100, || HELD.load(Ordering::Acquire));
+    let unregistered = kprobes::unregister(address).is_ok();
+    let returned = virtual_count();
+    let finished = cpu::wait_until(100, || cross_call::is_idle(EXECUTOR));
+    HOLD_AT.store(NO_POINT, Ordering::Relaxed);
+    HOLD_IN_HANDLER.store(false, Ordering::Relaxed);
+    if !held || !finished || !unregistered {
+        sweep.lost += 1;
+        defmt::error!(
+            "  race {=str}: point {=usize}, cpu {=usize}: held {=bool}, unregistered {=bool}, finished {=bool}",
+            sweep.name,
+            point,
+            EXECUTOR,
+            held,
+            unregistered,
+            finished
+        );
+        return;
+    }
+    sweep.checked += 1;
+    if chunk_words_in_use() != in_use {
+        sweep.lost += 1;
+        defmt::warn!("  race {=str}: point {=usize}: the freed chunk is not poisoned", sweep.name, point);
+    }
+    let resumed = RESUMED_AT.load(Ordering::Acquire);
+    if returned <= resumed {
+        sweep.not_waited += 1;
+    }
+    let execution: Execution = last_execution(EXECUTOR);
+    let expected = probe_result(argument);
+    if BEFORE.matches(&execution, expected) {
+        sweep.first_before.get_or_insert(point);
+    } else if AFTER.matches(&execution, expected) {
+        sweep.last_after = Some(point);
+        if sweep.first_before.is_some() {
+            sweep.after_after_before = true;
+        }
+    } else {
+        sweep.wrong += 1;
+        if sweep.wrong <= 3 {
+            defmt::warn!(
+                "  race {=str}: point {=usize} (pc {=u64:#x}), cpu {=usize}: neither before nor after: result {=u64:#x} (expected {=u64:#x}), hits {=u64}, fault esr {=u64:#x}",
+                sweep.name,
+                point,
+                HELD_PC.load(Ordering::Relaxed),
+                EXECUTOR,
+                execution.result,
+                expected,
+                execution.hits,
+                execution.fault & !(1 << 63)
+            );
+        }
+    }
+}
+
+/// Direction (b) for one method: a dry stepped call counts the points (the `blr`, the probed
+/// word, every trampoline instruction up to the handler's entry, or the BRK and what follows
+/// it), then each point and the handler are checked once.
+fn race_unregister(method: Method, name: &'static str) -> Finding {
+    let address = race_probe_target as *const () as u64;
+    SITE.store(address, Ordering::Relaxed);
+    HIT_SOURCE.store(KPROBE_HITS, Ordering::Relaxed);
+    let in_use = chunk_words_in_use();
+    if kprobes::register(address, method, hold_in_handler, None).is_err() {
+        return Finding::Coverage;
+    }
+    HOLD_AT.store(NO_POINT, Ordering::Relaxed);
+    HOLD_IN_HANDLER.store(false, Ordering::Relaxed);
+    let dry = cross_call::run_on(EXECUTOR, execute_stepped, 1999);
+    let points = POINTS.load(Ordering::Relaxed);
+    let in_slots = POINTS_IN_SLOTS.load(Ordering::Relaxed);
+    let dry_hit = dry.is_ok() && BEFORE.matches(&last_execution(EXECUTOR), probe_result(1999));
+    if kprobes::unregister(address).is_err() || !dry_hit {
+        return Finding::Coverage;
+    }
+    let mut sweep = GraceSweep {
+        name,
+        planned: points + 1,
+        checked: 0,
+        wrong: 0,
+        not_waited: 0,
+        lost: 0,
+        last_after: None,
+        first_before: None,
+        after_after_before: false,
+    };
+    for point in 0..=points {
+        check_point(&mut sweep, method, point, point == points, in_use);
+    }
+    // The design's points: the blr, the probed word, then (detour) every trampoline
+    // instruction up to the call of the handler, which is stepped into.
+    let trampoline_seen = method != Method::Detour || in_slots > 0;
+    defmt::info!(
+        "race {=str}: {=usize} interleavings ({=usize} stepped points, {=usize} in the trampoline, + the handler; planned {=usize}), after up to point {=?}, before from point {=?} (design: after up to 1, before from 2), {=usize} wrong, {=usize} not waited for",
+        name,
+        sweep.checked,
+        points,
+        in_slots,
+        sweep.planned,
+        sweep.last_after,
+        sweep.first_before,
+        sweep.wrong,
+        sweep.not_waited
+    );
+    if !trampoline_seen || points < 2 { Finding::Coverage } else { sweep.finding() }
+}
+
+fn unregister_name(method: Method) -> &'static str {
+    match method {
+        Method::SingleStep => "kprobe single-step unregister (b)",
+        Method::BrkStep => "kprobe brk-step unregister (b)",
+        Method::Simulate => "kprobe simulate unregister (b)",
+        Method::Detour => "kprobe detour unregister (b)",
+    }
+}
+
+/// Every kprobe method's unregistration against a CPU held at each point of a hit: the
+/// unregistration returns only after the held CPU resumed, the freed slot or trampoline is
+/// poisoned, and each execution is a hit (held past the probed word) or the restored
+/// instruction (held before it).
+pub fn race_kprobe_unregister_waits(_: &Context) -> Outcome {
+    if let Some(skip) = needs_cpus() {
+        return Ok(skip);
+    }
+    check!(unlock_debug_everywhere());
+    for method in Method::ALL {
+        check_eq!(race_unregister(method, unregister_name(method)) as u64, Finding::Correct as u64);
+    }
+    Ok(Verdict::Passed)
+}
+
+/// Freeing a detour trampoline without the grace period (test-only `WrongOrder::NoGracePeriod`)
+/// is caught: the held CPU resumes into the poisoned trampoline (a fault). Then the correct
+/// sequence passes again.
+pub fn race_unregister_without_grace_period_is_caught(_: &Context) -> Outcome {
+    if let Some(skip) = needs_cpus() {
+        return Ok(skip);
+    }
+    check!(unlock_debug_everywhere());
+    kprobes::kprobe::set_wrong_order(WrongOrder::NoGracePeriod);
+    let wrong = race_unregister(Method::Detour, "kprobe detour unregister without grace period (b)");
+    kprobes::kprobe::set_wrong_order(WrongOrder::None);
+    check_eq!(wrong as u64, Finding::WrongBehaviour as u64);
+    check_eq!(race_unregister(Method::Detour, unregister_name(Method::Detour)) as u64, Finding::Correct as u64);
+    Ok(Verdict::Passed)
+}
