@@ -62,9 +62,8 @@ unsafe extern "C" {
     static race_step_blr: u32;
 }
 
-/// The executing CPU (CPU 1) and how long it is held at its point, in milliseconds of counter
-/// time (the grace period's own limit is 100 ms).
-const EXECUTOR: usize = 1;
+/// How long the executing CPU is held at its point after the unpublish, in milliseconds of
+/// counter time (the grace period's own limit is 100 ms).
 const HOLD_MS: u64 = 2;
 /// The probed function's length (`race_probe_target`: three instructions).
 const SITE_BYTES: u64 = 12;
@@ -75,6 +74,9 @@ const NO_POINT: usize = usize::MAX;
 /// The stepper's state: which CPU is stepped (index + 1, 0 = none), the points it passed in
 /// this execution, where it is held, and what it saw.
 static STEPPED_CPU: AtomicUsize = AtomicUsize::new(0);
+/// The executing CPU: the next online CPU after the one running the test (which may migrate
+/// between points, so each point runs with its IRQs masked and picks again).
+static EXECUTOR: AtomicUsize = AtomicUsize::new(1);
 static POINTS: AtomicUsize = AtomicUsize::new(0);
 static POINTS_IN_SLOTS: AtomicUsize = AtomicUsize::new(0);
 static HOLD_AT: AtomicUsize = AtomicUsize::new(NO_POINT);
@@ -82,6 +84,7 @@ static HOLD_IN_HANDLER: AtomicBool = AtomicBool::new(false);
 static HELD: AtomicBool = AtomicBool::new(false);
 static HELD_PC: AtomicU64 = AtomicU64::new(0);
 static RESUMED_AT: AtomicU64 = AtomicU64::new(0);
+static UNPUBLISHED_SEEN: AtomicBool = AtomicBool::new(false);
 
 fn blr_address() -> u64 {
     // SAFETY: only the address of the asm label is taken.
@@ -102,12 +105,16 @@ fn stepped_region(pc: u64) -> bool {
     pc == blr_address() || (site..site + SITE_BYTES).contains(&pc) || in_slot_area(pc)
 }
 
-/// Holds this CPU for `HOLD_MS` (IRQs and debug exceptions masked: it passes no quiescent
-/// point), after telling CPU 0 where; records when it resumed.
+/// Holds this CPU (IRQs and debug exceptions masked: it passes no quiescent point) after
+/// telling CPU 0 where: until the probe is unpublished (CPU 0's unregistration has restored the
+/// word), then `HOLD_MS` more; records when it resumed, and whether it saw the unpublish.
 fn hold(pc: u64) {
     HELD_PC.store(pc, Ordering::Relaxed);
     HELD.store(true, Ordering::Release);
     cpu::send_event();
+    let site = race_probe_target as *const () as u64;
+    let unpublished = cpu::wait_until(100, || kprobes::counts(site).is_none());
+    UNPUBLISHED_SEEN.store(unpublished, Ordering::Relaxed);
     cpu::wait_until(HOLD_MS, || false);
     RESUMED_AT.store(virtual_count(), Ordering::Release);
 }
@@ -147,13 +154,19 @@ pub fn on_step(frame: &mut ExceptionFrame) -> bool {
 /// last point: a CPU inside the handler, about to return into the slot or trampoline).
 fn hold_in_handler(_: &mut Registers) {
     PROBE_HITS.fetch_add(1, Ordering::Relaxed);
-    if percpu::this_cpu_index() == EXECUTOR && HOLD_IN_HANDLER.load(Ordering::Relaxed) {
+    if percpu::this_cpu_index() == EXECUTOR.load(Ordering::Relaxed) && HOLD_IN_HANDLER.load(Ordering::Relaxed) {
         hold(0);
     }
 }
 
-/// Runs on the executing CPU (through the cross-call mailbox, IRQs masked): one stepped call.
+/// Runs on the executing CPU (through the cross-call mailbox): one stepped call, with every
+/// exception masked but the debug ones `race_step_call` unmasks around its `blr` (the mailbox
+/// may be served with IRQs unmasked: a step must not land in the IRQ vector, and the held CPU
+/// must pass no quiescent point).
 fn execute_stepped(argument: u64) -> u64 {
+    let daif: u64;
+    // SAFETY: reads DAIF and masks every exception; no memory is touched.
+    unsafe { core::arch::asm!("mrs {}, daif", "msr daifset, #0xf", out(reg) daif, options(nostack)) };
     POINTS.store(0, Ordering::Relaxed);
     POINTS_IN_SLOTS.store(0, Ordering::Relaxed);
     STEPPED_CPU.store(percpu::this_cpu_index() + 1, Ordering::Relaxed);
@@ -162,6 +175,8 @@ fn execute_stepped(argument: u64) -> u64 {
     // A call that left no stepped point (or faulted) still ends stepping here.
     step::set_mdscr(step::MDSCR_KDE | step::MDSCR_SS, false);
     STEPPED_CPU.store(0, Ordering::Relaxed);
+    // SAFETY: restores the DAIF read above.
+    unsafe { core::arch::asm!("msr daif, {}", in(reg) daif, options(nostack)) };
     0
 }
 
@@ -204,31 +219,49 @@ const AFTER: Behaviour = NOT_HIT;
 /// One point: the probe registered, the executor held at `point` (or in the handler), CPU 0
 /// unregisters; then the execution and the wait are checked.
 fn check_point(sweep: &mut GraceSweep, method: Method, point: usize, in_handler: bool, in_use: usize) {
+    let masked = cpu::mask_interrupts();
+    choose_executor();
+    check_point_here(sweep, method, point, in_handler, in_use);
+    cpu::restore_interrupts(masked);
+}
+
+/// The executor for this point: the next online CPU after this one.
+fn choose_executor() -> usize {
+    let executor = (percpu::this_cpu_index() + 1) % crate::task::cpus::online();
+    EXECUTOR.store(executor, Ordering::Relaxed);
+    executor
+}
+
+fn check_point_here(sweep: &mut GraceSweep, method: Method, point: usize, in_handler: bool, in_use: usize) {
+    let executor = EXECUTOR.load(Ordering::Relaxed);
     let address = race_probe_target as *const () as u64;
     if kprobes::register(address, method, hold_in_handler, None).is_err() {
         sweep.lost += 1;
         return;
     }
     HELD.store(false, Ordering::Relaxed);
+    UNPUBLISHED_SEEN.store(false, Ordering::Relaxed);
     HOLD_AT.store(if in_handler { NO_POINT } else { point }, Ordering::Relaxed);
     HOLD_IN_HANDLER.store(in_handler, Ordering::Relaxed);
     let argument = 2000 + point as u64;
     // Posted without waiting (a 0 ms timeout): the executor is held while this CPU unregisters.
-    let _ = cross_call::run_on_within(EXECUTOR, execute_stepped, argument, 0);
+    let _ = cross_call::run_on_within(executor, execute_stepped, argument, 0);
     let held = cpu::wait_until(100, || HELD.load(Ordering::Acquire));
     let unregistered = kprobes::unregister(address).is_ok();
     let returned = virtual_count();
-    let finished = cpu::wait_until(100, || cross_call::is_idle(EXECUTOR));
+    let finished = cpu::wait_until(100, || cross_call::is_idle(executor));
     HOLD_AT.store(NO_POINT, Ordering::Relaxed);
     HOLD_IN_HANDLER.store(false, Ordering::Relaxed);
-    if !held || !finished || !unregistered {
+    let unpublished = UNPUBLISHED_SEEN.load(Ordering::Relaxed);
+    if !held || !finished || !unregistered || !unpublished {
         sweep.lost += 1;
         defmt::error!(
-            "  race {=str}: point {=usize}, cpu {=usize}: held {=bool}, unregistered {=bool}, finished {=bool}",
+            "  race {=str}: point {=usize}, cpu {=usize}: held {=bool}, unpublished while held {=bool}, unregistered {=bool}, finished {=bool}",
             sweep.name,
             point,
-            EXECUTOR,
+            executor,
             held,
+            unpublished,
             unregistered,
             finished
         );
@@ -243,7 +276,7 @@ fn check_point(sweep: &mut GraceSweep, method: Method, point: usize, in_handler:
     if returned <= resumed {
         sweep.not_waited += 1;
     }
-    let execution: Execution = last_execution(EXECUTOR);
+    let execution: Execution = last_execution(executor);
     let expected = probe_result(argument);
     if BEFORE.matches(&execution, expected) {
         sweep.first_before.get_or_insert(point);
@@ -260,7 +293,7 @@ fn check_point(sweep: &mut GraceSweep, method: Method, point: usize, in_handler:
                 sweep.name,
                 point,
                 HELD_PC.load(Ordering::Relaxed),
-                EXECUTOR,
+                executor,
                 execution.result,
                 expected,
                 execution.hits,
@@ -283,10 +316,13 @@ fn race_unregister(method: Method, name: &'static str) -> Finding {
     }
     HOLD_AT.store(NO_POINT, Ordering::Relaxed);
     HOLD_IN_HANDLER.store(false, Ordering::Relaxed);
-    let dry = cross_call::run_on(EXECUTOR, execute_stepped, 1999);
+    let masked = cpu::mask_interrupts();
+    let executor = choose_executor();
+    let dry = cross_call::run_on(executor, execute_stepped, 1999);
+    let dry_hit = dry.is_ok() && BEFORE.matches(&last_execution(executor), probe_result(1999));
+    cpu::restore_interrupts(masked);
     let points = POINTS.load(Ordering::Relaxed);
     let in_slots = POINTS_IN_SLOTS.load(Ordering::Relaxed);
-    let dry_hit = dry.is_ok() && BEFORE.matches(&last_execution(EXECUTOR), probe_result(1999));
     if kprobes::unregister(address).is_err() || !dry_hit {
         return Finding::Coverage;
     }
