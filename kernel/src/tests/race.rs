@@ -139,6 +139,11 @@ pub fn on_trap(frame: &mut ExceptionFrame) -> bool {
     frame.elr = landing.words[1].load(Ordering::Relaxed);
     frame.spsr &= !step::SPSR_SS;
     step::set_mdscr(step::MDSCR_KDE | step::MDSCR_SS, false);
+    // A fault in a poisoned XOL slot leaves this CPU's probe state "stepping": the execution
+    // ended, so is the hit.
+    let probe = &percpu::this_cpu().probe;
+    probe.status.store(0, Ordering::Relaxed);
+    probe.current.store(core::ptr::null_mut(), Ordering::Relaxed);
     true
 }
 

@@ -382,18 +382,24 @@ pub fn race_kprobe_unregister_waits(_: &Context) -> Outcome {
     Ok(Verdict::Passed)
 }
 
-/// Freeing a detour trampoline without the grace period (test-only `WrongOrder::NoGracePeriod`)
-/// is caught: the held CPU resumes into the poisoned trampoline (a fault). Then the correct
-/// sequence passes again.
+/// Freeing a detour trampoline or an XOL slot without the grace period (test-only
+/// `WrongOrder::NoGracePeriod`) is caught: the held CPU resumes into the poisoned trampoline or
+/// slot (a fault). Then the correct sequence passes again.
 pub fn race_unregister_without_grace_period_is_caught(_: &Context) -> Outcome {
     if let Some(skip) = needs_cpus() {
         return Ok(skip);
     }
     check!(unlock_debug_everywhere());
-    kprobes::kprobe::set_wrong_order(WrongOrder::NoGracePeriod);
-    let wrong = race_unregister(Method::Detour, "kprobe detour unregister without grace period (b)");
-    kprobes::kprobe::set_wrong_order(WrongOrder::None);
-    check_eq!(wrong as u64, Finding::WrongBehaviour as u64);
-    check_eq!(race_unregister(Method::Detour, unregister_name(Method::Detour)) as u64, Finding::Correct as u64);
+    for (method, name) in [
+        (Method::Detour, "kprobe detour unregister without grace period (b)"),
+        (Method::SingleStep, "kprobe single-step unregister without grace period (b)"),
+        (Method::BrkStep, "kprobe brk-step unregister without grace period (b)"),
+    ] {
+        kprobes::kprobe::set_wrong_order(WrongOrder::NoGracePeriod);
+        let wrong = race_unregister(method, name);
+        kprobes::kprobe::set_wrong_order(WrongOrder::None);
+        check_eq!(wrong as u64, Finding::WrongBehaviour as u64);
+        check_eq!(race_unregister(method, unregister_name(method)) as u64, Finding::Correct as u64);
+    }
     Ok(Verdict::Passed)
 }
