@@ -29,7 +29,10 @@ pub const TESTS: &[Test] = &[
     Test { name: "race_ftrace_literal_swaps", run: race_ftrace_literal_swaps },
     Test { name: "race_wrong_sequences_are_caught", run: race_wrong_sequences_are_caught },
     Test { name: "race_kprobe_unregister_waits", run: grace::race_kprobe_unregister_waits },
-    Test { name: "race_unregister_without_grace_period_is_caught", run: grace::race_unregister_without_grace_period_is_caught },
+    Test {
+        name: "race_unregister_without_grace_period_is_caught",
+        run: grace::race_unregister_without_grace_period_is_caught,
+    },
 ];
 
 const ONE_CPU: &str = "one CPU (run with --smp N)";

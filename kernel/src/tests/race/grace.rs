@@ -6,9 +6,8 @@
 //! (a hit) or the new one (no hit), never a fault in poisoned memory. See docs/design/races.md.
 
 use super::{
-    Behaviour, Execution, Finding, HIT, HIT_SOURCE, KPROBE_HITS, NOT_HIT, PROBE_HITS, SITE,
-    chunk_words_in_use, execute_with, last_execution, needs_cpus, probe_result, race_probe_target,
-    unlock_debug_everywhere,
+    Behaviour, Execution, Finding, HIT, HIT_SOURCE, KPROBE_HITS, NOT_HIT, PROBE_HITS, SITE, chunk_words_in_use,
+    execute_with, last_execution, needs_cpus, probe_result, race_probe_target, unlock_debug_everywhere,
 };
 use crate::arch::counters::virtual_count;
 use crate::arch::exception::{Esr, ExceptionClass, ExceptionFrame};
