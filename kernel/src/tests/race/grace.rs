@@ -1,8 +1,8 @@
 //! Patch races, direction (b): one executing CPU is stepped instruction by instruction (hardware
 //! software step, MDSCR_EL1.SS/KDE) through a kprobe's site, its detour trampoline and the
-//! handler entry; at every point it is held while CPU 0 runs the whole unregistration (restore
-//! the word, unpublish, grace period, poison and free the slot or trampoline). A correct grace
-//! period returns only after the held CPU resumed; every execution is the probe's old behaviour
+//! handler entry; at every point it is held while the test's CPU runs the whole unregistration
+//! (restore the word, unpublish, grace period, poison and free the slot or trampoline). A correct
+//! grace period returns only after the held CPU resumed; every execution is the probe's old behaviour
 //! (a hit) or the new one (no hit), never a fault in poisoned memory. See docs/design/races.md.
 
 use super::{
@@ -105,8 +105,8 @@ fn stepped_region(pc: u64) -> bool {
 }
 
 /// Holds this CPU (IRQs and debug exceptions masked: it passes no quiescent point) after
-/// telling CPU 0 where: until the probe is unpublished (CPU 0's unregistration has restored the
-/// word), then `HOLD_MS` more; records when it resumed, and whether it saw the unpublish.
+/// telling the test's CPU where: until the probe is unpublished (the unregistration has restored
+/// the word), then `HOLD_MS` more; records when it resumed, and whether it saw the unpublish.
 fn hold(pc: u64) {
     HELD_PC.store(pc, Ordering::Relaxed);
     HELD.store(true, Ordering::Release);
@@ -215,8 +215,9 @@ impl GraceSweep {
 const BEFORE: Behaviour = HIT;
 const AFTER: Behaviour = NOT_HIT;
 
-/// One point: the probe registered, the executor held at `point` (or in the handler), CPU 0
-/// unregisters; then the execution and the wait are checked.
+/// One point: the probe registered, the executor held at `point` (or in the handler), this CPU
+/// unregisters; then the execution and the wait are checked. IRQs stay masked here, so the test
+/// cannot migrate to the executor's CPU meanwhile.
 fn check_point(sweep: &mut GraceSweep, method: Method, point: usize, in_handler: bool, in_use: usize) {
     let masked = cpu::mask_interrupts();
     choose_executor();
