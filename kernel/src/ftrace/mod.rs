@@ -246,8 +246,19 @@ pub fn set_bl_before_literal(wrong: bool) {
 /// `apply` by another CPU in between frees nothing too early.
 fn after_grace_period(generation: u64) {
     debug_assert!(!trampoline::this_cpu().inside_tracer());
-    crate::task::cpus::synchronize();
+    if !SKIP_GRACE_PERIOD.load(core::sync::atomic::Ordering::Relaxed) {
+        crate::task::cpus::synchronize();
+    }
     with_registry(|registry| registry.grace_period_elapsed(generation));
+}
+
+/// Test-only wrong sequence (direction (b) of the race tests shows it is caught): retired
+/// tracers and vectors are freed without waiting for the other CPUs.
+static SKIP_GRACE_PERIOD: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// Test-only: `true` makes (un)registration free at once, without the grace period.
+pub fn set_skip_grace_period(skip: bool) {
+    SKIP_GRACE_PERIOD.store(skip, core::sync::atomic::Ordering::Relaxed);
 }
 
 /// How many times a tracer called a traced function and the guard skipped it.

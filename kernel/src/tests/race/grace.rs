@@ -7,11 +7,13 @@
 
 use super::{
     Behaviour, Execution, Finding, HIT, HIT_SOURCE, KPROBE_HITS, NOT_HIT, PROBE_HITS, SITE, chunk_words_in_use,
-    execute_with, last_execution, needs_cpus, probe_result, race_probe_target, unlock_debug_everywhere,
+    execute_with, last_execution, needs_cpus, probe_result, race_probe_target, race_traced, traced_result,
+    unlock_debug_everywhere,
 };
 use crate::arch::counters::virtual_count;
 use crate::arch::exception::{Esr, ExceptionClass, ExceptionFrame};
 use crate::arch::{cpu, percpu, step};
+use crate::ftrace::{self, Ops, Regs};
 use crate::probes::{self as kprobes, Method, Registers, kprobe::WrongOrder};
 use crate::task::cross_call;
 use crate::tests::{Context, Outcome, Verdict, check, check_eq};
@@ -64,8 +66,103 @@ unsafe extern "C" {
 /// How long the executing CPU is held at its point after the unpublish, in milliseconds of
 /// counter time (the grace period's own limit is 100 ms).
 const HOLD_MS: u64 = 2;
-/// The probed function's length (`race_probe_target`: three instructions).
-const SITE_BYTES: u64 = 12;
+/// What a (b) sweep unregisters: a kprobe (by method) on `race_probe_target`, or an ftrace
+/// tracer on `race_traced`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Target {
+    Kprobe(Method),
+    Ftrace,
+}
+
+/// The target of the sweep running now (0: kprobe, 1: ftrace), for the hold's "patched" test.
+static FTRACE_TARGET: AtomicBool = AtomicBool::new(false);
+/// The tracer registered by the ftrace sweep.
+static TRACER_ID: AtomicU64 = AtomicU64::new(0);
+/// `NOP`, what an ftrace site's `BL` becomes when disabled.
+const NOP: u32 = 0xd503_201f;
+
+impl Target {
+    fn site(self) -> u64 {
+        match self {
+            Self::Kprobe(_) => race_probe_target as *const () as u64,
+            Self::Ftrace => race_traced as *const () as u64,
+        }
+    }
+
+    /// The stepped part of the site: `race_probe_target`'s three instructions, or the traced
+    /// function's `mov x9, x30; bl ftrace_trampoline` (the trampoline's entry is the last point).
+    fn site_bytes(self) -> u64 {
+        match self {
+            Self::Kprobe(_) => 12,
+            Self::Ftrace => 8,
+        }
+    }
+
+    fn result(self) -> fn(u64) -> u64 {
+        match self {
+            Self::Kprobe(_) => probe_result,
+            Self::Ftrace => traced_result,
+        }
+    }
+
+    fn register(self) -> bool {
+        match self {
+            Self::Kprobe(method) => kprobes::register(self.site(), method, hold_in_handler, None).is_ok(),
+            Self::Ftrace => {
+                let function = self.site();
+                match ftrace::register_where(&HOLD_OPS, |entry| entry + 8 == function) {
+                    Ok(tracer) => {
+                        TRACER_ID.store(u64::from(tracer.0), Ordering::Relaxed);
+                        true
+                    }
+                    Err(_) => false,
+                }
+            }
+        }
+    }
+
+    fn unregister(self) -> bool {
+        match self {
+            Self::Kprobe(_) => kprobes::unregister(self.site()).is_ok(),
+            Self::Ftrace => {
+                let tracer = ::ftrace::TracerId(TRACER_ID.load(Ordering::Relaxed) as u16);
+                ftrace::unregister(tracer).is_ok()
+            }
+        }
+    }
+
+    /// The first point that must be "before" (a hit): after the probed word for kprobes (the hit
+    /// has begun); for ftrace only the tracer itself (up to the trampoline's entry, the site
+    /// still reads the literal the unregistration replaced with the nop ops).
+    fn switch_at(self, points: usize) -> usize {
+        match self {
+            Self::Kprobe(_) => 2,
+            Self::Ftrace => points,
+        }
+    }
+}
+
+/// Whether the unregistration has changed the text (a lock-free read, as on the hit path).
+fn patched() -> bool {
+    if FTRACE_TARGET.load(Ordering::Relaxed) {
+        let call = race_traced as *const () as u64 + 4;
+        // SAFETY: the traced function's second word: mapped kernel text.
+        unsafe { core::ptr::read_volatile(call as *const u32) == NOP }
+    } else {
+        kprobes::counts(race_probe_target as *const () as u64).is_none()
+    }
+}
+
+/// The ftrace sweep's tracer: counts the hit and holds like the kprobe pre-handler.
+unsafe extern "C" fn hold_tracer(_: u64, _: u64, _: &Ops, _: &mut Regs) {
+    hold_hit();
+}
+
+static HOLD_OPS: Ops = Ops { func: hold_tracer, private: 0 };
+
+/// The site being stepped (`Target::site`) and its stepped length.
+static STEP_SITE: AtomicU64 = AtomicU64::new(0);
+static STEP_SITE_BYTES: AtomicU64 = AtomicU64::new(0);
 /// The slot area (64 chunks of 512 bytes).
 const SLOT_AREA_BYTES: u64 = 64 * 512;
 const NO_POINT: usize = usize::MAX;
@@ -100,8 +197,9 @@ fn in_slot_area(pc: u64) -> bool {
 /// handlers and what they call are not stepped (they may use LDXR/STXR loops, which a step's
 /// exception return would keep failing).
 fn stepped_region(pc: u64) -> bool {
-    let site = race_probe_target as *const () as u64;
-    pc == blr_address() || (site..site + SITE_BYTES).contains(&pc) || in_slot_area(pc)
+    let site = STEP_SITE.load(Ordering::Relaxed);
+    let bytes = STEP_SITE_BYTES.load(Ordering::Relaxed);
+    pc == blr_address() || (site..site + bytes).contains(&pc) || in_slot_area(pc)
 }
 
 /// Holds this CPU (IRQs and debug exceptions masked: it passes no quiescent point) after
@@ -111,8 +209,7 @@ fn hold(pc: u64) {
     HELD_PC.store(pc, Ordering::Relaxed);
     HELD.store(true, Ordering::Release);
     cpu::send_event();
-    let site = race_probe_target as *const () as u64;
-    let unpublished = cpu::wait_until(100, || kprobes::counts(site).is_none());
+    let unpublished = cpu::wait_until(100, patched);
     UNPUBLISHED_SEEN.store(unpublished, Ordering::Relaxed);
     cpu::wait_until(HOLD_MS, || false);
     RESUMED_AT.store(virtual_count(), Ordering::Release);
@@ -152,6 +249,10 @@ pub fn on_step(frame: &mut ExceptionFrame) -> bool {
 /// The probe's pre-handler: counts the hit; on the executing CPU, holds there when told (the
 /// last point: a CPU inside the handler, about to return into the slot or trampoline).
 fn hold_in_handler(_: &mut Registers) {
+    hold_hit();
+}
+
+fn hold_hit() {
     PROBE_HITS.fetch_add(1, Ordering::Relaxed);
     if percpu::this_cpu_index() == EXECUTOR.load(Ordering::Relaxed) && HOLD_IN_HANDLER.load(Ordering::Relaxed) {
         hold(0);
@@ -193,6 +294,8 @@ struct GraceSweep {
     last_after: Option<usize>,
     first_before: Option<usize>,
     after_after_before: bool,
+    /// The first point the design says is "before".
+    switch_at: usize,
 }
 
 impl GraceSweep {
@@ -203,7 +306,10 @@ impl GraceSweep {
             Finding::WrongBehaviour
         } else if self.not_waited != 0 {
             Finding::NotWaited
-        } else if self.after_after_before || self.last_after != Some(1) || self.first_before != Some(2) {
+        } else if self.after_after_before
+            || self.last_after != Some(self.switch_at - 1)
+            || self.first_before != Some(self.switch_at)
+        {
             Finding::SwitchedElsewhere
         } else {
             Finding::Correct
@@ -218,10 +324,10 @@ const AFTER: Behaviour = NOT_HIT;
 /// One point: the probe registered, the executor held at `point` (or in the handler), this CPU
 /// unregisters; then the execution and the wait are checked. IRQs stay masked here, so the test
 /// cannot migrate to the executor's CPU meanwhile.
-fn check_point(sweep: &mut GraceSweep, method: Method, point: usize, in_handler: bool, in_use: usize) {
+fn check_point(sweep: &mut GraceSweep, target: Target, point: usize, in_handler: bool, in_use: usize) {
     let masked = cpu::mask_interrupts();
     choose_executor();
-    check_point_here(sweep, method, point, in_handler, in_use);
+    check_point_here(sweep, target, point, in_handler, in_use);
     cpu::restore_interrupts(masked);
 }
 
@@ -232,10 +338,9 @@ fn choose_executor() -> usize {
     executor
 }
 
-fn check_point_here(sweep: &mut GraceSweep, method: Method, point: usize, in_handler: bool, in_use: usize) {
+fn check_point_here(sweep: &mut GraceSweep, target: Target, point: usize, in_handler: bool, in_use: usize) {
     let executor = EXECUTOR.load(Ordering::Relaxed);
-    let address = race_probe_target as *const () as u64;
-    if kprobes::register(address, method, hold_in_handler, None).is_err() {
+    if !target.register() {
         sweep.lost += 1;
         return;
     }
@@ -247,7 +352,7 @@ fn check_point_here(sweep: &mut GraceSweep, method: Method, point: usize, in_han
     // Posted without waiting (a 0 ms timeout): the executor is held while this CPU unregisters.
     let _ = cross_call::run_on_within(executor, execute_stepped, argument, 0);
     let held = cpu::wait_until(100, || HELD.load(Ordering::Acquire));
-    let unregistered = kprobes::unregister(address).is_ok();
+    let unregistered = target.unregister();
     let returned = virtual_count();
     let finished = cpu::wait_until(100, || cross_call::is_idle(executor));
     HOLD_AT.store(NO_POINT, Ordering::Relaxed);
@@ -277,7 +382,7 @@ fn check_point_here(sweep: &mut GraceSweep, method: Method, point: usize, in_han
         sweep.not_waited += 1;
     }
     let execution: Execution = last_execution(executor);
-    let expected = probe_result(argument);
+    let expected = (target.result())(argument);
     if BEFORE.matches(&execution, expected) {
         sweep.first_before.get_or_insert(point);
     } else if AFTER.matches(&execution, expected) {
@@ -303,15 +408,19 @@ fn check_point_here(sweep: &mut GraceSweep, method: Method, point: usize, in_han
     }
 }
 
-/// Direction (b) for one method: a dry stepped call counts the points (the `blr`, the probed
-/// word, every trampoline instruction up to the handler's entry, or the BRK and what follows
-/// it), then each point and the handler are checked once.
-fn race_unregister(method: Method, name: &'static str) -> Finding {
-    let address = race_probe_target as *const () as u64;
-    SITE.store(address, Ordering::Relaxed);
+/// Direction (b) for one target: a dry stepped call counts the points (the `blr`, the probed
+/// word, every trampoline instruction up to the handler's entry, or the BRK and what follows it;
+/// for ftrace the site's two words and the trampoline's entry), then each point and the handler
+/// are checked once.
+fn race_unregister(target: Target, name: &'static str) -> Finding {
+    let site = target.site();
+    SITE.store(site, Ordering::Relaxed);
     HIT_SOURCE.store(KPROBE_HITS, Ordering::Relaxed);
+    STEP_SITE.store(site, Ordering::Relaxed);
+    STEP_SITE_BYTES.store(target.site_bytes(), Ordering::Relaxed);
+    FTRACE_TARGET.store(target == Target::Ftrace, Ordering::Relaxed);
     let in_use = chunk_words_in_use();
-    if kprobes::register(address, method, hold_in_handler, None).is_err() {
+    if !target.register() {
         return Finding::Coverage;
     }
     HOLD_AT.store(NO_POINT, Ordering::Relaxed);
@@ -319,11 +428,11 @@ fn race_unregister(method: Method, name: &'static str) -> Finding {
     let masked = cpu::mask_interrupts();
     let executor = choose_executor();
     let dry = cross_call::run_on(executor, execute_stepped, 1999);
-    let dry_hit = dry.is_ok() && BEFORE.matches(&last_execution(executor), probe_result(1999));
+    let dry_hit = dry.is_ok() && BEFORE.matches(&last_execution(executor), (target.result())(1999));
     cpu::restore_interrupts(masked);
     let points = POINTS.load(Ordering::Relaxed);
     let in_slots = POINTS_IN_SLOTS.load(Ordering::Relaxed);
-    if kprobes::unregister(address).is_err() || !dry_hit {
+    if !target.unregister() || !dry_hit {
         return Finding::Coverage;
     }
     let mut sweep = GraceSweep {
@@ -336,15 +445,21 @@ fn race_unregister(method: Method, name: &'static str) -> Finding {
         last_after: None,
         first_before: None,
         after_after_before: false,
+        switch_at: target.switch_at(points),
     };
     for point in 0..=points {
-        check_point(&mut sweep, method, point, point == points, in_use);
+        check_point(&mut sweep, target, point, point == points, in_use);
     }
     // The design's points: the blr, the probed word, then (detour) every trampoline
-    // instruction up to the call of the handler, which is stepped into.
-    let trampoline_seen = method != Method::Detour || in_slots > 0;
+    // instruction up to the call of the handler, which is stepped into; for ftrace the blr, the
+    // two site words and the trampoline's entry.
+    let shape = match target {
+        Target::Kprobe(Method::Detour) => in_slots > 0,
+        Target::Kprobe(_) => points >= 2,
+        Target::Ftrace => points == 4,
+    };
     defmt::info!(
-        "race {=str}: {=usize} interleavings ({=usize} stepped points, {=usize} in the trampoline, + the handler; planned {=usize}), after up to point {=?}, before from point {=?} (design: after up to 1, before from 2), {=usize} wrong, {=usize} not waited for",
+        "race {=str}: {=usize} interleavings ({=usize} stepped points, {=usize} in the trampoline, + the handler; planned {=usize}), after up to point {=?}, before from point {=?} (design: before from {=usize}), {=usize} wrong, {=usize} not waited for",
         name,
         sweep.checked,
         points,
@@ -352,10 +467,11 @@ fn race_unregister(method: Method, name: &'static str) -> Finding {
         sweep.planned,
         sweep.last_after,
         sweep.first_before,
+        sweep.switch_at,
         sweep.wrong,
         sweep.not_waited
     );
-    if !trampoline_seen || points < 2 { Finding::Coverage } else { sweep.finding() }
+    if !shape { Finding::Coverage } else { sweep.finding() }
 }
 
 fn unregister_name(method: Method) -> &'static str {
@@ -377,7 +493,10 @@ pub fn race_kprobe_unregister_waits(_: &Context) -> Outcome {
     }
     check!(unlock_debug_everywhere());
     for method in Method::ALL {
-        check_eq!(race_unregister(method, unregister_name(method)) as u64, Finding::Correct as u64);
+        check_eq!(race_unregister(Target::Kprobe(method), unregister_name(method)) as u64, Finding::Correct as u64);
+    }
+    if ftrace::site_state(race_traced as *const () as u64).is_some() {
+        check_eq!(race_unregister(Target::Ftrace, "ftrace unregister (b)") as u64, Finding::Correct as u64);
     }
     Ok(Verdict::Passed)
 }
@@ -396,10 +515,19 @@ pub fn race_unregister_without_grace_period_is_caught(_: &Context) -> Outcome {
         (Method::BrkStep, "kprobe brk-step unregister without grace period (b)"),
     ] {
         kprobes::kprobe::set_wrong_order(WrongOrder::NoGracePeriod);
-        let wrong = race_unregister(method, name);
+        let wrong = race_unregister(Target::Kprobe(method), name);
         kprobes::kprobe::set_wrong_order(WrongOrder::None);
         check_eq!(wrong as u64, Finding::WrongBehaviour as u64);
-        check_eq!(race_unregister(method, unregister_name(method)) as u64, Finding::Correct as u64);
+        check_eq!(race_unregister(Target::Kprobe(method), unregister_name(method)) as u64, Finding::Correct as u64);
+    }
+    // ftrace: the tracers here are statics, so nothing is poisoned; the unregistration returning
+    // while a CPU is still inside the tracer is what shows.
+    if ftrace::site_state(race_traced as *const () as u64).is_some() {
+        ftrace::set_skip_grace_period(true);
+        let wrong = race_unregister(Target::Ftrace, "ftrace unregister without grace period (b)");
+        ftrace::set_skip_grace_period(false);
+        check_eq!(wrong as u64, Finding::NotWaited as u64);
+        check_eq!(race_unregister(Target::Ftrace, "ftrace unregister (b)") as u64, Finding::Correct as u64);
     }
     Ok(Verdict::Passed)
 }
