@@ -14,7 +14,7 @@ use crate::arch::counters::virtual_count;
 use crate::arch::exception::{Esr, ExceptionClass, ExceptionFrame};
 use crate::arch::{cpu, percpu, step};
 use crate::ftrace::{self, Ops, Regs};
-use crate::probes::{self as kprobes, Method, Registers, kprobe::WrongOrder};
+use crate::probes::{self as kprobes, Method, Registers, kprobe::WrongOrder, kretprobe};
 use crate::task::cross_call;
 use crate::tests::{Context, Outcome, Verdict, check, check_eq};
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -71,6 +71,9 @@ const HOLD_MS: u64 = 2;
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Target {
     Kprobe(Method),
+    /// A kretprobe on `race_probe_target`, entered by a kprobe of this method: its entry handler
+    /// and its return handler each count a hit.
+    Kretprobe(Method),
     Ftrace,
 }
 
@@ -84,7 +87,7 @@ const NOP: u32 = 0xd503_201f;
 impl Target {
     fn site(self) -> u64 {
         match self {
-            Self::Kprobe(_) => race_probe_target as *const () as u64,
+            Self::Kprobe(_) | Self::Kretprobe(_) => race_probe_target as *const () as u64,
             Self::Ftrace => race_traced as *const () as u64,
         }
     }
@@ -93,14 +96,14 @@ impl Target {
     /// function's `mov x9, x30; bl ftrace_trampoline` (the trampoline's entry is the last point).
     fn site_bytes(self) -> u64 {
         match self {
-            Self::Kprobe(_) => 12,
+            Self::Kprobe(_) | Self::Kretprobe(_) => 12,
             Self::Ftrace => 8,
         }
     }
 
     fn result(self) -> fn(u64) -> u64 {
         match self {
-            Self::Kprobe(_) => probe_result,
+            Self::Kprobe(_) | Self::Kretprobe(_) => probe_result,
             Self::Ftrace => traced_result,
         }
     }
@@ -108,6 +111,9 @@ impl Target {
     fn register(self) -> bool {
         match self {
             Self::Kprobe(method) => kprobes::register(self.site(), method, hold_in_handler, None).is_ok(),
+            Self::Kretprobe(method) => {
+                kretprobe::register(self.site(), method, Some(hold_at_entry), count_return, 4).is_ok()
+            }
             Self::Ftrace => {
                 let function = self.site();
                 match ftrace::register_where(&HOLD_OPS, |entry| entry + 8 == function) {
@@ -124,6 +130,7 @@ impl Target {
     fn unregister(self) -> bool {
         match self {
             Self::Kprobe(_) => kprobes::unregister(self.site()).is_ok(),
+            Self::Kretprobe(_) => kretprobe::unregister(self.site()).is_ok(),
             Self::Ftrace => {
                 let tracer = ::ftrace::TracerId(TRACER_ID.load(Ordering::Relaxed) as u16);
                 ftrace::unregister(tracer).is_ok()
@@ -136,10 +143,31 @@ impl Target {
     /// still reads the literal the unregistration replaced with the nop ops).
     fn switch_at(self, points: usize) -> usize {
         match self {
-            Self::Kprobe(_) => 2,
+            Self::Kprobe(_) | Self::Kretprobe(_) => 2,
             Self::Ftrace => points,
         }
     }
+
+    /// What a call does while the probe is registered: one hit, or for a kretprobe two (the
+    /// entry and the return: the held CPU's whole call runs before the grace period ends, so
+    /// its return still finds the kretprobe live).
+    fn before(self) -> Behaviour {
+        match self {
+            Self::Kretprobe(_) => Behaviour { hits: 2, trampoline: None },
+            _ => HIT,
+        }
+    }
+}
+
+/// The kretprobe's entry handler: counts and holds like the kprobe pre-handler; hijacks.
+fn hold_at_entry(_: &mut Registers, _: &mut u64) -> bool {
+    hold_hit();
+    true
+}
+
+/// The kretprobe's return handler.
+fn count_return(_: &mut Registers, _: u64) {
+    PROBE_HITS.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Whether the unregistration has changed the text (a lock-free read, as on the hit path).
@@ -321,8 +349,8 @@ impl GraceSweep {
     }
 }
 
-/// The probe's behaviour before unregistration (a hit) and after (the original instruction).
-const BEFORE: Behaviour = HIT;
+/// The probe's behaviour after unregistration (the original instruction, no hit); before it is
+/// `Target::before`.
 const AFTER: Behaviour = NOT_HIT;
 
 /// One point: the probe registered, the executor held at `point` (or in the handler), this CPU
@@ -387,7 +415,7 @@ fn check_point_here(sweep: &mut GraceSweep, target: Target, point: usize, in_han
     }
     let execution: Execution = last_execution(executor);
     let expected = (target.result())(argument);
-    if BEFORE.matches(&execution, expected) {
+    if target.before().matches(&execution, expected) {
         sweep.first_before.get_or_insert(point);
     } else if AFTER.matches(&execution, expected) {
         sweep.last_after = Some(point);
@@ -432,7 +460,7 @@ fn race_unregister(target: Target, name: &'static str) -> Finding {
     let masked = cpu::mask_interrupts();
     let executor = choose_executor();
     let dry = cross_call::run_on(executor, execute_stepped, 1999);
-    let dry_hit = dry.is_ok() && BEFORE.matches(&last_execution(executor), (target.result())(1999));
+    let dry_hit = dry.is_ok() && target.before().matches(&last_execution(executor), (target.result())(1999));
     cpu::restore_interrupts(masked);
     let points = POINTS.load(Ordering::Relaxed);
     let in_slots = POINTS_IN_SLOTS.load(Ordering::Relaxed);
@@ -458,8 +486,8 @@ fn race_unregister(target: Target, name: &'static str) -> Finding {
     // instruction up to the call of the handler, which is stepped into; for ftrace the blr, the
     // two site words and the trampoline's entry.
     let shape = match target {
-        Target::Kprobe(Method::Detour) => in_slots > 0,
-        Target::Kprobe(_) => points >= 2,
+        Target::Kprobe(Method::Detour) | Target::Kretprobe(Method::Detour) => in_slots > 0,
+        Target::Kprobe(_) | Target::Kretprobe(_) => points >= 2,
         Target::Ftrace => points == 4,
     };
     defmt::info!(
@@ -476,6 +504,13 @@ fn race_unregister(target: Target, name: &'static str) -> Finding {
         sweep.not_waited
     );
     if !shape { Finding::Coverage } else { sweep.finding() }
+}
+
+fn kretprobe_name(method: Method) -> &'static str {
+    match method {
+        Method::Detour => "kretprobe (detour entry) unregister (b)",
+        _ => "kretprobe (single-step entry) unregister (b)",
+    }
 }
 
 fn unregister_name(method: Method) -> &'static str {
@@ -501,6 +536,10 @@ pub fn race_kprobe_unregister_waits(context: &Context) -> Outcome {
     check!(unlock_debug_everywhere());
     for method in Method::ALL {
         check_eq!(race_unregister(Target::Kprobe(method), unregister_name(method)) as u64, Finding::Correct as u64);
+    }
+    for method in [Method::Detour, Method::SingleStep] {
+        let name = kretprobe_name(method);
+        check_eq!(race_unregister(Target::Kretprobe(method), name) as u64, Finding::Correct as u64);
     }
     if ftrace::site_state(race_traced as *const () as u64).is_some() {
         check_eq!(race_unregister(Target::Ftrace, "ftrace unregister (b)") as u64, Finding::Correct as u64);
