@@ -29,6 +29,7 @@ pub const TESTS: &[Test] = &[
     Test { name: "race_ftrace_literal_swaps", run: race_ftrace_literal_swaps },
     Test { name: "race_wrong_sequences_are_caught", run: race_wrong_sequences_are_caught },
     Test { name: "race_kprobe_unregister_waits", run: grace::race_kprobe_unregister_waits },
+    Test { name: "race_brk_after_unpublish_resumes", run: grace::race_brk_after_unpublish_resumes },
     Test {
         name: "race_unregister_without_grace_period_is_caught",
         run: grace::race_unregister_without_grace_period_is_caught,

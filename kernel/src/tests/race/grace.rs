@@ -55,12 +55,20 @@ race_step_blr:
     ldp     x27, x28, [sp, #80]
     ldp     x29, x30, [sp], #112
     ret
+
+    // A kprobe BRK no probe owns (never executed: `race_brk_after_unpublish_resumes` hands its
+    // address to the hit path in a made-up frame).
+    .balign 4
+    .global race_stray_brk
+race_stray_brk:
+    brk     #0x004
 "#
 );
 
 unsafe extern "C" {
     fn race_step_call(argument: u64, function: u64, landing: *mut u64) -> u64;
     static race_step_blr: u32;
+    static race_stray_brk: u32;
 }
 
 /// How long the executing CPU is held at its point after the unpublish, in milliseconds of
@@ -578,5 +586,25 @@ pub fn race_unregister_without_grace_period_is_caught(context: &Context) -> Outc
         check_eq!(wrong as u64, Finding::NotWaited as u64);
         check_eq!(race_unregister(Target::Ftrace, "ftrace unregister (b)") as u64, Finding::Correct as u64);
     }
+    Ok(Verdict::Passed)
+}
+
+/// A `BRK #0x004` trap whose probe is no longer published (it was unpublished between the BRK
+/// and the lookup) resumes at the word if the word is no longer a BRK (the unregistration put the
+/// instruction back), and stays unexpected if it still is one (a BRK nobody registered). The hit
+/// path is called on a made-up frame: the window between the two cannot be stepped (the BRK
+/// handler runs with debug exceptions masked).
+pub fn race_brk_after_unpublish_resumes(_: &Context) -> Outcome {
+    let frame =
+        |elr: u64| ExceptionFrame { x: [0; 31], sp: 0, elr, spsr: 0, esr: 0, far: 0, boundary: [0; 5], tpidr_el0: 0 };
+    let restored = race_probe_target as *const () as u64;
+    check!(kprobes::counts(restored).is_none());
+    let mut resumed = frame(restored);
+    check!(kprobes::on_brk(&mut resumed));
+    check_eq!(resumed.elr, restored);
+    // SAFETY: only the address of the asm label is taken.
+    let stray = unsafe { &race_stray_brk as *const u32 as u64 };
+    let mut unexpected = frame(stray);
+    check!(!kprobes::on_brk(&mut unexpected));
     Ok(Verdict::Passed)
 }
