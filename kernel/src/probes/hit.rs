@@ -14,7 +14,7 @@ use core::sync::atomic::{AtomicBool, Ordering};
 use super::Registers;
 use super::frame::{FrameRegisters, registers};
 use super::kprobe::{Action, Probe, lookup};
-use crate::arch::exception::ExceptionFrame;
+use crate::arch::exception::{BRK_KPROBE, ExceptionFrame};
 use crate::arch::percpu::{ProbeControl, this_cpu};
 use crate::arch::step::{self, MDSCR_KDE, MDSCR_SS, SPSR_BTYPE, SPSR_D, SPSR_DAIF, SPSR_F, SPSR_I, SPSR_SS};
 use probes::{Fault, Memory, Simulated, SimulationConfig, simulate};
@@ -121,7 +121,7 @@ fn set_mdscr(bits: u64, on: bool) {
 #[unsafe(link_section = ".text.noprobe")]
 pub fn on_brk(frame: &mut ExceptionFrame) -> bool {
     let Some(probe) = lookup(frame.elr) else {
-        return false;
+        return brk_removed(frame.elr);
     };
     let cpu = control();
     // The one re-entry check on the hot path: a per-CPU load and a branch.
@@ -129,6 +129,16 @@ pub fn on_brk(frame: &mut ExceptionFrame) -> bool {
         return reenter(frame, probe, cpu);
     }
     handle(frame, probe, cpu)
+}
+
+/// A BRK taken before its probe's unregistration restored the word, looked up after it
+/// unpublished the probe: the instruction is back, so the CPU resumes at it (true). False for a
+/// `BRK #0x004` nobody registered.
+#[unsafe(link_section = ".text.noprobe")]
+#[cold]
+fn brk_removed(address: u64) -> bool {
+    // SAFETY: the BRK was fetched from `address`: mapped, readable kernel text.
+    unsafe { core::ptr::read_volatile(address as *const u32) != probes::encode_brk(BRK_KPROBE).0 }
 }
 
 /// A hit on an idle CPU: the handlers run around the instruction.

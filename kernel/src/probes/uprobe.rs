@@ -172,7 +172,10 @@ pub fn register(
     if lookup(address).is_some() {
         return Err(ProbeError::AlreadyRegistered);
     }
-    let index = (0..MAX_UPROBES).find(|&index| published(index).is_none()).ok_or(ProbeError::NoSpace)?;
+    let retiring = RETIRING.load(Ordering::Relaxed);
+    let index = (0..MAX_UPROBES)
+        .find(|&index| published(index).is_none() && retiring & (1 << index) == 0)
+        .ok_or(ProbeError::NoSpace)?;
     // SAFETY: kernel_address is user text inside the kernel image, mapped readable.
     let original = unsafe { core::ptr::read_volatile(kernel_address as *const u32) };
     let rules = Rules { text: Text::User, stack_reach: 0, post_handler: false };
@@ -203,17 +206,36 @@ pub fn register(
     Ok(())
 }
 
-/// Unregisters the uprobe at `address`, restoring the instruction.
+/// Unregisters the uprobe at `address`, restoring the instruction. The XOL slot and trampoline
+/// are poisoned (refilled) and the index freed only after a grace period
+/// (`task::cpus::synchronize`, with `REGISTER` released: a CPU spinning on it with IRQs masked
+/// would never pass a quiescent point): a hit runs with IRQs masked from the BRK through the
+/// stepped slot to the step's return, so a CPU past a quiescent point is done with the probe. A
+/// task inside a detour trampoline runs at EL0 with IRQs unmasked and can be preempted there: the
+/// grace period does not cover it (docs/design/races.md).
 pub fn unregister(address: u64) -> Result<(), ProbeError> {
+    let index = {
+        let _lock = REGISTER.lock();
+        let (index, probe) = lookup(address).ok_or(ProbeError::NotRegistered)?;
+        // SAFETY: as in register: the original instruction replaces the BRK/B.
+        unsafe { patch::write_instruction(probe.kernel_address, probe.original) };
+        PUBLISHED[index].store(core::ptr::null_mut(), Ordering::Release);
+        RETIRING.fetch_or(1 << index, Ordering::Relaxed);
+        index
+    };
+    crate::task::cpus::synchronize();
     let _lock = REGISTER.lock();
-    let (index, probe) = lookup(address).ok_or(ProbeError::NotRegistered)?;
-    // SAFETY: as in register: the original instruction replaces the BRK/B.
-    unsafe { patch::write_instruction(probe.kernel_address, probe.original) };
-    PUBLISHED[index].store(core::ptr::null_mut(), Ordering::Release);
     write_xol(slot_offset(index), &FILLER, 0..TASK_SLOTS);
     write_xol(detour_offset(index), &FILLER, 0..TASK_SLOTS);
+    RETIRING.fetch_and(!(1 << index), Ordering::Relaxed);
     Ok(())
 }
+
+/// Indices unpublished whose slots are not yet poisoned (waiting for the grace period): not
+/// reused until then. Written under `REGISTER`.
+static RETIRING: AtomicU64 = AtomicU64::new(0);
+
+const _: () = assert!(MAX_UPROBES <= 64, "one u64 bitmap");
 
 /// Hits and return-handler runs of the uprobe at `address`.
 pub fn counts(address: u64) -> Option<(u64, u64)> {
@@ -281,11 +303,23 @@ pub fn on_el0_exception(frame: &mut ExceptionFrame, class: ExceptionClass) -> bo
     }
 }
 
+/// A BRK taken before its uprobe's unregistration restored the word, looked up after the
+/// unpublish: the instruction is back, so the task resumes at it (true). False for a
+/// `BRK #BRK_UPROBE` nobody registered (a user fault).
+#[unsafe(link_section = ".text.noprobe")]
+#[cold]
+fn brk_removed(address: u64) -> bool {
+    user::kernel_text_address(address).is_some_and(|kernel_address| {
+        // SAFETY: user text inside the kernel image, mapped readable.
+        unsafe { core::ptr::read_volatile(kernel_address as *const u32) != encode_brk(BRK_UPROBE).0 }
+    })
+}
+
 #[unsafe(link_section = ".text.noprobe")]
 fn on_brk(frame: &mut ExceptionFrame) -> bool {
     // By reference: a copy of the record (or of its `Simulated`) is a memcpy call per hit.
     let Some((index, probe)) = lookup(frame.elr) else {
-        return false;
+        return brk_removed(frame.elr);
     };
     HITS[index].fetch_add(1, Ordering::Relaxed);
     (probe.handler)(registers(frame));

@@ -19,6 +19,8 @@ use crate::task::cross_call::{self, CrossCallError};
 use crate::task::{cpus, stacks::CPUS};
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
+mod grace;
+
 pub const TESTS: &[Test] = &[
     Test { name: "cross_call_runs_on_every_cpu", run: cross_call_runs_on_every_cpu },
     Test { name: "cross_call_reports_what_failed", run: cross_call_reports_what_failed },
@@ -26,6 +28,12 @@ pub const TESTS: &[Test] = &[
     Test { name: "race_ftrace_enable_disable", run: race_ftrace_enable_disable },
     Test { name: "race_ftrace_literal_swaps", run: race_ftrace_literal_swaps },
     Test { name: "race_wrong_sequences_are_caught", run: race_wrong_sequences_are_caught },
+    Test { name: "race_kprobe_unregister_waits", run: grace::race_kprobe_unregister_waits },
+    Test { name: "race_brk_after_unpublish_resumes", run: grace::race_brk_after_unpublish_resumes },
+    Test {
+        name: "race_unregister_without_grace_period_is_caught",
+        run: grace::race_unregister_without_grace_period_is_caught,
+    },
 ];
 
 const ONE_CPU: &str = "one CPU (run with --smp N)";
@@ -121,6 +129,9 @@ static LANDINGS: [Landing; CPUS] = [const {
 /// ends that call at its landing (recorded as a fault) instead of ending the run.
 #[unsafe(link_section = ".text.noprobe")]
 pub fn on_trap(frame: &mut ExceptionFrame) -> bool {
+    if grace::on_step(frame) {
+        return true;
+    }
     let landing = &LANDINGS[percpu::this_cpu_index()];
     if !landing.armed.load(Ordering::Relaxed) {
         return false;
@@ -132,6 +143,11 @@ pub fn on_trap(frame: &mut ExceptionFrame) -> bool {
     frame.elr = landing.words[1].load(Ordering::Relaxed);
     frame.spsr &= !step::SPSR_SS;
     step::set_mdscr(step::MDSCR_KDE | step::MDSCR_SS, false);
+    // A fault in a poisoned XOL slot leaves this CPU's probe state "stepping": the execution
+    // ended, so is the hit.
+    let probe = &percpu::this_cpu().probe;
+    probe.status.store(0, Ordering::Relaxed);
+    probe.current.store(core::ptr::null_mut(), Ordering::Relaxed);
     true
 }
 
@@ -171,17 +187,25 @@ fn hits() -> u64 {
     }
 }
 
+/// A site runner: `race_call`, or `grace::race_step_call` (the same contract).
+type Runner = unsafe extern "C" fn(u64, u64, *mut u64) -> u64;
+
 /// Runs on an executing CPU (through `run_on`): one call of the site, recorded in `EXECUTIONS`.
 fn execute(argument: u64) -> u64 {
+    execute_with(argument, race_call)
+}
+
+/// One call of the site through `runner`, recorded in `EXECUTIONS`.
+fn execute_with(argument: u64, runner: Runner) -> u64 {
     let cpu = percpu::this_cpu_index();
     let landing = &LANDINGS[cpu];
     let before = hits();
     landing.fault.store(0, Ordering::Relaxed);
     landing.armed.store(true, Ordering::Relaxed);
-    // SAFETY: SITE is a function taking and returning one u64 (the race targets); race_call
+    // SAFETY: SITE is a function taking and returning one u64 (the race targets); the runner
     // preserves every register the ABI says a call preserves, also after a fault (the trap hook
     // resumes it at its landing with its SP).
-    let result = unsafe { race_call(argument, SITE.load(Ordering::Relaxed), landing.words.as_ptr() as *mut u64) };
+    let result = unsafe { runner(argument, SITE.load(Ordering::Relaxed), landing.words.as_ptr() as *mut u64) };
     landing.armed.store(false, Ordering::Relaxed);
     let record = &EXECUTIONS[cpu];
     record[0].store(result, Ordering::Relaxed);
@@ -312,6 +336,8 @@ enum Finding {
     SwitchedElsewhere,
     /// The stores or interleavings were not the planned number, or a CPU was unreachable.
     Coverage,
+    /// Direction (b): unregistration returned while a CPU was still held inside the probe.
+    NotWaited,
 }
 
 /// Runs `patcher` stepped, with every other CPU running the site at every point; checks and
