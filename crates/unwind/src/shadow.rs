@@ -143,13 +143,10 @@ where
         }
         let upper = self.layout.upper_bits();
         let base = segment.stack.base;
-        // Newest first: from the slot below x18 down to slot 0.
+        // Newest first: from the slot below x18 down to slot 0, in runs that each end at the
+        // base or at the end of the sink's phase, whichever is first.
         let mut slot = segment.pointer;
-        while slot > base {
-            if sink.dst == sink.end && !sink.next_phase() {
-                return Err(StopReason::DepthLimit);
-            }
-            // This run copies up to the base or to the end of the phase, whichever is first.
+        loop {
             let room = (sink.end - sink.dst) as u64;
             let available = (slot - base) / 8;
             let stop_at = if available > room { slot - 8 * room } else { base };
@@ -179,8 +176,14 @@ where
             if trampoline != 0 && sink.keeping() {
                 repair_run(self.repair, sink.base(), first, sink.dst, from, trampoline);
             }
+            if slot == base {
+                return Ok(());
+            }
+            // The run stopped short of the base: the phase is full.
+            if !sink.next_phase() {
+                return Err(StopReason::DepthLimit);
+            }
         }
-        Ok(())
     }
 }
 
