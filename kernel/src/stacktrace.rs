@@ -157,7 +157,19 @@ macro_rules! image_address {
 /// The index of `slot` among the stack slots (task slots first, in task-slot order).
 #[inline(always)]
 fn slot_index(slot: Slot) -> u64 {
-    slot.0.wrapping_sub(image_address!(__stack_slots_start)) / SLOT_SIZE
+    let start: u64;
+    // SAFETY: `adrp` computes the 4 KiB page of the symbol from the PC; reads no memory, writes
+    // only `start`, no flags. kernel.ld aligns the slots to SLOT_SIZE (task/stacks.rs checks it
+    // at boot), so the page is the symbol's address: one instruction, no `add`.
+    unsafe {
+        core::arch::asm!(
+            "adrp {start}, {symbol}",
+            start = out(reg) start,
+            symbol = sym __stack_slots_start,
+            options(pure, nomem, nostack, preserves_flags)
+        )
+    };
+    slot.0.wrapping_sub(start) / SLOT_SIZE
 }
 
 /// [`Repair`] with the trampoline's address built PC-relative ([`image_address`]): the frame

@@ -223,6 +223,14 @@ where
             if let Event::Unreadable = event {
                 return sink.finish(self.unreadable(fp));
             }
+            // A full phase ends the walk (or starts the next phase) whatever the record holds:
+            // the depth limit needs no second read.
+            if let Event::RepairOrFull = event
+                && sink.dst == sink.end
+                && !sink.next_phase()
+            {
+                return sink.finish(StopReason::DepthLimit);
+            }
             // The slow path reads the record again (it was readable, and a walked stack does
             // not change under the walk), so that the fast step hands over no register but `fp`.
             let (next, raw) = match self.memory.read_pair(fp) {

@@ -129,14 +129,15 @@ where
                 corruption: Corruption::ShadowPointerOutOfBounds,
             });
         };
-        if segment.pointer & 7 != 0 {
-            return Err(StopReason::Corrupt { address: segment.pointer, corruption: Corruption::Misaligned });
-        }
-        if segment.pointer < segment.stack.base || segment.pointer > magic_slot {
-            return Err(StopReason::Corrupt {
-                address: segment.pointer,
-                corruption: Corruption::ShadowPointerOutOfBounds,
-            });
+        // Alignment and `base <= pointer <= magic_slot` in one compare: the pointer's offset from
+        // the (8-aligned) base, rotated right by 3, is its slot count if the offset is aligned
+        // and has a low bit in its top bits (so is larger than any slot count) if not; a pointer
+        // below the base wraps to a huge offset.
+        let slots = segment.pointer.wrapping_sub(segment.stack.base).rotate_right(3);
+        if slots > (magic_slot - segment.stack.base) / 8 {
+            let corruption =
+                if segment.pointer & 7 != 0 { Corruption::Misaligned } else { Corruption::ShadowPointerOutOfBounds };
+            return Err(StopReason::Corrupt { address: segment.pointer, corruption });
         }
         if let Some(pc) = segment.interrupted_pc {
             or_stop!(sink.push(self.layout.strip(pc), true), Err);
