@@ -9,7 +9,7 @@ use crate::access::{increment, load_acquire_pointer, load_acquire_u32, load_rela
 use crate::handle::{DepotHandle, MAX_POOL_BYTES, MAX_POOLS, RECORD_ALIGN};
 use crate::hash::hash_frames;
 use crate::reclaim::ReadGate;
-use crate::record::{EVICTABLE_RECORD_BYTES, Record, SATURATED, record_bytes};
+use crate::record::{EVICTABLE_RECORD_BYTES, HEADER_WORDS, Record, SATURATED, frames_equal, header, record_bytes};
 
 /// Why the depot could not do what was asked. Never a panic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -268,26 +268,64 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
     /// Walks `hash`'s chain for `frames`; with eviction, takes a reference
     /// (skipping dying records). Callers are inside the read gate or hold the lock. Always
     /// inlined (the hit path, exempt from the sanitizer, keeps the chain walk in registers).
+    ///
+    /// Per record: its address from the link (one pool-base load), its first two header words
+    /// (one `ldp`: the next link and the hash, the frame count), then, on a hash match, the
+    /// frames. The bucket head is read with acquire ordering, which makes every record of the
+    /// chain visible (each was written before a release store of a head that this one follows),
+    /// so the header words are relaxed loads.
     #[inline(always)]
-    #[allow(clippy::question_mark, reason = "`?` is a call to `Try::branch`, which the exempt path would not inline")]
     fn find_inline(&self, hash: u32, frames: &[u64], count_collisions: bool) -> Option<DepotHandle> {
+        let len = frames.len() as u64;
         let mut link = load_acquire_u32(&self.buckets[hash as usize & (BUCKETS - 1)]);
-        while let Some(handle) = DepotHandle::from_raw(link) {
-            let Some(record) = self.record(handle) else {
+        loop {
+            // No `?`: a call to `Try::branch`, which the exempt path would not inline.
+            let Some(handle) = DepotHandle::from_link(link) else {
                 return None;
             };
-            if record.hash() == hash {
-                if record.holds(frames) {
-                    if !self.evictable || acquire_reference(record.count_word()) {
+            let Some(record) = self.chained_record(handle) else {
+                return None;
+            };
+            // SAFETY: a chained record's header is in its pool (`chained_record`).
+            let (head, sizes) = unsafe { header(record) };
+            if (head >> 32) as u32 == hash {
+                // SAFETY: a chained record holds the frames its header counts (`chained_record`),
+                // and `len` of them are read only if the count is `len`.
+                if sizes >> 32 == len && unsafe { frames_equal(record.wrapping_add(HEADER_WORDS), frames) } {
+                    // SAFETY: word 1 of the record, as above.
+                    if !self.evictable || acquire_reference(unsafe { &*record.wrapping_add(1) }) {
                         return Some(handle);
                     }
                 } else if count_collisions {
                     increment(&self.counters.collisions);
                 }
             }
-            link = record.next();
+            link = head as u32;
         }
-        None
+    }
+
+    /// The first word of the record that a chain link names (`None` if its pool was never
+    /// added: a link the depot did not make).
+    ///
+    /// Every link in a bucket chain (a bucket head or a record's next link) is a handle that
+    /// `insert` made for a record it carved wholly inside an added pool, with as many frame
+    /// words as its header counts (an evictable depot's records all have room for
+    /// [`MAX_FRAMES`], whatever trace they hold after reuse), and pools are never removed: so
+    /// the record's words are readable from the pointer returned, and only the pool index is
+    /// checked here.
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    #[inline(always)]
+    #[allow(clippy::cmp_null, reason = "`is_null` is a core function, which the exempt path would not inline")]
+    fn chained_record(&self, handle: DepotHandle) -> Option<*const AtomicU64> {
+        let index = handle.pool();
+        if index >= POOLS {
+            return None;
+        }
+        let base = load_acquire_pointer(&self.pools[index].base);
+        if base == core::ptr::null_mut() {
+            return None;
+        }
+        Some(base.cast_const().wrapping_add(handle.offset() / 8))
     }
 
     /// A free record, or fresh pool memory.

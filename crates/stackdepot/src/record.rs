@@ -78,42 +78,6 @@ impl<'a> Record<'a> {
         words[HEADER_WORDS..HEADER_WORDS + len].iter().map(|word| word.load(Ordering::Relaxed))
     }
 
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
-    #[inline]
-    pub(crate) fn frame_count(&self) -> usize {
-        (load_acquire(&self.words[1]) >> 32) as usize
-    }
-
-    /// Whether the record holds exactly `frames` (an index loop: see `access.rs`).
-    ///
-    /// Two frames a step: the caller's pair is one load, the record's two relaxed atomic
-    /// loads, one compare chain; the odd frame last.
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
-    #[inline]
-    pub(crate) fn holds(&self, frames: &[u64]) -> bool {
-        let len = frames.len();
-        // A count beyond the pool's end (only a forged handle) never matches.
-        if self.frame_count() != len || self.words.len() - HEADER_WORDS < len {
-            return false;
-        }
-        let mut stored = self.words.as_ptr().wrapping_add(HEADER_WORDS);
-        let mut wanted = frames.as_ptr();
-        let pairs_end = wanted.wrapping_add(len & !1);
-        if wanted != pairs_end {
-            // SAFETY: the pairs lie before pairs_end <= the end of `frames`, and as many words
-            // follow the header (checked above); there is at least one pair.
-            if !unsafe { pairs_equal(&mut wanted, &mut stored, pairs_end) } {
-                return false;
-            }
-        }
-        if len & 1 != 0 {
-            // SAFETY: the last frame and its word, as above.
-            let (frame, word) = unsafe { (*wanted, &*stored) };
-            return load_relaxed(word) == frame;
-        }
-        true
-    }
-
     /// The reference-count word (count in the low half).
     #[inline]
     pub(crate) fn count_word(&self) -> &'a AtomicU64 {
@@ -135,6 +99,64 @@ impl<'a> Record<'a> {
             word.store(*frame, Ordering::Relaxed);
         }
     }
+}
+
+/// A record's two first header words, `(next | hash << 32, count | frames << 32)`, as the
+/// hit path reads them: in the kernel (arm64) one `ldp` (each 64-bit half single-copy atomic:
+/// two relaxed atomic loads), elsewhere two relaxed atomic loads.
+///
+/// # Safety
+///
+/// `record` points to the first word of a record: [`HEADER_WORDS`] words of a pool.
+#[inline(always)]
+pub(crate) unsafe fn header(record: *const AtomicU64) -> (u64, u64) {
+    #[cfg(all(feature = "kernel", target_arch = "aarch64"))]
+    {
+        let (first, second): (u64, u64);
+        // SAFETY: reads the two words the caller vouches for; no stack, no flags.
+        unsafe {
+            core::arch::asm!(
+                "ldp {first}, {second}, [{record}]",
+                record = in(reg) record,
+                first = lateout(reg) first,
+                second = lateout(reg) second,
+                options(readonly, nostack, preserves_flags)
+            )
+        };
+        (first, second)
+    }
+    #[cfg(not(all(feature = "kernel", target_arch = "aarch64")))]
+    {
+        // SAFETY: the two words the caller vouches for.
+        unsafe { (load_relaxed(&*record), load_relaxed(&*record.wrapping_add(1))) }
+    }
+}
+
+/// Whether the `frames.len()` words from `stored` equal `frames`: pairs (see [`pairs_equal`]),
+/// then the odd frame.
+///
+/// # Safety
+///
+/// `frames.len()` words from `stored` lie in one pool.
+#[inline(always)]
+pub(crate) unsafe fn frames_equal(stored: *const AtomicU64, frames: &[u64]) -> bool {
+    let len = frames.len();
+    let mut stored = stored;
+    let mut wanted = frames.as_ptr();
+    let pairs_end = wanted.wrapping_add(len & !1);
+    if wanted != pairs_end {
+        // SAFETY: the pairs lie before pairs_end <= the end of `frames`, and as many words
+        // follow `stored` (the caller's contract); there is at least one pair.
+        if !unsafe { pairs_equal(&mut wanted, &mut stored, pairs_end) } {
+            return false;
+        }
+    }
+    if len & 1 != 0 {
+        // SAFETY: the last frame and its word, as above.
+        let (frame, word) = unsafe { (*wanted, &*stored) };
+        return load_relaxed(word) == frame;
+    }
+    true
 }
 
 /// Whether the pairs `[*wanted, pairs_end)` equal the words from `*stored`; both pointers end
