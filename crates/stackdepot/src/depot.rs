@@ -288,7 +288,7 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
             };
             // SAFETY: a chained record's header is in its pool (`chained_record`).
             let (head, sizes) = unsafe { header(record) };
-            if (head >> 32) as u32 == hash {
+            if head >> 32 == u64::from(hash) {
                 // SAFETY: a chained record holds the frames its header counts (`chained_record`),
                 // and `len` of them are read only if the count is `len`.
                 if sizes >> 32 == len && unsafe { frames_equal(record.wrapping_add(HEADER_WORDS), frames) } {

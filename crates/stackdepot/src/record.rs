@@ -132,8 +132,8 @@ pub(crate) unsafe fn header(record: *const AtomicU64) -> (u64, u64) {
     }
 }
 
-/// Whether the `frames.len()` words from `stored` equal `frames`: pairs (see [`pairs_equal`]),
-/// then the odd frame.
+/// Whether the `frames.len()` words from `stored` equal `frames`: four frames a step (see
+/// [`quads_equal`]), then a pair, then the odd frame.
 ///
 /// # Safety
 ///
@@ -143,13 +143,22 @@ pub(crate) unsafe fn frames_equal(stored: *const AtomicU64, frames: &[u64]) -> b
     let len = frames.len();
     let mut stored = stored;
     let mut wanted = frames.as_ptr();
-    let pairs_end = wanted.wrapping_add(len & !1);
-    if wanted != pairs_end {
-        // SAFETY: the pairs lie before pairs_end <= the end of `frames`, and as many words
-        // follow `stored` (the caller's contract); there is at least one pair.
-        if !unsafe { pairs_equal(&mut wanted, &mut stored, pairs_end) } {
+    let quads_end = wanted.wrapping_add(len & !3);
+    if wanted != quads_end {
+        // SAFETY: the quads lie before quads_end <= the end of `frames`, and as many words
+        // follow `stored` (the caller's contract); there is at least one quad.
+        if !unsafe { quads_equal(&mut wanted, &mut stored, quads_end) } {
             return false;
         }
+    }
+    if len & 2 != 0 {
+        // SAFETY: the pair after the quads and its two words, as above.
+        let (first, second, word, next) = unsafe { (*wanted, *wanted.add(1), &*stored, &*stored.add(1)) };
+        if (load_relaxed(word) != first) | (load_relaxed(next) != second) {
+            return false;
+        }
+        wanted = wanted.wrapping_add(2);
+        stored = stored.wrapping_add(2);
     }
     if len & 1 != 0 {
         // SAFETY: the last frame and its word, as above.
@@ -159,35 +168,39 @@ pub(crate) unsafe fn frames_equal(stored: *const AtomicU64, frames: &[u64]) -> b
     true
 }
 
-/// Whether the pairs `[*wanted, pairs_end)` equal the words from `*stored`; both pointers end
-/// past the last pair compared.
+/// Whether the quads `[*wanted, quads_end)` equal the words from `*stored`; both pointers end
+/// past the last quad compared.
 ///
-/// In the kernel (arm64) seven instructions a pair: one `ldp` each side (each 64-bit half of an aligned
-/// `ldp` is single-copy atomic: a relaxed atomic load per word), `cmp` and `ccmp` under one
-/// branch (LLVM splits the two compares into two branches), the loop's compare and branch.
-/// Elsewhere (host tests, Miri) the same loop with relaxed atomic loads. Always inlined, so
-/// not instrumented in its one caller, [`Record::holds`].
+/// In the kernel (arm64) eleven instructions per four frames: two `ldp` each side (each 64-bit
+/// half of an aligned `ldp` is single-copy atomic: a relaxed atomic load per word), `cmp` and
+/// three `ccmp` under one branch (LLVM splits a chain of compares into branches), the loop's
+/// compare and branch. Elsewhere (host tests, Miri) the same loop with relaxed atomic loads.
+/// Always inlined, so not instrumented in its callers.
 ///
 /// # Safety
 ///
-/// `*wanted < pairs_end`, `pairs_end - *wanted` is a whole number of pairs, all readable, and
+/// `*wanted < quads_end`, `quads_end - *wanted` is a whole number of quads, all readable, and
 /// as many words from `*stored` are in the record's pool.
 #[inline(always)]
-unsafe fn pairs_equal(wanted: &mut *const u64, stored: &mut *const AtomicU64, pairs_end: *const u64) -> bool {
+unsafe fn quads_equal(wanted: &mut *const u64, stored: &mut *const AtomicU64, quads_end: *const u64) -> bool {
     #[cfg(all(feature = "kernel", target_arch = "aarch64"))]
     {
         let equal: u64;
-        // SAFETY: reads only the pairs the caller vouches for (readonly, no stack); the loop
-        // ends at pairs_end or at the first pair that differs; `cset` reads the flags of the
-        // last compare (EQ: the loop reached the end; NE: a pair differed).
+        // SAFETY: reads only the quads the caller vouches for (readonly, no stack); the loop
+        // ends at quads_end or at the first quad that differs; `cset` reads the flags of the
+        // last compare (EQ: the loop reached the end; NE: a quad differed).
         unsafe {
             core::arch::asm!(
                 "2:",
                 "ldp {a}, {b}, [{wanted}], #16",
                 "ldp {c}, {d}, [{stored}], #16",
+                "ldp {e}, {f}, [{wanted}], #16",
+                "ldp {g}, {h}, [{stored}], #16",
                 "cmp {a}, {c}",
-                // First equal: compare the second; else NZCV = 0000 (NE).
+                // Equal so far: compare the next; else NZCV = 0000 (NE).
                 "ccmp {b}, {d}, #0, eq",
+                "ccmp {e}, {g}, #0, eq",
+                "ccmp {f}, {h}, #0, eq",
                 "b.ne 3f",
                 "cmp {wanted}, {end}",
                 "b.ne 2b",
@@ -195,11 +208,15 @@ unsafe fn pairs_equal(wanted: &mut *const u64, stored: &mut *const AtomicU64, pa
                 "cset {equal}, eq",
                 wanted = inout(reg) *wanted,
                 stored = inout(reg) *stored,
-                end = in(reg) pairs_end,
+                end = in(reg) quads_end,
                 a = out(reg) _,
                 b = out(reg) _,
                 c = out(reg) _,
                 d = out(reg) _,
+                e = out(reg) _,
+                f = out(reg) _,
+                g = out(reg) _,
+                h = out(reg) _,
                 equal = lateout(reg) equal,
                 options(readonly, nostack)
             )
@@ -208,15 +225,19 @@ unsafe fn pairs_equal(wanted: &mut *const u64, stored: &mut *const AtomicU64, pa
     }
     #[cfg(not(all(feature = "kernel", target_arch = "aarch64")))]
     {
-        while *wanted != pairs_end {
-            // SAFETY: the pair lies before pairs_end (the caller's contract), as do the two
-            // record words.
-            let (a, b, first, second) = unsafe { (**wanted, *wanted.add(1), &**stored, &*stored.add(1)) };
-            if (load_relaxed(first) != a) | (load_relaxed(second) != b) {
-                return false;
+        while *wanted != quads_end {
+            let mut index = 0;
+            while index < 4 {
+                // SAFETY: the quad lies before quads_end (the caller's contract), as do its four
+                // record words.
+                let (frame, word) = unsafe { (*wanted.add(index), &*stored.add(index)) };
+                if load_relaxed(word) != frame {
+                    return false;
+                }
+                index += 1;
             }
-            *wanted = wanted.wrapping_add(2);
-            *stored = stored.wrapping_add(2);
+            *wanted = wanted.wrapping_add(4);
+            *stored = stored.wrapping_add(4);
         }
         true
     }
