@@ -171,7 +171,8 @@ pub(crate) unsafe fn frames_equal(stored: *const AtomicU64, frames: &[u64]) -> b
 /// Whether the quads `[*wanted, quads_end)` equal the words from `*stored`; both pointers end
 /// past the last quad compared.
 ///
-/// In the kernel (arm64) eleven instructions per four frames: two `ldp` each side (each 64-bit
+/// In the kernel (arm64) eleven instructions per four frames, in four data registers: two `ldp`
+/// each side (each 64-bit
 /// half of an aligned `ldp` is single-copy atomic: a relaxed atomic load per word), `cmp` and
 /// three `ccmp` under one branch (LLVM splits a chain of compares into branches), the loop's
 /// compare and branch. Elsewhere (host tests, Miri) the same loop with relaxed atomic loads.
@@ -194,13 +195,14 @@ unsafe fn quads_equal(wanted: &mut *const u64, stored: &mut *const AtomicU64, qu
                 "2:",
                 "ldp {a}, {b}, [{wanted}], #16",
                 "ldp {c}, {d}, [{stored}], #16",
-                "ldp {e}, {f}, [{wanted}], #16",
-                "ldp {g}, {h}, [{stored}], #16",
                 "cmp {a}, {c}",
-                // Equal so far: compare the next; else NZCV = 0000 (NE).
+                // Equal so far: compare the next; else NZCV = 0000 (NE). The loads between
+                // leave the flags alone, so four registers carry the quad.
                 "ccmp {b}, {d}, #0, eq",
-                "ccmp {e}, {g}, #0, eq",
-                "ccmp {f}, {h}, #0, eq",
+                "ldp {a}, {b}, [{wanted}], #16",
+                "ldp {c}, {d}, [{stored}], #16",
+                "ccmp {a}, {c}, #0, eq",
+                "ccmp {b}, {d}, #0, eq",
                 "b.ne 3f",
                 "cmp {wanted}, {end}",
                 "b.ne 2b",
@@ -213,10 +215,6 @@ unsafe fn quads_equal(wanted: &mut *const u64, stored: &mut *const AtomicU64, qu
                 b = out(reg) _,
                 c = out(reg) _,
                 d = out(reg) _,
-                e = out(reg) _,
-                f = out(reg) _,
-                g = out(reg) _,
-                h = out(reg) _,
                 equal = lateout(reg) equal,
                 options(readonly, nostack)
             )
