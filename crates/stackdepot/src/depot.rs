@@ -317,7 +317,6 @@ impl<const BUCKETS: usize, const POOLS: usize, const EVICTABLE: bool> StackDepot
     /// [`MAX_FRAMES`], whatever trace they hold after reuse), and pools are never removed: so
     /// the record's words are readable from the pointer returned, and only the pool index is
     /// checked here.
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline(always)]
     #[allow(clippy::cmp_null, reason = "`is_null` is a core function, which the exempt path would not inline")]
     fn chained_record(&self, handle: DepotHandle) -> Option<*const AtomicU64> {

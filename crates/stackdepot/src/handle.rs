@@ -55,7 +55,6 @@ impl DepotHandle {
     /// The handle a bucket-chain link holds (0 ends the chain). Only the depot makes links,
     /// from handles: no format check (a pool index the depot does not have is refused where
     /// it is used).
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline(always)]
     pub(crate) const fn from_link(link: u32) -> Option<Self> {
         match NonZeroU32::new(link) {
