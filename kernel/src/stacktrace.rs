@@ -332,8 +332,7 @@ fn collect_shadow_chained(x18: u64, options: TraceOptions, buffer: &mut [MaybeUn
             // runs (context.S), and this code runs inside that IRQ (x18 is on this CPU's IRQ
             // shadow stack).
             let frame = unsafe { &*frame };
-            segments[1] =
-                ShadowSegment::interrupted(shadow_stack(crate::task::current_slot()), frame.x[18], frame.elr);
+            segments[1] = ShadowSegment::interrupted(shadow_stack(crate::task::current_slot()), frame.x[18], frame.elr);
             count = 2;
         }
     }

@@ -279,11 +279,11 @@ impl<const BUCKETS: usize, const POOLS: usize, const EVICTABLE: bool> StackDepot
     /// chain visible (each was written before a release store of a head that this one follows),
     /// so the header words are relaxed loads.
     #[inline(always)]
+    #[allow(clippy::question_mark, reason = "`?` is a call to `Try::branch`, which the exempt path would not inline")]
     fn find_inline(&self, hash: u32, frames: &[u64], count_collisions: bool) -> Option<DepotHandle> {
         let len = frames.len() as u64;
         let mut link = load_acquire_u32(&self.buckets[hash as usize & (BUCKETS - 1)]);
         loop {
-            // No `?`: a call to `Try::branch`, which the exempt path would not inline.
             let Some(handle) = DepotHandle::from_link(link) else {
                 return None;
             };

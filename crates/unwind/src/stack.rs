@@ -115,6 +115,7 @@ pub trait StackSet {
 
 impl StackSet for [StackRange] {
     #[inline(always)]
+    #[allow(clippy::len_zero, reason = "`is_empty` is a core function, which the exempt walkers would not inline")]
     fn first_records(&self) -> (u64, u64) {
         // Indexing, not `first()`: a core helper the exempt walkers would not inline.
         if self.len() == 0 || self[0].low == 0 || self[0].high < 16 || self[0].high - 16 < self[0].low {
