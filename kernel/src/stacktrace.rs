@@ -15,7 +15,7 @@ use crate::arch::exception::ExceptionFrame;
 use crate::probes::kretprobe::{self, Repair};
 use crate::sync::{IrqSpinLock, StaticBlocks};
 use crate::task::stacks::{self, SLOT_SIZE, Slot};
-use core::cell::OnceCell;
+use core::cell::UnsafeCell;
 use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use stackdepot::{DepotError, DepotHandle, StackDepot};
@@ -242,15 +242,21 @@ fn frame_pointer() -> u64 {
 /// The stacks a frame walk from the running code may visit: SP's stack first, its bounds from
 /// SP alone (all a walk that stays in it needs); the whole list (which needs the slot's kind and,
 /// from an IRQ or overflow stack, the current task) only when the walk asks for it.
+///
+/// Interior mutability by hand (no `OnceCell`): the walk is exempt from the sanitizer, and
+/// core's generic cell code would be an instrumented out-of-line call, with an instrumented
+/// `memcpy`, at every walk that reaches a task's final marker.
 struct RunningStacks {
     here: Slot,
-    declared: OnceCell<([StackRange; 3], usize)>,
+    /// 0 until [`StackSet::declared`] first runs, then the number of stacks in `ranges`.
+    count: UnsafeCell<usize>,
+    ranges: UnsafeCell<MaybeUninit<[StackRange; 3]>>,
 }
 
 impl RunningStacks {
     #[inline(always)]
     fn new(here: Slot) -> Self {
-        Self { here, declared: OnceCell::new() }
+        Self { here, count: UnsafeCell::new(0), ranges: UnsafeCell::new(MaybeUninit::uninit()) }
     }
 }
 
@@ -261,13 +267,21 @@ impl StackSet for RunningStacks {
     }
 
     #[sanitize(kernel_hwaddress = "off")]
+    #[inline(never)]
     fn declared(&self) -> &[StackRange] {
-        let (ranges, count) = self.declared.get_or_init(|| {
-            let mut ranges = [StackRange::new(0, 0, StackKind::Task); 3];
-            let count = declared_stacks(place_of(self.here), self.here, &mut ranges).len();
-            (ranges, count)
-        });
-        &ranges[..*count]
+        // SAFETY: RunningStacks is not Sync (UnsafeCell) and belongs to one walk. `ranges` is
+        // written only while `count` is 0, before any slice of it was handed out, and read only
+        // for the `count` stacks written then.
+        unsafe {
+            let count = self.count.get();
+            if *count == 0 {
+                let mut ranges = [StackRange::new(0, 0, StackKind::Task); 3];
+                *count = declared_stacks(place_of(self.here), self.here, &mut ranges).len();
+                *self.ranges.get() = MaybeUninit::new(ranges);
+            }
+            let ranges = (*self.ranges.get()).as_ptr().cast::<StackRange>();
+            &*core::ptr::slice_from_raw_parts(ranges, *count)
+        }
     }
 }
 

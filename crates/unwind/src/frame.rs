@@ -405,7 +405,17 @@ where
     #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline(never)]
     fn read_marker(&self, fp: u64, stack: usize) -> Result<(u64, u64), StopReason> {
-        if !self.stacks.declared()[stack].contains(fp, FrameMarker::SIZE) {
+        // In the first stack (a task's final marker, usually) the bounds come without the list.
+        let (low, last_record) = self.stacks.first_records();
+        let fits = if stack == 0 && low <= last_record {
+            // `fp + 40 <= high`, `high` being `last_record + 16`.
+            fp >= low
+                && last_record >= FrameMarker::SIZE - FRAME_RECORD_SIZE
+                && fp <= last_record - (FrameMarker::SIZE - FRAME_RECORD_SIZE)
+        } else {
+            self.stacks.declared()[stack].contains(fp, FrameMarker::SIZE)
+        };
+        if !fits {
             return Err(StopReason::Corrupt { address: fp, corruption: Corruption::MarkerTruncated });
         }
         match or_stop!(self.read(fp + FrameMarker::KIND_OFFSET), Err) {

@@ -133,7 +133,9 @@ where
         // the (8-aligned) base, rotated right by 3, is its slot count if the offset is aligned
         // and has a low bit in its top bits (so is larger than any slot count) if not; a pointer
         // below the base wraps to a huge offset.
-        let slots = segment.pointer.wrapping_sub(segment.stack.base).rotate_right(3);
+        let offset = segment.pointer.wrapping_sub(segment.stack.base);
+        // By hand, not `rotate_right`: a core function the exempt walkers would not inline.
+        let slots = (offset >> 3) | (offset << 61);
         if slots > (magic_slot - segment.stack.base) / 8 {
             let corruption =
                 if segment.pointer & 7 != 0 { Corruption::Misaligned } else { Corruption::ShadowPointerOutOfBounds };

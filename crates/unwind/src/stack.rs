@@ -81,6 +81,7 @@ pub struct StackRange {
 
 impl StackRange {
     /// A stack covering `[low, high)`. An empty or inverted range contains nothing.
+    #[inline(always)]
     pub const fn new(low: u64, high: u64, kind: StackKind) -> Self {
         Self { low, high, kind }
     }
