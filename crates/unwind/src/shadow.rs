@@ -135,6 +135,7 @@ where
         // below the base wraps to a huge offset.
         let offset = segment.pointer.wrapping_sub(segment.stack.base);
         // By hand, not `rotate_right`: a core function the exempt walkers would not inline.
+        #[allow(clippy::manual_rotate, reason = "`rotate_right` is a call in the exempt walker (kernel, `full`)")]
         let slots = (offset >> 3) | (offset << 61);
         if slots > (magic_slot - segment.stack.base) / 8 {
             let corruption =
