@@ -273,7 +273,8 @@ impl<const BUCKETS: usize, const POOLS: usize, const EVICTABLE: bool> StackDepot
     /// (skipping dying records). Callers are inside the read gate or hold the lock. Always
     /// inlined (the hit path, exempt from the sanitizer, keeps the chain walk in registers).
     ///
-    /// Per record: its address from the link (one pool-base load), its first two header words
+    /// Per record: its address from the link (one pool-base load, nothing re-validated: see
+    /// [`chained_record`](Self::chained_record)), its first two header words
     /// (one `ldp`: the next link and the hash, the frame count), then, on a hash match, the
     /// frames. The bucket head is read with acquire ordering, which makes every record of the
     /// chain visible (each was written before a release store of a head that this one follows),
@@ -287,9 +288,9 @@ impl<const BUCKETS: usize, const POOLS: usize, const EVICTABLE: bool> StackDepot
             let Some(handle) = DepotHandle::from_link(link) else {
                 return None;
             };
-            let Some(record) = self.chained_record(handle) else {
-                return None;
-            };
+            // SAFETY: `link` was read from this depot's bucket or from a chained record's
+            // next link (under the read gate or the lock: the chain is the depot's own).
+            let record = unsafe { self.chained_record(handle) };
             // SAFETY: a chained record's header is in its pool (`chained_record`).
             let (head, sizes) = unsafe { header(record) };
             if head >> 32 == u64::from(hash) {
@@ -308,27 +309,21 @@ impl<const BUCKETS: usize, const POOLS: usize, const EVICTABLE: bool> StackDepot
         }
     }
 
-    /// The first word of the record that a chain link names (`None` if its pool was never
-    /// added: a link the depot did not make).
+    /// The first word of the record that a chain link names.
     ///
-    /// Every link in a bucket chain (a bucket head or a record's next link) is a handle that
-    /// `insert` made for a record it carved wholly inside an added pool, with as many frame
-    /// words as its header counts (an evictable depot's records all have room for
-    /// [`MAX_FRAMES`], whatever trace they hold after reuse), and pools are never removed: so
-    /// the record's words are readable from the pointer returned, and only the pool index is
-    /// checked here.
+    /// # Safety
+    ///
+    /// `handle` is a link of one of this depot's bucket chains (a bucket head or a record's
+    /// next link). Every such link is a handle that `insert` made for a record it carved wholly
+    /// inside an added pool, with as many frame words as its header counts (an evictable
+    /// depot's records all have room for [`MAX_FRAMES`], whatever trace they hold after reuse),
+    /// and pools are never removed: so its pool index names an added pool and the record's
+    /// words are readable from the pointer returned. Nothing is checked again here.
     #[inline(always)]
-    #[allow(clippy::cmp_null, reason = "`is_null` is a core function, which the exempt path would not inline")]
-    fn chained_record(&self, handle: DepotHandle) -> Option<*const AtomicU64> {
-        let index = handle.pool();
-        if index >= POOLS {
-            return None;
-        }
-        let base = load_acquire_pointer(&self.pools[index].base);
-        if base == core::ptr::null_mut() {
-            return None;
-        }
-        Some(base.cast_const().wrapping_add(handle.offset() / 8))
+    unsafe fn chained_record(&self, handle: DepotHandle) -> *const AtomicU64 {
+        // SAFETY: the pool index of a chain link is below POOLS (the caller's contract).
+        let slot = unsafe { &*self.pools.as_ptr().wrapping_add(handle.pool()) };
+        load_acquire_pointer(&slot.base).cast_const().wrapping_add(handle.offset() / 8)
     }
 
     /// A free record, or fresh pool memory.
