@@ -15,12 +15,13 @@ use crate::arch::exception::ExceptionFrame;
 use crate::probes::kretprobe::{self, Repair};
 use crate::sync::{IrqSpinLock, StaticBlocks};
 use crate::task::stacks::{self, SLOT_SIZE, Slot};
+use core::cell::UnsafeCell;
 use core::mem::MaybeUninit;
-use core::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use stackdepot::{DepotError, DepotHandle, StackDepot};
 use unwind::{
     AddressLayout, FrameStart, FrameWalker, ReturnRepair, ShadowSegment, ShadowStack, ShadowWalker, StackKind,
-    StackMemory, StackRange, Trace, TraceOptions, Walked,
+    StackMemory, StackRange, StackSet, Trace, TraceOptions, Walked,
 };
 
 /// Which walker.
@@ -128,14 +129,66 @@ fn stack_pointer() -> u64 {
 unsafe extern "C" {
     /// The first stack slot (kernel.ld; task/stacks.rs reads it too).
     static __stack_slots_start: u8;
+    /// Where hijacked returns land (probes/kretprobe.rs).
+    static kretprobe_trampoline: u32;
+}
+
+/// The address of a symbol of the kernel image, PC-relative in two instructions (`adrp`, `add`:
+/// the image spans far less than their +-4 GiB) where the large code model builds a 64-bit
+/// constant in four. For the walks' fixed cost.
+macro_rules! image_address {
+    ($symbol:path) => {{
+        let address: u64;
+        // SAFETY: computes an address from the PC and a link-time offset; reads no memory,
+        // writes only `address`, no flags.
+        unsafe {
+            core::arch::asm!(
+                "adrp {address}, {symbol}",
+                "add {address}, {address}, :lo12:{symbol}",
+                address = out(reg) address,
+                symbol = sym $symbol,
+                options(pure, nomem, nostack, preserves_flags)
+            )
+        };
+        address
+    }};
 }
 
 /// The index of `slot` among the stack slots (task slots first, in task-slot order).
 #[inline(always)]
 fn slot_index(slot: Slot) -> u64 {
-    // SAFETY: only the address of the linker symbol is taken.
-    let start = unsafe { &__stack_slots_start as *const u8 as u64 };
+    let start: u64;
+    // SAFETY: `adrp` computes the 4 KiB page of the symbol from the PC; reads no memory, writes
+    // only `start`, no flags. kernel.ld aligns the slots to SLOT_SIZE (task/stacks.rs checks it
+    // at boot), so the page is the symbol's address: one instruction, no `add`.
+    unsafe {
+        core::arch::asm!(
+            "adrp {start}, {symbol}",
+            start = out(reg) start,
+            symbol = sym __stack_slots_start,
+            options(pure, nomem, nostack, preserves_flags)
+        )
+    };
     slot.0.wrapping_sub(start) / SLOT_SIZE
+}
+
+/// [`Repair`] with the trampoline's address built PC-relative ([`image_address`]): the frame
+/// walk compares every return address with it, and builds it once per walk.
+struct WalkRepair;
+
+impl ReturnRepair for WalkRepair {
+    #[inline(always)]
+    fn trampoline(&self) -> u64 {
+        image_address!(kretprobe_trampoline)
+    }
+
+    fn frame_return(&self, record: u64) -> Option<u64> {
+        Repair.frame_return(record)
+    }
+
+    fn shadow_return(&self, slot: u64) -> Option<u64> {
+        Repair.shadow_return(slot)
+    }
 }
 
 /// Which kind of slot `slot` is, from its index alone (no per-CPU load: the sanitizer-exempt
@@ -144,7 +197,8 @@ fn slot_index(slot: Slot) -> u64 {
 #[inline(always)]
 fn place_of(slot: Slot) -> Place {
     let index = slot_index(slot);
-    if index < stacks::TASK_SLOTS as u64 {
+    // The secondaries' idle slots (after the per-CPU pairs) hold tasks' stacks too.
+    if index < stacks::TASK_SLOTS as u64 || index >= (stacks::TASK_SLOTS + 2 * stacks::CPUS) as u64 {
         Place::Task
     } else if (index - stacks::TASK_SLOTS as u64).is_multiple_of(2) {
         Place::Irq
@@ -177,21 +231,6 @@ fn declared_stacks(place: Place, here: Slot, buffer: &mut [StackRange; 3]) -> &[
     &buffer[..count]
 }
 
-/// The repair for a shadow-stack walk, if a return may be hijacked in the contexts it visits:
-/// asked once per walk, since the copy then scans what it copied (a task without hijacked
-/// returns, the common case, costs the walk nothing more). The frame walk always has the
-/// repair: it compares each return address with the trampoline in a branch it has anyway.
-#[inline(always)]
-fn shadow_repair_for(place: Place, here: Slot) -> Option<&'static dyn ReturnRepair> {
-    // On a task's stack the slot names the task (task slots come first, one per task): its
-    // count is read without testing SP against the IRQ stack or reading the scheduler.
-    if place == Place::Task && kretprobe::outstanding_in_task_slot(slot_index(here) as usize) == 0 {
-        None
-    } else {
-        Some(&Repair)
-    }
-}
-
 #[inline(always)]
 fn frame_pointer() -> u64 {
     let fp;
@@ -200,65 +239,139 @@ fn frame_pointer() -> u64 {
     fp
 }
 
-/// Collects the running context's stack into `buffer`: entry 0 is the return address of the
-/// function this is inlined into (into its caller; before `options.skip`), then its callers, as
-/// far as `options.max_depth` and the buffer's length allow. The one entry point of every
-/// collection. Always inlined, so the walk costs no call of its own: call it from a function
-/// exempt from the sanitizer (`#[sanitize(kernel_hwaddress = "off")]`), whose frame record and
-/// shadow-stack push must exist (a non-leaf function: it calls the walk's slow paths).
-#[inline(always)]
-pub fn collect(mode: Mode, options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
-    collect_from_here(mode, options, buffer, false)
+/// The stacks a frame walk from the running code may visit: SP's stack first, its bounds from
+/// SP alone (all a walk that stays in it needs); the whole list (which needs the slot's kind and,
+/// from an IRQ or overflow stack, the current task) only when the walk asks for it.
+///
+/// Interior mutability by hand (no `OnceCell`): the walk is exempt from the sanitizer, and
+/// core's generic cell code would be an instrumented out-of-line call, with an instrumented
+/// `memcpy`, at every walk that reaches a task's final marker.
+struct RunningStacks {
+    here: Slot,
+    /// 0 until [`StackSet::declared`] first runs, then the number of stacks in `ranges`.
+    count: UnsafeCell<usize>,
+    ranges: UnsafeCell<MaybeUninit<[StackRange; 3]>>,
 }
 
-/// [`collect`]'s frame walk compiled with the sanitizer's checks, its memory read a plain
-/// `read_volatile`: what an instrumented unwinder costs (bench `kasan-boot`, `fp-instrumented`).
-/// Always inlined, as `collect` (the instrumented part is the walk itself).
-#[inline(always)]
-pub fn collect_instrumented(options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
-    collect_from_here(Mode::FramePointer, options, buffer, true)
+impl RunningStacks {
+    #[inline(always)]
+    fn new(here: Slot) -> Self {
+        Self { here, count: UnsafeCell::new(0), ranges: UnsafeCell::new(MaybeUninit::uninit()) }
+    }
 }
 
-/// The walk from the calling function's own frame (x29) and shadow-stack pointer (x18).
-#[inline(always)]
-fn collect_from_here(mode: Mode, options: TraceOptions, buffer: &mut [MaybeUninit<u64>], checked: bool) -> Walked {
-    let here = slot_of(stack_pointer());
-    let place = place_of(here);
-    match mode {
-        Mode::FramePointer => {
-            let mut ranges = [StackRange::new(0, 0, StackKind::Task); 3];
-            let stacks = declared_stacks(place, here, &mut ranges);
-            let start = FrameStart::Record(frame_pointer());
-            if checked {
-                let walker = FrameWalker::new(&CheckedMemory, stacks, LAYOUT).with_repair(&Repair);
-                return walker.walk_instrumented(start, options, buffer);
+impl StackSet for RunningStacks {
+    #[inline(always)]
+    fn first_records(&self) -> (u64, u64) {
+        (self.here.stack_base(), self.here.stack_top() - unwind::FRAME_RECORD_SIZE)
+    }
+
+    #[sanitize(kernel_hwaddress = "off")]
+    #[inline(never)]
+    fn declared(&self) -> &[StackRange] {
+        // SAFETY: RunningStacks is not Sync (UnsafeCell) and belongs to one walk. `ranges` is
+        // written only while `count` is 0, before any slice of it was handed out, and read only
+        // for the `count` stacks written then.
+        unsafe {
+            let count = self.count.get();
+            if *count == 0 {
+                let mut ranges = [StackRange::new(0, 0, StackKind::Task); 3];
+                *count = declared_stacks(place_of(self.here), self.here, &mut ranges).len();
+                *self.ranges.get() = MaybeUninit::new(ranges);
             }
-            FrameWalker::new(&KernelMemory, stacks, LAYOUT).with_repair(&Repair).walk(start, options, buffer)
-        }
-        Mode::ShadowCallStack => {
-            // The newest entry is this function's own return address (its caller): the same
-            // first entry as the frame walk from this function's frame record. x18 lies in the
-            // first page of its slot, whatever the context.
-            let x18 = cpu::shadow_call_stack_pointer();
-            let mut segments = [ShadowSegment::current(shadow_stack(slot_of(x18)), x18); 2];
-            let mut count = 1;
-            if place == Place::Irq {
-                let frame = stacks::this_cpu().irq_frame.load(Ordering::Relaxed);
-                if !frame.is_null() {
-                    // SAFETY: irq_frame points to the interrupted context's saved frame while
-                    // the IRQ runs (context.S), and this code runs inside that IRQ.
-                    let frame = unsafe { &*frame };
-                    segments[1] =
-                        ShadowSegment::interrupted(shadow_stack(crate::task::current_slot()), frame.x[18], frame.elr);
-                    count = 2;
-                }
-            }
-            let walker = ShadowWalker::new(&KernelMemory, LAYOUT);
-            let walker =
-                if let Some(repair) = shadow_repair_for(place, here) { walker.with_repair(repair) } else { walker };
-            walker.walk(&segments[..count], options, buffer)
+            let ranges = (*self.ranges.get()).as_ptr().cast::<StackRange>();
+            &*core::ptr::slice_from_raw_parts(ranges, *count)
         }
     }
+}
+
+/// Collects the running context's frame records into `buffer`: entry 0 is the return address
+/// of the function this is inlined into (into its caller; before `options.skip`), then its
+/// callers, as far as `options.max_depth` and the buffer's length allow. One of the two entry
+/// points of every collection (with [`collect_shadow`]); callers that pick the walker at run
+/// time go through [`collect`]. Always inlined, so the walk costs no call of its own: call it
+/// from a function exempt from the sanitizer (`#[sanitize(kernel_hwaddress = "off")]`), whose
+/// frame record and shadow-stack push must exist (a non-leaf function: it calls the walk's
+/// slow paths).
+///
+/// Fixed cost outside the loop: SP's slot (two instructions give the stack's bounds), x29, the
+/// trampoline of hijacked returns, the buffer's bounds; the other declared stacks are worked
+/// out only if the walk leaves SP's stack.
+#[inline(always)]
+pub fn collect_frames(options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
+    let stacks = RunningStacks::new(slot_of(stack_pointer()));
+    let walker = FrameWalker::over(&KernelMemory, &stacks, LAYOUT).with_repair(&WalkRepair);
+    walker.walk(FrameStart::Record(frame_pointer()), options, buffer)
+}
+
+/// Copies the running context's shadow call stack into `buffer`, chained into the interrupted
+/// task's in IRQ context: the same entries as [`collect_frames`] (entry 0 is this function's own
+/// return address, into its caller). Always inlined, as `collect_frames`.
+///
+/// Fixed cost outside the loop, for a task without hijacked returns (the common case, inlined):
+/// x18 and its slot, whether that slot is a task's (one compare) and the task's count of
+/// hijacked returns (one load), the buffer's bounds. Anything else (an IRQ's chained walk, a
+/// repair) is [`collect_shadow_chained`], out of line.
+#[inline(always)]
+pub fn collect_shadow(options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
+    // The newest entry is this function's own return address (its caller): the same first
+    // entry as the frame walk from this function's frame record. x18 lies in the first page of
+    // its slot, whatever the context.
+    let x18 = cpu::shadow_call_stack_pointer();
+    let here = slot_of(x18);
+    let index = slot_index(here);
+    // A task's slot names the task (task slots come first, one per task): its count of hijacked
+    // returns is read without testing SP against the IRQ stack or reading the scheduler.
+    if index < stacks::TASK_SLOTS as u64 && kretprobe::outstanding_in_task_slot(index as usize) == 0 {
+        let segment = ShadowSegment::current(shadow_stack(here), x18);
+        return ShadowWalker::new(&KernelMemory, LAYOUT).walk(&[segment], options, buffer);
+    }
+    collect_shadow_chained(x18, options, buffer)
+}
+
+/// [`collect_shadow`] from `x18` (the caller's: this function's own push lies above it and is
+/// not copied) with the repair of hijacked returns, chained into the interrupted task's shadow
+/// stack when `x18` is on this CPU's IRQ shadow stack.
+#[inline(never)]
+#[sanitize(kernel_hwaddress = "off")]
+fn collect_shadow_chained(x18: u64, options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
+    let here = slot_of(x18);
+    let mut segments = [ShadowSegment::current(shadow_stack(here), x18); 2];
+    let mut count = 1;
+    let cpu = stacks::this_cpu();
+    if relaxed_load_u64(&cpu.irq_shadow_stack) == here.0 {
+        let frame = relaxed_load_pointer(&cpu.irq_frame);
+        if !frame.is_null() {
+            // SAFETY: irq_frame points to the interrupted context's saved frame while the IRQ
+            // runs (context.S), and this code runs inside that IRQ (x18 is on this CPU's IRQ
+            // shadow stack).
+            let frame = unsafe { &*frame };
+            segments[1] = ShadowSegment::interrupted(shadow_stack(crate::task::current_slot()), frame.x[18], frame.elr);
+            count = 2;
+        }
+    }
+    ShadowWalker::new(&KernelMemory, LAYOUT).with_repair(&WalkRepair).walk(&segments[..count], options, buffer)
+}
+
+/// [`collect_frames`] or [`collect_shadow`], for callers that pick the walker at run time
+/// (`save_stack`, the heap, the profiler, reports). Always inlined: the entry the walk reports
+/// first is the return address of the function this is inlined into.
+#[inline(always)]
+pub fn collect(mode: Mode, options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
+    match mode {
+        Mode::FramePointer => collect_frames(options, buffer),
+        Mode::ShadowCallStack => collect_shadow(options, buffer),
+    }
+}
+
+/// [`collect_frames`]'s walk compiled with the sanitizer's checks, its memory read a plain
+/// `read_volatile`: what an instrumented unwinder costs (bench `kasan-boot`, `fp-instrumented`).
+/// Always inlined, as `collect_frames` (the instrumented part is the walk itself).
+#[inline(always)]
+pub fn collect_instrumented(options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
+    let stacks = RunningStacks::new(slot_of(stack_pointer()));
+    let walker = FrameWalker::over(&CheckedMemory, &stacks, LAYOUT).with_repair(&WalkRepair);
+    walker.walk_instrumented(FrameStart::Record(frame_pointer()), options, buffer)
 }
 
 /// The trace of the running context, from the caller of this function outward, kept in a
@@ -399,6 +512,17 @@ fn relaxed_load_u64(atomic: &AtomicU64) -> u64 {
     // SAFETY: an aligned 64-bit load of an atomic's own memory: a relaxed atomic load.
     unsafe {
         core::arch::asm!("ldr {v}, [{a}]", a = in(reg) atomic as *const AtomicU64, v = lateout(reg) value, options(nostack, readonly, preserves_flags))
+    };
+    value
+}
+
+/// A relaxed atomic load of a pointer, as one `ldr` (see `relaxed_load_u32`).
+#[inline(always)]
+fn relaxed_load_pointer<T>(atomic: &AtomicPtr<T>) -> *mut T {
+    let value: *mut T;
+    // SAFETY: an aligned 64-bit load of an atomic's own memory: a relaxed atomic load.
+    unsafe {
+        core::arch::asm!("ldr {v}, [{a}]", a = in(reg) atomic as *const AtomicPtr<T>, v = lateout(reg) value, options(nostack, readonly, preserves_flags))
     };
     value
 }

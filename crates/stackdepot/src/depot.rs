@@ -9,7 +9,7 @@ use crate::access::{increment, load_acquire_pointer, load_acquire_u32, load_rela
 use crate::handle::{DepotHandle, MAX_POOL_BYTES, MAX_POOLS, RECORD_ALIGN};
 use crate::hash::hash_frames;
 use crate::reclaim::ReadGate;
-use crate::record::{EVICTABLE_RECORD_BYTES, Record, SATURATED, record_bytes};
+use crate::record::{EVICTABLE_RECORD_BYTES, HEADER_WORDS, Record, SATURATED, frames_equal, header, record_bytes};
 
 /// Why the depot could not do what was asked. Never a panic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -89,11 +89,13 @@ struct Counters {
 /// A deduplicating store of stack traces (see the crate docs).
 ///
 /// `BUCKETS` (a power of two) is the hash-table size, `POOLS` the most pools
-/// that can be added. Usable in a `static`: everything is const-initialized.
-pub struct StackDepot<const BUCKETS: usize, const POOLS: usize> {
+/// that can be added, `EVICTABLE` whether records are reference-counted
+/// ([`with_eviction`](Self::with_eviction)): a type parameter, so that the
+/// hit path of a depot without eviction tests nothing for it. Usable in a
+/// `static`: everything is const-initialized.
+pub struct StackDepot<const BUCKETS: usize, const POOLS: usize, const EVICTABLE: bool = false> {
     buckets: [AtomicU32; BUCKETS],
     pools: [PoolSlot; POOLS],
-    evictable: bool,
     gate: ReadGate,
     /// Lock-free stack of records whose count reached 0 (raw handles).
     dying: AtomicU32,
@@ -101,16 +103,31 @@ pub struct StackDepot<const BUCKETS: usize, const POOLS: usize> {
     counters: Counters,
 }
 
-impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
-    const VALID: () = assert!(BUCKETS.is_power_of_two() && POOLS <= MAX_POOLS && POOLS > 0);
+impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS, false> {
+    /// A depot of permanent records, each sized to its trace.
+    pub const fn new() -> Self {
+        Self::empty()
+    }
+}
 
-    const fn with_mode(evictable: bool) -> Self {
+impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS, true> {
+    /// A depot with eviction: every record holds up to [`MAX_FRAMES`] frames
+    /// (so any freed record fits any trace) and a reference count; `save`
+    /// returns a reference, [`get`](Self::get) takes another, [`put`](Self::put)
+    /// drops one.
+    pub const fn with_eviction() -> Self {
+        Self::empty()
+    }
+}
+
+impl<const BUCKETS: usize, const POOLS: usize, const EVICTABLE: bool> StackDepot<BUCKETS, POOLS, EVICTABLE> {
+    const VALID: () = assert!(BUCKETS.is_power_of_two() && POOLS <= MAX_POOLS && POOLS > 0);
+    const fn empty() -> Self {
         let () = Self::VALID;
         Self {
             buckets: [const { AtomicU32::new(0) }; BUCKETS],
             pools: [const { PoolSlot { base: AtomicPtr::new(core::ptr::null_mut()), words: AtomicUsize::new(0) } };
                 POOLS],
-            evictable,
             gate: ReadGate::new(),
             dying: AtomicU32::new(0),
             state: SpinMutex::new(State {
@@ -132,22 +149,9 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
         }
     }
 
-    /// A depot of permanent records, each sized to its trace.
-    pub const fn new() -> Self {
-        Self::with_mode(false)
-    }
-
-    /// A depot with eviction: every record holds up to [`MAX_FRAMES`] frames
-    /// (so any freed record fits any trace) and a reference count; `save`
-    /// returns a reference, [`get`](Self::get) takes another, [`put`](Self::put)
-    /// drops one.
-    pub const fn with_eviction() -> Self {
-        Self::with_mode(true)
-    }
-
     /// Whether records are reference-counted and evictable.
     pub const fn is_evictable(&self) -> bool {
-        self.evictable
+        EVICTABLE
     }
 
     /// Hands `memory` to the depot for records, for good. Only the first
@@ -155,7 +159,7 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
     pub fn add_pool(&self, memory: &'static mut [u8]) -> Result<(), DepotError> {
         let start = memory.as_ptr().align_offset(RECORD_ALIGN);
         let usable = memory.len().saturating_sub(start).min(MAX_POOL_BYTES) & !(RECORD_ALIGN - 1);
-        if usable < if self.evictable { EVICTABLE_RECORD_BYTES } else { record_bytes(1) } {
+        if usable < if EVICTABLE { EVICTABLE_RECORD_BYTES } else { record_bytes(1) } {
             return Err(DepotError::PoolTooSmall);
         }
         let mut state = self.state.lock();
@@ -214,7 +218,7 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
             return Err(DepotError::TooManyFrames);
         }
         let hash = hash_frames(frames);
-        let found = if self.evictable {
+        let found = if EVICTABLE {
             let _inside = self.gate.enter();
             self.find_inline(hash, frames, true)
         } else {
@@ -237,19 +241,19 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
     #[cold]
     fn insert(&self, hash: u32, frames: &[u64], spin: bool) -> Result<(DepotHandle, bool), DepotError> {
         let mut state = if spin { self.state.lock() } else { self.state.try_lock().ok_or(DepotError::Busy)? };
-        if self.evictable {
+        if EVICTABLE {
             self.unlink_dying(&mut state);
         }
         // Chains change only under the lock, so no read gate is needed here.
         if let Some(handle) = self.find(hash, frames, false) {
             return Ok((handle, true));
         }
-        if self.evictable {
+        if EVICTABLE {
             self.reclaim(&mut state);
         }
         let (handle, record) = self.allocate(&mut state, frames.len())?;
         let bucket = &self.buckets[hash as usize & (BUCKETS - 1)];
-        let count = if self.evictable { 1 } else { SATURATED };
+        let count = if EVICTABLE { 1 } else { SATURATED };
         record.write(bucket.load(Ordering::Relaxed), hash, count, frames);
         // Publish: a reader that sees the new head sees the whole record.
         bucket.store(handle.to_raw(), Ordering::Release);
@@ -268,26 +272,58 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
     /// Walks `hash`'s chain for `frames`; with eviction, takes a reference
     /// (skipping dying records). Callers are inside the read gate or hold the lock. Always
     /// inlined (the hit path, exempt from the sanitizer, keeps the chain walk in registers).
+    ///
+    /// Per record: its address from the link (one pool-base load, nothing re-validated: see
+    /// [`chained_record`](Self::chained_record)), its first two header words
+    /// (one `ldp`: the next link and the hash, the frame count), then, on a hash match, the
+    /// frames. The bucket head is read with acquire ordering, which makes every record of the
+    /// chain visible (each was written before a release store of a head that this one follows),
+    /// so the header words are relaxed loads.
     #[inline(always)]
     #[allow(clippy::question_mark, reason = "`?` is a call to `Try::branch`, which the exempt path would not inline")]
     fn find_inline(&self, hash: u32, frames: &[u64], count_collisions: bool) -> Option<DepotHandle> {
+        let len = frames.len() as u64;
         let mut link = load_acquire_u32(&self.buckets[hash as usize & (BUCKETS - 1)]);
-        while let Some(handle) = DepotHandle::from_raw(link) {
-            let Some(record) = self.record(handle) else {
+        loop {
+            let Some(handle) = DepotHandle::from_link(link) else {
                 return None;
             };
-            if record.hash() == hash {
-                if record.holds(frames) {
-                    if !self.evictable || acquire_reference(record.count_word()) {
+            // SAFETY: `link` was read from this depot's bucket or from a chained record's
+            // next link (under the read gate or the lock: the chain is the depot's own).
+            let record = unsafe { self.chained_record(handle) };
+            // SAFETY: a chained record's header is in its pool (`chained_record`).
+            let (head, sizes) = unsafe { header(record) };
+            if head >> 32 == u64::from(hash) {
+                // SAFETY: a chained record holds the frames its header counts (`chained_record`),
+                // and `len` of them are read only if the count is `len`.
+                if sizes >> 32 == len && unsafe { frames_equal(record.wrapping_add(HEADER_WORDS), frames) } {
+                    // SAFETY: word 1 of the record, as above.
+                    if !EVICTABLE || acquire_reference(unsafe { &*record.wrapping_add(1) }) {
                         return Some(handle);
                     }
                 } else if count_collisions {
                     increment(&self.counters.collisions);
                 }
             }
-            link = record.next();
+            link = head as u32;
         }
-        None
+    }
+
+    /// The first word of the record that a chain link names.
+    ///
+    /// # Safety
+    ///
+    /// `handle` is a link of one of this depot's bucket chains (a bucket head or a record's
+    /// next link). Every such link is a handle that `insert` made for a record it carved wholly
+    /// inside an added pool, with as many frame words as its header counts (an evictable
+    /// depot's records all have room for [`MAX_FRAMES`], whatever trace they hold after reuse),
+    /// and pools are never removed: so its pool index names an added pool and the record's
+    /// words are readable from the pointer returned. Nothing is checked again here.
+    #[inline(always)]
+    unsafe fn chained_record(&self, handle: DepotHandle) -> *const AtomicU64 {
+        // SAFETY: the pool index of a chain link is below POOLS (the caller's contract).
+        let slot = unsafe { &*self.pools.as_ptr().wrapping_add(handle.pool()) };
+        load_acquire_pointer(&slot.base).cast_const().wrapping_add(handle.offset() / 8)
     }
 
     /// A free record, or fresh pool memory.
@@ -297,7 +333,7 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
             state.free = record.list_link().load(Ordering::Relaxed) as u32;
             return Ok((handle, record));
         }
-        let bytes = if self.evictable { EVICTABLE_RECORD_BYTES } else { record_bytes(frames) };
+        let bytes = if EVICTABLE { EVICTABLE_RECORD_BYTES } else { record_bytes(frames) };
         loop {
             let pool = self.pool(state.bump_pool).ok_or(DepotError::Full)?;
             if state.bump_offset + bytes <= pool.len() * 8 {
@@ -317,7 +353,7 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
     /// pool, so any other offset is a forged handle (refused, lest a `put`
     /// free the middle of a live record).
     fn counted_record(&self, handle: DepotHandle) -> Result<Record<'_>, DepotError> {
-        if !self.evictable {
+        if !EVICTABLE {
             return Err(DepotError::NotEvictable);
         }
         if !handle.offset().is_multiple_of(EVICTABLE_RECORD_BYTES) {
@@ -414,7 +450,7 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
     /// Unlinks the records whose count reached 0 and frees what can be freed
     /// (the miss path does this too). Spins on the lock.
     pub fn collect(&self) {
-        if self.evictable {
+        if EVICTABLE {
             let mut state = self.state.lock();
             self.unlink_dying(&mut state);
             self.reclaim(&mut state);
@@ -522,7 +558,7 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
     }
 }
 
-impl<const BUCKETS: usize, const POOLS: usize> Default for StackDepot<BUCKETS, POOLS> {
+impl<const BUCKETS: usize, const POOLS: usize> Default for StackDepot<BUCKETS, POOLS, false> {
     fn default() -> Self {
         Self::new()
     }

@@ -52,6 +52,17 @@ impl DepotHandle {
         }
     }
 
+    /// The handle a bucket-chain link holds (0 ends the chain). Only the depot makes links,
+    /// from handles: no format check (a pool index the depot does not have is refused where
+    /// it is used).
+    #[inline(always)]
+    pub(crate) const fn from_link(link: u32) -> Option<Self> {
+        match NonZeroU32::new(link) {
+            Some(raw) => Some(Self(raw)),
+            None => None,
+        }
+    }
+
     /// The 32-bit value to store.
     pub const fn to_raw(self) -> u32 {
         self.0.get()

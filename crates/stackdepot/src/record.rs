@@ -78,42 +78,6 @@ impl<'a> Record<'a> {
         words[HEADER_WORDS..HEADER_WORDS + len].iter().map(|word| word.load(Ordering::Relaxed))
     }
 
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
-    #[inline]
-    pub(crate) fn frame_count(&self) -> usize {
-        (load_acquire(&self.words[1]) >> 32) as usize
-    }
-
-    /// Whether the record holds exactly `frames` (an index loop: see `access.rs`).
-    ///
-    /// Two frames a step: the caller's pair is one load, the record's two relaxed atomic
-    /// loads, one compare chain; the odd frame last.
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
-    #[inline]
-    pub(crate) fn holds(&self, frames: &[u64]) -> bool {
-        let len = frames.len();
-        // A count beyond the pool's end (only a forged handle) never matches.
-        if self.frame_count() != len || self.words.len() - HEADER_WORDS < len {
-            return false;
-        }
-        let mut stored = self.words.as_ptr().wrapping_add(HEADER_WORDS);
-        let mut wanted = frames.as_ptr();
-        let pairs_end = wanted.wrapping_add(len & !1);
-        if wanted != pairs_end {
-            // SAFETY: the pairs lie before pairs_end <= the end of `frames`, and as many words
-            // follow the header (checked above); there is at least one pair.
-            if !unsafe { pairs_equal(&mut wanted, &mut stored, pairs_end) } {
-                return false;
-            }
-        }
-        if len & 1 != 0 {
-            // SAFETY: the last frame and its word, as above.
-            let (frame, word) = unsafe { (*wanted, &*stored) };
-            return load_relaxed(word) == frame;
-        }
-        true
-    }
-
     /// The reference-count word (count in the low half).
     #[inline]
     pub(crate) fn count_word(&self) -> &'a AtomicU64 {
@@ -137,34 +101,107 @@ impl<'a> Record<'a> {
     }
 }
 
-/// Whether the pairs `[*wanted, pairs_end)` equal the words from `*stored`; both pointers end
-/// past the last pair compared.
-///
-/// In the kernel (arm64) seven instructions a pair: one `ldp` each side (each 64-bit half of an aligned
-/// `ldp` is single-copy atomic: a relaxed atomic load per word), `cmp` and `ccmp` under one
-/// branch (LLVM splits the two compares into two branches), the loop's compare and branch.
-/// Elsewhere (host tests, Miri) the same loop with relaxed atomic loads. Always inlined, so
-/// not instrumented in its one caller, [`Record::holds`].
+/// A record's two first header words, `(next | hash << 32, count | frames << 32)`, as the
+/// hit path reads them: in the kernel (arm64) one `ldp` (each 64-bit half single-copy atomic:
+/// two relaxed atomic loads), elsewhere two relaxed atomic loads.
 ///
 /// # Safety
 ///
-/// `*wanted < pairs_end`, `pairs_end - *wanted` is a whole number of pairs, all readable, and
+/// `record` points to the first word of a record: [`HEADER_WORDS`] words of a pool.
+#[inline(always)]
+pub(crate) unsafe fn header(record: *const AtomicU64) -> (u64, u64) {
+    #[cfg(all(feature = "kernel", target_arch = "aarch64"))]
+    {
+        let (first, second): (u64, u64);
+        // SAFETY: reads the two words the caller vouches for; no stack, no flags.
+        unsafe {
+            core::arch::asm!(
+                "ldp {first}, {second}, [{record}]",
+                record = in(reg) record,
+                first = lateout(reg) first,
+                second = lateout(reg) second,
+                options(readonly, nostack, preserves_flags)
+            )
+        };
+        (first, second)
+    }
+    #[cfg(not(all(feature = "kernel", target_arch = "aarch64")))]
+    {
+        // SAFETY: the two words the caller vouches for.
+        unsafe { (load_relaxed(&*record), load_relaxed(&*record.wrapping_add(1))) }
+    }
+}
+
+/// Whether the `frames.len()` words from `stored` equal `frames`: four frames a step (see
+/// [`quads_equal`]), then a pair, then the odd frame.
+///
+/// # Safety
+///
+/// `frames.len()` words from `stored` lie in one pool.
+#[inline(always)]
+pub(crate) unsafe fn frames_equal(stored: *const AtomicU64, frames: &[u64]) -> bool {
+    let len = frames.len();
+    let mut stored = stored;
+    let mut wanted = frames.as_ptr();
+    let quads_end = wanted.wrapping_add(len & !3);
+    if wanted != quads_end {
+        // SAFETY: the quads lie before quads_end <= the end of `frames`, and as many words
+        // follow `stored` (the caller's contract); there is at least one quad.
+        if !unsafe { quads_equal(&mut wanted, &mut stored, quads_end) } {
+            return false;
+        }
+    }
+    if len & 2 != 0 {
+        // SAFETY: the pair after the quads and its two words, as above.
+        let (first, second, word, next) = unsafe { (*wanted, *wanted.add(1), &*stored, &*stored.add(1)) };
+        if (load_relaxed(word) != first) | (load_relaxed(next) != second) {
+            return false;
+        }
+        wanted = wanted.wrapping_add(2);
+        stored = stored.wrapping_add(2);
+    }
+    if len & 1 != 0 {
+        // SAFETY: the last frame and its word, as above.
+        let (frame, word) = unsafe { (*wanted, &*stored) };
+        return load_relaxed(word) == frame;
+    }
+    true
+}
+
+/// Whether the quads `[*wanted, quads_end)` equal the words from `*stored`; both pointers end
+/// past the last quad compared.
+///
+/// In the kernel (arm64) eleven instructions per four frames, in four data registers: two `ldp`
+/// each side (each 64-bit
+/// half of an aligned `ldp` is single-copy atomic: a relaxed atomic load per word), `cmp` and
+/// three `ccmp` under one branch (LLVM splits a chain of compares into branches), the loop's
+/// compare and branch. Elsewhere (host tests, Miri) the same loop with relaxed atomic loads.
+/// Always inlined, so not instrumented in its callers.
+///
+/// # Safety
+///
+/// `*wanted < quads_end`, `quads_end - *wanted` is a whole number of quads, all readable, and
 /// as many words from `*stored` are in the record's pool.
 #[inline(always)]
-unsafe fn pairs_equal(wanted: &mut *const u64, stored: &mut *const AtomicU64, pairs_end: *const u64) -> bool {
+unsafe fn quads_equal(wanted: &mut *const u64, stored: &mut *const AtomicU64, quads_end: *const u64) -> bool {
     #[cfg(all(feature = "kernel", target_arch = "aarch64"))]
     {
         let equal: u64;
-        // SAFETY: reads only the pairs the caller vouches for (readonly, no stack); the loop
-        // ends at pairs_end or at the first pair that differs; `cset` reads the flags of the
-        // last compare (EQ: the loop reached the end; NE: a pair differed).
+        // SAFETY: reads only the quads the caller vouches for (readonly, no stack); the loop
+        // ends at quads_end or at the first quad that differs; `cset` reads the flags of the
+        // last compare (EQ: the loop reached the end; NE: a quad differed).
         unsafe {
             core::arch::asm!(
                 "2:",
                 "ldp {a}, {b}, [{wanted}], #16",
                 "ldp {c}, {d}, [{stored}], #16",
                 "cmp {a}, {c}",
-                // First equal: compare the second; else NZCV = 0000 (NE).
+                // Equal so far: compare the next; else NZCV = 0000 (NE). The loads between
+                // leave the flags alone, so four registers carry the quad.
+                "ccmp {b}, {d}, #0, eq",
+                "ldp {a}, {b}, [{wanted}], #16",
+                "ldp {c}, {d}, [{stored}], #16",
+                "ccmp {a}, {c}, #0, eq",
                 "ccmp {b}, {d}, #0, eq",
                 "b.ne 3f",
                 "cmp {wanted}, {end}",
@@ -173,7 +210,7 @@ unsafe fn pairs_equal(wanted: &mut *const u64, stored: &mut *const AtomicU64, pa
                 "cset {equal}, eq",
                 wanted = inout(reg) *wanted,
                 stored = inout(reg) *stored,
-                end = in(reg) pairs_end,
+                end = in(reg) quads_end,
                 a = out(reg) _,
                 b = out(reg) _,
                 c = out(reg) _,
@@ -186,15 +223,19 @@ unsafe fn pairs_equal(wanted: &mut *const u64, stored: &mut *const AtomicU64, pa
     }
     #[cfg(not(all(feature = "kernel", target_arch = "aarch64")))]
     {
-        while *wanted != pairs_end {
-            // SAFETY: the pair lies before pairs_end (the caller's contract), as do the two
-            // record words.
-            let (a, b, first, second) = unsafe { (**wanted, *wanted.add(1), &**stored, &*stored.add(1)) };
-            if (load_relaxed(first) != a) | (load_relaxed(second) != b) {
-                return false;
+        while *wanted != quads_end {
+            let mut index = 0;
+            while index < 4 {
+                // SAFETY: the quad lies before quads_end (the caller's contract), as do its four
+                // record words.
+                let (frame, word) = unsafe { (*wanted.add(index), &*stored.add(index)) };
+                if load_relaxed(word) != frame {
+                    return false;
+                }
+                index += 1;
             }
-            *wanted = wanted.wrapping_add(2);
-            *stored = stored.wrapping_add(2);
+            *wanted = wanted.wrapping_add(4);
+            *stored = stored.wrapping_add(4);
         }
         true
     }

@@ -6,7 +6,7 @@ use core::mem::MaybeUninit;
 
 use crate::pac::AddressLayout;
 use crate::repair::ReturnRepair;
-use crate::stack::{StackMemory, StackRange};
+use crate::stack::{StackMemory, StackRange, StackSet};
 use crate::trace::{Corruption, Sink, StopReason, TraceOptions, Walked};
 
 /// Size of an AAPCS64 frame record {fp, lr}.
@@ -66,10 +66,12 @@ impl FrameMarker {
 ///
 /// `stacks` is ordered: the walk may start in any of them but may only move to
 /// a stack later in the slice, e.g. `[overflow, irq, task]`. `layout` strips
-/// the pointer-authentication codes of saved return addresses.
-pub struct FrameWalker<'a, M: ?Sized> {
+/// the pointer-authentication codes of saved return addresses. A [`StackSet`]
+/// other than a slice ([`FrameWalker::over`]) is asked for the whole list only
+/// when the walk needs more than the first stack's bounds.
+pub struct FrameWalker<'a, M: ?Sized, S: ?Sized = [StackRange]> {
     memory: &'a M,
-    stacks: &'a [StackRange],
+    stacks: &'a S,
     layout: AddressLayout,
     repair: Option<&'a dyn ReturnRepair>,
 }
@@ -105,6 +107,17 @@ where
 {
     /// A walker over `memory` limited to `stacks` (ordered, see the type docs).
     pub fn new(memory: &'a M, stacks: &'a [StackRange], layout: AddressLayout) -> Self {
+        Self { memory, stacks, layout, repair: None }
+    }
+}
+
+impl<'a, M, S> FrameWalker<'a, M, S>
+where
+    M: StackMemory + ?Sized,
+    S: StackSet + ?Sized,
+{
+    /// A walker over `memory` limited to the stacks `stacks` declares (see [`StackSet`]).
+    pub fn over(memory: &'a M, stacks: &'a S, layout: AddressLayout) -> Self {
         Self { memory, stacks, layout, repair: None }
     }
 
@@ -187,7 +200,7 @@ where
                 fp
             }
         };
-        let mut here = match self.enter(fp, None) {
+        let mut here = match self.enter_first(fp) {
             Ok(here) => here,
             Err(stop) => return sink.finish(stop),
         };
@@ -209,6 +222,14 @@ where
             sink.sync(cursor);
             if let Event::Unreadable = event {
                 return sink.finish(self.unreadable(fp));
+            }
+            // A full phase ends the walk (or starts the next phase) whatever the record holds:
+            // the depth limit needs no second read.
+            if let Event::RepairOrFull = event
+                && sink.dst == sink.end
+                && !sink.next_phase()
+            {
+                return sink.finish(StopReason::DepthLimit);
             }
             // The slow path reads the record again (it was readable, and a walked stack does
             // not change under the walk), so that the fast step hands over no register but `fp`.
@@ -301,6 +322,19 @@ where
         StopReason::Unreadable { address }
     }
 
+    /// The walk's first record: in the first declared stack (the common case, checked here
+    /// without asking for the list: alignment and bounds, as [`Self::enter`] would), else
+    /// wherever [`Self::enter`] finds it.
+    #[inline(always)]
+    fn enter_first(&self, fp: u64) -> Result<Position, StopReason> {
+        let (low, last_record) = self.stacks.first_records();
+        // `low` is never 0, so this also refuses a null fp (which `enter` then names).
+        if fp & 7 == 0 && fp >= low && fp <= last_record {
+            return Ok(Position { stack: 0, record: fp, last_record });
+        }
+        self.enter(fp, None)
+    }
+
     /// Checks a record address the fast path refused or has not seen (the start, after a
     /// marker, a move to another stack): null, alignment, bounds, monotonicity, stack order.
     #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
@@ -310,7 +344,9 @@ where
             return Err(StopReason::NullFramePointer);
         }
         match self.locate(fp, position) {
-            Ok(stack) => Ok(Position { stack, record: fp, last_record: self.stacks[stack].high - FRAME_RECORD_SIZE }),
+            Ok(stack) => {
+                Ok(Position { stack, record: fp, last_record: self.stacks.declared()[stack].high - FRAME_RECORD_SIZE })
+            }
             Err(corruption) => Err(StopReason::Corrupt { address: fp, corruption }),
         }
     }
@@ -331,7 +367,7 @@ where
         if fp & 7 != 0 {
             return Err(Corruption::Misaligned);
         }
-        let stacks = self.stacks;
+        let stacks = self.stacks.declared();
         let first_allowed = match position {
             Some(Position { stack, record, .. }) => {
                 if stacks[stack].contains(fp, FRAME_RECORD_SIZE) && fp > record {
@@ -369,7 +405,17 @@ where
     #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline(never)]
     fn read_marker(&self, fp: u64, stack: usize) -> Result<(u64, u64), StopReason> {
-        if !self.stacks[stack].contains(fp, FrameMarker::SIZE) {
+        // In the first stack (a task's final marker, usually) the bounds come without the list.
+        let (low, last_record) = self.stacks.first_records();
+        let fits = if stack == 0 && low <= last_record {
+            // `fp + 40 <= high`, `high` being `last_record + 16`.
+            fp >= low
+                && last_record >= FrameMarker::SIZE - FRAME_RECORD_SIZE
+                && fp <= last_record - (FrameMarker::SIZE - FRAME_RECORD_SIZE)
+        } else {
+            self.stacks.declared()[stack].contains(fp, FrameMarker::SIZE)
+        };
+        if !fits {
             return Err(StopReason::Corrupt { address: fp, corruption: Corruption::MarkerTruncated });
         }
         match or_stop!(self.read(fp + FrameMarker::KIND_OFFSET), Err) {

@@ -129,27 +129,28 @@ where
                 corruption: Corruption::ShadowPointerOutOfBounds,
             });
         };
-        if segment.pointer & 7 != 0 {
-            return Err(StopReason::Corrupt { address: segment.pointer, corruption: Corruption::Misaligned });
-        }
-        if segment.pointer < segment.stack.base || segment.pointer > magic_slot {
-            return Err(StopReason::Corrupt {
-                address: segment.pointer,
-                corruption: Corruption::ShadowPointerOutOfBounds,
-            });
+        // Alignment and `base <= pointer <= magic_slot` in one compare: the pointer's offset from
+        // the (8-aligned) base, rotated right by 3, is its slot count if the offset is aligned
+        // and has a low bit in its top bits (so is larger than any slot count) if not; a pointer
+        // below the base wraps to a huge offset.
+        let offset = segment.pointer.wrapping_sub(segment.stack.base);
+        // By hand, not `rotate_right`: a core function the exempt walkers would not inline.
+        #[allow(clippy::manual_rotate, reason = "`rotate_right` is a call in the exempt walker (kernel, `full`)")]
+        let slots = (offset >> 3) | (offset << 61);
+        if slots > (magic_slot - segment.stack.base) / 8 {
+            let corruption =
+                if segment.pointer & 7 != 0 { Corruption::Misaligned } else { Corruption::ShadowPointerOutOfBounds };
+            return Err(StopReason::Corrupt { address: segment.pointer, corruption });
         }
         if let Some(pc) = segment.interrupted_pc {
             or_stop!(sink.push(self.layout.strip(pc), true), Err);
         }
         let upper = self.layout.upper_bits();
         let base = segment.stack.base;
-        // Newest first: from the slot below x18 down to slot 0.
+        // Newest first: from the slot below x18 down to slot 0, in runs that each end at the
+        // base or at the end of the sink's phase, whichever is first.
         let mut slot = segment.pointer;
-        while slot > base {
-            if sink.dst == sink.end && !sink.next_phase() {
-                return Err(StopReason::DepthLimit);
-            }
-            // This run copies up to the base or to the end of the phase, whichever is first.
+        loop {
             let room = (sink.end - sink.dst) as u64;
             let available = (slot - base) / 8;
             let stop_at = if available > room { slot - 8 * room } else { base };
@@ -179,8 +180,14 @@ where
             if trampoline != 0 && sink.keeping() {
                 repair_run(self.repair, sink.base(), first, sink.dst, from, trampoline);
             }
+            if slot == base {
+                return Ok(());
+            }
+            // The run stopped short of the base: the phase is full.
+            if !sink.next_phase() {
+                return Err(StopReason::DepthLimit);
+            }
         }
-        Ok(())
     }
 }
 

@@ -81,6 +81,7 @@ pub struct StackRange {
 
 impl StackRange {
     /// A stack covering `[low, high)`. An empty or inverted range contains nothing.
+    #[inline(always)]
     pub const fn new(low: u64, high: u64, kind: StackKind) -> Self {
         Self { low, high, kind }
     }
@@ -92,5 +93,40 @@ impl StackRange {
     pub const fn contains(&self, address: u64, size: u64) -> bool {
         // `address + size <= high`, written so that nothing can overflow.
         address >= self.low && size <= self.high && address <= self.high - size
+    }
+}
+
+/// The stacks a frame walk may visit, in walk order (see [`crate::FrameWalker`]).
+///
+/// A walk that stays in the stack it started in (the common case: a task's own stack) asks
+/// only for [`first_records`](Self::first_records), where a frame record may lie in the first
+/// declared stack; the full list is asked for only when the walk starts outside that stack or
+/// leaves it (a marker, a move to the next stack, a refused record). So an implementation may
+/// compute the list on demand: the kernel's costs nothing on the walk's fast path.
+pub trait StackSet {
+    /// The lowest and the highest address a 16-byte frame record may start at in the first
+    /// declared stack (`low` and `high - 16`), or `(1, 0)` (nothing) if there is no such stack
+    /// or it is too small. `low` is never 0.
+    fn first_records(&self) -> (u64, u64);
+
+    /// Every declared stack, in walk order; the first is the one
+    /// [`first_records`](Self::first_records) describes.
+    fn declared(&self) -> &[StackRange];
+}
+
+impl StackSet for [StackRange] {
+    #[inline(always)]
+    #[allow(clippy::len_zero, reason = "`is_empty` is a core function, which the exempt walkers would not inline")]
+    fn first_records(&self) -> (u64, u64) {
+        // Indexing, not `first()`: a core helper the exempt walkers would not inline.
+        if self.len() == 0 || self[0].low == 0 || self[0].high < 16 || self[0].high - 16 < self[0].low {
+            return (1, 0);
+        }
+        (self[0].low, self[0].high - 16)
+    }
+
+    #[inline(always)]
+    fn declared(&self) -> &[StackRange] {
+        self
     }
 }

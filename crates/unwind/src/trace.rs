@@ -20,6 +20,7 @@ impl TraceOptions {
     pub const ALL: Self = Self { skip: 0, max_depth: MAX_FRAMES };
 
     /// Skip `skip` entries, then keep at most `max_depth`.
+    #[inline(always)]
     pub const fn new(skip: usize, max_depth: usize) -> Self {
         Self { skip, max_depth }
     }

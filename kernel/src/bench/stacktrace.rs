@@ -2,7 +2,8 @@
 //! with and without the stack depot, at depths 4 to 64 (BENCH.md).
 //!
 //! A recursion of `depth` frames is built, then the leaf takes N traces of exactly `depth`
-//! entries through `stacktrace::collect` (the entry point the heap, reports and the tick use),
+//! entries through `stacktrace::collect_frames` or `collect_shadow` (the entry points every collection
+//! uses),
 //! into a buffer on the stack; per_trace = (that loop - the same loop without the trace) / N.
 //! With `+depot`, each trace is also saved in the depot: after the first save it is a lookup hit,
 //! as most of the allocation stacks a sanitizer saves are.
@@ -31,19 +32,40 @@ fn recurse(remaining: usize, leaf: &mut dyn FnMut()) -> usize {
     black_box(recurse(remaining - 1, leaf)) + 1
 }
 
+/// One trace of `depth` entries through the walker's own entry point (no mode dispatch: one
+/// function per walker, as the heap and `save_stack` reach them), saved in the depot with `DEPOT`.
 #[inline(never)]
 #[sanitize(kernel_hwaddress = "off")]
-fn trace_once(mode: Mode, depth: usize, depot: bool) {
+fn trace_once<const SHADOW: bool, const DEPOT: bool>(depth: usize) {
     let mut buffer = [MaybeUninit::uninit(); unwind::MAX_FRAMES];
-    let walked = stacktrace::collect(mode, TraceOptions::new(0, depth), &mut buffer);
-    if depot {
-        let _ = black_box(stacktrace::DEPOT.save(walked.entries(&buffer)));
+    let options = TraceOptions::new(0, depth);
+    let walked = if SHADOW {
+        stacktrace::collect_shadow(options, &mut buffer)
+    } else {
+        stacktrace::collect_frames(options, &mut buffer)
+    };
+    // What the heap and `save_stack` use of a walk: its entries (the stop reason is for
+    // reports, which print it from a `Trace`).
+    let entries = walked.entries(&buffer);
+    if DEPOT {
+        let _ = black_box(stacktrace::DEPOT.save(entries));
+    } else {
+        black_box(entries);
     }
-    black_box((&walked, &buffer));
+}
+
+/// The trace function of a case.
+fn trace_function(mode: Mode, depot: bool) -> fn(usize) {
+    match (mode, depot) {
+        (Mode::FramePointer, false) => trace_once::<false, false>,
+        (Mode::ShadowCallStack, false) => trace_once::<true, false>,
+        (Mode::FramePointer, true) => trace_once::<false, true>,
+        (Mode::ShadowCallStack, true) => trace_once::<true, true>,
+    }
 }
 
 #[inline(never)]
-fn nothing(_mode: Mode, _depth: usize, _depot: bool) {
+fn nothing(_depth: usize) {
     black_box(());
 }
 
@@ -51,10 +73,10 @@ fn nothing(_mode: Mode, _depth: usize, _depot: bool) {
 /// calling an empty function, per trace. The demo measures its point with this too.
 pub(crate) fn per_trace(plan: &Plan, mode: Mode, depth: usize, depot: bool) -> f64 {
     let iterations: u64 = if plan.icount { 1_000 } else { 20_000 };
-    let body = black_box(trace_once as fn(Mode, usize, bool));
-    let empty = black_box(nothing as fn(Mode, usize, bool));
-    let alone = plan.measure(|| (0..iterations).for_each(|_| empty(mode, depth, depot)));
-    let cost = plan.measure(|| (0..iterations).for_each(|_| body(mode, depth, depot)));
+    let body = black_box(trace_function(mode, depot));
+    let empty = black_box(nothing as fn(usize));
+    let alone = plan.measure(|| (0..iterations).for_each(|_| empty(depth)));
+    let cost = plan.measure(|| (0..iterations).for_each(|_| body(depth)));
     (cost as f64 - alone as f64) / iterations as f64
 }
 

@@ -243,8 +243,21 @@ pub fn outstanding() -> usize {
 /// skips the IRQ-stack test and the scheduler read [`outstanding`] makes.
 #[inline(always)]
 pub fn outstanding_in_task_slot(index: usize) -> usize {
-    // SAFETY: read in the context that owns the stack (the caller runs on it: see CONTEXTS).
-    unsafe { (*CONTEXTS.get(index)).len() }
+    let contexts: *const PerContext<ReturnStack<INSTANCES_PER_CONTEXT>, { TASK_SLOTS + 1 }>;
+    // SAFETY: CONTEXTS' address, PC-relative (`adrp`, `add`: two instructions where the large
+    // code model builds a constant in four; the walkers' fixed cost); no memory, no flags.
+    unsafe {
+        core::arch::asm!(
+            "adrp {address}, {symbol}",
+            "add {address}, {address}, :lo12:{symbol}",
+            address = out(reg) contexts,
+            symbol = sym CONTEXTS,
+            options(pure, nomem, nostack, preserves_flags)
+        )
+    };
+    // SAFETY: `contexts` is CONTEXTS; read in the context that owns the stack (the caller runs
+    // on it: see CONTEXTS).
+    unsafe { (*(*contexts).get(index)).len() }
 }
 
 /// A new task starts in task slot `index`: its context has no hijacked returns.

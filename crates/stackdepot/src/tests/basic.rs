@@ -100,7 +100,7 @@ fn pool_limits() {
         }
         assert_eq!(saved as usize, MAX_POOL_BYTES / 544);
     }
-    let evicting = StackDepot::<8, 1>::with_eviction();
+    let evicting = StackDepot::<8, 1, true>::with_eviction();
     assert_eq!(evicting.add_pool(pool(512)), Err(DepotError::PoolTooSmall), "one 64-frame record needs 544");
 }
 

@@ -32,14 +32,14 @@ impl Rng {
     }
 }
 
-fn fetch<const B: usize, const P: usize>(depot: &StackDepot<B, P>, handle: DepotHandle) -> Vec<u64> {
+fn fetch<const B: usize, const P: usize, const E: bool>(depot: &StackDepot<B, P, E>, handle: DepotHandle) -> Vec<u64> {
     let mut buffer = [0; MAX_FRAMES];
     depot.fetch(handle, &mut buffer).unwrap().to_vec()
 }
 
 #[test]
 fn saves_lookups_and_evictions_race_without_loss_duplication_or_early_reuse() {
-    let depot = &StackDepot::<64, POOLS>::with_eviction();
+    let depot = &StackDepot::<64, POOLS, true>::with_eviction();
     for _ in 0..POOLS {
         depot.add_pool(pool(64 * 1024)).unwrap();
     }

@@ -3,7 +3,7 @@
 use super::{pool, trace};
 use crate::{DepotError, DepotHandle, MAX_FRAMES, StackDepot};
 
-type Depot = StackDepot<16, 2>;
+type Depot = StackDepot<16, 2, true>;
 
 fn evicting_depot(bytes: usize) -> Depot {
     let depot = Depot::with_eviction();

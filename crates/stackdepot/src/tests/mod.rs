@@ -1,6 +1,7 @@
 //! Host tests of the depot: dedup, handles, capacity, eviction, concurrency.
 
 mod basic;
+mod compare;
 mod concurrency;
 mod eviction;
 

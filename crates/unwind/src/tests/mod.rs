@@ -5,6 +5,7 @@ mod prologue;
 mod property;
 mod repair;
 mod shadow_walk;
+mod stack_set;
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
