@@ -71,6 +71,8 @@ pub struct CommandLine {
     pub cpus: Option<usize>,
     /// `smp.fail-cpu=N` (test-only): CPU N is started with an MPIDR no CPU has.
     pub smp_fail_cpu: Option<usize>,
+    /// `smp.tlbi=local` (test-only): TLB invalidations after a mapping change stay local.
+    pub smp_local_tlbi: bool,
 }
 
 impl CommandLine {
@@ -96,6 +98,7 @@ impl CommandLine {
             kasan_mode: crate::arch::mte::CheckMode::Sync,
             cpus: None,
             smp_fail_cpu: None,
+            smp_local_tlbi: false,
         };
         for word in bootargs.split_whitespace() {
             let (key, value) = word.split_once('=').unwrap_or((word, ""));
@@ -176,6 +179,8 @@ impl CommandLine {
                     Ok(cpu) => line.smp_fail_cpu = Some(cpu),
                     _ => defmt::warn!("cmdline: smp.fail-cpu={=str} is not a CPU number", cpu),
                 },
+                (key::SMP_TLBI, "local") => line.smp_local_tlbi = true,
+                (key::SMP_TLBI, "broadcast") => line.smp_local_tlbi = false,
                 (key::EXIT, "semihosting") => line.semihosting = true,
                 (key::EXIT, "park") => line.semihosting = false,
                 (key::EXPECT_PAUTH, name) => line.expect_pauth = Some(name),

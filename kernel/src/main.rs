@@ -61,6 +61,7 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
         Ok(layout) => layout,
         Err(error) => panic!("memory init: {:?}", defmt::Debug2Format(&error)),
     };
+    arch::mmu::use_local_tlbi(cmdline.smp_local_tlbi);
     stacktrace::init_depot();
     // Tag checks on before the heap hands out the first tagged pointer (and tags its memory).
     arch::mte::choose_mode(cmdline.kasan_mode);
@@ -71,7 +72,14 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     stacktrace::set_stack_sample(cmdline.stack_sample);
     symbols::callsites::init();
     drivers::interrupts::init(layout.gic, platform.virtual_timer_intid);
-    // Each secondary sets up its own GIC interface: after the distributor.
+    drivers::timer::on_tick(task::tick);
+    drivers::timer::on_tick(stacktrace::on_tick);
+    profile::init(platform.pmu_intid);
+    drivers::timer::start(cmdline.hz);
+    // Before the secondaries: each runs the per-CPU half as it comes up.
+    task::user::init();
+    // Each secondary sets up its own GIC interface (after the distributor) and its own tick (at
+    // the rate the boot CPU's set).
     let bring_up = task::cpus::bring_up(
         platform.psci,
         &platform.cpus,
@@ -79,12 +87,7 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
         cmdline.cpus,
         cmdline.smp_fail_cpu,
     );
-    drivers::timer::on_tick(task::tick);
-    drivers::timer::on_tick(stacktrace::on_tick);
-    profile::init(platform.pmu_intid);
-    drivers::timer::start(cmdline.hz);
     probes::init();
-    task::user::init();
     let traceable = ftrace::init();
 
     if cmdline.run == cmdline::Run::Demo {

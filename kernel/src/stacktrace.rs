@@ -468,13 +468,15 @@ pub struct IrqCapture {
     pub pc: u64,
 }
 
-static IRQ_CAPTURE_ARMED: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+/// The CPU whose next tick captures, plus one (0: none): every CPU ticks, the arming task's
+/// CPU captures.
+static IRQ_CAPTURE_ARMED: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
 static IRQ_CAPTURE: IrqSpinLock<Option<IrqCapture>> = IrqSpinLock::new(None);
 
-/// Asks the next timer tick to capture both traces in IRQ context.
+/// Asks this CPU's next timer tick to capture both traces in IRQ context.
 pub fn arm_irq_capture() {
     *IRQ_CAPTURE.lock() = None;
-    IRQ_CAPTURE_ARMED.store(true, Ordering::Release);
+    IRQ_CAPTURE_ARMED.store(stacks::this_cpu().index.load(Ordering::Relaxed) as usize + 1, Ordering::Release);
 }
 
 /// The capture, once the tick has taken it.
@@ -484,10 +486,14 @@ pub fn take_irq_capture() -> Option<IrqCapture> {
 
 /// Called by the timer tick (IRQ context).
 pub fn on_tick() {
-    if !IRQ_CAPTURE_ARMED.swap(false, Ordering::Acquire) {
+    let cpu = stacks::this_cpu();
+    let armed_for = cpu.index.load(Ordering::Relaxed) as usize + 1;
+    if IRQ_CAPTURE_ARMED.load(Ordering::Relaxed) != armed_for
+        || IRQ_CAPTURE_ARMED.compare_exchange(armed_for, 0, Ordering::Acquire, Ordering::Relaxed).is_err()
+    {
         return;
     }
-    let frame = stacks::this_cpu().irq_frame.load(Ordering::Relaxed);
+    let frame = cpu.irq_frame.load(Ordering::Relaxed);
     // SAFETY: the tick runs inside the IRQ whose interrupted frame this is (context.S).
     let pc = if frame.is_null() { 0 } else { unsafe { (*frame).elr } };
     let frame_pointer = capture(Mode::FramePointer, TraceOptions::ALL);

@@ -409,7 +409,7 @@ fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Fa
         smp: 1,
     };
     // (name, CPUs, kernel command line, expected status, expected line)
-    let checks: [(&str, u8, &str, Option<i32>, &str); 7] = [
+    let checks: [(&str, u8, &str, Option<i32>, &str); 8] = [
         ("panic", 1, "run=panic exit=semihosting", Some(ExitStatus::Panic.code()), "panicked at kernel/src/main.rs"),
         (
             "fault",
@@ -449,6 +449,15 @@ fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Fa
             "run=test filter=secondary_cpus_are_online smp.fail-cpu=2 exit=semihosting",
             Some(ExitStatus::TestsFailed.code()),
             "CPUs: 3 of 4 online (cpu 2: PSCI INVALID_PARAMETERS)",
+        ),
+        // Local TLB invalidation after a kernel mapping change: the other CPUs keep the old
+        // translation, and the shootdown test must see it.
+        (
+            "smp-local-tlbi",
+            4,
+            "run=test filter=smp_tlb_shootdown smp.tlbi=local exit=semihosting",
+            Some(ExitStatus::TestsFailed.code()),
+            "test FAILED: smp_tlb_shootdown",
         ),
     ];
     for (name, smp, bootargs, expected_status, expected_line) in checks {

@@ -62,6 +62,9 @@ pub mod cmdline {
     /// Test-only: start this CPU with an MPIDR no CPU has, so PSCI refuses it and the banner and
     /// the `secondary_cpus_are_online` test must report it.
     pub const SMP_FAIL_CPU: &str = "smp.fail-cpu";
+    /// Test-only: `smp.tlbi=local` makes the kernel's TLB invalidations after a mapping change
+    /// local (`tlbi ...` + `dsb nsh`) instead of broadcast, so `smp_tlb_shootdown` must fail.
+    pub const SMP_TLBI: &str = "smp.tlbi";
     pub const EXIT: &str = "exit";
     pub const EXPECT_PAUTH: &str = "expect-pauth";
     pub const BENCH: &str = "bench";

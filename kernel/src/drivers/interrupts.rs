@@ -7,8 +7,8 @@ static GIC: spin::Once<Gic> = spin::Once::new();
 static TIMER_INTID: AtomicU32 = AtomicU32::new(0);
 static UNHANDLED: AtomicU64 = AtomicU64::new(0);
 /// Other private interrupts and their handlers, registered at init by their owners (the
-/// profiler's PMU overflow): the tick stays the first compare.
-static PRIVATE: crate::sync::Hooks<(u32, fn()), 2> = crate::sync::Hooks::new("private interrupt handlers");
+/// profiler's PMU overflow, the task layer's wake-up SGI): the tick stays the first compare.
+static PRIVATE: crate::sync::Hooks<(u32, fn()), 3> = crate::sync::Hooks::new("private interrupt handlers");
 
 pub fn init(config: GicConfig, timer_intid: u32) {
     let gic = GIC.call_once(|| Gic::init(config));
@@ -28,37 +28,19 @@ pub fn register_private(intid: u32, handler: fn()) {
 /// The SGI that wakes a CPU to look at what another CPU asked of it (an IPI).
 pub const SGI_WAKE: u32 = 1;
 
-/// Sets up a secondary CPU's GIC interface and enables the wake-up SGI there. On that CPU, after
-/// `init` ran on the boot CPU.
+/// Sets up a secondary CPU's GIC interface and enables the wake-up SGI and the timer there (the
+/// other private interrupts, the profiler's PMU overflow, stay the boot CPU's). On that CPU, after `init` ran on the boot CPU.
 pub fn init_this_cpu() {
     let gic = GIC.get().expect("interrupts::init runs before the secondaries start");
     gic.init_this_cpu();
     gic.enable_private(SGI_WAKE);
+    gic.enable_private(TIMER_INTID.load(Ordering::Relaxed));
 }
 
 /// Sends the wake-up SGI to CPU `cpu` (online, past `init_this_cpu`).
 pub fn send_wake(cpu: usize) {
     if let Some(gic) = GIC.get() {
         gic.send_sgi(SGI_WAKE, cpu);
-    }
-}
-
-/// With interrupts masked: acknowledges and ends every interrupt pending at this CPU, returning
-/// how many were the wake-up SGI (the idle loop of a CPU that runs no IRQ handlers yet).
-pub fn take_pending() -> u64 {
-    let Some(gic) = GIC.get() else { return 0 };
-    let mut wakes = 0;
-    loop {
-        let intid = gic.acknowledge();
-        if intid >= SPECIAL_INTID_START {
-            return wakes;
-        }
-        if intid == SGI_WAKE {
-            wakes += 1;
-        } else {
-            UNHANDLED.fetch_add(1, Ordering::Relaxed);
-        }
-        gic.end_of_interrupt(intid);
     }
 }
 

@@ -4,7 +4,6 @@ use crate::sync::Hooks;
 use aarch64_cpu::registers::{CNTFRQ_EL0, CNTV_CTL_EL0, CNTV_CVAL_EL0, CNTVCT_EL0, Readable, Writeable};
 use core::sync::atomic::{AtomicU64, Ordering};
 
-static TICKS: AtomicU64 = AtomicU64::new(0);
 /// What runs on every tick, in registration order (set at init; a tick reads each once).
 static CONSUMERS: Hooks<fn(), 4> = Hooks::new("timer tick consumers");
 static INTERVAL: AtomicU64 = AtomicU64::new(0);
@@ -18,13 +17,19 @@ pub fn counter() -> u64 {
     CNTVCT_EL0.get()
 }
 
-/// Starts a periodic tick at `hz`. The compare value advances by a fixed interval per tick, so
-/// the rate does not drift with interrupt latency.
+/// Starts this CPU's periodic tick at `hz` (each CPU's virtual timer is its own). The compare
+/// value advances by a fixed interval per tick, so the rate does not drift with interrupt
+/// latency.
 pub fn start(hz: u64) {
     let interval = frequency() / hz;
     INTERVAL.store(interval, Ordering::Relaxed);
     HZ.store(hz, Ordering::Relaxed);
-    CNTV_CVAL_EL0.set(counter() + interval);
+    start_this_cpu();
+}
+
+/// Starts this CPU's tick at the rate `start` set (a secondary, after the boot CPU's `start`).
+pub fn start_this_cpu() {
+    CNTV_CVAL_EL0.set(counter() + INTERVAL.load(Ordering::Relaxed));
     CNTV_CTL_EL0.write(CNTV_CTL_EL0::ENABLE::SET + CNTV_CTL_EL0::IMASK::CLEAR);
 }
 
@@ -39,8 +44,9 @@ pub fn hz() -> u64 {
     HZ.load(Ordering::Relaxed)
 }
 
+/// Ticks this CPU took (each CPU counts its own: a window of ticks is one CPU's).
 pub fn ticks() -> u64 {
-    TICKS.load(Ordering::Relaxed)
+    crate::arch::percpu::this_cpu().ticks.load(Ordering::Relaxed)
 }
 
 /// Adds `consumer` to what every tick runs (IRQ context, after the count). At init, before the
@@ -51,7 +57,7 @@ pub fn on_tick(consumer: fn()) {
 
 /// The tick interrupt: count it, run the consumers, arm the next one.
 pub fn handle_tick() {
-    TICKS.fetch_add(1, Ordering::Relaxed);
+    crate::arch::percpu::this_cpu().ticks.fetch_add(1, Ordering::Relaxed);
     for consumer in CONSUMERS.iter() {
         consumer();
     }

@@ -23,11 +23,11 @@
 //! trampoline is assembly (no patchable entry). Anything else a tracer calls is skipped by the
 //! per-CPU recursion guard, so tracing `*` cannot recurse.
 //!
-//! Freeing: `unregister` returns only after a grace period (every CPU seen outside the
-//! trampoline's guarded section), so the caller may then reuse the tracer's memory. The kernel
-//! runs one CPU and tracers run with IRQs masked, so the period has elapsed as soon as the
-//! caller is not itself inside a tracer; with more CPUs `grace_period` waits for each one's guard
-//! (which would then need a barrier between taking the guard and loading the literal).
+//! Freeing: `unregister` returns only after a grace period, so the caller may then reuse the
+//! tracer's memory. Tracers run with IRQs masked inside the trampoline and never switch tasks,
+//! so a CPU that passed a quiescent point (a task switch, an idle pass: `task::cpus::
+//! synchronize`) after the patch is done with any tracer it entered before; on the calling CPU
+//! the period has elapsed as soon as the caller is not itself inside a tracer.
 
 pub mod tracers;
 mod trampoline;
@@ -238,11 +238,12 @@ pub fn set_bl_before_literal(wrong: bool) {
     with_registry(|registry| registry.set_bl_before_literal(wrong));
 }
 
-/// Waits until every CPU has been seen outside the trampoline's guarded section.
+/// Waits until no CPU can still run a tracer through the ops or vectors this apply retired: the
+/// caller is not inside a tracer (checked, or the registry lock is held with IRQs masked so no
+/// tracer can be entered here meanwhile), and every other online CPU passed a quiescent point.
 fn grace_period() {
-    // One CPU (`task::stacks::CPUS`), and the caller is not inside a tracer (checked, or the
-    // registry lock is held with IRQs masked so no tracer can be entered meanwhile): elapsed.
     debug_assert!(!trampoline::this_cpu().inside_tracer());
+    crate::task::cpus::synchronize();
 }
 
 /// How many times a tracer called a traced function and the guard skipped it.

@@ -21,12 +21,11 @@
 //! x9-x17 are free at a function's entry (AAPCS64 temporaries that carry no argument).
 
 use core::mem::offset_of;
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::Ordering;
 
 use ::ftrace::TracerId;
 
 use super::{TABLE, VECTORS};
-use crate::task::stacks::CPUS;
 
 /// What a tracer sees of the traced call: the argument registers as they were at entry.
 #[repr(C)]
@@ -55,20 +54,13 @@ pub struct Ops {
 /// `ops.func(ip, parent_ip, ops, regs)`: called with IRQs masked and the recursion guard held.
 pub type TracerFn = unsafe extern "C" fn(ip: u64, parent_ip: u64, ops: &Ops, regs: &mut Regs);
 
-/// One CPU's trampoline state: `guard` is non-zero while a tracer runs on it.
-#[repr(C)]
-pub struct CpuState {
-    guard: AtomicU64,
-    pub recursions: AtomicU64,
-}
+/// One CPU's trampoline state: `guard` is non-zero while a tracer runs on it. It lives in the
+/// CPU's per-CPU data (the trampoline finds it through TPIDR_EL1, as cheaply as a static).
+pub type CpuState = crate::arch::percpu::TracerGuard;
 
-#[unsafe(no_mangle)]
-static FTRACE_CPU: [CpuState; CPUS] =
-    [const { CpuState { guard: AtomicU64::new(0), recursions: AtomicU64::new(0) } }; CPUS];
-
-/// This CPU's trampoline state (the kernel runs one CPU: `task::stacks::CPUS`).
+/// This CPU's trampoline state.
 pub fn this_cpu() -> &'static CpuState {
-    &FTRACE_CPU[0]
+    &crate::arch::percpu::this_cpu().tracer
 }
 
 impl CpuState {
@@ -82,7 +74,7 @@ const _: () = {
     assert!(offset_of!(Regs, x) == 0 && offset_of!(Regs, daif) == 72 && offset_of!(Regs, fp) == 80);
     assert!(offset_of!(Regs, lr) == 88 && offset_of!(Regs, sp) == 96 && offset_of!(Regs, pc) == 104);
     assert!(size_of::<Regs>() == 112 && FRAME == 16 + size_of::<Regs>());
-    assert!(offset_of!(Ops, func) == 0 && offset_of!(CpuState, recursions) == 8);
+    assert!(offset_of!(Ops, func) == 0 && offset_of!(CpuState, guard) == 0 && offset_of!(CpuState, recursions) == 8);
 };
 
 core::arch::global_asm!(
@@ -106,8 +98,8 @@ ftrace_trampoline:
     mrs     x12, daif
     stp     x8, x12, [sp, #80]
     msr     daifset, #3
-    adrp    x13, FTRACE_CPU
-    add     x13, x13, :lo12:FTRACE_CPU
+    mrs     x13, tpidr_el1              // this CPU's recursion guard
+    add     x13, x13, #{percpu_tracer}
     ldr     x14, [x13]
     cbnz    x14, 2f
     mov     x14, #1
@@ -125,8 +117,8 @@ ftrace_trampoline:
     .if {scs}
     sub     x18, x18, #16
     .endif
-    adrp    x13, FTRACE_CPU
-    add     x13, x13, :lo12:FTRACE_CPU
+    mrs     x13, tpidr_el1              // this CPU's recursion guard
+    add     x13, x13, #{percpu_tracer}
     str     xzr, [x13]
 1:  ldp     x8, x12, [sp, #80]
     msr     daif, x12
@@ -146,6 +138,7 @@ ftrace_trampoline:
     .size ftrace_trampoline, . - ftrace_trampoline
 "#,
     scs = const crate::SHADOW_CALL_STACK as u8,
+    percpu_tracer = const offset_of!(crate::arch::percpu::PerCpu, tracer),
 );
 
 unsafe extern "C" {

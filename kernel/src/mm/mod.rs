@@ -64,6 +64,17 @@ fn overlaps(a: Region, b: Region) -> bool {
     a.base < b.end() && b.base < a.end()
 }
 
+/// The two physical pages `mmu::TLB_TEST_PAGE` is switched between (test `smp_tlb_shootdown`).
+#[repr(C, align(4096))]
+pub struct TlbTestFrames(pub [[u64; 512]; 2]);
+
+pub static mut TLB_TEST_FRAMES: TlbTestFrames = TlbTestFrames([[0; 512]; 2]);
+
+/// Physical address of test frame `index` (0 or 1).
+pub fn tlb_test_frame(index: usize) -> u64 {
+    mmu::pa_of(&raw const TLB_TEST_FRAMES as u64) + index as u64 * mmu::PAGE_SIZE
+}
+
 /// Builds the final address space from the device tree and switches to it.
 pub fn init(platform: &Platform) -> Result<Layout, InitError> {
     // SAFETY: the linker script defines these symbols; only their addresses are used.
@@ -136,6 +147,8 @@ pub fn init(platform: &Platform) -> Result<Layout, InitError> {
             GicConfig::V3 { distributor: map_device(distributor)?, redistributor: map_device(redistributor)? }
         }
     };
+    // The TLB shootdown test's page, on the first of its two frames.
+    space.map_test_page(mmu::TLB_TEST_PAGE, pa(&raw const TLB_TEST_FRAMES as u64))?;
     // Real shadow for RAM; everything else keeps the shared match-all page.
     space.map(mmu::shadow_of(ram.base + VA_OFFSET), shadow.base, shadow_size, Attributes::ReadWrite)?;
     let tables_used = space.tables_used();

@@ -43,32 +43,74 @@ pub fn stop_others() -> (usize, usize) {
     (stopped.count_ones() as usize, others.count_ones() as usize)
 }
 
-/// A secondary's life once its arch state is set up: its GIC interface, online, then idle in
-/// `wfi` with interrupts masked (it runs no tasks yet), taking wake-up SGIs by polling the GIC,
-/// running a posted cross-CPU call (`cross_call::serve`) and answering each with `sev`; a wake-up
-/// after `stop_others` stops it for good.
-fn secondary_idle(cpu: usize) -> ! {
-    crate::drivers::interrupts::init_this_cpu();
-    smp::mark_this_cpu_online();
+/// The wake-up SGI (IRQ context, every CPU): after `stop_others` it stops this CPU for good;
+/// otherwise it counts the wake-up, serves what other CPUs asked of this one, asks for a
+/// reschedule at the end of the IRQ (a task may have been made runnable here) and answers with
+/// `sev`.
+fn on_wake_sgi() {
+    let cpu = crate::arch::percpu::this_cpu_index();
+    if STOP.load(Ordering::Acquire) {
+        stop_this_cpu(cpu);
+    }
+    WAKES[cpu].fetch_add(1, Ordering::Release);
+    super::cross_call::serve();
+    crate::arch::percpu::this_cpu().need_resched.store(true, Ordering::Relaxed);
+    // SAFETY: wakes a CPU waiting for this answer with `wfe`.
+    unsafe { core::arch::asm!("dsb ish", "sev", options(nomem, nostack, preserves_flags)) };
+}
+
+/// Confirms the stop to the CPU in `stop_others` and waits forever with interrupts masked.
+fn stop_this_cpu(cpu: usize) -> ! {
+    crate::arch::cpu::mask_interrupts();
+    STOPPED.fetch_or(1 << cpu, Ordering::Release);
+    // SAFETY: tells the stopping CPU (waiting with `wfe`) that this one stopped.
+    unsafe { core::arch::asm!("dsb ish", "sev", options(nomem, nostack, preserves_flags)) };
     loop {
         crate::arch::cpu::wait_for_interrupt();
-        let taken = crate::drivers::interrupts::take_pending();
-        if taken != 0 {
-            if STOP.load(Ordering::Acquire) {
-                STOPPED.fetch_or(1 << cpu, Ordering::Release);
-                // SAFETY: tells the stopping CPU (waiting with `wfe`) that this one stopped.
-                unsafe { core::arch::asm!("dsb ish", "sev", options(nomem, nostack, preserves_flags)) };
-                loop {
-                    crate::arch::cpu::wait_for_interrupt();
-                }
-            }
-            WAKES[cpu].fetch_add(taken, Ordering::Release);
-            super::cross_call::serve();
-            // SAFETY: wakes a CPU waiting for this answer with `wfe`.
-            unsafe { core::arch::asm!("dsb ish", "sev", options(nomem, nostack, preserves_flags)) };
-        }
     }
 }
+
+/// A secondary's life once its arch state is set up: its GIC interface, its idle task (the
+/// context it started in), its tick, online; then it idles in `wfi` with IRQs unmasked, running
+/// other tasks when the tick or a wake-up SGI reschedules it.
+fn secondary_idle(cpu: usize) -> ! {
+    crate::drivers::interrupts::init_this_cpu();
+    super::become_idle(cpu);
+    crate::drivers::timer::start_this_cpu();
+    super::user::init_this_cpu();
+    smp::mark_this_cpu_online();
+    crate::arch::cpu::enable_interrupts();
+    super::idle_loop()
+}
+
+/// A grace period: waits until every other online CPU has passed a quiescent point (a task
+/// switch or an idle pass: `task::quiescent_point`) after the call began. Each is sent a wake-up
+/// SGI, whose end reschedules it (a switch or not, a quiescent point), so an idle or busy CPU
+/// answers at once rather than at its next tick. Waits with `wfe`; panics naming a CPU that
+/// has not answered within 100 ms (one running with IRQs masked, or stuck).
+pub fn synchronize() {
+    let me = crate::arch::percpu::this_cpu_index();
+    let others = smp::online_mask() & !(1 << me) & !STOPPED.load(Ordering::Acquire);
+    if others == 0 {
+        return;
+    }
+    // The caller's patch is visible before the counts are read (see `quiescent_point`).
+    core::sync::atomic::fence(Ordering::SeqCst);
+    let count = |cpu: usize| crate::arch::percpu::cpu_data(cpu).quiescent.load(Ordering::Acquire);
+    let before: [u64; stacks::CPUS] = core::array::from_fn(count);
+    let waiting = || (0..stacks::CPUS).filter(move |&cpu| others & (1 << cpu) != 0);
+    for cpu in waiting() {
+        crate::drivers::interrupts::send_wake(cpu);
+    }
+    let passed = || waiting().all(|cpu| count(cpu) != before[cpu]);
+    if !crate::arch::cpu::wait_until(SYNCHRONIZE_MS, passed) {
+        let stuck = waiting().find(|&cpu| count(cpu) == before[cpu]).unwrap_or(usize::MAX);
+        panic!("grace period: cpu {} passed no quiescent point within {} ms", stuck, SYNCHRONIZE_MS);
+    }
+}
+
+/// How long `synchronize` waits for the other CPUs.
+const SYNCHRONIZE_MS: u64 = 100;
 
 /// CPUs online now.
 pub fn online() -> usize {
@@ -93,7 +135,7 @@ pub struct BringUp {
 const AFFINITY_MASK: u64 = 0xff_00ff_ffff;
 
 /// Starts the secondaries, one at a time (after the GIC's distributor is set up: each sets up
-/// its own interface). `limit` is `cpus=N`: without it every CPU the device
+/// its own interface; and after the boot CPU's tick started: each starts its own at that rate). `limit` is `cpus=N`: without it every CPU the device
 /// tree lists runs on PSCI boards, and only the boot CPU on spin-table boards (whose cores always
 /// exist, as QEMU's raspi4b has 4). Spin-table cores not started are parked. `broken` (test-only,
 /// `smp.fail-cpu=N`) gives CPU N an MPIDR no CPU has on PSCI boards.
@@ -105,6 +147,7 @@ pub fn bring_up(
     broken: Option<usize>,
 ) -> BringUp {
     smp::mark_boot_cpu_online();
+    crate::drivers::interrupts::register_private(crate::drivers::interrupts::SGI_WAKE, on_wake_sgi);
     let mut releases = [None::<Release>; stacks::CPUS - 1];
     let mut available = 0;
     if !spin_table.is_empty() {

@@ -32,7 +32,7 @@
 use core::sync::atomic::{AtomicBool, Ordering};
 
 use super::stacks::TASK_SLOTS;
-use super::{SpawnError, TaskId, scheduler};
+use super::{CpuMask, SpawnError, TaskId};
 use crate::arch::exception::{Esr, ExceptionFrame, STACK_GAP};
 use crate::arch::mmu::pa_of;
 use crate::sync::{Hooks, IrqMask};
@@ -128,7 +128,7 @@ impl UserTask {
 /// Task slot `slot`'s user state. Callers hold IRQs masked (exception handlers, the scheduler,
 /// `spawn`) or read the slot of an ended task, as for every scheduler field.
 fn user(slot: usize) -> &'static mut UserTask {
-    &mut scheduler().tasks[slot].user
+    super::user_state(slot)
 }
 
 fn space(slot: usize) -> &'static mut Space {
@@ -154,11 +154,20 @@ pub fn pan_enabled() -> bool {
 }
 
 /// Turns on TTBR0 walks (on an empty table), PAN where the CPU has it, and EL0 access to the
-/// virtual counter and the PMU cycle counter (the user bench loops read them). Once.
+/// virtual counter and the PMU cycle counter (the user bench loops read them), on this CPU; the
+/// secondaries run `init_this_cpu` as they come up (after this). Once.
 pub fn init() {
     if INITIALISED.swap(true, Ordering::SeqCst) {
         return;
     }
+    HAS_PAN.store(cpu_has_pan(), Ordering::Relaxed);
+    init_this_cpu();
+}
+
+/// `init`'s per-CPU half: this CPU's copy of the kernel's APIA key (vectors.S switches keys on
+/// every entry from and return to EL0), TTBR0 walks on an empty table, EL0 counter access, PAN.
+pub fn init_this_cpu() {
+    assert!(INITIALISED.load(Ordering::Relaxed), "task::user::init first");
     if crate::arch::cpu::PointerAuth::detect() != crate::arch::cpu::PointerAuth::None {
         let (low, high): (u64, u64);
         // SAFETY: reads the APIA key registers, which exist on this CPU (PAuth detected; boot.S
@@ -172,8 +181,7 @@ pub fn init() {
         cpu.kernel_apia[1].store(high, Ordering::Relaxed);
         cpu.pauth_keys.store(1, Ordering::Relaxed);
     }
-    let has_pan = cpu_has_pan();
-    HAS_PAN.store(has_pan, Ordering::Relaxed);
+    let has_pan = HAS_PAN.load(Ordering::Relaxed);
     let empty = pa_of(core::ptr::addr_of!(EMPTY_L1) as u64);
     // SAFETY: TTBR0 gets a valid (empty) table before EPD0 lets the walker use it; the TLB is
     // flushed after. CNTKCTL_EL1.EL0VCTEN (bit 1) and PMUSERENR_EL0.EN|CR (bits 0, 2) only grant
@@ -277,16 +285,16 @@ pub fn spawn(name: &'static str, entry: u64, arguments: [u64; 3], options: Optio
     assert!(INITIALISED.load(Ordering::Relaxed), "task::user::init first");
     assert!(kernel_text_address(entry).is_some(), "user entry must be user text");
     let _masked = IrqMask::new();
-    let id = super::spawn(name, user_task_main, 0)?;
+    // Starts on this CPU (no other CPU may pick it before its space is built), with IRQs
+    // masked until it enters EL0 when the options say so.
+    let daif = if options.irqs_masked { 0x3c0 } else { 0 };
+    let id = super::spawn_with(CpuMask::one(super::this_cpu()), name, user_task_main, 0, daif)?;
     build_space(id.0, options);
     for hook in USER_SPAWN_HOOKS.iter() {
         hook(id.0);
     }
     let spsr = if options.irqs_masked { 0x3c0 } else { 0 };
     *user(id.0) = UserTask { active: true, entry, arguments, spsr, exit_code: None, fault: None, apia: new_key(id.0) };
-    if options.irqs_masked {
-        scheduler().tasks[id.0].context.daif = 0x3c0;
-    }
     Ok(id)
 }
 
@@ -328,18 +336,9 @@ fn build_space(slot: usize, options: Options) {
         }
         space.l3.0[l3_index(USER_STACK_BASE + index as u64 * PAGE)] = pa_of(page as *const Page as u64) | USER_DATA;
     }
-    // SAFETY: publishes the tables and drops whatever an earlier space of this ASID left in the
-    // TLB; the slot's task has not run yet.
-    unsafe {
-        core::arch::asm!(
-            "dsb ishst",
-            "tlbi aside1, {asid}",
-            "dsb nsh",
-            "isb",
-            asid = in(reg) asid(slot) << 48,
-            options(nostack, preserves_flags)
-        )
-    };
+    // Publishes the tables and drops whatever an earlier space of this ASID left in the TLB of
+    // every CPU (the slot's last task may have run on another one); its task has not run yet.
+    crate::arch::mmu::invalidate_asid(asid(slot));
 }
 
 /// Points TTBR0 at the address space of task slot `next` (called by the scheduler, IRQs masked).
@@ -418,7 +417,18 @@ pub fn fault(id: TaskId) -> Option<UserFault> {
 
 /// Runs `entry(arguments)` at EL0 to its end and returns its exit code, or the fault.
 pub fn run(entry: u64, arguments: [u64; 3], options: Options) -> Result<u64, UserFault> {
-    let id = spawn("user", entry, arguments, options).expect("a free task slot");
+    run_on(super::this_cpu(), entry, arguments, options)
+}
+
+/// `run` in a task pinned to CPU `cpu`.
+pub fn run_on(cpu: usize, entry: u64, arguments: [u64; 3], options: Options) -> Result<u64, UserFault> {
+    let id = {
+        // Masked from spawn to the move, so the task never starts on this CPU.
+        let _masked = IrqMask::new();
+        let id = spawn("user", entry, arguments, options).expect("a free task slot");
+        super::set_affinity(id, CpuMask::one(cpu));
+        id
+    };
     super::join(id);
     match (exit_code(id), fault(id)) {
         (Some(code), _) => Ok(code),

@@ -46,6 +46,7 @@ pub struct Test {
 }
 
 /// What a test may need to know about the run.
+#[derive(Clone, Copy)]
 pub struct Context {
     /// The PAuth algorithm xtask says this CPU variant has (`expect-pauth=`), if given.
     pub expect_pauth: Option<&'static str>,
@@ -160,6 +161,65 @@ pub struct Summary {
     pub skipped: u32,
 }
 
+/// Per CPU: tests it ran.
+static TESTS_RUN: [AtomicU64; crate::task::stacks::CPUS] = [const { AtomicU64::new(0) }; crate::task::stacks::CPUS];
+
+/// The test a secondary runs for `run_spread`, and its outcome.
+static SPREAD_JOB: IrqSpinLock<Option<(TestFn, Context)>> = IrqSpinLock::new(None);
+type TestFn = fn(&Context) -> Outcome;
+static SPREAD_OUTCOME: IrqSpinLock<Option<Outcome>> = IrqSpinLock::new(None);
+
+extern "C" fn spread_task(_: u64) {
+    let (run, context) = SPREAD_JOB.lock().take().expect("run_spread set the job");
+    let outcome = run(&context);
+    TESTS_RUN[crate::task::this_cpu()].fetch_add(1, Ordering::Relaxed);
+    *SPREAD_OUTCOME.lock() = Some(outcome);
+}
+
+/// Runs test number `index` on one of the online CPUs in turn: every `online`-th test in the
+/// main line on CPU 0 as before, the others in a task pinned to their CPU (the runner waits for
+/// it). On one CPU, every test in the main line.
+fn run_spread(index: usize, test: &Test, context: &Context) -> Outcome {
+    let online = crate::task::cpus::online();
+    let cpu = index % online;
+    if cpu == 0 || CPU0_ONLY.contains(&test.name) {
+        let outcome = (test.run)(context);
+        TESTS_RUN[crate::task::this_cpu()].fetch_add(1, Ordering::Relaxed);
+        return outcome;
+    }
+    *SPREAD_JOB.lock() = Some((test.run, *context));
+    let id = crate::task::spawn_on(crate::task::CpuMask::one(cpu), "test", spread_task, 0)
+        .map_err(|_| fail("a free task slot for the test on its CPU"))?;
+    let ended = crate::task::join(id);
+    match SPREAD_OUTCOME.lock().take() {
+        Some(outcome) => outcome,
+        None => {
+            defmt::error!("  the test's task on cpu {=usize} ended {}", cpu, ended);
+            Err(fail("the test's task returned"))
+        }
+    }
+}
+
+/// Tests that stay on CPU 0's main line: they check that they run on the boot CPU, or need the
+/// main line's deep stack of callers (a spread test's task has three frames below it).
+const CPU0_ONLY: &[&str] = &["trap_this_cpu_is_tpidr_el1", "short_buffer_stops_at_its_length"];
+
+/// Per CPU: context switches, IRQs (timer ticks and wake-up SGIs) and tests run.
+fn print_cpu_summary() {
+    for (cpu, tests_run) in TESTS_RUN.iter().enumerate().take(crate::task::cpus::online()) {
+        let data = crate::arch::percpu::cpu_data(cpu);
+        defmt::info!(
+            "cpu {=usize}: {=u64} context switches, {=u64} IRQs ({=u64} ticks, {=u64} wake-ups), {=u64} tests run",
+            cpu,
+            data.context_switches.load(Ordering::Relaxed),
+            data.ticks.load(Ordering::Relaxed) + crate::task::cpus::wakes(cpu),
+            data.ticks.load(Ordering::Relaxed),
+            crate::task::cpus::wakes(cpu),
+            tests_run.load(Ordering::Relaxed)
+        );
+    }
+}
+
 pub fn run(filter: &str, expect_pauth: Option<&'static str>, icount: bool) -> Summary {
     crate::trap::install_test_hook(on_trap);
     let context = Context { expect_pauth, icount };
@@ -171,7 +231,7 @@ pub fn run(filter: &str, expect_pauth: Option<&'static str>, icount: bool) -> Su
         let number = index + 1;
         CURRENT.store(&test.name as *const &'static str as *mut _, Ordering::Relaxed);
         defmt::info!("test start: {=str}", test.name);
-        match (test.run)(&context) {
+        match run_spread(index, test, &context) {
             Ok(Verdict::Passed) => {
                 summary.passed += 1;
                 defmt::info!("test ok: {=str}", test.name);
@@ -196,6 +256,7 @@ pub fn run(filter: &str, expect_pauth: Option<&'static str>, icount: bool) -> Su
         }
     }
     CURRENT.store(core::ptr::null_mut(), Ordering::Relaxed);
+    print_cpu_summary();
     defmt::info!(
         "shadow call stack high-water mark of the test task: {=usize} of {=u64} entries",
         crate::task::shadow_high_water_now(),

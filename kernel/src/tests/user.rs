@@ -23,6 +23,7 @@ pub const TESTS: &[Test] = &[
     Test { name: "user uprobe handler sees user registers (PAN on where present)", run: uprobe_handler_sees_registers },
     Test { name: "user uprobe uretprobe recursion and nesting", run: uretprobe_recursion_and_nesting },
     Test { name: "user uprobe refusals say why", run: uprobe_refusals_say_why },
+    Test { name: "smp_uprobes_every_cpu", run: smp_uprobes_every_cpu },
 ];
 
 core::arch::global_asm!(
@@ -247,8 +248,12 @@ fn at(symbol: *const u32) -> u64 {
 static HITS: AtomicU64 = AtomicU64::new(0);
 static RETURNS: AtomicU64 = AtomicU64::new(0);
 
+/// Bit n: a uprobe handler ran on CPU n.
+static HIT_CPUS: AtomicU64 = AtomicU64::new(0);
+
 fn count_hit(_: &mut Registers) {
     HITS.fetch_add(1, Ordering::Relaxed);
+    HIT_CPUS.fetch_or(1 << task::this_cpu(), Ordering::Relaxed);
 }
 
 fn count_return(_: &mut Registers) {
@@ -516,5 +521,35 @@ fn uprobe_refusals_say_why(_: &Context) -> Outcome {
     check!(uprobes::register(push, Method::Detour, count_hit, None) == Err(ProbeError::AlreadyRegistered));
     check!(uprobes::unregister(push).is_ok());
     check!(uprobes::unregister(push) == Err(ProbeError::NotRegistered));
+    Ok(Verdict::Passed)
+}
+
+/// An EL0 task pinned to each CPU in turn hits a uprobe (each method): the probed run exits as
+/// the unprobed one, the handler runs on that CPU, three hits each. Needs every CPU's own EL0
+/// state (TTBR0 walks, its copy of the kernel's APIA key for the key switch on entry).
+fn smp_uprobes_every_cpu(_: &Context) -> Outcome {
+    let wanted = task::cpus::wanted();
+    if wanted == 1 {
+        return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
+    }
+    let program = at(&raw const user_prog_diff);
+    let target = at(&raw const user_test_push);
+    let unprobed = run(program, [target, 1, 0]).map_err(|_| super::fail("unprobed run faulted"))?;
+    for method in Method::ALL {
+        check!(uprobes::register(target, method, count_hit, None).is_ok());
+        for cpu in 0..wanted {
+            HITS.store(0, Ordering::Relaxed);
+            HIT_CPUS.store(0, Ordering::Relaxed);
+            let probed = user::run_on(cpu, program, [target, 1, 0], Options::DEFAULT);
+            if probed != Ok(unprobed) {
+                defmt::error!("  {} on cpu {=usize}: {}", method, cpu, probed);
+                check!(uprobes::unregister(target).is_ok());
+                return Err(super::fail("the probed run on this CPU differs from the unprobed run"));
+            }
+            check_eq!(HITS.load(Ordering::Relaxed), 3);
+            check_eq!(HIT_CPUS.load(Ordering::Relaxed), 1 << cpu);
+        }
+        check!(uprobes::unregister(target).is_ok());
+    }
     Ok(Verdict::Passed)
 }

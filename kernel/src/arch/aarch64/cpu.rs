@@ -126,6 +126,21 @@ pub fn wait_for_interrupt() {
     unsafe { core::arch::asm!("wfi", options(nomem, nostack, preserves_flags)) };
 }
 
+/// Waits for an event (`sev` from another CPU, an interrupt, the event stream). May return at
+/// once (a pending event): callers re-check what they wait for.
+#[inline(always)]
+pub fn wait_for_event() {
+    // SAFETY: WFE only waits; no memory is touched.
+    unsafe { core::arch::asm!("wfe", options(nomem, nostack, preserves_flags)) };
+}
+
+/// Signals an event to every CPU (ends their `wfe`), after this CPU's earlier stores are visible.
+#[inline(always)]
+pub fn send_event() {
+    // SAFETY: a barrier and an event; memory is only ordered, not accessed.
+    unsafe { core::arch::asm!("dsb ish", "sev", options(nostack, preserves_flags)) };
+}
+
 /// Turns on this CPU's timer event stream (CNTKCTL_EL1.EVNTEN, an event every 1024 counter ticks)
 /// so that a `wfe` whose wake-up may never be signalled (a CPU that does not come up or release)
 /// still returns to check its deadline. Returns what to give `event_stream_restore`.

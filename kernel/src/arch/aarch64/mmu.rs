@@ -48,6 +48,68 @@ pub const TCR_TBI0: u64 = 1 << 37;
 pub const TCR_TBI1: u64 = 1 << 38;
 
 pub const PAGE_SIZE: u64 = 4096;
+
+/// A kernel page whose mapping the TLB shootdown test changes at run time (`retarget_test_page`):
+/// 15 GiB into the upper half, where no RAM or device is mapped, and inside the 16 GiB whose
+/// shadow is mapped (the sanitizer's checks read it).
+pub const TLB_TEST_PAGE: u64 = VA_OFFSET + (15 << 30);
+
+/// The live descriptor of `TLB_TEST_PAGE` (its address; 0 before `mm::init`).
+static TLB_TEST_ENTRY: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
+/// Test-only (`smp.tlbi=local`): invalidate TLB entries on this CPU only, not every CPU.
+static LOCAL_TLBI: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// Makes the invalidations after a mapping change local (test-only: the shootdown test must then
+/// fail). At init.
+pub fn use_local_tlbi(local: bool) {
+    LOCAL_TLBI.store(local, core::sync::atomic::Ordering::Relaxed);
+}
+
+/// Drops every CPU's TLB entries for ASID `asid` (a user address space rebuilt for a new task:
+/// the slot's last task may have run on another CPU), after the new tables are published.
+pub fn invalidate_asid(asid: u64) {
+    let operand = asid << 48;
+    if LOCAL_TLBI.load(core::sync::atomic::Ordering::Relaxed) {
+        // SAFETY: TLB maintenance only; the barriers order it after the table writes.
+        unsafe {
+            core::arch::asm!("dsb ishst", "tlbi aside1, {}", "dsb nsh", "isb", in(reg) operand, options(nostack, preserves_flags))
+        };
+    } else {
+        // SAFETY: as above, broadcast to the inner-shareable domain (every CPU).
+        unsafe {
+            core::arch::asm!("dsb ishst", "tlbi aside1is, {}", "dsb ish", "isb", in(reg) operand, options(nostack, preserves_flags))
+        };
+    }
+}
+
+/// Drops every CPU's TLB entries for the kernel page at `va` (all ASIDs), after its descriptor
+/// changed.
+pub fn invalidate_kernel_page(va: u64) {
+    let operand = (va >> 12) & ((1 << 44) - 1);
+    if LOCAL_TLBI.load(core::sync::atomic::Ordering::Relaxed) {
+        // SAFETY: TLB maintenance only; the barriers order it after the descriptor write.
+        unsafe {
+            core::arch::asm!("dsb ishst", "tlbi vaae1, {}", "dsb nsh", "isb", in(reg) operand, options(nostack, preserves_flags))
+        };
+    } else {
+        // SAFETY: as above, broadcast to the inner-shareable domain (every CPU).
+        unsafe {
+            core::arch::asm!("dsb ishst", "tlbi vaae1is, {}", "dsb ish", "isb", in(reg) operand, options(nostack, preserves_flags))
+        };
+    }
+}
+
+/// Points `TLB_TEST_PAGE` at the physical page `pa` (kernel read-write) and invalidates the old
+/// translation (broadcast, or local under `smp.tlbi=local`). Test-only.
+pub fn retarget_test_page(pa: u64) {
+    let entry = TLB_TEST_ENTRY.load(core::sync::atomic::Ordering::Acquire) as *mut u64;
+    assert!(!entry.is_null() && pa.is_multiple_of(PAGE_SIZE), "mm::init maps the TLB test page");
+    // SAFETY: `entry` is the live level-3 descriptor of TLB_TEST_PAGE (recorded by `mm::init`),
+    // which only this function changes; the old translation is invalidated right after.
+    unsafe { core::ptr::write_volatile(entry, pa | Descriptor::PAGE | Attributes::ReadWrite.bits()) };
+    invalidate_kernel_page(TLB_TEST_PAGE);
+}
 const BLOCK_SIZE: u64 = 2 << 20;
 const ENTRIES: usize = 512;
 
@@ -268,6 +330,17 @@ impl KernelSpace {
             }
             *entry = descriptor;
         }
+        Ok(())
+    }
+
+    /// Maps the one page `va` to `pa` (read-write) and remembers its level-3 descriptor for
+    /// `retarget_test_page`.
+    pub fn map_test_page(&mut self, va: u64, pa: u64) -> Result<(), MapError> {
+        self.map(va, pa, PAGE_SIZE, Attributes::ReadWrite)?;
+        let l1_entry = self.entry(self.root, (va >> 30) & 0x1ff);
+        let l2 = self.next_table(l1_entry)?;
+        let l3 = self.next_table(self.entry(l2, (va >> 21) & 0x1ff))?;
+        TLB_TEST_ENTRY.store(self.entry(l3, (va >> 12) & 0x1ff) as u64, core::sync::atomic::Ordering::Release);
         Ok(())
     }
 

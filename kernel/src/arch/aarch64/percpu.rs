@@ -3,11 +3,19 @@
 
 use super::exception::ExceptionFrame;
 use super::stack::Slot;
-use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 /// CPUs the kernel can bring up (kernel.ld reserves an IRQ and an overflow slot for each, and an
 /// idle slot for each secondary).
 pub const CPUS: usize = 4;
+
+/// A CPU's ftrace recursion guard (ftrace/trampoline.rs reads and writes it by offset:
+/// `guard` at 0, `recursions` at 8): non-zero while a tracer runs on the CPU.
+#[repr(C)]
+pub struct TracerGuard {
+    pub guard: AtomicU64,
+    pub recursions: AtomicU64,
+}
 
 #[repr(C)]
 pub struct PerCpu {
@@ -31,6 +39,20 @@ pub struct PerCpu {
     pub user_apia: [AtomicU64; 2],
     /// This CPU's index (0 for the boot CPU).
     pub index: AtomicU64,
+    /// The task running on this CPU (its index in the scheduler's table); written by this CPU's
+    /// scheduler with the run queue locked.
+    pub current_task: AtomicUsize,
+    /// Set by this CPU's tick (or a reschedule SGI): switch tasks at the end of the IRQ.
+    pub need_resched: AtomicBool,
+    /// Task switches this CPU made.
+    pub context_switches: AtomicU64,
+    /// Timer ticks this CPU took.
+    pub ticks: AtomicU64,
+    /// Bumped each time this CPU passes a quiescent point (a task switch, an idle pass): a
+    /// grace period waits until every other online CPU's count moved.
+    pub quiescent: AtomicU64,
+    /// This CPU's ftrace recursion guard.
+    pub tracer: TracerGuard,
 }
 
 static PER_CPU: [PerCpu; CPUS] = [const {
@@ -46,6 +68,12 @@ static PER_CPU: [PerCpu; CPUS] = [const {
         kernel_apia: [const { AtomicU64::new(0) }; 2],
         user_apia: [const { AtomicU64::new(0) }; 2],
         index: AtomicU64::new(0),
+        current_task: AtomicUsize::new(0),
+        need_resched: AtomicBool::new(false),
+        context_switches: AtomicU64::new(0),
+        ticks: AtomicU64::new(0),
+        quiescent: AtomicU64::new(0),
+        tracer: TracerGuard { guard: AtomicU64::new(0), recursions: AtomicU64::new(0) },
     }
 }; CPUS];
 

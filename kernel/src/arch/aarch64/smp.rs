@@ -160,7 +160,9 @@ pub fn start_cpu(
         (apia_lo, apia_hi) = (0, 0);
     }
     boot.ttbr1.store(ttbr1, Ordering::Relaxed);
-    boot.tcr.store(tcr, Ordering::Relaxed);
+    // TTBR0 walks off whatever the boot CPU has now (user::init turns them on, per CPU, once
+    // TTBR0 holds a table).
+    boot.tcr.store(tcr | super::mmu::TCR_EPD0, Ordering::Relaxed);
     boot.sctlr_extra.store(sctlr & SCTLR_ENIA, Ordering::Relaxed);
     boot.apia_lo.store(apia_lo, Ordering::Relaxed);
     boot.apia_hi.store(apia_hi, Ordering::Relaxed);
