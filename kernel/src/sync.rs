@@ -6,7 +6,40 @@
 //! written, and the spin lock makes the same code correct once several CPUs run it.
 
 use crate::arch::aarch64::cpu;
+use crate::arch::percpu::{self, CPUS};
 use core::ops::{Deref, DerefMut};
+use core::sync::atomic::{AtomicU64, Ordering};
+
+/// Per CPU: failed attempts to take a spin lock (`IrqSpinLock`, the sanitizer heap's lock),
+/// counted only on the slow path, so an uncontended lock costs what it did.
+static LOCK_SPINS: [AtomicU64; CPUS] = [const { AtomicU64::new(0) }; CPUS];
+
+/// Failed lock attempts so far on every CPU (the `cpus` bench's `lock_spins`).
+pub fn lock_spins() -> u64 {
+    LOCK_SPINS.iter().map(|spins| spins.load(Ordering::Relaxed)).sum()
+}
+
+/// Takes `mutex`, counting each failed attempt in this CPU's [`LOCK_SPINS`].
+#[inline(always)]
+pub fn lock_counted<T>(mutex: &spin::Mutex<T>) -> spin::MutexGuard<'_, T> {
+    match mutex.try_lock() {
+        Some(guard) => guard,
+        None => lock_contended(mutex),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn lock_contended<T>(mutex: &spin::Mutex<T>) -> spin::MutexGuard<'_, T> {
+    let spins = &LOCK_SPINS[percpu::this_cpu_index()];
+    loop {
+        spins.fetch_add(1, Ordering::Relaxed);
+        core::hint::spin_loop();
+        if let Some(guard) = mutex.try_lock() {
+            return guard;
+        }
+    }
+}
 
 /// IRQs and FIQs masked on this CPU from `IrqMask::new()` until the value is dropped; the
 /// previous DAIF is restored then, so masks nest.
@@ -50,7 +83,7 @@ impl<T> IrqSpinLock<T> {
     #[inline]
     pub fn lock(&self) -> IrqSpinLockGuard<'_, T> {
         let mask = IrqMask::new();
-        IrqSpinLockGuard { guard: self.inner.lock(), _mask: mask }
+        IrqSpinLockGuard { guard: lock_counted(&self.inner), _mask: mask }
     }
 }
 

@@ -5,6 +5,7 @@ use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use spin::mutex::SpinMutex;
 
 use crate::MAX_FRAMES;
+use crate::contention;
 use crate::access::{increment, load_acquire_pointer, load_acquire_u32, load_relaxed_usize, pool_words};
 use crate::handle::{DepotHandle, MAX_POOL_BYTES, MAX_POOLS, RECORD_ALIGN};
 use crate::hash::hash_frames;
@@ -236,7 +237,7 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
     #[inline(never)]
     #[cold]
     fn insert(&self, hash: u32, frames: &[u64], spin: bool) -> Result<(DepotHandle, bool), DepotError> {
-        let mut state = if spin { self.state.lock() } else { self.state.try_lock().ok_or(DepotError::Busy)? };
+        let mut state = if spin { contention::lock(&self.state) } else { self.state.try_lock().ok_or(DepotError::Busy)? };
         if self.evictable {
             self.unlink_dying(&mut state);
         }
@@ -397,7 +398,10 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
             match word.compare_exchange_weak(current, current - 1, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) if count == 1 => break,
                 Ok(_) => return Ok(()),
-                Err(actual) => current = actual,
+                Err(actual) => {
+                    contention::cas_failed();
+                    current = actual;
+                }
             }
         }
         let link = record.list_link();
@@ -406,7 +410,10 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
             link.store(u64::from(head), Ordering::Relaxed);
             match self.dying.compare_exchange_weak(head, handle.to_raw(), Ordering::Release, Ordering::Relaxed) {
                 Ok(_) => return Ok(()),
-                Err(actual) => head = actual,
+                Err(actual) => {
+                    contention::cas_failed();
+                    head = actual;
+                }
             }
         }
     }
@@ -415,7 +422,7 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
     /// (the miss path does this too). Spins on the lock.
     pub fn collect(&self) {
         if self.evictable {
-            let mut state = self.state.lock();
+            let mut state = contention::lock(&self.state);
             self.unlink_dying(&mut state);
             self.reclaim(&mut state);
         }
@@ -544,7 +551,10 @@ fn acquire_reference(word: &AtomicU64) -> bool {
         // At SATURATED - 1 the increment saturates: the record becomes permanent.
         match word.compare_exchange_weak(current, current + 1, Ordering::Acquire, Ordering::Relaxed) {
             Ok(_) => return true,
-            Err(actual) => current = actual,
+            Err(actual) => {
+                contention::cas_failed();
+                current = actual;
+            }
         }
     }
 }

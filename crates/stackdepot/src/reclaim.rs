@@ -56,6 +56,7 @@ impl ReadGate {
                 return ReadGuard { counter };
             }
             counter.fetch_sub(1, Ordering::Release);
+            crate::contention::gate_retried();
         }
     }
 

@@ -268,7 +268,7 @@ fn round_up(value: u64, to: u64) -> u64 {
 #[sanitize(kernel_hwaddress = "off")]
 fn locked<R>(f: impl FnOnce(&mut State) -> R) -> R {
     let _mask = IrqMask::new();
-    f(&mut STATE.lock())
+    f(&mut crate::sync::lock_counted(&STATE))
 }
 
 /// Allocates `size` bytes aligned to `align` (at least 16); the tagged pointer, or None when the
