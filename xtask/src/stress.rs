@@ -1,10 +1,10 @@
 //! `cargo xtask stress probes`: the probe sweep (kernel `run=sweep`) over the whole kernel, and
 //! the deterministic sample `cargo xtask test` runs.
 //!
-//! The kernel prints its coverage (`sweep coverage:`, `sweep probed:`, `sweep refused:`) and one
-//! `sweep FAILED:` line per failing probe (function+offset, word, method); xtask adds the
-//! disassembled instruction (`llvm-objdump` of rustup's `llvm-tools`, if installed) and the
-//! command that repeats exactly that probe. A run that dies names the batch it died in.
+//! The kernel prints its coverage (`sweep coverage:`, `sweep probed:`, `sweep refused:`,
+//! `sweep missed:`) and one `sweep FAILED:` line per failing probe (function+offset, word,
+//! method); xtask adds the disassembled instruction (`llvm-objdump` of rustup's `llvm-tools`, if
+//! installed) and the command that repeats exactly that probe. A run that dies names the batch it died in.
 
 use crate::Failure;
 use crate::build::{self, Board, BuildVariant};
@@ -119,6 +119,7 @@ pub fn sweep(
         } else if text.starts_with("sweep coverage:")
             || text.starts_with("sweep probed:")
             || text.starts_with("sweep refused:")
+            || text.starts_with("sweep missed:")
             || text.starts_with("sweep done:")
             || text.starts_with("sweep: probe hit")
         {

@@ -53,6 +53,10 @@ impl Condition {
     }
 
     /// `ConditionHolds(cond)` for flags `nzcv` (N in bit 3 .. V in bit 0).
+    /// Part of the simulator: see `simulate` for why it is no-probe text.
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    #[cfg_attr(feature = "kernel", unsafe(link_section = ".text.noprobe"))]
+    #[cfg_attr(feature = "kernel", allow(unsafe_code, reason = "the no-probe link_section above, nothing else"))]
     pub const fn holds(self, nzcv: u8) -> bool {
         let (n, z, c, v) = (nzcv & 8 != 0, nzcv & 4 != 0, nzcv & 2 != 0, nzcv & 1 != 0);
         let result = match self.0 >> 1 {
@@ -310,7 +314,10 @@ impl fmt::Display for Exception {
 #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
 // The probe hit path runs it: a probe inside it is hit from inside a hit, and the nested BRK has
 // no owner (the whole-kernel probe sweep found it, `full`, a random set with a simulated probe
-// in the heap). In the kernel every instantiation goes to no-probe text.
+// in the heap). In the kernel every instantiation goes to no-probe text, and so does everything
+// it calls: its helpers are no-probe text too, and it calls no `core` generic (`full`
+// instantiates those instrumented and out of line, in probeable text; the kernel test
+// `probe_simulator_calls_only_noprobe_text` checks every branch out of it).
 #[cfg_attr(feature = "kernel", unsafe(link_section = ".text.noprobe"))]
 #[cfg_attr(feature = "kernel", allow(unsafe_code, reason = "the no-probe link_section above, nothing else"))]
 #[inline]
@@ -326,7 +333,9 @@ where
 {
     let pc = registers.pc();
     let next = pc.wrapping_add(4);
-    let relative = |offset: i64| pc.wrapping_add_signed(offset);
+    // `wrapping_add` of the two's-complement offset, not `wrapping_add_signed`: a `core` generic
+    // that `full` instantiates instrumented, out of line, in probeable text.
+    let relative = |offset: i64| pc.wrapping_add(offset as u64);
     // BTYPE written by this instruction (Arm ARM D8.4 "BTI"): only BR and BLR
     // set a non-zero value.
     let mut btype = 0b00;
@@ -365,14 +374,15 @@ where
                 IndirectBranch::Blr => 0b10,
                 IndirectBranch::Ret => 0b00,
             };
-            if kind == IndirectBranch::Blr {
+            // `matches!`, not the derived `PartialEq` (out of line in `full`, see `relative`).
+            if matches!(kind, IndirectBranch::Blr) {
                 write_zr(registers, 30, next);
             }
             new_pc = branch_address(target, config);
         }
         Simulated::Adr { rd, offset, page } => {
             let base = if page { pc & !0xfff } else { pc };
-            write_zr(registers, rd.0, base.wrapping_add_signed(offset));
+            write_zr(registers, rd.0, base.wrapping_add(offset as u64));
         }
         Simulated::LoadLiteral { rt, size, offset } => {
             let address = relative(offset);
@@ -417,6 +427,8 @@ where
 /// first register write.
 #[allow(clippy::too_many_arguments, reason = "the decoded fields of one instruction")]
 #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+#[cfg_attr(feature = "kernel", unsafe(link_section = ".text.noprobe"))]
+#[cfg_attr(feature = "kernel", allow(unsafe_code, reason = "the no-probe link_section above, nothing else"))]
 fn load_store_pair<R, M>(
     registers: &mut R,
     memory: &mut M,
@@ -441,8 +453,8 @@ where
     } else {
         registers.x(rn.0)
     };
-    let updated = base.wrapping_add_signed(offset);
-    let address = if indexing == Indexing::PostIndex { base } else { updated };
+    let updated = base.wrapping_add(offset as u64);
+    let address = if matches!(indexing, Indexing::PostIndex) { base } else { updated };
     if load {
         let [first, second] = access!(memory.read_pair(address));
         write_zr(registers, rt.0, first);
@@ -451,7 +463,7 @@ where
         let values = [read_zr(registers, rt, true), read_zr(registers, rt2, true)];
         access!(memory.write_pair(address, values));
     }
-    if indexing != Indexing::SignedOffset {
+    if !matches!(indexing, Indexing::SignedOffset) {
         if rn.0 == 31 {
             registers.set_sp(updated);
         } else {
@@ -463,12 +475,16 @@ where
 
 /// PSTATE.NZCV as a 4-bit value.
 #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+#[cfg_attr(feature = "kernel", unsafe(link_section = ".text.noprobe"))]
+#[cfg_attr(feature = "kernel", allow(unsafe_code, reason = "the no-probe link_section above, nothing else"))]
 fn nzcv<R: RegisterFile + ?Sized>(registers: &R) -> u8 {
     ((registers.pstate() >> NZCV_SHIFT) & 0xf) as u8
 }
 
 /// `X[n]` (or `W[n]` zero-extended) where 31 is the zero register.
 #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+#[cfg_attr(feature = "kernel", unsafe(link_section = ".text.noprobe"))]
+#[cfg_attr(feature = "kernel", allow(unsafe_code, reason = "the no-probe link_section above, nothing else"))]
 fn read_zr<R: RegisterFile + ?Sized>(registers: &R, n: Register, is_64: bool) -> u64 {
     let value = if n.0 == 31 { 0 } else { registers.x(n.0) };
     if is_64 { value } else { value & 0xffff_ffff }
@@ -476,6 +492,8 @@ fn read_zr<R: RegisterFile + ?Sized>(registers: &R, n: Register, is_64: bool) ->
 
 /// `X[n] = value` where 31 is the zero register (the write is discarded).
 #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+#[cfg_attr(feature = "kernel", unsafe(link_section = ".text.noprobe"))]
+#[cfg_attr(feature = "kernel", allow(unsafe_code, reason = "the no-probe link_section above, nothing else"))]
 fn write_zr<R: RegisterFile + ?Sized>(registers: &mut R, n: u8, value: u64) {
     if n < 31 {
         registers.set_x(n, value);
@@ -485,6 +503,8 @@ fn write_zr<R: RegisterFile + ?Sized>(registers: &mut R, n: u8, value: u64) {
 /// `AddWithCarry(x, y, carry_in)` on 32 or 64 bits: the result (zero-extended
 /// to 64 bits) and NZCV.
 #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+#[cfg_attr(feature = "kernel", unsafe(link_section = ".text.noprobe"))]
+#[cfg_attr(feature = "kernel", allow(unsafe_code, reason = "the no-probe link_section above, nothing else"))]
 pub(crate) fn add_with_carry(x: u64, y: u64, carry_in: bool, is_64: bool) -> (u64, u8) {
     let (bits, mask) = if is_64 { (64, u64::MAX) } else { (32, 0xffff_ffff) };
     let (x, y) = (x & mask, y & mask);
@@ -502,7 +522,9 @@ pub(crate) fn add_with_carry(x: u64, y: u64, carry_in: bool, is_64: bool) -> (u6
 
 /// `AArch64.BranchAddr` for EL0/EL1: with TBI for instruction addresses,
 /// bits `[63:56]` of the target become copies of bit 55.
-#[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+#[cfg_attr(feature = "kernel", unsafe(link_section = ".text.noprobe"))]
+#[cfg_attr(feature = "kernel", allow(unsafe_code, reason = "the no-probe link_section above, nothing else"))]
+#[inline(always)]
 fn branch_address(target: u64, config: &SimulationConfig) -> u64 {
     let upper_half = (target >> 55) & 1 == 1;
     if config.instruction_tbi[usize::from(upper_half)] { (((target << 8) as i64) >> 8) as u64 } else { target }

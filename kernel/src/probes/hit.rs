@@ -1,42 +1,67 @@
 //! The probe hit path: BRK #0x004, the step back (BRK #0x006 or a software-step exception) and
 //! the detour entry. Follows ARM ARM D2.12 (software step) and Linux's kprobes re-entrancy rule.
 //!
-//! Everything here is in `.text.noprobe` (refused as a probe address). Re-entrancy: a hit while
-//! a handler runs on this CPU (the handler, or something it calls, is probed) skips the handlers,
-//! still performs the instruction and counts a missed hit, as Linux does. The library code the
-//! hit path calls (`core`, the `probes` crate's `simulate`) cannot be placed in `.text.noprobe`;
-//! a probe there would recurse, which the nesting check turns into a report instead of a stack
-//! overflow.
+//! Everything here is in `.text.noprobe` (refused as a probe address). Re-entry, per CPU (Linux's
+//! `kprobe_reenter`): a hit while a probe's handler or simulation runs on this CPU (the handler,
+//! or something it calls, is probed) skips the handlers, still performs the instruction (by its
+//! own method) and counts a missed hit; a hit while a slot is stepped or while a re-entered hit
+//! is performed is a panic naming the probes. The simulator calls no probeable code: its callees
+//! are no-probe text (the kernel test `probe_simulator_calls_only_noprobe_text` checks every
+//! branch of its instantiations), since a probe there would re-enter on every simulated hit.
 
-use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, Ordering};
 
 use super::Registers;
 use super::frame::{FrameRegisters, registers};
 use super::kprobe::{Action, Probe, lookup};
 use crate::arch::exception::ExceptionFrame;
+use crate::arch::percpu::{ProbeControl, this_cpu};
 use crate::arch::step::{self, MDSCR_KDE, MDSCR_SS, SPSR_BTYPE, SPSR_D, SPSR_DAIF, SPSR_F, SPSR_I, SPSR_SS};
 use probes::{Fault, Memory, Simulated, SimulationConfig, simulate};
 
-/// This CPU's hit state (one CPU for now), in one static so that the hit path materialises one
-/// address (the kernel is built with the large code model: 4 instructions per address).
-struct CpuState {
-    /// 0: no handler running; 1: a handler is running (a hit now is missed); 2: a missed hit is
-    /// being performed (a hit now means the hit path itself was probed: refused, reported).
-    /// Only ever changed by code that restores it before returning, so nested exceptions see a
-    /// consistent value without read-modify-write.
-    nesting: AtomicU32,
-    /// The probe whose slot is executing, the SPSR it was hit with, and the nesting to restore.
-    stepping: AtomicPtr<Probe>,
-    step_spsr: AtomicU64,
-    step_nesting: AtomicU32,
+/// What this CPU's probe hit path is doing (`ProbeControl::status`), as Linux's `kprobe_status`.
+/// Idle: no probe is being handled.
+const IDLE: u32 = 0;
+/// `current`'s handlers or simulation run: a hit now is re-entered (missed).
+const ACTIVE: u32 = 1;
+/// `current`'s slot is being stepped: a hit now cannot be recovered from.
+const STEPPING: u32 = 2;
+/// `current` is a re-entered probe being performed (no handlers) on behalf of `previous`, which
+/// is ACTIVE: a hit now is a re-entry while re-entered, which cannot be recovered from.
+const REENTERED: u32 = 3;
+/// The same while the re-entered probe's slot is being stepped.
+const REENTERED_STEPPING: u32 = 4;
+
+/// Test-only: handle a re-entered hit as a fresh one (its handlers run, it counts as a hit), so
+/// that a test can show its checks catch the missing re-entry handling. Read only off the hot
+/// path (after the per-CPU status said "not idle"); for simulated and detour re-entered probes.
+static REENTRY_UNHANDLED: AtomicBool = AtomicBool::new(false);
+
+/// Test-only switch: `false` makes re-entered hits run as fresh ones (see [`REENTRY_UNHANDLED`]).
+pub fn set_reentry_handling(on: bool) {
+    REENTRY_UNHANDLED.store(!on, Ordering::Relaxed);
 }
 
-static CPU: CpuState = CpuState {
-    nesting: AtomicU32::new(0),
-    stepping: AtomicPtr::new(core::ptr::null_mut()),
-    step_spsr: AtomicU64::new(0),
-    step_nesting: AtomicU32::new(0),
-};
+/// This CPU's probe state (one `mrs` away).
+#[inline(always)]
+fn control() -> &'static ProbeControl {
+    &this_cpu().probe
+}
+
+/// The probe record a `ProbeControl` pointer names.
+///
+/// # Safety
+/// `pointer` was stored by this file from a published probe that is still being handled on this
+/// CPU (a probe cannot be unregistered while its hit is in progress on this CPU).
+#[inline(always)]
+unsafe fn probe_at(pointer: *mut ()) -> &'static Probe {
+    // SAFETY: the caller's contract.
+    unsafe { &*pointer.cast::<Probe>() }
+}
+
+fn as_pointer(probe: &Probe) -> *mut () {
+    probe as *const Probe as *mut ()
+}
 
 /// What the simulator needs to know about EL1: SCTLR_EL1.SA is set (arch/aarch64/mod.rs), and
 /// TCR_EL1.TBI0/TBI1 apply to instruction addresses (TBID0/1 are clear).
@@ -98,18 +123,22 @@ pub fn on_brk(frame: &mut ExceptionFrame) -> bool {
     let Some(probe) = lookup(frame.elr) else {
         return false;
     };
-    let nesting = CPU.nesting.load(Ordering::Relaxed);
-    if nesting >= 2 {
-        return false;
+    let cpu = control();
+    // The one re-entry check on the hot path: a per-CPU load and a branch.
+    if cpu.status.load(Ordering::Relaxed) != IDLE {
+        return reenter(frame, probe, cpu);
     }
-    CPU.nesting.store(nesting + 1, Ordering::Relaxed);
-    let missed = nesting == 1;
-    if missed {
-        probe.missed.fetch_add(1, Ordering::Relaxed);
-    } else {
-        probe.hits.fetch_add(1, Ordering::Relaxed);
-        (probe.pre)(registers(frame));
-    }
+    handle(frame, probe, cpu)
+}
+
+/// A hit on an idle CPU: the handlers run around the instruction.
+#[unsafe(link_section = ".text.noprobe")]
+#[inline(always)]
+fn handle(frame: &mut ExceptionFrame, probe: &Probe, cpu: &ProbeControl) -> bool {
+    cpu.current.store(as_pointer(probe), Ordering::Relaxed);
+    cpu.status.store(ACTIVE, Ordering::Relaxed);
+    probe.hits.fetch_add(1, Ordering::Relaxed);
+    (probe.pre)(registers(frame));
     match probe.action {
         Action::Simulate(ref simulated) => {
             let registers = registers(frame);
@@ -117,48 +146,126 @@ pub fn on_brk(frame: &mut ExceptionFrame) -> bool {
                 // KernelMemory never returns a fault; only the SP alignment check can fail.
                 return false;
             }
-            if !missed && let Some(post) = probe.post {
+            if let Some(post) = probe.post {
                 post(registers);
             }
-            CPU.nesting.store(nesting, Ordering::Relaxed);
         }
         Action::SimulateFramePush => {
-            // SCTLR_EL1.SA: the original would take an SP alignment fault (reported, as from
-            // the simulator).
-            if frame.sp & 15 != 0 {
+            if !push_frame(frame) {
                 return false;
             }
-            let address = frame.sp - 16;
-            let _ = KernelMemory.write_pair(address, [frame.x[29], frame.x[30]]);
-            frame.sp = address;
-            frame.elr += 4;
-            frame.spsr &= !SPSR_BTYPE;
-            if !missed && let Some(post) = probe.post {
+            if let Some(post) = probe.post {
                 post(registers(frame));
             }
-            CPU.nesting.store(nesting, Ordering::Relaxed);
         }
         Action::OutOfLine { slot, hardware_step } => {
-            if !CPU.stepping.load(Ordering::Relaxed).is_null() {
-                // Only a handler can hit a probe here, and handlers never run mid-step.
-                return false;
-            }
-            CPU.stepping.store(probe as *const Probe as *mut Probe, Ordering::Relaxed);
-            CPU.step_spsr.store(frame.spsr, Ordering::Relaxed);
-            CPU.step_nesting.store(nesting, Ordering::Relaxed);
-            frame.elr = slot;
-            if hardware_step {
-                // Step exactly the slot's instruction: SS set, debug unmasked, interrupts masked
-                // (otherwise the step would land in the IRQ vector).
-                frame.spsr = (frame.spsr | SPSR_SS | SPSR_I | SPSR_F) & !SPSR_D;
-                set_mdscr(MDSCR_KDE | MDSCR_SS, true);
-            } else {
-                frame.spsr |= SPSR_DAIF;
-            }
+            cpu.step_spsr.store(frame.spsr, Ordering::Relaxed);
+            cpu.status.store(STEPPING, Ordering::Relaxed);
+            enter_slot(frame, slot, hardware_step);
+            return true;
         }
         Action::Detour { .. } => return false,
     }
+    cpu.status.store(IDLE, Ordering::Relaxed);
     true
+}
+
+/// A hit while this CPU is already handling a probe (Linux's `kprobe_reenter`): from inside a
+/// handler (it, or something it calls, is probed) the probe's instruction is performed without
+/// its handlers and the hit counted as missed; from inside a slot step or a re-entered hit, the
+/// state of the first probe would be lost: a panic naming the probes.
+#[unsafe(link_section = ".text.noprobe")]
+#[inline(never)]
+#[cold]
+fn reenter(frame: &mut ExceptionFrame, probe: &Probe, cpu: &ProbeControl) -> bool {
+    let status = cpu.status.load(Ordering::Relaxed);
+    let current = cpu.current.load(Ordering::Relaxed);
+    if REENTRY_UNHANDLED.load(Ordering::Relaxed) {
+        // The test-only fallback: handled as a fresh hit, then the interrupted probe's state is
+        // put back (its handler is still running). Simulated re-entered probes only: a stepped
+        // one would leave this CPU stepping it, which is the state the switch turns off.
+        let handled = handle(frame, probe, cpu);
+        cpu.current.store(current, Ordering::Relaxed);
+        cpu.status.store(status, Ordering::Relaxed);
+        return handled;
+    }
+    if status != ACTIVE {
+        unrecoverable(probe, status, current, cpu.previous.load(Ordering::Relaxed));
+    }
+    probe.missed.fetch_add(1, Ordering::Relaxed);
+    cpu.previous.store(current, Ordering::Relaxed);
+    cpu.current.store(as_pointer(probe), Ordering::Relaxed);
+    cpu.status.store(REENTERED, Ordering::Relaxed);
+    let performed = match probe.action {
+        Action::Simulate(ref simulated) => simulate_hit(simulated, registers(frame)),
+        Action::SimulateFramePush => push_frame(frame),
+        Action::OutOfLine { slot, hardware_step } => {
+            cpu.step_spsr.store(frame.spsr, Ordering::Relaxed);
+            cpu.status.store(REENTERED_STEPPING, Ordering::Relaxed);
+            enter_slot(frame, slot, hardware_step);
+            return true;
+        }
+        Action::Detour { .. } => false,
+    };
+    if performed {
+        cpu.current.store(current, Ordering::Relaxed);
+        cpu.status.store(ACTIVE, Ordering::Relaxed);
+    }
+    performed
+}
+
+/// A probe hit while a slot is stepped or while a re-entered probe is performed.
+#[unsafe(link_section = ".text.noprobe")]
+#[inline(never)]
+#[cold]
+fn unrecoverable(probe: &Probe, status: u32, current: *mut (), previous: *mut ()) -> ! {
+    // SAFETY: `current` (and `previous` when re-entered) are the probes this CPU is handling.
+    let current = unsafe { probe_at(current) }.address;
+    match status {
+        STEPPING => panic!(
+            "kprobe re-entered while stepping: the probe at {:#x} was hit while the slot of the probe at {:#x} ran",
+            probe.address, current
+        ),
+        _ => {
+            // SAFETY: as above; a re-entered status always has a previous probe.
+            let previous = unsafe { probe_at(previous) }.address;
+            panic!(
+                "kprobe re-entered twice: the probe at {:#x} was hit while the probe at {:#x} was performed as a missed hit inside the handling of the probe at {:#x}",
+                probe.address, current, previous
+            )
+        }
+    }
+}
+
+/// `stp x29, x30, [sp, #-16]!` on the frame. False if the original would take an SP alignment
+/// fault (SCTLR_EL1.SA; reported, as from the simulator).
+#[unsafe(link_section = ".text.noprobe")]
+#[inline(always)]
+fn push_frame(frame: &mut ExceptionFrame) -> bool {
+    if frame.sp & 15 != 0 {
+        return false;
+    }
+    let address = frame.sp - 16;
+    let _ = KernelMemory.write_pair(address, [frame.x[29], frame.x[30]]);
+    frame.sp = address;
+    frame.elr += 4;
+    frame.spsr &= !SPSR_BTYPE;
+    true
+}
+
+/// Returns into `slot` to run the probe's instruction there.
+#[unsafe(link_section = ".text.noprobe")]
+#[inline(always)]
+fn enter_slot(frame: &mut ExceptionFrame, slot: u64, hardware_step: bool) {
+    frame.elr = slot;
+    if hardware_step {
+        // Step exactly the slot's instruction: SS set, debug unmasked, interrupts masked
+        // (otherwise the step would land in the IRQ vector).
+        frame.spsr = (frame.spsr | SPSR_SS | SPSR_I | SPSR_F) & !SPSR_D;
+        set_mdscr(MDSCR_KDE | MDSCR_SS, true);
+    } else {
+        frame.spsr |= SPSR_DAIF;
+    }
 }
 
 /// The simulator's instantiation for kernel probes, out of line: inlined into `on_brk` it makes
@@ -172,6 +279,12 @@ fn simulate_hit(simulated: &Simulated, registers: &mut Registers) -> bool {
 /// Where the simulator this hit path runs starts (a test checks it is no-probe text).
 pub fn simulator_text() -> u64 {
     simulate::<FrameRegisters<'static>, KernelMemory> as *const () as u64
+}
+
+/// The kernel hit path's simulator functions, by name: a test checks every branch out of them
+/// goes to no-probe text.
+pub fn simulator_functions() -> [(&'static str, u64); 2] {
+    [("simulate_hit", simulate_hit as *const () as u64), ("simulate::<FrameRegisters, KernelMemory>", simulator_text())]
 }
 
 /// BRK #0x006 after a slot's instruction (brk-step). False if no slot is being executed there.
@@ -188,13 +301,14 @@ pub fn on_software_step(frame: &mut ExceptionFrame) -> bool {
 
 #[unsafe(link_section = ".text.noprobe")]
 fn finish_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
-    let probe = CPU.stepping.load(Ordering::Relaxed);
-    if probe.is_null() {
+    let cpu = control();
+    let status = cpu.status.load(Ordering::Relaxed);
+    if status != STEPPING && status != REENTERED_STEPPING {
         return false;
     }
-    // SAFETY: STEPPING points at a published probe from BRK until here (unregistering a probe
+    // SAFETY: a stepping status names the published probe whose slot runs (unregistering a probe
     // whose slot is executing cannot happen on this CPU in between).
-    let probe = unsafe { &*probe };
+    let probe = unsafe { probe_at(cpu.current.load(Ordering::Relaxed)) };
     let Action::OutOfLine { slot, hardware_step: stepped } = probe.action else {
         return false;
     };
@@ -204,32 +318,38 @@ fn finish_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
     if hardware_step {
         set_mdscr(MDSCR_KDE | MDSCR_SS, false);
     }
-    let saved = CPU.step_spsr.load(Ordering::Relaxed);
+    let saved = cpu.step_spsr.load(Ordering::Relaxed);
     let restored = SPSR_DAIF | SPSR_SS;
     frame.spsr = (frame.spsr & !restored) | (saved & restored);
     frame.elr = probe.address + 4;
-    CPU.stepping.store(core::ptr::null_mut(), Ordering::Relaxed);
-    let nesting = CPU.step_nesting.load(Ordering::Relaxed);
-    if nesting == 0
-        && let Some(post) = probe.post
-    {
+    if status == REENTERED_STEPPING {
+        // Back to the handling the re-entered hit interrupted.
+        cpu.current.store(cpu.previous.load(Ordering::Relaxed), Ordering::Relaxed);
+        cpu.status.store(ACTIVE, Ordering::Relaxed);
+        return true;
+    }
+    if let Some(post) = probe.post {
+        cpu.status.store(ACTIVE, Ordering::Relaxed);
         post(registers(frame));
     }
-    CPU.nesting.store(nesting, Ordering::Relaxed);
+    cpu.status.store(IDLE, Ordering::Relaxed);
     true
 }
 
 /// Called by a detour trampoline with the probe and the registers it saved (x0..x30, the SP
 /// before the trampoline, pc = the probed address, pstate = NZCV only). Changes to x0..x30 and
-/// NZCV are restored into the context; changes to sp and pc are ignored.
+/// NZCV are restored into the context; changes to sp and pc are ignored. A re-entered hit is
+/// missed: the trampoline still performs the instruction.
 #[unsafe(link_section = ".text.noprobe")]
 pub extern "C" fn detour_entry(probe: &Probe, registers: &mut Registers) {
-    if CPU.nesting.load(Ordering::Relaxed) != 0 {
+    let cpu = control();
+    if cpu.status.load(Ordering::Relaxed) != IDLE && !REENTRY_UNHANDLED.load(Ordering::Relaxed) {
         probe.missed.fetch_add(1, Ordering::Relaxed);
         return;
     }
-    CPU.nesting.store(1, Ordering::Relaxed);
+    cpu.current.store(as_pointer(probe), Ordering::Relaxed);
+    cpu.status.store(ACTIVE, Ordering::Relaxed);
     probe.hits.fetch_add(1, Ordering::Relaxed);
     (probe.pre)(registers);
-    CPU.nesting.store(0, Ordering::Relaxed);
+    cpu.status.store(IDLE, Ordering::Relaxed);
 }

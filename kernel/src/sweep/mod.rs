@@ -192,6 +192,9 @@ struct Tally {
     kretprobes: [u64; 4],
     /// Functions whose counts were not compared (`count_exempt`).
     exempt: u64,
+    /// Probe hits taken while this CPU was already handling a probe (its handler called probed
+    /// code): performed without handlers, counted as missed (Linux's `kprobe_reenter`).
+    missed: u64,
 }
 
 impl Tally {
@@ -271,6 +274,9 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits 
         Some(sweep.reference)
     };
     for (index, &(address, method)) in probes.iter().enumerate() {
+        if armed[index] {
+            sweep.tally.missed += kprobes::counts(address).map_or(0, |(_, missed)| missed);
+        }
         if armed[index]
             && let Err(error) = kprobes::unregister(address)
         {
@@ -497,6 +503,7 @@ pub fn run(bootargs: &'static str) -> bool {
             batches: 0,
             kretprobes: [0; 4],
             exempt: 0,
+            missed: 0,
         },
     };
     let all = functions(&sweep.symbols);
@@ -639,6 +646,7 @@ pub fn run(bootargs: &'static str) -> bool {
     for &(reason, count) in &tally.refused {
         defmt::info!("sweep refused: {=u64} {=str}", count, reason);
     }
+    defmt::info!("sweep missed: {=u64} re-entered hits (from inside a probe handler)", tally.missed);
     defmt::info!("sweep done: {=u64} failures", tally.failures);
     tally.failures == 0
 }

@@ -19,6 +19,7 @@ pub const TESTS: &[Test] = &[
     Test { name: "probe_handlers_see_registers", run: probe_handlers_see_registers },
     Test { name: "probe_refusals_say_why", run: probe_refusals_say_why },
     Test { name: "probe_hit_from_handler_is_missed", run: probe_hit_from_handler_is_missed },
+    Test { name: "probe_reentry_every_method_pair", run: probe_reentry_every_method_pair },
 ];
 
 const SCRATCH_WORDS: usize = 1024;
@@ -43,6 +44,10 @@ probe_target_add:
 probe_target_mov:
     mov     x0, x1
     ret
+    .global probe_target_increment
+probe_target_increment:
+    add     x0, x0, #1
+    ret
     .global probe_target_exclusive
 probe_target_exclusive:
     ldxr    x0, [x1]
@@ -58,6 +63,7 @@ unsafe extern "C" {
     static probe_scratch_page: u32;
     fn probe_target_add(a: u64, b: u64) -> u64;
     fn probe_target_mov(a: u64, b: u64) -> u64;
+    fn probe_target_increment(a: u64) -> u64;
     static probe_target_exclusive: u32;
 }
 
@@ -732,6 +738,59 @@ fn probe_hit_from_handler_is_missed(_: &Context) -> Outcome {
         check!(kprobes::counts(inner) == Some((1, 1)));
         check!(kprobes::unregister(outer).is_ok());
         check!(kprobes::unregister(inner).is_ok());
+    }
+    Ok(Verdict::Passed)
+}
+
+/// What the re-entered target returned inside the outer handler.
+static REENTERED_RESULT: AtomicU64 = AtomicU64::new(0);
+
+fn call_increment(_: &mut Registers) {
+    // SAFETY: the target returns x0 + 1.
+    REENTERED_RESULT.store(unsafe { probe_target_increment(41) }, Ordering::Relaxed);
+}
+
+/// What one outer/inner pair gave: the outer target's result, the inner target's result inside
+/// the outer handler, and the (hits, missed) counts of the outer and the inner probe.
+type ReentryRound = (u64, u64, (u64, u64), (u64, u64));
+
+/// One outer/inner pair: the outer probe's handler calls the inner probe's function.
+fn reentry_round(outer_method: Method, inner_method: Method) -> Result<ReentryRound, Failure> {
+    let outer = probe_target_mov as *const () as u64;
+    let inner = probe_target_increment as *const () as u64;
+    REENTERED_RESULT.store(0, Ordering::Relaxed);
+    check!(kprobes::register(inner, inner_method, ignore, None).is_ok());
+    check!(kprobes::register(outer, outer_method, call_increment, None).is_ok());
+    // SAFETY: the target returns x1.
+    let result = unsafe { probe_target_mov(0, 9) };
+    let counts = (kprobes::counts(outer).unwrap_or_default(), kprobes::counts(inner).unwrap_or_default());
+    check!(kprobes::unregister(outer).is_ok());
+    check!(kprobes::unregister(inner).is_ok());
+    Ok((result, REENTERED_RESULT.load(Ordering::Relaxed), counts.0, counts.1))
+}
+
+/// Linux's `kprobe_reenter` for every pair of methods: a probe hit from inside another probe's
+/// handler is performed by its own method (the target's result is right), its handler does not
+/// run, and it counts one miss. With the re-entry handling switched off (a test-only switch),
+/// the inner hit runs its handler as a fresh one: the counts this test checks must show it.
+fn probe_reentry_every_method_pair(_: &Context) -> Outcome {
+    for outer_method in Method::ALL {
+        for inner_method in Method::ALL {
+            let (result, reentered, outer, inner) = reentry_round(outer_method, inner_method)?;
+            check_eq!(result, 9);
+            check_eq!(reentered, 42);
+            check!(outer == (1, 0));
+            check!(inner == (0, 1));
+        }
+    }
+    for outer_method in Method::ALL {
+        kprobes::set_reentry_handling(false);
+        let unhandled = reentry_round(outer_method, Method::Simulate);
+        kprobes::set_reentry_handling(true);
+        let (result, reentered, outer, inner) = unhandled?;
+        // The instructions still ran; only the re-entry accounting is gone, and it is caught.
+        check!(result == 9 && reentered == 42 && outer == (1, 0));
+        check!(inner == (1, 0));
     }
     Ok(Verdict::Passed)
 }

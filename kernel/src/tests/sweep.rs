@@ -1,12 +1,17 @@
 //! Rules the probe sweep (`kernel/src/sweep`) found missing, each checked where it applies.
 
+use alloc::vec::Vec;
+
 use super::{Context, Failure, Outcome, Test, Verdict, check};
 use crate::mm::kasan::CHECKS_COMPILED_IN;
 use crate::probes::{self as kprobes, Method, ProbeError, Registers};
+use crate::symbols::Symbols;
+use probes::{Classification, Insn, Simulated, classify};
 
 pub const TESTS: &[Test] = &[
     Test { name: "probe_sweep_refuses_sanitizer_check_thunks", run: refuses_check_thunks },
     Test { name: "probe_sweep_refuses_the_simulator", run: refuses_the_simulator },
+    Test { name: "probe_simulator_calls_only_noprobe_text", run: simulator_calls_only_noprobe_text },
 ];
 
 fn ignore(_: &mut Registers) {}
@@ -76,5 +81,129 @@ fn refuses_the_simulator(_: &Context) -> Outcome {
         }
         check!(matches!(refused, Err(ProbeError::NoProbe(_))));
     }
+    Ok(Verdict::Passed)
+}
+
+/// Longest function the branch scan reads (words); a longer one is a failure, not a cut.
+const MAX_SCANNED_WORDS: u64 = 4096;
+/// Functions the scan may reach from its roots through no-probe callees.
+const MAX_SCANNED_FUNCTIONS: usize = 64;
+
+/// A branch out of no-probe code into text a probe may be placed on.
+#[derive(Clone, Copy)]
+struct ProbeableCallee {
+    caller: u64,
+    at: u64,
+    target: u64,
+}
+
+/// The target of a B, BL, B.cond, CBZ/CBNZ or TBZ/TBNZ at `at` (decoded by the probes crate).
+fn branch_target(at: u64, word: u32) -> Option<u64> {
+    let offset = match classify(Insn(word)) {
+        Classification::Simulate(
+            Simulated::Branch { offset, .. }
+            | Simulated::BranchConditional { offset, .. }
+            | Simulated::CompareBranch { offset, .. }
+            | Simulated::TestBranch { offset, .. },
+        ) => offset,
+        _ => return None,
+    };
+    Some(at.wrapping_add(offset as u64))
+}
+
+/// Where the function starting at `start` ends: the next function symbol's address, or the probe
+/// slot area (an asm symbol the function table leaves out) that follows the last no-probe function.
+fn function_end(symbols: &Symbols, start: u64) -> Option<u64> {
+    let slots = kprobes::slot_area_address();
+    (1..=MAX_SCANNED_WORDS).map(|word| start + 4 * word).find(|&at| at == slots || symbols.name_at(at).is_some())
+}
+
+/// Every branch out of `roots` (function starts) and, transitively, out of the no-probe
+/// functions they branch to, whose target is not no-probe text. Err names what could not be
+/// scanned.
+fn probeable_callees(symbols: &Symbols, roots: &[u64]) -> Result<Vec<ProbeableCallee>, &'static str> {
+    let mut pending: Vec<u64> = roots.to_vec();
+    let mut scanned: Vec<u64> = Vec::new();
+    let mut found = Vec::new();
+    while let Some(start) = pending.pop() {
+        if scanned.contains(&start) {
+            continue;
+        }
+        if scanned.len() == MAX_SCANNED_FUNCTIONS {
+            return Err("more functions reachable from the simulator than the scan allows");
+        }
+        scanned.push(start);
+        let Some(end) = function_end(symbols, start) else {
+            defmt::error!("no symbol after {=u64:#x} {=str}", start, symbols.name_at(start).unwrap_or("?"));
+            return Err("a function without a symbol after it (too long?)");
+        };
+        for at in (start..end).step_by(4) {
+            // SAFETY: kernel text between two symbols, mapped readable, 4-aligned.
+            let word = unsafe { core::ptr::read_volatile(at as *const u32) };
+            let Some(target) = branch_target(at, word) else { continue };
+            if (start..end).contains(&target) {
+                continue;
+            }
+            if !kprobes::is_noprobe(target) {
+                found.push(ProbeableCallee { caller: start, at, target });
+            } else if symbols.name_at(target).is_some() {
+                pending.push(target);
+            }
+        }
+    }
+    Ok(found)
+}
+
+fn report_callees(symbols: &Symbols, callees: &[ProbeableCallee]) {
+    for callee in callees {
+        defmt::error!(
+            "{=str}+{=u64:#x} branches to {=u64:#x} {=str}: probeable text",
+            symbols.name_at(callee.caller).unwrap_or("?"),
+            callee.at - callee.caller,
+            callee.target,
+            symbols.name_at(callee.target).unwrap_or("(not a function start)")
+        );
+    }
+}
+
+/// A probeable function a no-probe function calls: the scan must find this call.
+#[inline(never)]
+fn probeable_callee(value: u64) -> u64 {
+    core::hint::black_box(value).wrapping_mul(3)
+}
+
+#[unsafe(link_section = ".text.noprobe")]
+#[inline(never)]
+fn noprobe_caller(value: u64) -> u64 {
+    probeable_callee(value) + 1
+}
+
+/// The simulator runs inside every simulated hit, so a probe on anything it calls is hit from
+/// inside a hit: re-entered on every simulated hit, and a re-entered simulated probe re-enters
+/// again (the whole-kernel sweep in `full` found `core::num::wrapping_add_signed`, `Indexing`'s
+/// derived `PartialEq`, `Condition::holds` out of line in probeable text). The rule: every branch
+/// out of the simulator's instantiations (kernel and user) and `simulate_hit`, and out of any
+/// no-probe function they reach, lands in no-probe text. The control: a no-probe function
+/// calling a probeable one must be caught.
+fn simulator_calls_only_noprobe_text(_: &Context) -> Outcome {
+    let Some(symbols) = Symbols::get() else {
+        return Err(Failure { expression: "the embedded symbol table (xtask fills it)", file: file!(), line: line!() });
+    };
+    check!(noprobe_caller(2) == 7);
+    let control = noprobe_caller as *const () as u64;
+    let caught = probeable_callees(&symbols, &[control]);
+    check!(
+        matches!(&caught, Ok(callees) if callees.len() == 1 && callees[0].target == probeable_callee as *const () as u64)
+    );
+    let roots: Vec<u64> = kprobes::simulator_functions().iter().map(|&(_, address)| address).collect();
+    for &root in &roots {
+        check!(symbols.name_at(root).is_some() && kprobes::is_noprobe(root));
+    }
+    let callees = match probeable_callees(&symbols, &roots) {
+        Ok(callees) => callees,
+        Err(expression) => return Err(Failure { expression, file: file!(), line: line!() }),
+    };
+    report_callees(&symbols, &callees);
+    check!(callees.is_empty());
     Ok(Verdict::Passed)
 }

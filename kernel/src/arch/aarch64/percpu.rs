@@ -3,7 +3,7 @@
 
 use super::exception::ExceptionFrame;
 use super::stack::Slot;
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// CPUs the kernel can bring up (kernel.ld reserves an IRQ and an overflow slot for each, and an
 /// idle slot for each secondary).
@@ -53,6 +53,23 @@ pub struct PerCpu {
     pub quiescent: AtomicU64,
     /// This CPU's ftrace recursion guard.
     pub tracer: TracerGuard,
+    /// This CPU's kernel-probe state, owned by `probes::hit` (here so that the hit path reaches
+    /// it from TPIDR_EL1 in one instruction).
+    pub probe: ProbeControl,
+}
+
+/// A CPU's kernel-probe state (Linux's per-CPU `kprobe_ctlblk`): what the hit path is doing and
+/// for which probes. Addresses of probe records, not their type: arch knows nothing of probes;
+/// only `probes::hit` reads or writes these, on their own CPU.
+pub struct ProbeControl {
+    /// `probes::hit`'s status code (idle, handling, stepping, re-entered, ...).
+    pub status: AtomicU32,
+    /// The probe being handled (or stepped), null when idle.
+    pub current: AtomicPtr<()>,
+    /// The probe a re-entered hit interrupted (restored when the re-entered one is done).
+    pub previous: AtomicPtr<()>,
+    /// The interrupted SPSR while a probe's slot is being stepped.
+    pub step_spsr: AtomicU64,
 }
 
 static PER_CPU: [PerCpu; CPUS] = [const {
@@ -74,6 +91,12 @@ static PER_CPU: [PerCpu; CPUS] = [const {
         ticks: AtomicU64::new(0),
         quiescent: AtomicU64::new(0),
         tracer: TracerGuard { guard: AtomicU64::new(0), recursions: AtomicU64::new(0) },
+        probe: ProbeControl {
+            status: AtomicU32::new(0),
+            current: AtomicPtr::new(core::ptr::null_mut()),
+            previous: AtomicPtr::new(core::ptr::null_mut()),
+            step_spsr: AtomicU64::new(0),
+        },
     }
 }; CPUS];
 
