@@ -10,34 +10,24 @@ use crate::arch::percpu::{self, CPUS};
 use core::ops::{Deref, DerefMut};
 use core::sync::atomic::{AtomicU64, Ordering};
 
-/// Per CPU: failed attempts to take a spin lock (`IrqSpinLock`, the sanitizer heap's lock),
-/// counted only on the slow path, so an uncontended lock costs what it did.
+/// Per CPU: spins waiting for a spin lock (`IrqSpinLock`, the sanitizer heap's lock), counted
+/// by their relax strategy, which runs only while another holder has the lock.
 static LOCK_SPINS: [AtomicU64; CPUS] = [const { AtomicU64::new(0) }; CPUS];
 
-/// Failed lock attempts so far on every CPU (the `cpus` bench's `lock_spins`).
+/// Lock spins so far on every CPU (the `cpus` bench's `lock_spins`).
 pub fn lock_spins() -> u64 {
     LOCK_SPINS.iter().map(|spins| spins.load(Ordering::Relaxed)).sum()
 }
 
-/// Takes `mutex`, counting each failed attempt in this CPU's [`LOCK_SPINS`].
-#[inline(always)]
-pub fn lock_counted<T>(mutex: &spin::Mutex<T>) -> spin::MutexGuard<'_, T> {
-    match mutex.try_lock() {
-        Some(guard) => guard,
-        None => lock_contended(mutex),
-    }
-}
+/// `spin`'s relax strategy, counted in this CPU's [`LOCK_SPINS`]: an uncontended lock is
+/// exactly `spin::Mutex::lock`.
+pub struct CountedSpin;
 
-#[cold]
-#[inline(never)]
-fn lock_contended<T>(mutex: &spin::Mutex<T>) -> spin::MutexGuard<'_, T> {
-    let spins = &LOCK_SPINS[percpu::this_cpu_index()];
-    loop {
-        spins.fetch_add(1, Ordering::Relaxed);
+impl spin::RelaxStrategy for CountedSpin {
+    #[inline(always)]
+    fn relax() {
+        LOCK_SPINS[percpu::this_cpu_index()].fetch_add(1, Ordering::Relaxed);
         core::hint::spin_loop();
-        if let Some(guard) = mutex.try_lock() {
-            return guard;
-        }
     }
 }
 
@@ -64,26 +54,26 @@ impl Drop for IrqMask {
 
 /// A spin lock whose guard also masks interrupts on this CPU.
 pub struct IrqSpinLock<T> {
-    inner: spin::Mutex<T>,
+    inner: spin::mutex::Mutex<T, CountedSpin>,
 }
 
 /// Access to an `IrqSpinLock`'s data. Fields drop in order: the lock is released before
 /// interrupts are unmasked, so no handler on this CPU can spin on a lock its own CPU holds.
 pub struct IrqSpinLockGuard<'a, T> {
-    guard: spin::MutexGuard<'a, T>,
+    guard: spin::mutex::MutexGuard<'a, T, CountedSpin>,
     _mask: IrqMask,
 }
 
 impl<T> IrqSpinLock<T> {
     pub const fn new(value: T) -> Self {
-        Self { inner: spin::Mutex::new(value) }
+        Self { inner: spin::mutex::Mutex::new(value) }
     }
 
     /// Masks interrupts, then spins until the lock is free.
     #[inline]
     pub fn lock(&self) -> IrqSpinLockGuard<'_, T> {
         let mask = IrqMask::new();
-        IrqSpinLockGuard { guard: lock_counted(&self.inner), _mask: mask }
+        IrqSpinLockGuard { guard: self.inner.lock(), _mask: mask }
     }
 }
 

@@ -5,7 +5,7 @@ use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use spin::mutex::SpinMutex;
 
 use crate::MAX_FRAMES;
-use crate::contention;
+use crate::contention::{self, CountedSpin};
 use crate::access::{increment, load_acquire_pointer, load_acquire_u32, load_relaxed_usize, pool_words};
 use crate::handle::{DepotHandle, MAX_POOL_BYTES, MAX_POOLS, RECORD_ALIGN};
 use crate::hash::hash_frames;
@@ -98,7 +98,7 @@ pub struct StackDepot<const BUCKETS: usize, const POOLS: usize> {
     gate: ReadGate,
     /// Lock-free stack of records whose count reached 0 (raw handles).
     dying: AtomicU32,
-    state: SpinMutex<State>,
+    state: SpinMutex<State, CountedSpin>,
     counters: Counters,
 }
 
@@ -237,7 +237,7 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
     #[inline(never)]
     #[cold]
     fn insert(&self, hash: u32, frames: &[u64], spin: bool) -> Result<(DepotHandle, bool), DepotError> {
-        let mut state = if spin { contention::lock(&self.state) } else { self.state.try_lock().ok_or(DepotError::Busy)? };
+        let mut state = if spin { self.state.lock() } else { self.state.try_lock().ok_or(DepotError::Busy)? };
         if self.evictable {
             self.unlink_dying(&mut state);
         }
@@ -422,7 +422,7 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
     /// (the miss path does this too). Spins on the lock.
     pub fn collect(&self) {
         if self.evictable {
-            let mut state = contention::lock(&self.state);
+            let mut state = self.state.lock();
             self.unlink_dying(&mut state);
             self.reclaim(&mut state);
         }
@@ -469,9 +469,13 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
     /// two phases: `waiting` is freed once the phase before the last flip has
     /// drained; then `pending` becomes `waiting` under a new flip.
     fn reclaim(&self, state: &mut State) {
-        if state.waiting != 0 && self.gate.previous_phase_drained() {
-            let batch = core::mem::take(&mut state.waiting);
-            self.free_all(state, batch);
+        if state.waiting != 0 {
+            if self.gate.previous_phase_drained() {
+                let batch = core::mem::take(&mut state.waiting);
+                self.free_all(state, batch);
+            } else {
+                contention::gate_waited();
+            }
         }
         if state.waiting == 0 && state.pending != 0 {
             state.waiting = core::mem::take(&mut state.pending);
@@ -479,6 +483,8 @@ impl<const BUCKETS: usize, const POOLS: usize> StackDepot<BUCKETS, POOLS> {
             if self.gate.previous_phase_drained() {
                 let batch = core::mem::take(&mut state.waiting);
                 self.free_all(state, batch);
+            } else {
+                contention::gate_waited();
             }
         }
     }
@@ -551,10 +557,7 @@ fn acquire_reference(word: &AtomicU64) -> bool {
         // At SATURATED - 1 the increment saturates: the record becomes permanent.
         match word.compare_exchange_weak(current, current + 1, Ordering::Acquire, Ordering::Relaxed) {
             Ok(_) => return true,
-            Err(actual) => {
-                contention::cas_failed();
-                current = actual;
-            }
+            Err(actual) => current = actual,
         }
     }
 }

@@ -56,7 +56,6 @@ impl ReadGate {
                 return ReadGuard { counter };
             }
             counter.fetch_sub(1, Ordering::Release);
-            crate::contention::gate_retried();
         }
     }
 

@@ -150,7 +150,7 @@ fn rows(suite: &str, case: &str, params: &str, metric: &str, plan: &Plan, cost: 
     row(suite, case, params, metric, plan.unit(), (cost as f64 - alone as f64) / operations as f64);
     row(suite, case, params, "cas_failures", "per_op", per(after.depot.cas_failures - before.depot.cas_failures + after.shared_cas - before.shared_cas));
     row(suite, case, params, "lock_spins", "per_op", per(after.depot.lock_spins - before.depot.lock_spins + after.lock_spins - before.lock_spins));
-    row(suite, case, params, "gate_retries", "per_op", per(after.depot.gate_retries - before.depot.gate_retries));
+    row(suite, case, params, "gate_waits", "per_op", per(after.depot.gate_waits - before.depot.gate_waits));
 }
 
 /// The empty loop: what a window costs without an operation.

@@ -131,17 +131,17 @@ const MEANINGS: &[Meaning] = &[
     Meaning {
         suite: "cpus",
         metric: "cas_failures",
-        text: "compare-and-swaps that lost a race and retried (depot references, the shared tracer's counter), per operation",
+        text: "compare-and-swaps that lost a race and retried (the depot's `put`, the shared tracer's counter), per operation",
     },
     Meaning {
         suite: "cpus",
         metric: "lock_spins",
-        text: "failed attempts to take a spin lock (depot, heap, IrqSpinLock), per operation",
+        text: "spins waiting for a spin lock (depot, heap, IrqSpinLock), per operation",
     },
     Meaning {
         suite: "cpus",
-        metric: "gate_retries",
-        text: "depot read-gate entries retried because eviction flipped the gate, per operation",
+        metric: "gate_waits",
+        text: "depot reclaim passes that found readers still inside the read gate (freed records held back), per operation",
     },
     Meaning {
         suite: "cpus-heap",
@@ -149,8 +149,8 @@ const MEANINGS: &[Meaning] = &[
         text: "system-wide: one allocation and free with stack collection, the window of `cpus` CPUs minus an empty loop's",
     },
     Meaning { suite: "cpus-heap", metric: "cas_failures", text: "as in `cpus` (the depot behind stack collection)" },
-    Meaning { suite: "cpus-heap", metric: "lock_spins", text: "failed attempts to take the heap's lock, per operation" },
-    Meaning { suite: "cpus-heap", metric: "gate_retries", text: "as in `cpus`" },
+    Meaning { suite: "cpus-heap", metric: "lock_spins", text: "spins waiting for the heap's lock, per operation" },
+    Meaning { suite: "cpus-heap", metric: "gate_waits", text: "as in `cpus`" },
 ];
 
 fn meaning(suite: &str, metric: &str) -> &'static str {

@@ -133,7 +133,7 @@ struct State {
     ring: Ring,
 }
 
-static STATE: spin::Mutex<State> = spin::Mutex::new(State { backing: Heap::new(), ring: Ring::new() });
+static STATE: spin::mutex::Mutex<State, crate::sync::CountedSpin> = spin::mutex::Mutex::new(State { backing: Heap::new(), ring: Ring::new() });
 static HEAP_START: AtomicU64 = AtomicU64::new(0);
 static HEAP_END: AtomicU64 = AtomicU64::new(0);
 
@@ -268,7 +268,7 @@ fn round_up(value: u64, to: u64) -> u64 {
 #[sanitize(kernel_hwaddress = "off")]
 fn locked<R>(f: impl FnOnce(&mut State) -> R) -> R {
     let _mask = IrqMask::new();
-    f(&mut crate::sync::lock_counted(&STATE))
+    f(&mut STATE.lock())
 }
 
 /// Allocates `size` bytes aligned to `align` (at least 16); the tagged pointer, or None when the
