@@ -2,6 +2,7 @@
 
 mod basic;
 mod concurrency;
+mod contention;
 mod eviction;
 
 use std::sync::Mutex;
