@@ -5,8 +5,8 @@ use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use spin::mutex::SpinMutex;
 
 use crate::MAX_FRAMES;
-use crate::contention::{self, CountedSpin};
 use crate::access::{increment, load_acquire_pointer, load_acquire_u32, load_relaxed_usize, pool_words};
+use crate::contention::{self, CountedSpin};
 use crate::handle::{DepotHandle, MAX_POOL_BYTES, MAX_POOLS, RECORD_ALIGN};
 use crate::hash::hash_frames;
 use crate::reclaim::ReadGate;

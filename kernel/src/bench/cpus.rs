@@ -126,7 +126,11 @@ fn together(plan: &Plan, cpus: usize, operation: Operation, iterations: u64) -> 
 fn cpu_counts(plan: &Plan) -> impl Iterator<Item = usize> {
     let online = online_cpus::online();
     let limit = if plan.clock == Clock::Nanoseconds { online.min(2) } else { online };
-    [1, 2, online].into_iter().enumerate().filter(move |&(at, cpus)| cpus <= limit && (at < 2 || cpus > 2)).map(|(_, cpus)| cpus)
+    [1, 2, online]
+        .into_iter()
+        .enumerate()
+        .filter(move |&(at, cpus)| cpus <= limit && (at < 2 || cpus > 2))
+        .map(|(_, cpus)| cpus)
 }
 
 /// Contention counters, all sources, at one moment.
@@ -138,18 +142,46 @@ struct Counters {
 }
 
 fn counters() -> Counters {
-    Counters { depot: stackdepot::contention(), lock_spins: crate::sync::lock_spins(), shared_cas: SHARED.cas_failures() }
+    Counters {
+        depot: stackdepot::contention(),
+        lock_spins: crate::sync::lock_spins(),
+        shared_cas: SHARED.cas_failures(),
+    }
 }
 
 /// One case's rows for one window: `per_op` (or `metric`) against `alone`, and each counter
 /// per operation.
 #[allow(clippy::too_many_arguments, reason = "one row set: its name, params, measures and counters")]
-fn rows(suite: &str, case: &str, params: &str, metric: &str, plan: &Plan, cost: u64, alone: u64, operations: u64, before: Counters) {
+fn rows(
+    suite: &str,
+    case: &str,
+    params: &str,
+    metric: &str,
+    plan: &Plan,
+    cost: u64,
+    alone: u64,
+    operations: u64,
+    before: Counters,
+) {
     let after = counters();
     let per = |value: u64| value as f64 / operations as f64;
     row(suite, case, params, metric, plan.unit(), (cost as f64 - alone as f64) / operations as f64);
-    row(suite, case, params, "cas_failures", "per_op", per(after.depot.cas_failures - before.depot.cas_failures + after.shared_cas - before.shared_cas));
-    row(suite, case, params, "lock_spins", "per_op", per(after.depot.lock_spins - before.depot.lock_spins + after.lock_spins - before.lock_spins));
+    row(
+        suite,
+        case,
+        params,
+        "cas_failures",
+        "per_op",
+        per(after.depot.cas_failures - before.depot.cas_failures + after.shared_cas - before.shared_cas),
+    );
+    row(
+        suite,
+        case,
+        params,
+        "lock_spins",
+        "per_op",
+        per(after.depot.lock_spins - before.depot.lock_spins + after.lock_spins - before.lock_spins),
+    );
     row(suite, case, params, "gate_waits", "per_op", per(after.depot.gate_waits - before.depot.gate_waits));
 }
 
@@ -208,7 +240,17 @@ fn depot_rows(plan: &Plan, cpus: usize, iterations: u64, alone: u64) {
             let before = counters();
             let Some(cost) = together(plan, cpus, operation, iterations) else { continue };
             let params = Label::new(format_args!("cpus={cpus},depot={name},traces={traces}"));
-            rows("cpus", "depot-lookup-hit", params.as_str(), "per_op", plan, cost, alone, cpus as u64 * iterations, before);
+            rows(
+                "cpus",
+                "depot-lookup-hit",
+                params.as_str(),
+                "per_op",
+                plan,
+                cost,
+                alone,
+                cpus as u64 * iterations,
+                before,
+            );
         }
     }
 }
@@ -281,7 +323,14 @@ fn ftrace_rows(plan: &Plan, cpus: usize, iterations: u64, alone: u64) {
         let params = Label::new(format_args!("cpus={cpus},tracer={tracer}"));
         rows("cpus", "traced-call", params.as_str(), "per_call", plan, cost, alone, calls, before);
         let base = *untraced.get_or_insert(cost);
-        row("cpus", "traced-call", params.as_str(), "overhead", plan.unit(), (cost as f64 - base as f64) / calls as f64);
+        row(
+            "cpus",
+            "traced-call",
+            params.as_str(),
+            "overhead",
+            plan.unit(),
+            (cost as f64 - base as f64) / calls as f64,
+        );
     }
 }
 
@@ -383,7 +432,17 @@ pub fn run_heap(plan: &Plan) {
                 continue;
             }
             let params = Label::new(format_args!("cpus={cpus}"));
-            rows("cpus-heap", "heap-alloc-free", params.as_str(), "per_op", plan, cost, alone, cpus as u64 * iterations, before);
+            rows(
+                "cpus-heap",
+                "heap-alloc-free",
+                params.as_str(),
+                "per_op",
+                plan,
+                cost,
+                alone,
+                cpus as u64 * iterations,
+                before,
+            );
         }
     }
     heap::set_stacks(saved);
