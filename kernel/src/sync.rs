@@ -6,7 +6,30 @@
 //! written, and the spin lock makes the same code correct once several CPUs run it.
 
 use crate::arch::aarch64::cpu;
+use crate::arch::percpu::{self, CPUS};
 use core::ops::{Deref, DerefMut};
+use core::sync::atomic::{AtomicU64, Ordering};
+
+/// Per CPU: spins waiting for a spin lock (`IrqSpinLock`, the sanitizer heap's lock), counted
+/// by their relax strategy, which runs only while another holder has the lock.
+static LOCK_SPINS: [AtomicU64; CPUS] = [const { AtomicU64::new(0) }; CPUS];
+
+/// Lock spins so far on every CPU (the `cpus` bench's `lock_spins`).
+pub fn lock_spins() -> u64 {
+    LOCK_SPINS.iter().map(|spins| spins.load(Ordering::Relaxed)).sum()
+}
+
+/// `spin`'s relax strategy, counted in this CPU's [`LOCK_SPINS`]: an uncontended lock is
+/// exactly `spin::Mutex::lock`.
+pub struct CountedSpin;
+
+impl spin::RelaxStrategy for CountedSpin {
+    #[inline(always)]
+    fn relax() {
+        LOCK_SPINS[percpu::this_cpu_index()].fetch_add(1, Ordering::Relaxed);
+        core::hint::spin_loop();
+    }
+}
 
 /// IRQs and FIQs masked on this CPU from `IrqMask::new()` until the value is dropped; the
 /// previous DAIF is restored then, so masks nest.
@@ -31,19 +54,19 @@ impl Drop for IrqMask {
 
 /// A spin lock whose guard also masks interrupts on this CPU.
 pub struct IrqSpinLock<T> {
-    inner: spin::Mutex<T>,
+    inner: spin::mutex::Mutex<T, CountedSpin>,
 }
 
 /// Access to an `IrqSpinLock`'s data. Fields drop in order: the lock is released before
 /// interrupts are unmasked, so no handler on this CPU can spin on a lock its own CPU holds.
 pub struct IrqSpinLockGuard<'a, T> {
-    guard: spin::MutexGuard<'a, T>,
+    guard: spin::mutex::MutexGuard<'a, T, CountedSpin>,
     _mask: IrqMask,
 }
 
 impl<T> IrqSpinLock<T> {
     pub const fn new(value: T) -> Self {
-        Self { inner: spin::Mutex::new(value) }
+        Self { inner: spin::mutex::Mutex::new(value) }
     }
 
     /// Masks interrupts, then spins until the lock is free.

@@ -38,7 +38,9 @@ pub mod suite {
     pub const PROBES: &str = "probes";
     pub const FTRACE: &str = "ftrace";
     pub const KASAN_BOOT: &str = "kasan-boot";
-    pub const ALL: [&str; 6] = [BASELINE, STACKTRACE, DEPOT, PROBES, FTRACE, KASAN_BOOT];
+    pub const CPUS: &str = "cpus";
+    pub const CPUS_HEAP: &str = "cpus-heap";
+    pub const ALL: [&str; 8] = [BASELINE, STACKTRACE, DEPOT, PROBES, FTRACE, KASAN_BOOT, CPUS, CPUS_HEAP];
 }
 
 /// Workloads of `run=profile` (`profile.workload=`), as `cargo xtask profile` names them.

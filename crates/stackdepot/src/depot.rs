@@ -6,6 +6,7 @@ use spin::mutex::SpinMutex;
 
 use crate::MAX_FRAMES;
 use crate::access::{increment, load_acquire_pointer, load_acquire_u32, load_relaxed_usize, pool_words};
+use crate::contention::{self, CountedSpin};
 use crate::handle::{DepotHandle, MAX_POOL_BYTES, MAX_POOLS, RECORD_ALIGN};
 use crate::hash::hash_frames;
 use crate::reclaim::ReadGate;
@@ -99,7 +100,7 @@ pub struct StackDepot<const BUCKETS: usize, const POOLS: usize, const EVICTABLE:
     gate: ReadGate,
     /// Lock-free stack of records whose count reached 0 (raw handles).
     dying: AtomicU32,
-    state: SpinMutex<State>,
+    state: SpinMutex<State, CountedSpin>,
     counters: Counters,
 }
 
@@ -433,7 +434,10 @@ impl<const BUCKETS: usize, const POOLS: usize, const EVICTABLE: bool> StackDepot
             match word.compare_exchange_weak(current, current - 1, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) if count == 1 => break,
                 Ok(_) => return Ok(()),
-                Err(actual) => current = actual,
+                Err(actual) => {
+                    contention::cas_failed();
+                    current = actual;
+                }
             }
         }
         let link = record.list_link();
@@ -442,7 +446,10 @@ impl<const BUCKETS: usize, const POOLS: usize, const EVICTABLE: bool> StackDepot
             link.store(u64::from(head), Ordering::Relaxed);
             match self.dying.compare_exchange_weak(head, handle.to_raw(), Ordering::Release, Ordering::Relaxed) {
                 Ok(_) => return Ok(()),
-                Err(actual) => head = actual,
+                Err(actual) => {
+                    contention::cas_failed();
+                    head = actual;
+                }
             }
         }
     }
@@ -498,9 +505,13 @@ impl<const BUCKETS: usize, const POOLS: usize, const EVICTABLE: bool> StackDepot
     /// two phases: `waiting` is freed once the phase before the last flip has
     /// drained; then `pending` becomes `waiting` under a new flip.
     fn reclaim(&self, state: &mut State) {
-        if state.waiting != 0 && self.gate.previous_phase_drained() {
-            let batch = core::mem::take(&mut state.waiting);
-            self.free_all(state, batch);
+        if state.waiting != 0 {
+            if self.gate.previous_phase_drained() {
+                let batch = core::mem::take(&mut state.waiting);
+                self.free_all(state, batch);
+            } else {
+                contention::gate_waited();
+            }
         }
         if state.waiting == 0 && state.pending != 0 {
             state.waiting = core::mem::take(&mut state.pending);
@@ -508,6 +519,8 @@ impl<const BUCKETS: usize, const POOLS: usize, const EVICTABLE: bool> StackDepot
             if self.gate.previous_phase_drained() {
                 let batch = core::mem::take(&mut state.waiting);
                 self.free_all(state, batch);
+            } else {
+                contention::gate_waited();
             }
         }
     }

@@ -85,6 +85,7 @@
 )]
 
 mod access;
+mod contention;
 mod depot;
 mod handle;
 mod hash;
@@ -94,6 +95,7 @@ mod record;
 #[cfg(test)]
 mod tests;
 
+pub use contention::{Contention, contention};
 pub use depot::{DepotError, DepotStats, StackDepot};
 pub use handle::{DepotHandle, MAX_POOL_BYTES, MAX_POOLS, OFFSET_BITS, POOL_BITS, RECORD_ALIGN, SPARE_BITS};
 pub use hash::{crc32c_u64_portable, hash_frames, hash_frames_portable};

@@ -37,7 +37,7 @@ fn grow(depot: &BenchDepot, count: usize) -> bool {
 }
 
 /// Distinct stack number `index` of `depth` frames (frames look like kernel return addresses).
-fn synthetic_stack(index: u64, salt: u64, depth: usize, frames: &mut [u64; 64]) -> &[u64] {
+pub(super) fn synthetic_stack(index: u64, salt: u64, depth: usize, frames: &mut [u64; 64]) -> &[u64] {
     let mut state = index.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ salt ^ 0x5851_f42d_4c95_7f2d;
     for frame in frames.iter_mut().take(depth) {
         state ^= state << 13;

@@ -6,6 +6,7 @@
 //! neither the tick nor anything else lands in it.
 
 mod baseline;
+mod cpus;
 mod depot;
 mod ftrace;
 mod kasan_boot;
@@ -114,6 +115,8 @@ pub const SUITES: &[Suite] = &[
     Suite { name: suite::PROBES, run: probes::run },
     Suite { name: suite::FTRACE, run: ftrace::run },
     Suite { name: suite::KASAN_BOOT, run: kasan_boot::run },
+    Suite { name: suite::CPUS, run: cpus::run },
+    Suite { name: suite::CPUS_HEAP, run: cpus::run_heap },
 ];
 
 /// Runs the named suites (comma-separated; empty = all).

@@ -54,6 +54,87 @@ unsafe extern "C" fn count(_: u64, _: u64, ops: &Ops, _: &mut Regs) {
     };
 }
 
+/// One CPU's counter alone in its cache line, so CPUs counting side by side share no line.
+#[repr(C, align(64))]
+struct CounterLine(AtomicU64);
+
+/// Counts its calls per CPU, each CPU in its own cache line, indexed by the calling CPU (the
+/// `cpus` bench's per-CPU tracer). Its `ops` is what gets registered.
+#[repr(C)]
+pub struct PerCpuCounter {
+    pub ops: Ops,
+    hits: [CounterLine; CPUS],
+}
+
+impl PerCpuCounter {
+    pub const fn new() -> Self {
+        Self { ops: Ops { func: count_this_cpu, private: 0 }, hits: [const { CounterLine(AtomicU64::new(0)) }; CPUS] }
+    }
+
+    /// Calls so far, all CPUs.
+    pub fn hits(&self) -> u64 {
+        self.hits.iter().map(|line| line.0.load(Ordering::Relaxed)).sum()
+    }
+
+    pub fn reset(&self) {
+        self.hits.iter().for_each(|line| line.0.store(0, Ordering::Relaxed));
+    }
+}
+
+#[sanitize(kernel_hwaddress = "off")]
+unsafe extern "C" fn count_this_cpu(_: u64, _: u64, ops: &Ops, _: &mut Regs) {
+    // SAFETY: `count_this_cpu` is only ever the `func` of a `PerCpuCounter`'s `ops`, its first
+    // field (`repr(C)`), so the ops address is the counter's.
+    let counter = unsafe { &*(ops as *const Ops as *const PerCpuCounter) };
+    let hits = &counter.hits[crate::arch::percpu::this_cpu_index()].0;
+    // Only this CPU writes its line, with IRQs masked: a load and a store.
+    store_release(hits, load_relaxed(hits) + 1);
+}
+
+/// Counts its calls in one atomic that every CPU increments (the `cpus` bench's shared
+/// counter, against [`PerCpuCounter`]): a compare-and-swap loop, so each lost race is counted
+/// in `cas_failures` (an `ldadd` would hide it in the cache protocol).
+#[repr(C)]
+pub struct SharedCounter {
+    pub ops: Ops,
+    hits: AtomicU64,
+    cas_failures: AtomicU64,
+}
+
+impl SharedCounter {
+    pub const fn new() -> Self {
+        Self { ops: Ops { func: count_shared, private: 0 }, hits: AtomicU64::new(0), cas_failures: AtomicU64::new(0) }
+    }
+
+    pub fn hits(&self) -> u64 {
+        self.hits.load(Ordering::Relaxed)
+    }
+
+    /// Increments that lost a race to another CPU and retried.
+    pub fn cas_failures(&self) -> u64 {
+        self.cas_failures.load(Ordering::Relaxed)
+    }
+
+    pub fn reset(&self) {
+        self.hits.store(0, Ordering::Relaxed);
+        self.cas_failures.store(0, Ordering::Relaxed);
+    }
+}
+
+#[sanitize(kernel_hwaddress = "off")]
+unsafe extern "C" fn count_shared(_: u64, _: u64, ops: &Ops, _: &mut Regs) {
+    // SAFETY: `count_shared` is only ever the `func` of a `SharedCounter`'s `ops`, its first
+    // field (`repr(C)`), so the ops address is the counter's.
+    let counter = unsafe { &*(ops as *const Ops as *const SharedCounter) };
+    let mut current = counter.hits.load(Ordering::Relaxed);
+    while let Err(actual) =
+        counter.hits.compare_exchange_weak(current, current + 1, Ordering::Relaxed, Ordering::Relaxed)
+    {
+        current = actual;
+        counter.cas_failures.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 // The tracers' atomics as single instructions. The tracers are built without the sanitizer
 // (they run for every traced call) and LLVM does not inline core's instrumented `AtomicU64`
 // methods into them: in `full` each load or store was an out-of-line call to a traced core

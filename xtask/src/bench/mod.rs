@@ -57,6 +57,16 @@ pub const SUITES: &[Suite] = &[
         default_variant: BuildVariant::Full,
         about: "an allocation-heavy workload on the sanitizer heap with each way of collecting stacks",
     },
+    Suite {
+        name: suite::CPUS,
+        default_variant: BuildVariant::Prod,
+        about: "depot hits, traced calls and kprobe hits on 1, 2.. CPUs at once (--smp N), with contention counters",
+    },
+    Suite {
+        name: suite::CPUS_HEAP,
+        default_variant: BuildVariant::Full,
+        about: "the sanitizer heap's alloc+free with stack collection on 1, 2.. CPUs at once (--smp N)",
+    },
 ];
 
 /// The suites' names as clap's possible values, each with its line of help, so `bench --help`

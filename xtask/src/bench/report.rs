@@ -112,6 +112,45 @@ const MEANINGS: &[Meaning] = &[
         text: "one call of a trivial traced function with `relevant` tracers on it and `irrelevant` tracers elsewhere",
     },
     Meaning { suite: "ftrace", metric: "overhead", text: "`per_call` minus the row with no tracer (0/0)" },
+    Meaning {
+        suite: "cpus",
+        metric: "per_op",
+        text: "system-wide: the window of `cpus` CPUs running the loop at once, minus the same window with an empty loop, over all CPUs' operations",
+    },
+    Meaning {
+        suite: "cpus",
+        metric: "per_call",
+        text: "system-wide, as `per_op`: one call of a traced function (call-ops) with the `tracer` counting it",
+    },
+    Meaning { suite: "cpus", metric: "overhead", text: "`per_call` minus the `tracer=none` row of the same `cpus`" },
+    Meaning {
+        suite: "cpus",
+        metric: "per_hit",
+        text: "system-wide: the probed window minus the same window unprobed, over all CPUs' hits",
+    },
+    Meaning {
+        suite: "cpus",
+        metric: "cas_failures",
+        text: "compare-and-swaps that lost a race and retried (the depot's `put`, the shared tracer's counter), per operation",
+    },
+    Meaning {
+        suite: "cpus",
+        metric: "lock_spins",
+        text: "spins waiting for a spin lock (depot, heap, IrqSpinLock), per operation",
+    },
+    Meaning {
+        suite: "cpus",
+        metric: "gate_waits",
+        text: "depot reclaim passes that found readers still inside the read gate (freed records held back), per operation",
+    },
+    Meaning {
+        suite: "cpus-heap",
+        metric: "per_op",
+        text: "system-wide: one allocation and free with stack collection, the window of `cpus` CPUs minus an empty loop's",
+    },
+    Meaning { suite: "cpus-heap", metric: "cas_failures", text: "as in `cpus` (the depot behind stack collection)" },
+    Meaning { suite: "cpus-heap", metric: "lock_spins", text: "spins waiting for the heap's lock, per operation" },
+    Meaning { suite: "cpus-heap", metric: "gate_waits", text: "as in `cpus`" },
 ];
 
 fn meaning(suite: &str, metric: &str) -> &'static str {
@@ -597,6 +636,9 @@ mod tests {
             ("kasan-boot", "overhead_pct"),
             ("kasan-boot", "alloc_per_call"),
             ("kasan-boot", "free_per_call"),
+            ("cpus", "per_op"),
+            ("cpus", "cas_failures"),
+            ("cpus-heap", "lock_spins"),
         ] {
             assert!(!meaning(suite, metric).starts_with("(not described"), "{suite} {metric}");
         }

@@ -3,6 +3,7 @@
 mod basic;
 mod compare;
 mod concurrency;
+mod contention;
 mod eviction;
 
 use std::sync::Mutex;

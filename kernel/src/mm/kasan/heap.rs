@@ -133,7 +133,8 @@ struct State {
     ring: Ring,
 }
 
-static STATE: spin::Mutex<State> = spin::Mutex::new(State { backing: Heap::new(), ring: Ring::new() });
+static STATE: spin::mutex::Mutex<State, crate::sync::CountedSpin> =
+    spin::mutex::Mutex::new(State { backing: Heap::new(), ring: Ring::new() });
 static HEAP_START: AtomicU64 = AtomicU64::new(0);
 static HEAP_END: AtomicU64 = AtomicU64::new(0);
 
