@@ -194,9 +194,8 @@ fn nothing(_: usize, iterations: u64) {
 
 // --- depot ---------------------------------------------------------------------------------
 
-type CpusDepot = StackDepot<1024, 2>;
-static PERMANENT: CpusDepot = StackDepot::new();
-static EVICTING: CpusDepot = StackDepot::with_eviction();
+static PERMANENT: StackDepot<1024, 2> = StackDepot::new();
+static EVICTING: StackDepot<1024, 2, true> = StackDepot::with_eviction();
 static DEPOT_POOLS: StaticBlocks<2, { 256 << 10 }> = StaticBlocks::new();
 /// Whether the CPUs save one trace (0) or one each (their index).
 static DISJOINT: AtomicUsize = AtomicUsize::new(0);
@@ -224,15 +223,20 @@ fn save_evicting(cpu: usize, iterations: u64) {
     }
 }
 
+/// Stores every CPU's trace in `depot` (and keeps it: one reference never dropped), so that each
+/// later save is a lookup hit. Whether all were stored.
+fn store_all<const EVICTABLE: bool>(depot: &StackDepot<1024, 2, EVICTABLE>) -> bool {
+    let mut frames = [0; 64];
+    (0..CPUS).all(|index| depot.save(trace(index, &mut frames)).is_ok())
+}
+
 fn depot_rows(plan: &Plan, cpus: usize, iterations: u64, alone: u64) {
-    for (name, depot, operation) in
-        [("permanent", &PERMANENT, save_permanent as Operation), ("evicting", &EVICTING, save_evicting as Operation)]
+    let stored: [fn() -> bool; 2] = [|| store_all(&PERMANENT), || store_all(&EVICTING)];
+    for ((name, operation), store) in
+        [("permanent", save_permanent as Operation), ("evicting", save_evicting as Operation)].into_iter().zip(stored)
     {
         for (traces, disjoint) in [("same", 0), ("disjoint", 1)] {
-            // Every trace stored first (and kept: one reference never dropped), so each save
-            // is a lookup hit.
-            let mut frames = [0; 64];
-            if (0..CPUS).any(|index| depot.save(trace(index, &mut frames)).is_err()) {
+            if !store() {
                 defmt::error!("bench cpus: depot {=str}: cannot store the traces", name);
                 return;
             }
@@ -381,10 +385,11 @@ fn kprobe_rows(plan: &Plan, cpus: usize, iterations: u64) {
 pub fn run(plan: &Plan) {
     let iterations: u64 = if plan.icount { 2_000 } else { 20_000 };
     for _ in 0..DEPOT_POOLS_WANTED.swap(0, Ordering::Relaxed) {
-        for depot in [&PERMANENT, &EVICTING] {
-            if let Some(pool) = DEPOT_POOLS.claim() {
-                let _ = depot.add_pool(pool);
-            }
+        if let Some(pool) = DEPOT_POOLS.claim() {
+            let _ = PERMANENT.add_pool(pool);
+        }
+        if let Some(pool) = DEPOT_POOLS.claim() {
+            let _ = EVICTING.add_pool(pool);
         }
     }
     for _ in 0..plan.reps {

@@ -25,7 +25,7 @@ fn a_waiter_on_a_held_lock_is_counted() {
 
 #[test]
 fn a_reclaim_held_back_by_a_reader_is_counted() {
-    let depot: StackDepot<64, 1> = StackDepot::with_eviction();
+    let depot: StackDepot<64, 1, true> = StackDepot::with_eviction();
     depot.add_pool(pool(4096)).unwrap();
     let old = depot.save(&trace(1, 5)).unwrap();
     let before = contention().gate_waits;
