@@ -21,6 +21,7 @@ pub const TESTS: &[Test] = &[
     Test { name: "smp_heap_concurrent_alloc_free", run: smp_heap_concurrent_alloc_free },
     Test { name: "smp_traces_agree_in_irqs_every_cpu", run: smp_traces_agree_in_irqs_every_cpu },
     Test { name: "smp_ftrace_unregister_waits_for_other_cpus", run: smp_ftrace_unregister_waits_for_other_cpus },
+    Test { name: "smp_kretprobe_irq_context_per_cpu", run: smp_kretprobe_irq_context_per_cpu },
 ];
 
 /// Each wanted CPU is online and set up its own per-CPU entry (index, IRQ and overflow stacks):
@@ -723,5 +724,112 @@ fn smp_ftrace_unregister_waits_for_other_cpus(_: &Context) -> Outcome {
     crate::ftrace::skip_grace_periods_for_test(false);
     check!(without?);
     check!(!unregister_while_inside()?);
+    Ok(Verdict::Passed)
+}
+
+/// The IRQ-context kretprobe test's two calls: role 0 enters first and returns first, role 1
+/// enters second and returns second, each in the wake-up SGI of its own CPU.
+static IRQ_ENTERED: [core::sync::atomic::AtomicBool; 2] = [const { core::sync::atomic::AtomicBool::new(false) }; 2];
+static IRQ_LEFT: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+static IN_IRQ_CALL: AtomicUsize = AtomicUsize::new(0);
+static MOST_IN_IRQ_CALL: AtomicUsize = AtomicUsize::new(0);
+static IRQ_RETURNS: AtomicU64 = AtomicU64::new(0);
+/// How long one side waits for the other inside the IRQ.
+const IRQ_WAIT_MS: u64 = 200;
+
+/// The kretprobe'd function: role 0 waits inside until role 1 is inside too, then returns
+/// first; role 1 waits until role 0 has returned. Returns `role + 1` when the other side came.
+#[inline(never)]
+fn irq_probed(role: u64) -> u64 {
+    let inside = IN_IRQ_CALL.fetch_add(1, Ordering::AcqRel) + 1;
+    MOST_IN_IRQ_CALL.fetch_max(inside, Ordering::Relaxed);
+    IRQ_ENTERED[role as usize].store(true, Ordering::Release);
+    cpu::send_event();
+    let met = if role == 0 {
+        cpu::wait_until(IRQ_WAIT_MS, || IRQ_ENTERED[1].load(Ordering::Acquire))
+    } else {
+        cpu::wait_until(IRQ_WAIT_MS, || IRQ_LEFT.load(Ordering::Acquire))
+    };
+    IN_IRQ_CALL.fetch_sub(1, Ordering::AcqRel);
+    if met { role + 1 } else { 0 }
+}
+
+/// Role 0's caller (its call returns here, tagged 0xa000).
+#[inline(never)]
+fn irq_caller_first(_: u64) -> u64 {
+    let probed: fn(u64) -> u64 = core::hint::black_box(irq_probed);
+    let result = probed(0) + 0xa000;
+    IRQ_LEFT.store(true, Ordering::Release);
+    cpu::send_event();
+    result
+}
+
+/// Role 1's caller: calls once role 0 is inside (its call returns here, tagged 0xb000).
+#[inline(never)]
+fn irq_caller_second(_: u64) -> u64 {
+    if !cpu::wait_until(IRQ_WAIT_MS, || IRQ_ENTERED[0].load(Ordering::Acquire)) {
+        return 0;
+    }
+    let probed: fn(u64) -> u64 = core::hint::black_box(irq_probed);
+    probed(1) + 0xb000
+}
+
+fn on_irq_return(_: &mut Registers, _: u64) {
+    IRQ_RETURNS.fetch_add(1, Ordering::Relaxed);
+}
+
+static IRQ_RESULTS: [AtomicU64; 2] = [const { AtomicU64::new(0) }; 2];
+
+/// A sender task: cross-calls its role's caller on its target CPU (IRQ context there).
+extern "C" fn irq_sender(role: u64) {
+    let (target, caller): (usize, fn(u64) -> u64) =
+        if role == 0 { (2, irq_caller_first) } else { (3.min(cpus::wanted() - 1), irq_caller_second) };
+    let result = task::cross_call::run_on_within(target, caller, 0, 4 * IRQ_WAIT_MS).unwrap_or(u64::MAX);
+    IRQ_RESULTS[role as usize].store(result, Ordering::Relaxed);
+}
+
+/// A kretprobe'd function called in IRQ context on two CPUs at once (the wake-up SGI serving a
+/// cross-call on CPUs 2 and 3, sent by tasks on CPUs 0 and 1), the first to enter returning
+/// first: each return goes back to its own caller, because each CPU's IRQ context has its own
+/// return-instance stack (with one shared stack the first return pops the second's instance
+/// and lands in the other caller). Per method; overlap witness: both inside at once.
+fn smp_kretprobe_irq_context_per_cpu(_: &Context) -> Outcome {
+    if cpus::wanted() < 4 {
+        return Ok(Verdict::Skipped("needs 4 CPUs: two sending, two in IRQ context (run with --smp 4)"));
+    }
+    let target = irq_probed as *const () as u64;
+    let mut methods_run = 0;
+    for method in Method::ALL {
+        match kretprobe::register(target, method, None, on_irq_return, 2) {
+            Ok(()) => {}
+            Err(ProbeError::NotSimulated | ProbeError::NeedsOriginalPc(Text::Kernel)) => continue,
+            Err(error) => {
+                defmt::error!("  {}: {}", method, error);
+                return Err(fail("kretprobe registered"));
+            }
+        }
+        methods_run += 1;
+        for flag in &IRQ_ENTERED {
+            flag.store(false, Ordering::Relaxed);
+        }
+        IRQ_LEFT.store(false, Ordering::Relaxed);
+        IRQ_RETURNS.store(0, Ordering::Relaxed);
+        MOST_IN_IRQ_CALL.store(0, Ordering::Relaxed);
+        let spawn = |role: u64| task::spawn_on(CpuMask::one(role as usize), "irq-sender", irq_sender, role);
+        let senders = [spawn(0), spawn(1)];
+        let joined = senders.map(|sender| sender.map(task::join));
+        let counts = kretprobe::counts(target);
+        check!(kretprobe::unregister(target).is_ok());
+        check!(joined.iter().all(|state| matches!(state, Ok(State::Exited))));
+        let results = [IRQ_RESULTS[0].load(Ordering::Relaxed), IRQ_RESULTS[1].load(Ordering::Relaxed)];
+        let most = MOST_IN_IRQ_CALL.load(Ordering::Relaxed);
+        defmt::info!("  {}: results {=u64:#x} {=u64:#x}, most inside at once {=usize}", method, results[0], results[1], most);
+        check_eq!(results[0], 0xa001);
+        check_eq!(results[1], 0xb002);
+        check_eq!(IRQ_RETURNS.load(Ordering::Relaxed), 2);
+        check!(counts == Some((2, 0)));
+        check!(most >= 2);
+    }
+    check!(methods_run >= 2);
     Ok(Verdict::Passed)
 }
