@@ -481,8 +481,11 @@ fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Fa
         let machine = Machine { smp, dtb: None, ..machine };
         // The panic report shows each stopped CPU's trace: CPU 1 waits in `panic_witness`, CPU 2
         // panics at the same time as CPU 0 in `panic_too` (and stops, as a second panic must).
-        let sections: &[(&str, &str)] =
-            if name == "panic-stops-cpus" { &[("cpu 1: stopped", "panic_witness"), ("cpu 2: stopped", "panic_too")] } else { &[] };
+        let sections: &[(&str, &str)] = if name == "panic-stops-cpus" {
+            &[("cpu 1: stopped", "panic_witness"), ("cpu 2: stopped", "panic_too")]
+        } else {
+            &[]
+        };
         failure_path(&machine, image, (name, bootargs, expected_status, expected_line), sections, tally)?;
     }
     Ok(())

@@ -22,6 +22,7 @@ pub const TESTS: &[Test] = &[
     Test { name: "smp_traces_agree_in_irqs_every_cpu", run: smp_traces_agree_in_irqs_every_cpu },
     Test { name: "smp_ftrace_unregister_waits_for_other_cpus", run: smp_ftrace_unregister_waits_for_other_cpus },
     Test { name: "smp_kretprobe_irq_context_per_cpu", run: smp_kretprobe_irq_context_per_cpu },
+    Test { name: "smp_probe_and_tracer_churn", run: smp_probe_and_tracer_churn },
 ];
 
 /// Each wanted CPU is online and set up its own per-CPU entry (index, IRQ and overflow stacks):
@@ -823,7 +824,13 @@ fn smp_kretprobe_irq_context_per_cpu(_: &Context) -> Outcome {
         check!(joined.iter().all(|state| matches!(state, Ok(State::Exited))));
         let results = [IRQ_RESULTS[0].load(Ordering::Relaxed), IRQ_RESULTS[1].load(Ordering::Relaxed)];
         let most = MOST_IN_IRQ_CALL.load(Ordering::Relaxed);
-        defmt::info!("  {}: results {=u64:#x} {=u64:#x}, most inside at once {=usize}", method, results[0], results[1], most);
+        defmt::info!(
+            "  {}: results {=u64:#x} {=u64:#x}, most inside at once {=usize}",
+            method,
+            results[0],
+            results[1],
+            most
+        );
         check_eq!(results[0], 0xa001);
         check_eq!(results[1], 0xb002);
         check_eq!(IRQ_RETURNS.load(Ordering::Relaxed), 2);
@@ -831,5 +838,198 @@ fn smp_kretprobe_irq_context_per_cpu(_: &Context) -> Outcome {
         check!(most >= 2);
     }
     check!(methods_run >= 2);
+    Ok(Verdict::Passed)
+}
+
+/// Register/unregister rounds per kprobe method and per ftrace scheme (fewer under icount, where
+/// CPUs take turns in slices of millions of instructions and each ftrace unregister's grace
+/// period waits for the others' turns).
+const CHURN_ROUNDS: usize = 1000;
+const CHURN_ROUNDS_ICOUNT: usize = 50;
+/// ftrace rounds without icount: each patch of kernel text makes TCG stop every vCPU to drop its
+/// translations, about 25 ms a round on this host with three callers, so 1,000 rounds per
+/// scheme would add over a minute to CI.
+const TRACER_CHURN_ROUNDS: usize = 100;
+/// Other CPUs calling the target: one. With three spinning through the ftrace trampoline on
+/// this 2-core host (shared with other QEMUs), a caller's vCPU thread was starved past the grace
+/// period's 100 ms of wall-clock time (its panic names the CPU) in three runs of three; kprobe
+/// unregistration waits for a grace period too (branch race2).
+const CHURN_CALLING_CPUS: usize = 1;
+static CHURN_STOP: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+static CHURN_CALLS: AtomicU64 = AtomicU64::new(0);
+static CHURN_HITS: AtomicU64 = AtomicU64::new(0);
+static CHURN_WRONG: AtomicU64 = AtomicU64::new(0);
+/// Callers inside a call of the target now (sampled by the patching CPU: the overlap witness).
+static IN_CHURN_CALL: AtomicUsize = AtomicUsize::new(0);
+static CHURN_CALLERS: AtomicUsize = AtomicUsize::new(0);
+
+#[inline(never)]
+extern "C" fn churn_target(a: u64, b: u64) -> u64 {
+    a.wrapping_mul(5) ^ b
+}
+
+/// One other CPU's calls of the target in a tight loop until the patcher is done.
+extern "C" fn churn_caller(cpu: u64) {
+    CHURN_CALLERS.fetch_add(1, Ordering::AcqRel);
+    cpu::send_event();
+    let call: extern "C" fn(u64, u64) -> u64 = core::hint::black_box(churn_target);
+    let mut index = 0u64;
+    while !CHURN_STOP.load(Ordering::Acquire) {
+        IN_CHURN_CALL.fetch_add(1, Ordering::AcqRel);
+        let result = call(index, cpu);
+        IN_CHURN_CALL.fetch_sub(1, Ordering::AcqRel);
+        CHURN_CALLS.fetch_add(1, Ordering::Relaxed);
+        if result != index.wrapping_mul(5) ^ cpu {
+            CHURN_WRONG.fetch_add(1, Ordering::Relaxed);
+        }
+        index += 1;
+    }
+}
+
+fn count_churn_hit(_: &mut Registers) {
+    CHURN_HITS.fetch_add(1, Ordering::Relaxed);
+}
+
+#[sanitize(kernel_hwaddress = "off")]
+unsafe extern "C" fn churn_tracer(_: u64, _: u64, _: &crate::ftrace::Ops, _: &mut crate::ftrace::Regs) {
+    CHURN_HITS.fetch_add(1, Ordering::Relaxed);
+}
+
+static CHURN_OPS: crate::ftrace::Ops = crate::ftrace::Ops { func: churn_tracer, private: 0 };
+
+/// Leaves the patch in place until it was hit (the hit count moved from `hits`) or for 1 ms:
+/// other CPUs may run their already translated code a while before they see a patch.
+fn dwell(hits: u64) {
+    cpu::wait_until(1, || CHURN_HITS.load(Ordering::Relaxed) != hits);
+}
+
+/// What one patcher (a kprobe method or an ftrace scheme) did to the callers.
+struct Churned {
+    calls: u64,
+    hits: u64,
+    wrong: u64,
+    /// The most CPUs in the target's patch window at once: this one (patching) and the callers
+    /// inside a call of the target when it looked.
+    witness: usize,
+}
+
+/// Runs `round` `rounds` times on this CPU while `callers` other CPUs call the target; `round`
+/// returns the callers it saw inside a call while the patch was in place (or an error).
+fn churn(rounds: usize, callers: usize, mut round: impl FnMut() -> Result<usize, Failure>) -> Result<Churned, Failure> {
+    let me = task::this_cpu();
+    let caller_cpus = || (0..cpus::wanted()).filter(move |&cpu| cpu != me).take(callers);
+    let others = caller_cpus().count();
+    CHURN_STOP.store(false, Ordering::Relaxed);
+    CHURN_CALLS.store(0, Ordering::Relaxed);
+    CHURN_HITS.store(0, Ordering::Relaxed);
+    CHURN_WRONG.store(0, Ordering::Relaxed);
+    CHURN_CALLERS.store(0, Ordering::Relaxed);
+    let mut ids = [None; stacks::CPUS];
+    let mut outcome = Ok(0);
+    for cpu in caller_cpus() {
+        match task::spawn_on(CpuMask::one(cpu), "churn-caller", churn_caller, cpu as u64) {
+            Ok(id) => ids[cpu] = Some(id),
+            Err(_) => outcome = Err(fail("spawn")),
+        }
+    }
+    if outcome.is_ok() && !cpu::wait_until(1000, || CHURN_CALLERS.load(Ordering::Acquire) == others) {
+        outcome = Err(fail("the callers started within 1 s"));
+    }
+    let mut witness = 1;
+    for _ in 0..rounds {
+        if outcome.is_err() {
+            break;
+        }
+        match round() {
+            Ok(inside) => witness = witness.max(1 + inside),
+            Err(failure) => outcome = Err(failure),
+        }
+    }
+    CHURN_STOP.store(true, Ordering::Release);
+    for id in ids.iter().flatten() {
+        task::join(*id);
+    }
+    outcome?;
+    Ok(Churned {
+        calls: CHURN_CALLS.load(Ordering::Relaxed),
+        hits: CHURN_HITS.load(Ordering::Relaxed),
+        wrong: CHURN_WRONG.load(Ordering::Relaxed),
+        witness,
+    })
+}
+
+/// A kprobe (each method) and an ftrace tracer (each scheme) registered and unregistered 1,000
+/// times (50 under icount; tracers 100 without icount: see `TRACER_CHURN_ROUNDS`) while another
+/// CPU calls the target in a tight loop (one: see `CHURN_CALLING_CPUS`): every call
+/// returns the right value, no fault or undefined instruction ends the run, the handler's hits
+/// never exceed the calls. Overlap witness: the most CPUs in the patch window at once (the
+/// patching one and callers inside a call of the target), >= 2 without icount; without icount
+/// the probes and tracers must also have been hit.
+fn smp_probe_and_tracer_churn(context: &Context) -> Outcome {
+    if cpus::wanted() == 1 {
+        return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
+    }
+    let rounds = if context.icount { CHURN_ROUNDS_ICOUNT } else { CHURN_ROUNDS };
+    let function = churn_target as *const () as u64;
+    let target = kretprobe::attach_address(function);
+    let (mut witness, mut hits, mut patchers) = (0, 0, 0);
+    let mut report = |churned: Churned| -> Result<(), Failure> {
+        defmt::info!(
+            "    {=u64} calls, {=u64} hits, at most {=usize} CPUs in the patch window",
+            churned.calls,
+            churned.hits,
+            churned.witness
+        );
+        check_eq!(churned.wrong, 0);
+        check!(churned.hits <= churned.calls);
+        witness = witness.max(churned.witness);
+        hits += churned.hits;
+        patchers += 1;
+        Ok(())
+    };
+    if crate::ftrace::site_state(function).is_some() {
+        for scheme in [crate::ftrace::Scheme::CallOps, crate::ftrace::Scheme::List, crate::ftrace::Scheme::Vector] {
+            check!(crate::ftrace::set_scheme(scheme).is_ok());
+            let churned = churn(rounds.min(TRACER_CHURN_ROUNDS), CHURN_CALLING_CPUS, || {
+                let hits = CHURN_HITS.load(Ordering::Relaxed);
+                let tracer = crate::ftrace::register_where(&CHURN_OPS, |entry| entry + 8 == function)
+                    .map_err(|_| fail("tracer registered"))?;
+                let inside = IN_CHURN_CALL.load(Ordering::Acquire);
+                dwell(hits);
+                crate::ftrace::unregister(tracer).map_err(|_| fail("tracer unregistered"))?;
+                Ok(inside)
+            });
+            let restored = crate::ftrace::set_scheme(crate::ftrace::Scheme::CallOps).is_ok();
+            defmt::info!("  ftrace {}:", defmt::Debug2Format(&scheme));
+            report(churned?)?;
+            check!(restored);
+        }
+    }
+    for method in Method::ALL {
+        match crate::probes::register(target, method, count_churn_hit, None) {
+            Ok(()) => check!(crate::probes::unregister(target).is_ok()),
+            Err(ProbeError::NotSimulated | ProbeError::NeedsOriginalPc(Text::Kernel)) => continue,
+            Err(error) => {
+                defmt::error!("  {}: {}", method, error);
+                return Err(fail("kprobe registered"));
+            }
+        }
+        let churned = churn(rounds, CHURN_CALLING_CPUS, || {
+            let hits = CHURN_HITS.load(Ordering::Relaxed);
+            crate::probes::register(target, method, count_churn_hit, None).map_err(|_| fail("kprobe registered"))?;
+            let inside = IN_CHURN_CALL.load(Ordering::Acquire);
+            dwell(hits);
+            crate::probes::unregister(target).map_err(|_| fail("kprobe unregistered"))?;
+            Ok(inside)
+        })?;
+        defmt::info!("  kprobe {}:", method);
+        report(churned)?;
+    }
+    check!(patchers >= 2);
+    defmt::info!("  overlap witness: at most {=usize} CPUs in a patch window at once", witness);
+    if !context.icount {
+        check!(witness >= 2);
+        check!(hits > 0);
+    }
     Ok(Verdict::Passed)
 }
