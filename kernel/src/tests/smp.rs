@@ -23,6 +23,7 @@ pub const TESTS: &[Test] = &[
     Test { name: "smp_ftrace_unregister_waits_for_other_cpus", run: smp_ftrace_unregister_waits_for_other_cpus },
     Test { name: "smp_kretprobe_irq_context_per_cpu", run: smp_kretprobe_irq_context_per_cpu },
     Test { name: "smp_probe_and_tracer_churn", run: smp_probe_and_tracer_churn },
+    Test { name: "smp_heap_use_after_free_reported", run: smp_heap_use_after_free_reported },
 ];
 
 /// Each wanted CPU is online and set up its own per-CPU entry (index, IRQ and overflow stacks):
@@ -1030,6 +1031,105 @@ fn smp_probe_and_tracer_churn(context: &Context) -> Outcome {
     if !context.icount {
         check!(witness >= 2);
         check!(hits > 0);
+    }
+    Ok(Verdict::Passed)
+}
+
+/// The use-after-free task's report and its task id.
+static UAF_REPORT: crate::sync::IrqSpinLock<Option<(u64, Option<crate::mm::kasan::report::Report>)>> =
+    crate::sync::IrqSpinLock::new(None);
+static UAF_TASK: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// Allocates the object the use-after-free task misuses (a frame of its own: the alloc stack
+/// must name it).
+#[inline(never)]
+fn uaf_allocate() -> Option<u64> {
+    in_heap(|| crate::mm::kasan::heap::allocate(64, 16))
+}
+
+/// Frees it (a frame of its own: the free stack must name it).
+#[inline(never)]
+fn uaf_free(object: u64) {
+    in_heap(|| crate::mm::kasan::heap::free(object));
+}
+
+#[inline(never)]
+fn uaf_read(address: u64) -> u64 {
+    // SAFETY: deliberately reads a freed heap object (mapped memory): the sanitizer must report
+    // it, in recover mode.
+    unsafe { core::ptr::read_volatile(address as *const u64) }
+}
+
+/// On its CPU, once the heap workers run: allocates, frees, then reads the freed object.
+extern "C" fn uaf_task(_: u64) {
+    while READY.load(Ordering::Acquire) < SAVERS.load(Ordering::Relaxed) {
+        cpu::wait_for_event();
+    }
+    UAF_TASK.store(task::current().0, Ordering::Relaxed);
+    let Some(object) = uaf_allocate() else {
+        return;
+    };
+    uaf_free(object);
+    let recorded = crate::mm::kasan::report::recording(|| {
+        core::hint::black_box(uaf_read(object + 8));
+    });
+    *UAF_REPORT.lock() = Some(recorded);
+}
+
+/// Whether the saved stack `handle` has a frame in `function`.
+fn stack_names(handle: u32, function: u64) -> bool {
+    let mut buffer = [0; stackdepot::MAX_FRAMES];
+    crate::mm::kasan::report::saved_frames(handle, &mut buffer).iter().any(|&address| {
+        crate::symbols::callsites::function_containing(address).is_some_and(|(start, _)| start == function)
+    })
+}
+
+/// A deliberate use-after-free on one CPU while every other CPU allocates and frees: it is
+/// reported once, as a use-after-free of that object, with the alloc and free stacks of that
+/// CPU's task (its task id, frames in `uaf_allocate` and `uaf_free`), and the others' heap work
+/// stays right. Overlap witness: CPUs inside allocate/free at once, >= 2 without icount.
+fn smp_heap_use_after_free_reported(context: &Context) -> Outcome {
+    let wanted = cpus::wanted();
+    if wanted == 1 {
+        return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
+    }
+    if !crate::mm::kasan::CHECKS_COMPILED_IN && !crate::mm::kasan::HARDWARE_TAGS {
+        return Ok(Verdict::Skipped("no tag checks in this build (`full` or `mte`)"));
+    }
+    let uaf_cpu = if task::this_cpu() == 1 { 0 } else { 1 };
+    HEAP_WRONG.store(0, Ordering::Relaxed);
+    MOST_IN_HEAP.store(0, Ordering::Relaxed);
+    READY.store(0, Ordering::Relaxed);
+    SAVERS.store(wanted - 1, Ordering::Relaxed);
+    UAF_TASK.store(usize::MAX, Ordering::Relaxed);
+    *UAF_REPORT.lock() = None;
+    let mut ids = [None; stacks::CPUS];
+    for (cpu, id) in ids.iter_mut().enumerate().take(wanted) {
+        let spawned = if cpu == uaf_cpu {
+            task::spawn_on(CpuMask::one(cpu), "uaf", uaf_task, 0)
+        } else {
+            task::spawn_on(CpuMask::one(cpu), "heap-worker", heap_worker, cpu as u64)
+        };
+        *id = Some(spawned.map_err(|_| fail("spawn"))?);
+    }
+    for id in ids.iter().take(wanted).flatten() {
+        check!(task::join(*id) == State::Exited);
+    }
+    let (reports, report) = UAF_REPORT.lock().take().ok_or(fail("the use-after-free task ran"))?;
+    let most = MOST_IN_HEAP.load(Ordering::Relaxed);
+    defmt::info!("  overlap witness: at most {=usize} of {=usize} CPUs in the heap at once", most, wanted);
+    check_eq!(reports, 1);
+    let report = report.ok_or(fail("a report was recorded"))?;
+    check!(report.bug == crate::mm::kasan::report::BugType::UseAfterFree);
+    let object = report.object.ok_or(fail("the report names the object"))?;
+    let task = UAF_TASK.load(Ordering::Relaxed) as u16;
+    check!(object.alloc_task == Some(task));
+    check!(object.free_task == Some(task));
+    check!(stack_names(object.alloc_stack, uaf_allocate as *const () as u64));
+    check!(stack_names(object.free_stack, uaf_free as *const () as u64));
+    check_eq!(HEAP_WRONG.load(Ordering::Relaxed), 0);
+    if !context.icount {
+        check!(most >= 2);
     }
     Ok(Verdict::Passed)
 }
