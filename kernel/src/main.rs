@@ -29,7 +29,7 @@ mod tests;
 mod trap;
 
 use arch::{cpu, mmu::VA_OFFSET};
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// The build variant xtask compiled (full, prod or plain), so the kernel knows which
 /// instrumentation to expect.
@@ -192,7 +192,12 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
                 Err(_) => exit(ExitStatus::UsageError),
             }
         }
-        cmdline::Run::Panic => panic!("deliberate panic (run=panic)"),
+        cmdline::Run::Panic => {
+            if task::cpus::online() > 1 {
+                start_panic_witness();
+            }
+            panic!("deliberate panic (run=panic)")
+        }
         cmdline::Run::Fault => {
             // SAFETY: deliberately reads an unmapped address (the boot stack's guard page) to
             // check that an unexpected exception is reported and ends the run.
@@ -298,18 +303,87 @@ fn semihosting_exit(status: u8) {
     unsafe { core::arch::asm!("hlt #0xf000", in("x0") 0x18_u64, in("x1") block.as_ptr(), options(nostack)) };
 }
 
-#[panic_handler]
-fn panic(info: &core::panic::PanicInfo) -> ! {
-    static PANICKING: AtomicBool = AtomicBool::new(false);
+/// Set by `panic_witness` once it runs.
+static PANIC_WITNESS_RUNNING: AtomicBool = AtomicBool::new(false);
+
+/// `run=panic` on several CPUs: CPU 1 waits in this known function when CPU 0 panics, so the
+/// report must show it under `cpu 1:` (xtask's failure path `panic-stops-cpus`).
+#[inline(never)]
+extern "C" fn panic_witness(_: u64) {
+    PANIC_WITNESS_RUNNING.store(true, Ordering::Release);
+    cpu::send_event();
+    loop {
+        cpu::wait_for_event();
+    }
+}
+
+/// Set by the `run=panic` CPU just before it panics: `panic_too` panics at the same time.
+static PANIC_NOW: AtomicBool = AtomicBool::new(false);
+
+/// `run=panic` on 3 or more CPUs: CPU 2 panics too, while CPU 0 reports its panic (IRQs masked,
+/// so no stop request gets in first). Whichever loses the race must stop and show its trace in
+/// the winner's report, not exit silently.
+#[inline(never)]
+extern "C" fn panic_too(_: u64) {
     cpu::mask_interrupts();
-    if PANICKING.swap(true, Ordering::SeqCst) {
-        // A panic while reporting a panic: report nothing more, just stop with the status.
-        semihosting_exit(ExitStatus::Panic as u8);
-        loop {
-            cpu::wait_for_interrupt();
+    PANIC_WITNESS_RUNNING.store(true, Ordering::Release);
+    cpu::send_event();
+    while !PANIC_NOW.load(Ordering::Acquire) {
+        core::hint::spin_loop();
+    }
+    // Lets CPU 0 claim the report first (it then waits up to 100 ms for this CPU to stop), so
+    // the report names this CPU as the second; either order is handled the same way.
+    cpu::wait_until(10, || false);
+    panic!("second deliberate panic (run=panic, cpu 2)")
+}
+
+/// Runs `panic_witness` on CPU 1 (and `panic_too` on CPU 2) and waits until each runs (at most
+/// a second each).
+fn start_panic_witness() {
+    let helpers: [(usize, &str, extern "C" fn(u64)); 2] =
+        [(1, "panic_witness", panic_witness), (2, "panic_too", panic_too)];
+    for (cpu, name, entry) in helpers.into_iter().filter(|&(cpu, ..)| cpu < task::cpus::online()) {
+        PANIC_WITNESS_RUNNING.store(false, Ordering::Relaxed);
+        let spawned = task::spawn_on(task::CpuMask::one(cpu), name, entry, 0);
+        let running = spawned.is_ok() && cpu::wait_until(1000, || PANIC_WITNESS_RUNNING.load(Ordering::Acquire));
+        if !running {
+            defmt::error!("run=panic: cpu {=usize} did not start {=str}", cpu, name);
         }
     }
+    PANIC_NOW.store(true, Ordering::Release);
+}
+
+#[panic_handler]
+fn panic(info: &core::panic::PanicInfo) -> ! {
+    /// The CPU reporting a panic (`NO_CPU`: none).
+    static PANICKING: AtomicUsize = AtomicUsize::new(NO_CPU);
+    const NO_CPU: usize = usize::MAX;
+    cpu::mask_interrupts();
+    let me = arch::percpu::this_cpu_index();
     let (file, line) = info.location().map_or(("?", 0), |location| (location.file(), location.line()));
+    match PANICKING.compare_exchange(NO_CPU, me, Ordering::SeqCst, Ordering::SeqCst) {
+        Ok(_) => {}
+        Err(reporter) if reporter == me => {
+            // A panic while reporting a panic: report nothing more, just stop with the status.
+            semihosting_exit(ExitStatus::Panic as u8);
+            loop {
+                cpu::wait_for_interrupt();
+            }
+        }
+        Err(reporter) => {
+            // Another CPU reports a panic: say this one's, then stop as the others do (the
+            // report shows this CPU's trace under `cpu N:`).
+            defmt::error!(
+                "cpu {=usize}: panicked at {=str}:{=u32} while cpu {=usize} reports a panic: {}",
+                me,
+                file,
+                line,
+                reporter,
+                defmt::Display2Format(&info.message())
+            );
+            task::cpus::stop_this_cpu_in_panic()
+        }
+    }
     defmt::error!("panicked at {=str}:{=u32}: {}", file, line, defmt::Display2Format(&info.message()));
     let (stopped, others) = task::cpus::stop_others();
     if others != 0 {
@@ -319,5 +393,10 @@ fn panic(info: &core::panic::PanicInfo) -> ! {
         defmt::error!("  while running test {=str}", test);
     }
     stacktrace::print_both();
+    for other in (0..task::stacks::CPUS).filter(|&other| other != me) {
+        if let Some((frame, slot)) = task::cpus::stopped_context(other) {
+            stacktrace::print_stopped_cpu(other, frame, slot);
+        }
+    }
     exit(ExitStatus::Panic)
 }

@@ -434,6 +434,20 @@ pub fn print_both_of(frame: &ExceptionFrame, slot: Slot) {
     }
 }
 
+/// A CPU stopped by a panic on another: both backtraces of the context it stopped in, after a
+/// `cpu N:` line (a context in EL0 has no kernel trace).
+pub fn print_stopped_cpu(cpu: usize, frame: &ExceptionFrame, slot: Slot) {
+    defmt::error!("cpu {=usize}: stopped at {=u64:#x}", cpu, frame.elr);
+    if frame.spsr & SPSR_MODE == 0 {
+        defmt::error!("  in EL0: no kernel trace");
+    } else {
+        print_both_of(frame, slot);
+    }
+}
+
+/// SPSR.M[3:0]: 0 is EL0t.
+const SPSR_MODE: u64 = 0b1111;
+
 /// The kernel's stack depot and its pool memory (permanent records: traces are never freed).
 pub static DEPOT: StackDepot<4096, 16> = StackDepot::new();
 const POOL_SIZE: usize = 256 << 10;

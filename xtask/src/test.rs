@@ -479,9 +479,28 @@ fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Fa
     ];
     for (name, smp, bootargs, expected_status, expected_line) in checks {
         let machine = Machine { smp, dtb: None, ..machine };
-        failure_path(&machine, image, (name, bootargs, expected_status, expected_line), tally)?;
+        // The panic report shows each stopped CPU's trace: CPU 1 waits in `panic_witness`, CPU 2
+        // panics at the same time as CPU 0 in `panic_too` (and stops, as a second panic must).
+        let sections: &[(&str, &str)] = if name == "panic-stops-cpus" {
+            &[("cpu 1: stopped", "panic_witness"), ("cpu 2: stopped", "panic_too")]
+        } else {
+            &[]
+        };
+        failure_path(&machine, image, (name, bootargs, expected_status, expected_line), sections, tally)?;
     }
     Ok(())
+}
+
+/// Whether a `fp #` line of the log's section that starts with `header` (up to the next line
+/// that does not start with two spaces) names `function`.
+fn names_under(log: &[crate::log::LogLine], header: &str, function: &str) -> bool {
+    let Some(start) = log.iter().position(|line| line.text.starts_with(header)) else {
+        return false;
+    };
+    log[start + 1..]
+        .iter()
+        .take_while(|line| line.text.starts_with("  "))
+        .any(|line| line.text.trim_start().starts_with("fp #") && line.text.contains(function))
 }
 
 /// Build variant `mte`'s failure paths: without `mte=on` the kernel says MTE is missing and
@@ -505,7 +524,7 @@ fn mte_failure_paths(tally: &mut Tally) -> Result<(), Failure> {
         Some(ExitStatus::Unsupported.code()),
         "MTE: not available (mte=on missing?)",
     );
-    failure_path(&without, &image, missing, tally)?;
+    failure_path(&without, &image, missing, &[], tally)?;
     let with = Machine { mte: true, ..without };
     let use_after_free = (
         "mte-use-after-free",
@@ -513,15 +532,17 @@ fn mte_failure_paths(tally: &mut Tally) -> Result<(), Failure> {
         Some(ExitStatus::Panic.code()),
         "BUG: KASAN: slab-use-after-free",
     );
-    failure_path(&with, &image, use_after_free, tally)
+    failure_path(&with, &image, use_after_free, &[], tally)
 }
 
 /// One failure path: the run ends with the expected status (None: still running at the
-/// timeout) after logging a line that starts with the expected text.
+/// timeout) after logging a line that starts with the expected text, and each (header,
+/// function) of `sections` has a frame-pointer line naming the function under the header.
 fn failure_path(
     machine: &Machine,
     image: &build::KernelImage,
     (name, bootargs, expected_status, expected_line): (&str, &str, Option<i32>, &str),
+    sections: &[(&str, &str)],
     tally: &mut Tally,
 ) -> Result<(), Failure> {
     {
@@ -530,12 +551,18 @@ fn failure_path(
         let logged = result.log.iter().any(|line| line.text.starts_with(expected_line));
         let sentinel_ok = expected_status
             .is_none_or(|status| result.log.iter().any(|line| line.text == format!("tracelab: exit status {status}")));
-        let ok = result.status == expected_status && logged && sentinel_ok;
+        let missing: Vec<String> = sections
+            .iter()
+            .filter(|(header, function)| !names_under(&result.log, header, function))
+            .map(|(header, function)| format!("`{function}` under `{header}`"))
+            .collect();
+        let ok = result.status == expected_status && logged && sentinel_ok && missing.is_empty();
         println!(
-            "failure path [{name}]: {}: status {:?} (expected {expected_status:?}), `{expected_line}` {}",
+            "failure path [{name}]: {}: status {:?} (expected {expected_status:?}), `{expected_line}` {}{}",
             if ok { "ok" } else { "FAILED" },
             result.status,
-            if logged { "logged" } else { "missing" }
+            if logged { "logged" } else { "missing" },
+            if missing.is_empty() { String::new() } else { format!(", missing {}", missing.join(", ")) }
         );
         if ok {
             tally.passed += 1;
@@ -912,6 +939,29 @@ mod tests {
             ["test race_kprobe_arm_disarm skipped as on one CPU, on smp 4"]
         );
         assert!(skipped_as_on_one_cpu(log.into_iter(), 1).is_empty());
+    }
+
+    #[test]
+    fn a_function_is_named_under_its_cpu_only() {
+        let log: Vec<crate::log::LogLine> = [
+            "cpu 1: stopped at 0xffffff804009f650",
+            "  fp #0 kernel::panic_witness+0x28/0x30 0xffffff804009f650",
+            "  fp: 1 frames, end of task",
+            "cpu 2: stopped at 0xffffff80400ab048",
+            "  scs #0 kernel::panic_too+0x90/0x90 0xffffff804009fb78",
+            "  fp #0 kernel::task::idle_loop+0x40/0x44 0xffffff80400ab048",
+            "tracelab: exit status 3",
+            "  fp #0 kernel::panic_too+0x90/0x90 0xffffff804009fb78",
+        ]
+        .into_iter()
+        .map(|text| crate::log::LogLine { level: None, timestamp: None, text: text.into() })
+        .collect();
+        assert!(names_under(&log, "cpu 1:", "panic_witness"));
+        assert!(names_under(&log, "cpu 1: stopped", "panic_witness"));
+        assert!(!names_under(&log, "cpu 2:", "panic_witness"));
+        // Only frame-pointer lines of the section count, not a later section's lines.
+        assert!(!names_under(&log, "cpu 2:", "panic_too"));
+        assert!(!names_under(&log, "cpu 3:", "idle_loop"));
     }
 
     #[test]

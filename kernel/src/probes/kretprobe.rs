@@ -44,7 +44,8 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use super::cells::PerContext;
 use super::{Method, ProbeError, Registers, refuse};
 use crate::sync::IrqMask;
-use crate::task::stacks::{self, TASK_SLOTS};
+use crate::task::TASKS;
+use crate::task::stacks::{self, CPUS};
 use unwind::{HijackedReturn, ReturnRepair, ReturnStack};
 
 /// Runs at the probed function's entry: may look at (and change) the registers, and store one
@@ -96,12 +97,21 @@ static RECORDS: [Kretprobe; MAX_KRETPROBES] = [const {
 
 static REGISTER: spin::Mutex<()> = spin::Mutex::new(());
 
-/// The return-instance stacks: one per task slot, then this CPU's IRQ context. A context's stack
+/// The return-instance stacks: one per task (the task slots, then the secondaries' idle tasks),
+/// then one per CPU's IRQ context (`TASKS + cpu`: two CPUs in IRQs at once each push and pop
+/// their own returns). A context's stack
 /// is changed only by code running in that context with IRQs masked (entry, return, task start),
 /// and read by walkers running in that context or in an IRQ that interrupted it; pushes write
 /// the entry before the length (`cells::PerContext`).
-static CONTEXTS: PerContext<ReturnStack<INSTANCES_PER_CONTEXT>, { TASK_SLOTS + 1 }> =
-    PerContext::new([const { UnsafeCell::new(ReturnStack::new()) }; TASK_SLOTS + 1]);
+static CONTEXTS: PerContext<ReturnStack<INSTANCES_PER_CONTEXT>, { TASKS + CPUS }> =
+    PerContext::new([const { UnsafeCell::new(ReturnStack::new()) }; TASKS + CPUS]);
+
+/// This CPU's IRQ context's index in `CONTEXTS`.
+#[unsafe(link_section = ".text.noprobe")]
+#[inline(always)]
+fn irq_context() -> usize {
+    TASKS + crate::arch::percpu::this_cpu_index()
+}
 
 /// Set while a return handler runs (IRQs masked): kretprobe hits then are missed.
 static IN_RETURN_HANDLER: AtomicBool = AtomicBool::new(false);
@@ -238,7 +248,7 @@ pub fn outstanding() -> usize {
     unsafe { (*context_stack(sp)).len() }
 }
 
-/// Hijacked returns outstanding in the task of slot `index` (`index < TASK_SLOTS`), read by code
+/// Hijacked returns outstanding in the task of slot `index` (`index < TASKS`), read by code
 /// running on that task's stack: the stack walker's gate, which knows the slot from SP and so
 /// skips the IRQ-stack test and the scheduler read [`outstanding`] makes.
 #[inline(always)]
@@ -274,7 +284,7 @@ pub fn forget_task(index: usize) {
 #[unsafe(link_section = ".text.noprobe")]
 #[inline(always)]
 fn context_stack(sp: u64) -> *mut ReturnStack<INSTANCES_PER_CONTEXT> {
-    let index = if stacks::this_irq_slot().contains_stack(sp) { TASK_SLOTS } else { crate::task::current().0 };
+    let index = if stacks::this_irq_slot().contains_stack(sp) { irq_context() } else { crate::task::current().0 };
     CONTEXTS.get(index)
 }
 
@@ -386,7 +396,7 @@ impl ReturnRepair for Repair {
     }
 
     fn shadow_return(&self, slot: u64) -> Option<u64> {
-        let irq = CONTEXTS.get(TASK_SLOTS);
+        let irq = CONTEXTS.get(irq_context());
         let task = CONTEXTS.get(crate::task::current().0);
         // SAFETY: as above.
         unsafe { (*task).shadow_return(slot, trampoline()).or_else(|| (*irq).shadow_return(slot, trampoline())) }

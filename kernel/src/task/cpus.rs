@@ -2,10 +2,11 @@
 //! or the board's spin table), capped by `cpus=N`, each started on its idle slot.
 
 use super::stacks;
+use crate::arch::exception::ExceptionFrame;
 use crate::arch::park;
 use crate::arch::smp::{self, Release, StartError};
 use crate::board::{CpuList, PsciConduit};
-use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 /// CPUs `bring_up` tried to run, the boot CPU included (0 before it ran).
 static WANTED: AtomicUsize = AtomicUsize::new(0);
@@ -27,6 +28,24 @@ pub fn wakes(cpu: usize) -> u64 {
 static STOP: AtomicBool = AtomicBool::new(false);
 /// Bit n: CPU n stopped on request.
 static STOPPED: AtomicU64 = AtomicU64::new(0);
+/// Per CPU: the context it was in when it stopped (its IRQ frame, or the frame a second panic
+/// built on its own stack) and the task it was running, published before its `STOPPED` bit.
+static STOPPED_AT: [AtomicPtr<ExceptionFrame>; stacks::CPUS] =
+    [const { AtomicPtr::new(core::ptr::null_mut()) }; stacks::CPUS];
+static STOPPED_TASK: [AtomicUsize; stacks::CPUS] = [const { AtomicUsize::new(0) }; stacks::CPUS];
+
+/// The context CPU `cpu` stopped in and the stack slot of the task it ran, if it stopped
+/// (`stop_others`, or a panic while another CPU reports one): the panic report walks it.
+pub fn stopped_context(cpu: usize) -> Option<(&'static ExceptionFrame, stacks::Slot)> {
+    if STOPPED.load(Ordering::Acquire) & (1 << cpu) == 0 {
+        return None;
+    }
+    let frame = STOPPED_AT[cpu].load(Ordering::Relaxed);
+    // SAFETY: a stopped CPU never leaves `stop_this_cpu`, so the frame on its stack stays as it
+    // was saved; the Acquire load of its `STOPPED` bit orders this read after the save.
+    let frame = unsafe { frame.as_ref() }?;
+    Some((frame, super::task_slot(STOPPED_TASK[cpu].load(Ordering::Relaxed))))
+}
 
 /// Stops every other online CPU (a panic: nothing else runs while the report is printed and the
 /// kernel exits): sets `STOP`, sends each the wake-up SGI, waits up to 100 ms for all to confirm.
@@ -50,7 +69,7 @@ pub fn stop_others() -> (usize, usize) {
 fn on_wake_sgi() {
     let cpu = crate::arch::percpu::this_cpu_index();
     if STOP.load(Ordering::Acquire) {
-        stop_this_cpu(cpu);
+        stop_this_cpu(cpu, crate::arch::percpu::this_cpu().irq_frame.load(Ordering::Relaxed));
     }
     WAKES[cpu].fetch_add(1, Ordering::Release);
     super::cross_call::serve();
@@ -59,9 +78,37 @@ fn on_wake_sgi() {
     unsafe { core::arch::asm!("dsb ish", "sev", options(nomem, nostack, preserves_flags)) };
 }
 
-/// Confirms the stop to the CPU in `stop_others` and waits forever with interrupts masked.
-fn stop_this_cpu(cpu: usize) -> ! {
+/// A panic on this CPU while another CPU reports one: stops this CPU as `stop_others` would,
+/// leaving this call's context (PC, x29, x18) for the report, which walks it from here to the
+/// panicking function.
+#[inline(never)]
+pub fn stop_this_cpu_in_panic() -> ! {
     crate::arch::cpu::mask_interrupts();
+    // SAFETY: an exception frame is plain integers; all zeros is a valid value.
+    let mut frame: ExceptionFrame = unsafe { core::mem::zeroed() };
+    let (pc, fp, x18): (u64, u64, u64);
+    // SAFETY: reads this point's address, x29 and x18; no memory is touched.
+    unsafe {
+        core::arch::asm!("adr {}, .", "mov {}, x29", "mov {}, x18", out(reg) pc, out(reg) fp, out(reg) x18,
+            options(nomem, nostack, preserves_flags));
+    }
+    frame.elr = pc;
+    frame.x[29] = fp;
+    frame.x[18] = x18;
+    frame.spsr = SPSR_EL1H;
+    stop_this_cpu(crate::arch::percpu::this_cpu_index(), &mut frame)
+}
+
+/// SPSR.M of EL1 with SP_EL1: the mode a kernel context runs in.
+const SPSR_EL1H: u64 = 0b0101;
+
+/// Leaves `frame` (this CPU's interrupted context; it lives on this CPU's stack, which is never
+/// left) for the report, confirms the stop to the CPU in `stop_others` and waits forever with
+/// interrupts masked.
+fn stop_this_cpu(cpu: usize, frame: *mut ExceptionFrame) -> ! {
+    crate::arch::cpu::mask_interrupts();
+    STOPPED_AT[cpu].store(frame, Ordering::Relaxed);
+    STOPPED_TASK[cpu].store(super::current().0, Ordering::Relaxed);
     STOPPED.fetch_or(1 << cpu, Ordering::Release);
     // SAFETY: tells the stopping CPU (waiting with `wfe`) that this one stopped.
     unsafe { core::arch::asm!("dsb ish", "sev", options(nomem, nostack, preserves_flags)) };
@@ -103,8 +150,11 @@ pub fn synchronize() {
         crate::drivers::interrupts::send_wake(cpu);
     }
     let passed = || waiting().all(|cpu| count(cpu) != before[cpu]);
-    if !crate::arch::cpu::wait_until(SYNCHRONIZE_MS, passed) {
-        let stuck = waiting().find(|&cpu| count(cpu) == before[cpu]).unwrap_or(usize::MAX);
+    // A CPU that passed between the last check and the timeout completes the period too (the
+    // report must name a CPU that really has not passed).
+    if !crate::arch::cpu::wait_until(SYNCHRONIZE_MS, passed)
+        && let Some(stuck) = waiting().find(|&cpu| count(cpu) == before[cpu])
+    {
         panic!(
             "grace period: cpu {} passed no quiescent point within {} ms",
             stuck,

@@ -21,6 +21,10 @@ pub const TESTS: &[Test] = &[
     Test { name: "smp_heap_concurrent_alloc_free", run: smp_heap_concurrent_alloc_free },
     Test { name: "smp_traces_agree_in_irqs_every_cpu", run: smp_traces_agree_in_irqs_every_cpu },
     Test { name: "smp_ftrace_unregister_waits_for_other_cpus", run: smp_ftrace_unregister_waits_for_other_cpus },
+    Test { name: "smp_kretprobe_irq_context_per_cpu", run: smp_kretprobe_irq_context_per_cpu },
+    Test { name: "smp_heap_use_after_free_reported", run: smp_heap_use_after_free_reported },
+    // Last: on a branch without kprobe unregistration's grace period (race2) it ends the run.
+    Test { name: "smp_probe_and_tracer_churn", run: smp_probe_and_tracer_churn },
 ];
 
 /// Each wanted CPU is online and set up its own per-CPU entry (index, IRQ and overflow stacks):
@@ -723,5 +727,410 @@ fn smp_ftrace_unregister_waits_for_other_cpus(_: &Context) -> Outcome {
     crate::ftrace::skip_grace_periods_for_test(false);
     check!(without?);
     check!(!unregister_while_inside()?);
+    Ok(Verdict::Passed)
+}
+
+/// The IRQ-context kretprobe test's two calls: role 0 enters first and returns first, role 1
+/// enters second and returns second, each in the wake-up SGI of its own CPU.
+static IRQ_ENTERED: [core::sync::atomic::AtomicBool; 2] = [const { core::sync::atomic::AtomicBool::new(false) }; 2];
+static IRQ_LEFT: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+static IN_IRQ_CALL: AtomicUsize = AtomicUsize::new(0);
+static MOST_IN_IRQ_CALL: AtomicUsize = AtomicUsize::new(0);
+static IRQ_RETURNS: AtomicU64 = AtomicU64::new(0);
+/// How long one side waits for the other inside the IRQ.
+const IRQ_WAIT_MS: u64 = 200;
+
+/// The kretprobe'd function: role 0 waits inside until role 1 is inside too, then returns
+/// first; role 1 waits until role 0 has returned. Returns `role + 1` when the other side came.
+#[inline(never)]
+fn irq_probed(role: u64) -> u64 {
+    let inside = IN_IRQ_CALL.fetch_add(1, Ordering::AcqRel) + 1;
+    MOST_IN_IRQ_CALL.fetch_max(inside, Ordering::Relaxed);
+    IRQ_ENTERED[role as usize].store(true, Ordering::Release);
+    cpu::send_event();
+    let met = if role == 0 {
+        cpu::wait_until(IRQ_WAIT_MS, || IRQ_ENTERED[1].load(Ordering::Acquire))
+    } else {
+        cpu::wait_until(IRQ_WAIT_MS, || IRQ_LEFT.load(Ordering::Acquire))
+    };
+    IN_IRQ_CALL.fetch_sub(1, Ordering::AcqRel);
+    if met { role + 1 } else { 0 }
+}
+
+/// Role 0's caller (its call returns here, tagged 0xa000).
+#[inline(never)]
+fn irq_caller_first(_: u64) -> u64 {
+    let probed: fn(u64) -> u64 = core::hint::black_box(irq_probed);
+    let result = probed(0) + 0xa000;
+    IRQ_LEFT.store(true, Ordering::Release);
+    cpu::send_event();
+    result
+}
+
+/// Role 1's caller: calls once role 0 is inside (its call returns here, tagged 0xb000).
+#[inline(never)]
+fn irq_caller_second(_: u64) -> u64 {
+    if !cpu::wait_until(IRQ_WAIT_MS, || IRQ_ENTERED[0].load(Ordering::Acquire)) {
+        return 0;
+    }
+    let probed: fn(u64) -> u64 = core::hint::black_box(irq_probed);
+    probed(1) + 0xb000
+}
+
+fn on_irq_return(_: &mut Registers, _: u64) {
+    IRQ_RETURNS.fetch_add(1, Ordering::Relaxed);
+}
+
+static IRQ_RESULTS: [AtomicU64; 2] = [const { AtomicU64::new(0) }; 2];
+
+/// A sender task: cross-calls its role's caller on its target CPU (IRQ context there).
+extern "C" fn irq_sender(role: u64) {
+    let (target, caller): (usize, fn(u64) -> u64) =
+        if role == 0 { (2, irq_caller_first) } else { (3.min(cpus::wanted() - 1), irq_caller_second) };
+    let result = task::cross_call::run_on_within(target, caller, 0, 4 * IRQ_WAIT_MS).unwrap_or(u64::MAX);
+    IRQ_RESULTS[role as usize].store(result, Ordering::Relaxed);
+}
+
+/// A kretprobe'd function called in IRQ context on two CPUs at once (the wake-up SGI serving a
+/// cross-call on CPUs 2 and 3, sent by tasks on CPUs 0 and 1), the first to enter returning
+/// first: each return goes back to its own caller, because each CPU's IRQ context has its own
+/// return-instance stack (with one shared stack the first return pops the second's instance
+/// and lands in the other caller). Per method; overlap witness: both inside at once.
+fn smp_kretprobe_irq_context_per_cpu(_: &Context) -> Outcome {
+    if cpus::wanted() < 4 {
+        return Ok(Verdict::Skipped("needs 4 CPUs: two sending, two in IRQ context (run with --smp 4)"));
+    }
+    let target = irq_probed as *const () as u64;
+    let mut methods_run = 0;
+    for method in Method::ALL {
+        match kretprobe::register(target, method, None, on_irq_return, 2) {
+            Ok(()) => {}
+            Err(ProbeError::NotSimulated | ProbeError::NeedsOriginalPc(Text::Kernel)) => continue,
+            Err(error) => {
+                defmt::error!("  {}: {}", method, error);
+                return Err(fail("kretprobe registered"));
+            }
+        }
+        methods_run += 1;
+        for flag in &IRQ_ENTERED {
+            flag.store(false, Ordering::Relaxed);
+        }
+        IRQ_LEFT.store(false, Ordering::Relaxed);
+        IRQ_RETURNS.store(0, Ordering::Relaxed);
+        MOST_IN_IRQ_CALL.store(0, Ordering::Relaxed);
+        let spawn = |role: u64| task::spawn_on(CpuMask::one(role as usize), "irq-sender", irq_sender, role);
+        let senders = [spawn(0), spawn(1)];
+        let joined = senders.map(|sender| sender.map(task::join));
+        let counts = kretprobe::counts(target);
+        check!(kretprobe::unregister(target).is_ok());
+        check!(joined.iter().all(|state| matches!(state, Ok(State::Exited))));
+        let results = [IRQ_RESULTS[0].load(Ordering::Relaxed), IRQ_RESULTS[1].load(Ordering::Relaxed)];
+        let most = MOST_IN_IRQ_CALL.load(Ordering::Relaxed);
+        defmt::info!(
+            "  {}: results {=u64:#x} {=u64:#x}, most inside at once {=usize}",
+            method,
+            results[0],
+            results[1],
+            most
+        );
+        check_eq!(results[0], 0xa001);
+        check_eq!(results[1], 0xb002);
+        check_eq!(IRQ_RETURNS.load(Ordering::Relaxed), 2);
+        check!(counts == Some((2, 0)));
+        check!(most >= 2);
+    }
+    check!(methods_run >= 2);
+    Ok(Verdict::Passed)
+}
+
+/// Register/unregister rounds per kprobe method and per ftrace scheme (fewer under icount, where
+/// CPUs take turns in slices of millions of instructions and each ftrace unregister's grace
+/// period waits for the others' turns).
+const CHURN_ROUNDS: usize = 1000;
+const CHURN_ROUNDS_ICOUNT: usize = 50;
+/// ftrace rounds without icount: each patch of kernel text makes TCG stop every vCPU to drop its
+/// translations, about 25 ms a round on this host with three callers, so 1,000 rounds per
+/// scheme would add over a minute to CI.
+const TRACER_CHURN_ROUNDS: usize = 100;
+/// Other CPUs calling the target: one. With three spinning through the ftrace trampoline on
+/// this 2-core host (shared with other QEMUs), a caller's vCPU thread was starved past the grace
+/// period's 100 ms of wall-clock time (its panic names the CPU) in three runs of three; kprobe
+/// unregistration waits for a grace period too (branch race2).
+const CHURN_CALLING_CPUS: usize = 1;
+static CHURN_STOP: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+static CHURN_CALLS: AtomicU64 = AtomicU64::new(0);
+static CHURN_HITS: AtomicU64 = AtomicU64::new(0);
+static CHURN_WRONG: AtomicU64 = AtomicU64::new(0);
+/// Callers inside a call of the target now (sampled by the patching CPU: the overlap witness).
+static IN_CHURN_CALL: AtomicUsize = AtomicUsize::new(0);
+static CHURN_CALLERS: AtomicUsize = AtomicUsize::new(0);
+
+#[inline(never)]
+extern "C" fn churn_target(a: u64, b: u64) -> u64 {
+    a.wrapping_mul(5) ^ b
+}
+
+/// One other CPU's calls of the target in a tight loop until the patcher is done.
+extern "C" fn churn_caller(cpu: u64) {
+    CHURN_CALLERS.fetch_add(1, Ordering::AcqRel);
+    cpu::send_event();
+    let call: extern "C" fn(u64, u64) -> u64 = core::hint::black_box(churn_target);
+    let mut index = 0u64;
+    while !CHURN_STOP.load(Ordering::Acquire) {
+        IN_CHURN_CALL.fetch_add(1, Ordering::AcqRel);
+        let result = call(index, cpu);
+        IN_CHURN_CALL.fetch_sub(1, Ordering::AcqRel);
+        CHURN_CALLS.fetch_add(1, Ordering::Relaxed);
+        if result != index.wrapping_mul(5) ^ cpu {
+            CHURN_WRONG.fetch_add(1, Ordering::Relaxed);
+        }
+        index += 1;
+    }
+}
+
+fn count_churn_hit(_: &mut Registers) {
+    CHURN_HITS.fetch_add(1, Ordering::Relaxed);
+}
+
+#[sanitize(kernel_hwaddress = "off")]
+unsafe extern "C" fn churn_tracer(_: u64, _: u64, _: &crate::ftrace::Ops, _: &mut crate::ftrace::Regs) {
+    CHURN_HITS.fetch_add(1, Ordering::Relaxed);
+}
+
+static CHURN_OPS: crate::ftrace::Ops = crate::ftrace::Ops { func: churn_tracer, private: 0 };
+
+/// Leaves the patch in place until it was hit (the hit count moved from `hits`) or for 1 ms:
+/// other CPUs may run their already translated code a while before they see a patch.
+fn dwell(hits: u64) {
+    cpu::wait_until(1, || CHURN_HITS.load(Ordering::Relaxed) != hits);
+}
+
+/// What one patcher (a kprobe method or an ftrace scheme) did to the callers.
+struct Churned {
+    calls: u64,
+    hits: u64,
+    wrong: u64,
+    /// The most CPUs in the target's patch window at once: this one (patching) and the callers
+    /// inside a call of the target when it looked.
+    witness: usize,
+}
+
+/// Runs `round` `rounds` times on this CPU while `callers` other CPUs call the target; `round`
+/// returns the callers it saw inside a call while the patch was in place (or an error).
+fn churn(rounds: usize, callers: usize, mut round: impl FnMut() -> Result<usize, Failure>) -> Result<Churned, Failure> {
+    let me = task::this_cpu();
+    let caller_cpus = || (0..cpus::wanted()).filter(move |&cpu| cpu != me).take(callers);
+    let others = caller_cpus().count();
+    CHURN_STOP.store(false, Ordering::Relaxed);
+    CHURN_CALLS.store(0, Ordering::Relaxed);
+    CHURN_HITS.store(0, Ordering::Relaxed);
+    CHURN_WRONG.store(0, Ordering::Relaxed);
+    CHURN_CALLERS.store(0, Ordering::Relaxed);
+    let mut ids = [None; stacks::CPUS];
+    let mut outcome = Ok(0);
+    for cpu in caller_cpus() {
+        match task::spawn_on(CpuMask::one(cpu), "churn-caller", churn_caller, cpu as u64) {
+            Ok(id) => ids[cpu] = Some(id),
+            Err(_) => outcome = Err(fail("spawn")),
+        }
+    }
+    if outcome.is_ok() && !cpu::wait_until(1000, || CHURN_CALLERS.load(Ordering::Acquire) == others) {
+        outcome = Err(fail("the callers started within 1 s"));
+    }
+    let mut witness = 1;
+    for _ in 0..rounds {
+        if outcome.is_err() {
+            break;
+        }
+        match round() {
+            Ok(inside) => witness = witness.max(1 + inside),
+            Err(failure) => outcome = Err(failure),
+        }
+    }
+    CHURN_STOP.store(true, Ordering::Release);
+    for id in ids.iter().flatten() {
+        task::join(*id);
+    }
+    outcome?;
+    Ok(Churned {
+        calls: CHURN_CALLS.load(Ordering::Relaxed),
+        hits: CHURN_HITS.load(Ordering::Relaxed),
+        wrong: CHURN_WRONG.load(Ordering::Relaxed),
+        witness,
+    })
+}
+
+/// A kprobe (each method) and an ftrace tracer (each scheme) registered and unregistered 1,000
+/// times (50 under icount; tracers 100 without icount: see `TRACER_CHURN_ROUNDS`) while another
+/// CPU calls the target in a tight loop (one: see `CHURN_CALLING_CPUS`): every call
+/// returns the right value, no fault or undefined instruction ends the run, the handler's hits
+/// never exceed the calls. Overlap witness: the most CPUs in the patch window at once (the
+/// patching one and callers inside a call of the target), >= 2 without icount; without icount
+/// the probes and tracers must also have been hit.
+fn smp_probe_and_tracer_churn(context: &Context) -> Outcome {
+    if cpus::wanted() == 1 {
+        return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
+    }
+    let rounds = if context.icount { CHURN_ROUNDS_ICOUNT } else { CHURN_ROUNDS };
+    let function = churn_target as *const () as u64;
+    let target = kretprobe::attach_address(function);
+    let (mut witness, mut hits, mut patchers) = (0, 0, 0);
+    let mut report = |churned: Churned| -> Result<(), Failure> {
+        defmt::info!(
+            "    {=u64} calls, {=u64} hits, at most {=usize} CPUs in the patch window",
+            churned.calls,
+            churned.hits,
+            churned.witness
+        );
+        check_eq!(churned.wrong, 0);
+        check!(churned.hits <= churned.calls);
+        witness = witness.max(churned.witness);
+        hits += churned.hits;
+        patchers += 1;
+        Ok(())
+    };
+    if crate::ftrace::site_state(function).is_some() {
+        for scheme in [crate::ftrace::Scheme::CallOps, crate::ftrace::Scheme::List, crate::ftrace::Scheme::Vector] {
+            check!(crate::ftrace::set_scheme(scheme).is_ok());
+            let churned = churn(rounds.min(TRACER_CHURN_ROUNDS), CHURN_CALLING_CPUS, || {
+                let hits = CHURN_HITS.load(Ordering::Relaxed);
+                let tracer = crate::ftrace::register_where(&CHURN_OPS, |entry| entry + 8 == function)
+                    .map_err(|_| fail("tracer registered"))?;
+                let inside = IN_CHURN_CALL.load(Ordering::Acquire);
+                dwell(hits);
+                crate::ftrace::unregister(tracer).map_err(|_| fail("tracer unregistered"))?;
+                Ok(inside)
+            });
+            let restored = crate::ftrace::set_scheme(crate::ftrace::Scheme::CallOps).is_ok();
+            defmt::info!("  ftrace {}:", defmt::Debug2Format(&scheme));
+            report(churned?)?;
+            check!(restored);
+        }
+    }
+    for method in Method::ALL {
+        match crate::probes::register(target, method, count_churn_hit, None) {
+            Ok(()) => check!(crate::probes::unregister(target).is_ok()),
+            Err(ProbeError::NotSimulated | ProbeError::NeedsOriginalPc(Text::Kernel)) => continue,
+            Err(error) => {
+                defmt::error!("  {}: {}", method, error);
+                return Err(fail("kprobe registered"));
+            }
+        }
+        let churned = churn(rounds, CHURN_CALLING_CPUS, || {
+            let hits = CHURN_HITS.load(Ordering::Relaxed);
+            crate::probes::register(target, method, count_churn_hit, None).map_err(|_| fail("kprobe registered"))?;
+            let inside = IN_CHURN_CALL.load(Ordering::Acquire);
+            dwell(hits);
+            crate::probes::unregister(target).map_err(|_| fail("kprobe unregistered"))?;
+            Ok(inside)
+        })?;
+        defmt::info!("  kprobe {}:", method);
+        report(churned)?;
+    }
+    check!(patchers >= 2);
+    defmt::info!("  overlap witness: at most {=usize} CPUs in a patch window at once", witness);
+    if !context.icount {
+        check!(witness >= 2);
+        check!(hits > 0);
+    }
+    Ok(Verdict::Passed)
+}
+
+/// The use-after-free task's report and its task id.
+static UAF_REPORT: crate::sync::IrqSpinLock<Option<(u64, Option<crate::mm::kasan::report::Report>)>> =
+    crate::sync::IrqSpinLock::new(None);
+static UAF_TASK: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// Allocates the object the use-after-free task misuses (a frame of its own: the alloc stack
+/// must name it).
+#[inline(never)]
+fn uaf_allocate() -> Option<u64> {
+    in_heap(|| crate::mm::kasan::heap::allocate(64, 16))
+}
+
+/// Frees it (a frame of its own: the free stack must name it).
+#[inline(never)]
+fn uaf_free(object: u64) {
+    in_heap(|| crate::mm::kasan::heap::free(object));
+}
+
+#[inline(never)]
+fn uaf_read(address: u64) -> u64 {
+    // SAFETY: deliberately reads a freed heap object (mapped memory): the sanitizer must report
+    // it, in recover mode.
+    unsafe { core::ptr::read_volatile(address as *const u64) }
+}
+
+/// On its CPU, once the heap workers run: allocates, frees, then reads the freed object.
+extern "C" fn uaf_task(_: u64) {
+    while READY.load(Ordering::Acquire) < SAVERS.load(Ordering::Relaxed) {
+        cpu::wait_for_event();
+    }
+    UAF_TASK.store(task::current().0, Ordering::Relaxed);
+    let Some(object) = uaf_allocate() else {
+        return;
+    };
+    uaf_free(object);
+    let recorded = crate::mm::kasan::report::recording(|| {
+        core::hint::black_box(uaf_read(object + 8));
+    });
+    *UAF_REPORT.lock() = Some(recorded);
+}
+
+/// Whether the saved stack `handle` has a frame in `function`.
+fn stack_names(handle: u32, function: u64) -> bool {
+    let mut buffer = [0; stackdepot::MAX_FRAMES];
+    crate::mm::kasan::report::saved_frames(handle, &mut buffer).iter().any(|&address| {
+        crate::symbols::callsites::function_containing(address).is_some_and(|(start, _)| start == function)
+    })
+}
+
+/// A deliberate use-after-free on one CPU while every other CPU allocates and frees: it is
+/// reported once, as a use-after-free of that object, with the alloc and free stacks of that
+/// CPU's task (its task id, frames in `uaf_allocate` and `uaf_free`), and the others' heap work
+/// stays right. Overlap witness: CPUs inside allocate/free at once, >= 2 without icount.
+fn smp_heap_use_after_free_reported(context: &Context) -> Outcome {
+    let wanted = cpus::wanted();
+    if wanted == 1 {
+        return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
+    }
+    if !crate::mm::kasan::CHECKS_COMPILED_IN && !crate::mm::kasan::HARDWARE_TAGS {
+        return Ok(Verdict::Skipped("no tag checks in this build (`full` or `mte`)"));
+    }
+    let uaf_cpu = if task::this_cpu() == 1 { 0 } else { 1 };
+    HEAP_WRONG.store(0, Ordering::Relaxed);
+    MOST_IN_HEAP.store(0, Ordering::Relaxed);
+    READY.store(0, Ordering::Relaxed);
+    SAVERS.store(wanted - 1, Ordering::Relaxed);
+    UAF_TASK.store(usize::MAX, Ordering::Relaxed);
+    *UAF_REPORT.lock() = None;
+    let mut ids = [None; stacks::CPUS];
+    for (cpu, id) in ids.iter_mut().enumerate().take(wanted) {
+        let spawned = if cpu == uaf_cpu {
+            task::spawn_on(CpuMask::one(cpu), "uaf", uaf_task, 0)
+        } else {
+            task::spawn_on(CpuMask::one(cpu), "heap-worker", heap_worker, cpu as u64)
+        };
+        *id = Some(spawned.map_err(|_| fail("spawn"))?);
+    }
+    for id in ids.iter().take(wanted).flatten() {
+        check!(task::join(*id) == State::Exited);
+    }
+    let (reports, report) = UAF_REPORT.lock().take().ok_or(fail("the use-after-free task ran"))?;
+    let most = MOST_IN_HEAP.load(Ordering::Relaxed);
+    defmt::info!("  overlap witness: at most {=usize} of {=usize} CPUs in the heap at once", most, wanted);
+    check_eq!(reports, 1);
+    let report = report.ok_or(fail("a report was recorded"))?;
+    check!(report.bug == crate::mm::kasan::report::BugType::UseAfterFree);
+    let object = report.object.ok_or(fail("the report names the object"))?;
+    let task = UAF_TASK.load(Ordering::Relaxed) as u16;
+    check!(object.alloc_task == Some(task));
+    check!(object.free_task == Some(task));
+    check!(stack_names(object.alloc_stack, uaf_allocate as *const () as u64));
+    check!(stack_names(object.free_stack, uaf_free as *const () as u64));
+    check_eq!(HEAP_WRONG.load(Ordering::Relaxed), 0);
+    if !context.icount {
+        check!(most >= 2);
+    }
     Ok(Verdict::Passed)
 }

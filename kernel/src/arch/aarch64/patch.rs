@@ -92,7 +92,9 @@ pub unsafe fn write_instructions(pc: u64, instructions: &[u32]) {
 /// Writes at most 16 bytes of code at `at` in a kernel-writable page that is executed at another
 /// virtual address (a user XOL page, mapped at EL0's `USER_XOL`), and makes them visible to
 /// instruction fetch there: clean to the point of unification by the kernel VA, then invalidate
-/// the whole instruction cache (the executing VA is another address space's).
+/// the whole instruction cache of every CPU in the Inner Shareable domain (`ic ialluis`: the
+/// executing VA is another address space's, and the task may run on, or move to, another CPU,
+/// whose cache may hold the slot's old words at that VA; `ic iallu` is this CPU's only).
 ///
 /// # Safety
 /// `at` must be 4-aligned kernel data in such a page, `16 - at % 16 >= 4 * code.len()`, and no
@@ -112,7 +114,7 @@ pub unsafe fn write_code_alias(at: *mut u32, code: &[u32]) {
             "add {b}, {a}, #8",
             "dc cvau, {b}",
             "dsb ish",
-            "ic iallu",
+            "ic ialluis",
             "dsb ish",
             "isb",
             a = in(reg) at as u64,
