@@ -1,0 +1,143 @@
+//! The sweep on every CPU: a task pinned to each other CPU runs the workload in a loop while
+//! CPU 0 arms and disarms each batch.
+//!
+//! Each batch is an epoch: CPU 0 registers its probes, then [`armed`] starts a new epoch, and
+//! before disarming it waits ([`wait_for_passes`]) until every other CPU has completed a whole
+//! pass that began in that epoch, so every probe the background pass executes was armed for
+//! at least one pass on every CPU. A background pass whose results differ from that CPU's
+//! unprobed reference is counted with the epoch it began in. The other CPUs take no tick
+//! during the sweep (as CPU 0): their loop is the only thing they run besides IRQs.
+
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use super::workload;
+use crate::task::stacks::CPUS;
+use crate::task::{self, CpuMask, TaskId};
+
+/// Set while the background loops run.
+static RUNNING: AtomicBool = AtomicBool::new(false);
+/// The batch now armed (0: none yet).
+static EPOCH: AtomicU64 = AtomicU64::new(0);
+/// Per CPU: the epoch in which its last completed pass began (`u64::MAX`: none yet).
+static COMPLETED_IN: [AtomicU64; CPUS] = [const { AtomicU64::new(u64::MAX) }; CPUS];
+/// Per CPU: passes whose results differed from its reference, and the epoch the last began in.
+static MISMATCHES: [AtomicU64; CPUS] = [const { AtomicU64::new(0) }; CPUS];
+static MISMATCH_EPOCH: [AtomicU64; CPUS] = [const { AtomicU64::new(0) }; CPUS];
+/// Per CPU: completed passes (the figure the report prints).
+static PASSES: [AtomicU64; CPUS] = [const { AtomicU64::new(0) }; CPUS];
+/// Per CPU: set once its reference pass is done; cleared when its loop ends.
+static READY: [AtomicBool; CPUS] = [const { AtomicBool::new(false) }; CPUS];
+
+/// How long CPU 0 waits for another CPU to finish a pass before it names that CPU as hung.
+pub const PASS_TIMEOUT_MS: u64 = 2000;
+
+/// The other CPUs' loops, while they run.
+pub struct Background {
+    tasks: [Option<TaskId>; CPUS],
+}
+
+fn stop_tick(_: u64) -> u64 {
+    crate::drivers::timer::fire_in(1 << 60);
+    0
+}
+
+fn restart_tick(_: u64) -> u64 {
+    crate::drivers::timer::start_this_cpu();
+    0
+}
+
+/// The CPUs other than the caller's that are online.
+fn others() -> impl Iterator<Item = usize> {
+    let me = task::this_cpu();
+    (0..CPUS).filter(move |&cpu| cpu != me && task::cpus::is_online(cpu))
+}
+
+extern "C" fn background_loop(cpu: u64) {
+    let cpu = cpu as usize;
+    // Warm-up (the depot inserts this CPU's traces), then the reference.
+    let _ = workload::background_pass();
+    let reference = workload::background_pass();
+    READY[cpu].store(true, Ordering::Release);
+    crate::arch::cpu::send_event();
+    while RUNNING.load(Ordering::Acquire) {
+        let epoch = EPOCH.load(Ordering::Acquire);
+        let results = workload::background_pass();
+        if results != reference {
+            MISMATCH_EPOCH[cpu].store(epoch, Ordering::Relaxed);
+            MISMATCHES[cpu].fetch_add(1, Ordering::Release);
+        }
+        PASSES[cpu].fetch_add(1, Ordering::Relaxed);
+        COMPLETED_IN[cpu].store(epoch, Ordering::Release);
+        crate::arch::cpu::send_event();
+    }
+    READY[cpu].store(false, Ordering::Release);
+    crate::arch::cpu::send_event();
+}
+
+/// Starts a looping task on every other online CPU (none on one CPU); returns when each has
+/// its reference, or names the CPU that did not get there.
+pub fn start() -> Result<Background, &'static str> {
+    let mut background = Background { tasks: [None; CPUS] };
+    RUNNING.store(true, Ordering::Release);
+    for cpu in others() {
+        task::cross_call::run_on(cpu, stop_tick, 0).map_err(|_| "sweep: a CPU did not take the cross call")?;
+        let id = task::spawn_on(CpuMask::one(cpu), "sweep-cpu", background_loop, cpu as u64)
+            .map_err(|_| "sweep: no task slot for a background loop")?;
+        background.tasks[cpu] = Some(id);
+    }
+    let ready = || others().all(|cpu| READY[cpu].load(Ordering::Acquire));
+    if !crate::arch::cpu::wait_until(PASS_TIMEOUT_MS, ready) {
+        return Err("sweep: a background loop did not finish its reference pass");
+    }
+    Ok(background)
+}
+
+/// CPUs running a background loop.
+pub fn count(background: &Background) -> usize {
+    background.tasks.iter().flatten().count()
+}
+
+/// A new batch is armed: returns its epoch.
+pub fn armed() -> u64 {
+    EPOCH.fetch_add(1, Ordering::AcqRel) + 1
+}
+
+/// Mismatches so far on each CPU (to compare after a batch).
+pub fn mismatches() -> [u64; CPUS] {
+    core::array::from_fn(|cpu| MISMATCHES[cpu].load(Ordering::Acquire))
+}
+
+/// The epoch the last mismatching pass on `cpu` began in.
+pub fn mismatch_epoch(cpu: usize) -> u64 {
+    MISMATCH_EPOCH[cpu].load(Ordering::Relaxed)
+}
+
+/// Waits until every background CPU completed a pass that began in `epoch` or later; Err names
+/// the first that did not within [`PASS_TIMEOUT_MS`] (it hung, or is stuck in a probe).
+pub fn wait_for_passes(background: &Background, epoch: u64) -> Result<(), usize> {
+    let done = |cpu: usize| {
+        let completed = COMPLETED_IN[cpu].load(Ordering::Acquire);
+        completed != u64::MAX && completed >= epoch
+    };
+    let running = || background.tasks.iter().enumerate().filter(|(_, id)| id.is_some()).map(|(cpu, _)| cpu);
+    if crate::arch::cpu::wait_until(PASS_TIMEOUT_MS, || running().all(done)) {
+        Ok(())
+    } else {
+        Err(running().find(|&cpu| !done(cpu)).unwrap_or(usize::MAX))
+    }
+}
+
+/// Completed background passes, summed over CPUs.
+pub fn passes() -> u64 {
+    PASSES.iter().map(|passes| passes.load(Ordering::Relaxed)).sum()
+}
+
+/// Ends the loops, waits for their tasks, restarts the other CPUs' ticks.
+pub fn stop(background: Background) {
+    RUNNING.store(false, Ordering::Release);
+    for (cpu, id) in background.tasks.iter().enumerate() {
+        let Some(id) = *id else { continue };
+        task::join(id);
+        let _ = task::cross_call::run_on(cpu, restart_tick, 0);
+    }
+}
