@@ -28,6 +28,9 @@ static PASSES: [AtomicU64; CPUS] = [const { AtomicU64::new(0) }; CPUS];
 /// Per CPU: set once its reference pass is done; cleared when its loop ends.
 static READY: [AtomicBool; CPUS] = [const { AtomicBool::new(false) }; CPUS];
 
+/// The longest wait of a background loop between passes (milliseconds).
+const BREATH_LIMIT_MS: u64 = 50;
+
 /// How long CPU 0 waits for another CPU to finish a pass before it names that CPU as hung.
 pub const PASS_TIMEOUT_MS: u64 = 2000;
 
@@ -61,7 +64,9 @@ extern "C" fn background_loop(cpu: u64) {
     crate::arch::cpu::send_event();
     while RUNNING.load(Ordering::Acquire) {
         let epoch = EPOCH.load(Ordering::Acquire);
+        let pass_started = crate::drivers::timer::counter();
         let results = workload::background_pass();
+        let pass_took = crate::drivers::timer::counter().wrapping_sub(pass_started);
         if results != reference {
             MISMATCH_EPOCH[cpu].store(epoch, Ordering::Relaxed);
             MISMATCHES[cpu].fetch_add(1, Ordering::Release);
@@ -69,6 +74,15 @@ extern "C" fn background_loop(cpu: u64) {
         PASSES[cpu].fetch_add(1, Ordering::Relaxed);
         COMPLETED_IN[cpu].store(epoch, Ordering::Release);
         crate::arch::cpu::send_event();
+        // A breath with IRQs unmasked between passes, as long as the pass (at least 1 ms):
+        // four CPUs allocating back to back keep the heap's lock contended, a CPU spinning for
+        // it has IRQs masked, and on a host with fewer cores than QEMU has CPUs the holder's
+        // thread is preempted by the spinners' (a grace period then waited over 100 ms).
+        let breath_started = crate::drivers::timer::counter();
+        let breath = pass_took.max(crate::drivers::timer::frequency() / 1000);
+        let _ = crate::arch::cpu::wait_until(BREATH_LIMIT_MS, || {
+            crate::drivers::timer::counter().wrapping_sub(breath_started) >= breath
+        });
     }
     READY[cpu].store(false, Ordering::Release);
     crate::arch::cpu::send_event();
