@@ -81,6 +81,7 @@ pub fn run(args: &StressArgs) -> Result<u8, Failure> {
 }
 
 /// What a sweep run runs on.
+#[derive(Clone, Copy)]
 pub struct Run<'a> {
     pub image: &'a build::KernelImage,
     pub variant: BuildVariant,
@@ -381,9 +382,11 @@ pub fn sample(image: &build::KernelImage, variant: BuildVariant, cpu: CpuVariant
 const HANGING_FUNCTION: &str = "kernel::sweep::workload::heap";
 const HANGING_OFFSET: u64 = 0x1c;
 
-/// A batch of 16 words with one probe whose handler spins (`sweep.inject=hang@...`): the run
-/// must hang, and halving it must name exactly that probe.
+/// A batch of 16 words with one probe whose handler spins (`sweep.inject=hang@...`, on CPU 0):
+/// the run must hang, and halving it must name exactly that probe. On 2 CPUs: CPU 1's watchdog
+/// ends a hung run after 2 s, where one CPU would wait for QEMU's timeout.
 fn hang_is_named(run: &Run) -> Result<bool, Failure> {
+    let run = &Run { smp: 2, ..*run };
     let batch = Batch { function: HANGING_FUNCTION.into(), offset: 0x10, method: "brk-step".into(), words: 16 };
     let inject = format!("sweep.inject=hang@{HANGING_FUNCTION}+{HANGING_OFFSET:#x}");
     let timeout = Duration::from_secs(HANG_TEST_TIMEOUT_S);
@@ -406,9 +409,9 @@ fn hang_is_named(run: &Run) -> Result<bool, Failure> {
     Ok(passed)
 }
 
-/// Seconds a run of the hang check may take before it counts as hung (a run that does not hang
-/// boots and runs one batch in about a second).
-const HANG_TEST_TIMEOUT_S: u64 = 6;
+/// Seconds a run of the hang check may take before QEMU is killed (a run that does not hang
+/// boots and runs one batch in about a second; one that hangs ends at the watchdog, 2 s).
+const HANG_TEST_TIMEOUT_S: u64 = 20;
 
 #[cfg(test)]
 mod tests {

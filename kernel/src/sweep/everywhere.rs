@@ -31,6 +31,17 @@ static READY: [AtomicBool; CPUS] = [const { AtomicBool::new(false) }; CPUS];
 /// The longest wait of a background loop between passes (milliseconds).
 const BREATH_LIMIT_MS: u64 = 50;
 
+/// CPU 0's progress: bumped at every batch's start and end ([`heartbeat`]), with the counter
+/// time of the last bump.
+static HEARTBEAT: AtomicU64 = AtomicU64::new(0);
+static HEARTBEAT_AT: AtomicU64 = AtomicU64::new(0);
+/// Set by the one CPU that reports CPU 0 hung.
+static REPORTED: AtomicBool = AtomicBool::new(false);
+
+/// How long CPU 0 may make no progress before a background CPU reports it hung (milliseconds):
+/// a batch takes tens of milliseconds (about 80 in `full` on 4 CPUs).
+pub const WATCHDOG_MS: u64 = 2000;
+
 /// How long CPU 0 waits for another CPU to finish a pass before it names that CPU as hung.
 pub const PASS_TIMEOUT_MS: u64 = 2000;
 
@@ -62,7 +73,9 @@ extern "C" fn background_loop(cpu: u64) {
     let reference = workload::background_pass();
     READY[cpu].store(true, Ordering::Release);
     crate::arch::cpu::send_event();
+    let mut seen = (u64::MAX, 0);
     while RUNNING.load(Ordering::Acquire) {
+        watch_cpu0(cpu, &mut seen);
         let epoch = EPOCH.load(Ordering::Acquire);
         let pass_started = crate::drivers::timer::counter();
         let results = workload::background_pass();
@@ -92,6 +105,7 @@ extern "C" fn background_loop(cpu: u64) {
 /// its reference, or names the CPU that did not get there.
 pub fn start() -> Result<Background, &'static str> {
     let mut background = Background { tasks: [None; CPUS] };
+    heartbeat();
     RUNNING.store(true, Ordering::Release);
     for cpu in others() {
         task::cross_call::run_on(cpu, stop_tick, 0).map_err(|_| "sweep: a CPU did not take the cross call")?;
@@ -109,6 +123,29 @@ pub fn start() -> Result<Background, &'static str> {
 /// CPUs running a background loop.
 pub fn count(background: &Background) -> usize {
     background.tasks.iter().flatten().count()
+}
+
+/// CPU 0 made progress (a batch started or ended).
+pub fn heartbeat() {
+    HEARTBEAT_AT.store(crate::drivers::timer::counter(), Ordering::Relaxed);
+    HEARTBEAT.fetch_add(1, Ordering::Release);
+}
+
+/// The watchdog, on a background CPU between passes: CPU 0 stuck in one batch for
+/// [`WATCHDOG_MS`] (a handler or slot that never returns, code under a probe that loops) ends
+/// the run. The last `sweep batch:` line names the batch; xtask halves it to the probe.
+fn watch_cpu0(cpu: usize, seen: &mut (u64, u64)) {
+    let beat = HEARTBEAT.load(Ordering::Acquire);
+    let now = crate::drivers::timer::counter();
+    if beat != seen.0 {
+        *seen = (beat, now);
+        return;
+    }
+    let silent_ms = now.wrapping_sub(seen.1) * 1000 / crate::drivers::timer::frequency();
+    if silent_ms >= WATCHDOG_MS && !REPORTED.swap(true, Ordering::AcqRel) {
+        defmt::error!("sweep hung: cpu {=usize} saw cpu 0 make no progress for {=u64} ms", cpu, silent_ms);
+        panic!("sweep hung: cpu 0 made no progress for {} ms", silent_ms);
+    }
 }
 
 /// A new batch is armed: returns its epoch.

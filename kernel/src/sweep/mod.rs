@@ -69,13 +69,14 @@ fn in_irq(sp: u64) -> bool {
 /// The sweep's pre-handler: counts a hit of the probed PC while the workload runs, CPU 0's
 /// counted pass in `HITS`, the other CPUs' loops in `HITS_ELSEWHERE`.
 fn count_hit(registers: &mut Registers) {
-    if registers.pc == HANG_AT.load(Ordering::Relaxed) {
-        // The test of hang bisection: a handler that never returns (xtask must name this probe).
+    let on_cpu0 = crate::task::this_cpu() == 0;
+    if registers.pc == HANG_AT.load(Ordering::Relaxed) && on_cpu0 {
+        // The test of hang bisection: a handler that never returns (xtask must name this
+        // probe). On CPU 0 only: on several CPUs the others' watchdog then reports it at once.
         loop {
             core::hint::spin_loop();
         }
     }
-    let on_cpu0 = crate::task::this_cpu() == 0;
     let counting = if on_cpu0 { &COUNTING } else { &COUNTING_ELSEWHERE };
     if !counting.load(Ordering::Relaxed) || in_irq(registers.sp) {
         return;
@@ -290,6 +291,7 @@ type BatchHits = [Option<Count>; BATCH];
 /// Arms `probes`, runs the workload, disarms, checks. Allocates nothing: the workload must find
 /// the heap as every other pass left it (its free lists decide how long `alloc` loops).
 fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits {
+    everywhere::heartbeat();
     let mut hits = [None; BATCH];
     let mut armed = [false; BATCH];
     let mut originals = [0u32; BATCH];
@@ -406,6 +408,7 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits 
         defmt::error!("sweep: {=str}: the slot area differs after unregistering", label);
         sweep.tally.failures += 1;
     }
+    everywhere::heartbeat();
     hits
 }
 
@@ -479,6 +482,7 @@ fn compare_methods(sweep: &mut Sweep, function: Function, per_method: &[Vec<Opti
 fn sweep_kretprobe(sweep: &mut Sweep, function: Function) {
     let mut seen: Option<(Method, u64)> = None;
     for method in Method::ALL {
+        everywhere::heartbeat();
         let before = slot_hash();
         match kretprobe::register(function.start, method, None, count_return, 16) {
             Ok(()) => {}
@@ -519,6 +523,7 @@ fn sweep_kretprobe(sweep: &mut Sweep, function: Function) {
 /// The reference pass again, now that everything the sweep keeps is allocated: the heap is in
 /// the state every probed pass will find.
 fn rerun_reference(sweep: &mut Sweep) -> bool {
+    everywhere::heartbeat();
     let _ = workload::run();
     match workload::run() {
         Some(results) => {
