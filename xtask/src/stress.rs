@@ -153,7 +153,7 @@ pub fn bisect(batch: &Batch, mut hangs: impl FnMut(&Batch) -> Result<bool, Failu
 fn carried_words(words: &str) -> String {
     words
         .split_whitespace()
-        .filter(|word| word.starts_with("sweep.inject=") || word.starts_with("sweep.ftrace="))
+        .filter(|word| ["sweep.inject=", "sweep.ftrace=", "sweep.watchdog="].iter().any(|key| word.starts_with(key)))
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -188,7 +188,14 @@ pub fn name_hanging_probe(run: &Run, batch: &Batch, words: &str, timeout: Durati
             Ok(Some(probe))
         }
         Err(whole) => {
-            println!("  {} words {} hang together, neither half alone", whole.probe(), whole.words);
+            // Neither half hangs: the whole again tells a hang of two probes together from one
+            // that does not repeat (a slow run, a race).
+            let again = sweep(run, &format!("{} {carried}", whole.words()), timeout, Print::Never)?;
+            if again.hung.is_some() {
+                println!("  {} words {} hang together, neither half alone", whole.probe(), whole.words);
+            } else {
+                println!("  {} words {} did not hang again: not repeatable", whole.probe(), whole.words);
+            }
             Ok(None)
         }
     }
@@ -384,11 +391,11 @@ const HANGING_OFFSET: u64 = 0x1c;
 
 /// A batch of 16 words with one probe whose handler spins (`sweep.inject=hang@...`, on CPU 0):
 /// the run must hang, and halving it must name exactly that probe. On 2 CPUs: CPU 1's watchdog
-/// ends a hung run after 2 s, where one CPU would wait for QEMU's timeout.
+/// ends a hung run after 1 s (`sweep.watchdog=1000`), where one CPU would wait for QEMU's timeout.
 fn hang_is_named(run: &Run) -> Result<bool, Failure> {
     let run = &Run { smp: 2, ..*run };
     let batch = Batch { function: HANGING_FUNCTION.into(), offset: 0x10, method: "brk-step".into(), words: 16 };
-    let inject = format!("sweep.inject=hang@{HANGING_FUNCTION}+{HANGING_OFFSET:#x}");
+    let inject = format!("sweep.inject=hang@{HANGING_FUNCTION}+{HANGING_OFFSET:#x} sweep.watchdog=1000");
     let timeout = Duration::from_secs(HANG_TEST_TIMEOUT_S);
     let whole = sweep(run, &format!("{} {inject}", batch.words()), timeout, Print::Never)?;
     let named = match &whole.hung {
@@ -410,7 +417,7 @@ fn hang_is_named(run: &Run) -> Result<bool, Failure> {
 }
 
 /// Seconds a run of the hang check may take before QEMU is killed (a run that does not hang
-/// boots and runs one batch in about a second; one that hangs ends at the watchdog, 2 s).
+/// boots and runs one batch in about a second; one that hangs ends at the watchdog).
 const HANG_TEST_TIMEOUT_S: u64 = 20;
 
 #[cfg(test)]

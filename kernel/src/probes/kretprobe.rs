@@ -103,8 +103,16 @@ static REGISTER: spin::Mutex<()> = spin::Mutex::new(());
 static CONTEXTS: PerContext<ReturnStack<INSTANCES_PER_CONTEXT>, { TASK_SLOTS + 1 }> =
     PerContext::new([const { UnsafeCell::new(ReturnStack::new()) }; TASK_SLOTS + 1]);
 
-/// Set while a return handler runs (IRQs masked): kretprobe hits then are missed.
-static IN_RETURN_HANDLER: AtomicBool = AtomicBool::new(false);
+/// Per CPU, set while a return handler runs there (IRQs masked): kretprobe hits on that CPU
+/// are then missed. Per CPU: one flag for all made every CPU miss its hits while any CPU ran a
+/// return handler (the probe sweep on 4 CPUs: returns counted on CPU 0 differed by method).
+static IN_RETURN_HANDLER: [AtomicBool; stacks::CPUS] = [const { AtomicBool::new(false) }; stacks::CPUS];
+
+#[unsafe(link_section = ".text.noprobe")]
+#[inline(always)]
+fn in_return_handler() -> &'static AtomicBool {
+    &IN_RETURN_HANDLER[crate::arch::percpu::this_cpu_index()]
+}
 
 core::arch::global_asm!(
     r#"
@@ -290,7 +298,7 @@ fn hijack(registers: &mut Registers) {
     // SAFETY: IRQs are masked and this is the context that owns the stack (see CONTEXTS).
     let stack = unsafe { &mut *context_stack(registers.sp) };
     stack.drop_abandoned(registers.sp, release);
-    if IN_RETURN_HANDLER.load(Ordering::Relaxed)
+    if in_return_handler().load(Ordering::Relaxed)
         || stack.len() >= INSTANCES_PER_CONTEXT
         || record.active.load(Ordering::Relaxed) >= record.max_active.load(Ordering::Relaxed)
     {
@@ -342,9 +350,9 @@ extern "C" fn kretprobe_return(registers: &mut Registers) {
         // SAFETY: the record has an outstanding instance, so `handler` stays the `ReturnHandler`
         // `register` stored (a code address).
         let handler = unsafe { core::mem::transmute::<*mut (), ReturnHandler>(record.handler.load(Ordering::Relaxed)) };
-        IN_RETURN_HANDLER.store(true, Ordering::Relaxed);
+        in_return_handler().store(true, Ordering::Relaxed);
         handler(registers, instance.data);
-        IN_RETURN_HANDLER.store(false, Ordering::Relaxed);
+        in_return_handler().store(false, Ordering::Relaxed);
     }
     // The trampoline's record and SCS slot get the real address before the instance goes, so a
     // walk never meets a trampoline address without its instance.

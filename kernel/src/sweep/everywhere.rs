@@ -38,9 +38,16 @@ static HEARTBEAT_AT: AtomicU64 = AtomicU64::new(0);
 /// Set by the one CPU that reports CPU 0 hung.
 static REPORTED: AtomicBool = AtomicBool::new(false);
 
-/// How long CPU 0 may make no progress before a background CPU reports it hung (milliseconds):
-/// a batch takes tens of milliseconds (about 80 in `full` on 4 CPUs).
-pub const WATCHDOG_MS: u64 = 2000;
+/// How long CPU 0 may make no progress before a background CPU reports it hung (milliseconds;
+/// `sweep.watchdog=MS`): a batch takes tens of milliseconds (about 80 in `full` on 4 CPUs), but
+/// CPU 0 may wait up to [`PASS_TIMEOUT_MS`] for a pass and a grace period up to 1 s before it
+/// reports a stuck CPU itself (at 2 s the watchdog fired while CPU 0 waited on a slow CPU).
+static WATCHDOG_MS: AtomicU64 = AtomicU64::new(5000);
+
+/// `sweep.watchdog=MS` (the hang check uses a short one: its runs hang on purpose).
+pub fn set_watchdog(milliseconds: u64) {
+    WATCHDOG_MS.store(milliseconds, Ordering::Relaxed);
+}
 
 /// How long CPU 0 waits for another CPU to finish a pass before it names that CPU as hung.
 pub const PASS_TIMEOUT_MS: u64 = 2000;
@@ -132,7 +139,7 @@ pub fn heartbeat() {
 }
 
 /// The watchdog, on a background CPU between passes: CPU 0 stuck in one batch for
-/// [`WATCHDOG_MS`] (a handler or slot that never returns, code under a probe that loops) ends
+/// `WATCHDOG_MS` (a handler or slot that never returns, code under a probe that loops) ends
 /// the run. The last `sweep batch:` line names the batch; xtask halves it to the probe.
 fn watch_cpu0(cpu: usize, seen: &mut (u64, u64)) {
     let beat = HEARTBEAT.load(Ordering::Acquire);
@@ -142,7 +149,7 @@ fn watch_cpu0(cpu: usize, seen: &mut (u64, u64)) {
         return;
     }
     let silent_ms = now.wrapping_sub(seen.1) * 1000 / crate::drivers::timer::frequency();
-    if silent_ms >= WATCHDOG_MS && !REPORTED.swap(true, Ordering::AcqRel) {
+    if silent_ms >= WATCHDOG_MS.load(Ordering::Relaxed) && !REPORTED.swap(true, Ordering::AcqRel) {
         defmt::error!("sweep hung: cpu {=usize} saw cpu 0 make no progress for {=u64} ms", cpu, silent_ms);
         panic!("sweep hung: cpu 0 made no progress for {} ms", silent_ms);
     }

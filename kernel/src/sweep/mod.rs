@@ -25,7 +25,10 @@
 //!
 //! Command-line words (ignored by `cmdline`, which leaves dotted keys alone):
 //! `sweep.seed=N`, `sweep.functions=N` (a seeded sample of N functions; 0 or absent: all),
-//! `sweep.singles=N` (single probes), `sweep.probe=...`, `sweep.ftrace=list|call-ops|vector`
+//! `sweep.singles=N` (single probes), `sweep.probe=...`, `sweep.words=N` (words from the
+//! probe's on, at once: xtask halves a hanging batch with it), `sweep.watchdog=MS` (on several
+//! CPUs, how long CPU 0 may make no progress), `sweep.inject=hang@FUNCTION+OFFSET` (that probe's
+//! handler spins on CPU 0: the test of the halving), `sweep.ftrace=list|call-ops|vector`
 //! (a counting tracer on every traceable function during the sweep), `sweep.inject=callers-stack`
 //! (a test of the sweep itself: workload passes on the caller's stack, which its new-stack
 //! check must catch).
@@ -122,6 +125,7 @@ fn parse(bootargs: &'static str) -> Result<Options, &'static str> {
                 let method = Method::ALL.into_iter().find(|m| m.name() == method).ok_or("sweep.probe: bad method")?;
                 options.probe = Some((name, offset, method));
             }
+            "sweep.watchdog" => everywhere::set_watchdog(number()?),
             "sweep.words" => match number()? as usize {
                 words @ 1..=BATCH => options.words = words,
                 _ => return Err("sweep.words: 1 to 48 words"),
