@@ -134,7 +134,10 @@ impl Batch {
 
 /// Halves `batch` while one half hangs (`hangs` runs it) until one probe remains: Ok(that
 /// probe), or Err(the smallest batch that hangs while neither of its halves does alone).
-pub fn bisect(batch: &Batch, mut hangs: impl FnMut(&Batch) -> Result<bool, Failure>) -> Result<Result<Batch, Batch>, Failure> {
+pub fn bisect(
+    batch: &Batch,
+    mut hangs: impl FnMut(&Batch) -> Result<bool, Failure>,
+) -> Result<Result<Batch, Batch>, Failure> {
     let mut hanging = batch.clone();
     while hanging.words > 1 {
         let (left, right) = hanging.halves();
@@ -166,7 +169,12 @@ pub fn name_hanging_probe(run: &Run, batch: &Batch, words: &str, timeout: Durati
     let mut address = None;
     let found = bisect(batch, |half| {
         let outcome = sweep(run, &format!("{} {carried}", half.words()), timeout, Print::Never)?;
-        println!("    {} words {}: {}", half.probe(), half.words, if outcome.hung.is_some() { "hangs" } else { "runs" });
+        println!(
+            "    {} words {}: {}",
+            half.probe(),
+            half.words,
+            if outcome.hung.is_some() { "hangs" } else { "runs" }
+        );
         if outcome.hung.is_some() {
             address = outcome.address;
         }
@@ -264,11 +272,8 @@ pub fn sweep(run: &Run, words: &str, timeout: Duration, print: Print) -> Result<
         }
     }
     // Killed at the timeout, or another CPU saw the run stop making progress.
-    let hung = if result.status.is_none() || hung_in_kernel {
-        last_batch.as_deref().and_then(Batch::parse)
-    } else {
-        None
-    };
+    let hung =
+        if result.status.is_none() || hung_in_kernel { last_batch.as_deref().and_then(Batch::parse) } else { None };
     let label = format!("{} variant {} {words}", machine.describe(), variant.name());
     // QEMU exits 0 on SIGTERM too: the kernel's own verdict line must be there.
     let passed = result.status == Some(0) && coverage.iter().any(|line| line == "sweep done: 0 failures");
@@ -410,7 +415,11 @@ fn hang_is_named(run: &Run) -> Result<bool, Failure> {
         if passed {
             format!("ok: halving named {}", expected.probe())
         } else {
-            format!("FAILED: expected {}, halving gave {named:?} (the whole batch hung: {:?})", expected.probe(), whole.hung)
+            format!(
+                "FAILED: expected {}, halving gave {named:?} (the whole batch hung: {:?})",
+                expected.probe(),
+                whole.hung
+            )
         }
     );
     Ok(passed)
@@ -441,7 +450,10 @@ mod tests {
         let batch = Batch::parse("<stackdepot::depot::StackDepot<4096, 16>>::find+0xc0:brk-step words 48").unwrap();
         assert_eq!(batch.function, "<stackdepot::depot::StackDepot<4096,16>>::find");
         assert_eq!((batch.offset, batch.words), (0xc0, 48));
-        assert_eq!(batch.words(), "sweep.probe=<stackdepot::depot::StackDepot<4096,16>>::find+0xc0:brk-step sweep.words=48");
+        assert_eq!(
+            batch.words(),
+            "sweep.probe=<stackdepot::depot::StackDepot<4096,16>>::find+0xc0:brk-step sweep.words=48"
+        );
         assert_eq!(Batch::parse("random set 3"), None);
     }
 

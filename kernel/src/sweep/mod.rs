@@ -132,7 +132,9 @@ fn parse(bootargs: &'static str) -> Result<Options, &'static str> {
             },
             "sweep.inject" => match value.split_once('@') {
                 None if value == "callers-stack" => workload::ON_CALLERS_STACK.store(true, Ordering::Relaxed),
-                Some(("hang", place)) => options.hang = Some(parse_place(place).ok_or("sweep.inject=hang@FUNCTION+OFFSET")?),
+                Some(("hang", place)) => {
+                    options.hang = Some(parse_place(place).ok_or("sweep.inject=hang@FUNCTION+OFFSET")?)
+                }
                 _ => return Err("sweep.inject=callers-stack|hang@FUNCTION+OFFSET"),
             },
             "sweep.ftrace" => {
