@@ -103,16 +103,12 @@ static REGISTER: spin::Mutex<()> = spin::Mutex::new(());
 static CONTEXTS: PerContext<ReturnStack<INSTANCES_PER_CONTEXT>, { TASK_SLOTS + 1 }> =
     PerContext::new([const { UnsafeCell::new(ReturnStack::new()) }; TASK_SLOTS + 1]);
 
-/// Per CPU, set while a return handler runs there (IRQs masked): kretprobe hits on that CPU
-/// are then missed. Per CPU: one flag for all made every CPU miss its hits while any CPU ran a
-/// return handler (the probe sweep on 4 CPUs: returns counted on CPU 0 differed by method).
-static IN_RETURN_HANDLER: [AtomicBool; stacks::CPUS] = [const { AtomicBool::new(false) }; stacks::CPUS];
-
-#[unsafe(link_section = ".text.noprobe")]
-#[inline(always)]
-fn in_return_handler() -> &'static AtomicBool {
-    &IN_RETURN_HANDLER[crate::arch::percpu::this_cpu_index()]
-}
+/// Per context (as `CONTEXTS`), set while a return handler runs in it (IRQs masked): kretprobe
+/// hits in that context are then missed. One flag for all made every CPU miss its hits while
+/// any CPU ran a return handler (the probe sweep on 4 CPUs: returns counted on CPU 0 differed
+/// by method). Per context rather than per CPU: the hit and return paths know their context
+/// already, so the hot paths stay as long as with the one flag.
+static IN_RETURN_HANDLER: [AtomicBool; TASK_SLOTS + 1] = [const { AtomicBool::new(false) }; TASK_SLOTS + 1];
 
 core::arch::global_asm!(
     r#"
@@ -269,8 +265,14 @@ pub fn forget_task(index: usize) {
 #[unsafe(link_section = ".text.noprobe")]
 #[inline(always)]
 fn context_stack(sp: u64) -> *mut ReturnStack<INSTANCES_PER_CONTEXT> {
-    let index = if stacks::this_irq_slot().contains_stack(sp) { TASK_SLOTS } else { crate::task::current().0 };
-    CONTEXTS.get(index)
+    CONTEXTS.get(context_index(sp))
+}
+
+/// The context (task slot, or `TASK_SLOTS` for the IRQ context) whose stack holds `sp`.
+#[unsafe(link_section = ".text.noprobe")]
+#[inline(always)]
+fn context_index(sp: u64) -> usize {
+    if stacks::this_irq_slot().contains_stack(sp) { TASK_SLOTS } else { crate::task::current().0 }
 }
 
 #[unsafe(link_section = ".text.noprobe")]
@@ -295,10 +297,11 @@ fn hijack(registers: &mut Registers) {
         return;
     };
     let record = &RECORDS[index];
+    let context = context_index(registers.sp);
     // SAFETY: IRQs are masked and this is the context that owns the stack (see CONTEXTS).
-    let stack = unsafe { &mut *context_stack(registers.sp) };
+    let stack = unsafe { &mut *CONTEXTS.get(context) };
     stack.drop_abandoned(registers.sp, release);
-    if in_return_handler().load(Ordering::Relaxed)
+    if IN_RETURN_HANDLER[context].load(Ordering::Relaxed)
         || stack.len() >= INSTANCES_PER_CONTEXT
         || record.active.load(Ordering::Relaxed) >= record.max_active.load(Ordering::Relaxed)
     {
@@ -336,8 +339,9 @@ fn hijack(registers: &mut Registers) {
 #[unsafe(link_section = ".text.noprobe")]
 extern "C" fn kretprobe_return(registers: &mut Registers) {
     let _mask = IrqMask::new();
+    let context = context_index(registers.sp);
     // SAFETY: IRQs are masked and this is the context that owns the stack (see CONTEXTS).
-    let stack = unsafe { &mut *context_stack(registers.sp) };
+    let stack = unsafe { &mut *CONTEXTS.get(context) };
     stack.drop_abandoned(registers.sp, release);
     let Some(instance) = stack.top_at(registers.sp) else {
         panic!("kretprobe trampoline reached at SP {:#x} with no hijacked return there", registers.sp);
@@ -350,9 +354,9 @@ extern "C" fn kretprobe_return(registers: &mut Registers) {
         // SAFETY: the record has an outstanding instance, so `handler` stays the `ReturnHandler`
         // `register` stored (a code address).
         let handler = unsafe { core::mem::transmute::<*mut (), ReturnHandler>(record.handler.load(Ordering::Relaxed)) };
-        in_return_handler().store(true, Ordering::Relaxed);
+        IN_RETURN_HANDLER[context].store(true, Ordering::Relaxed);
         handler(registers, instance.data);
-        in_return_handler().store(false, Ordering::Relaxed);
+        IN_RETURN_HANDLER[context].store(false, Ordering::Relaxed);
     }
     // The trampoline's record and SCS slot get the real address before the instance goes, so a
     // walk never meets a trampoline address without its instance.

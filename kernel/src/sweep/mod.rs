@@ -20,8 +20,14 @@
 //! Then a random set of 48 probes across the kernel at once, single probes one at a time, and
 //! a kretprobe on every function entry that allows one (its returns counted per method).
 //! A death (unexpected exception, hang, sanitizer report) ends the run with the last
-//! `sweep batch:` line naming the function and method; `sweep.probe=FUNCTION+OFFSET:METHOD`
-//! repeats exactly one probe.
+//! `sweep batch:` line naming the batch (`FUNCTION+OFFSET:METHOD words N`);
+//! `sweep.probe=FUNCTION+OFFSET:METHOD` repeats exactly one probe, with `sweep.words=N` the N
+//! words from there (xtask halves a hanging batch with it until one probe remains).
+//!
+//! On several CPUs (`everywhere`) the other CPUs loop on the workload while CPU 0 sweeps:
+//! their passes' results must equal their own unprobed reference, each probe counts CPU 0's
+//! pass exactly and the other CPUs' hits summed (compared as zero or not, see `Count`), and a
+//! watchdog on them names the batch CPU 0 stopped in.
 //!
 //! Command-line words (ignored by `cmdline`, which leaves dotted keys alone):
 //! `sweep.seed=N`, `sweep.functions=N` (a seeded sample of N functions; 0 or absent: all),
