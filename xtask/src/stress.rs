@@ -303,7 +303,7 @@ pub fn sweep(run: &Run, words: &str, timeout: Duration, print: Print) -> Result<
         }
         match result.status {
             None => println!("  killed after {} s during batch {last_batch:?}", timeout.as_secs()),
-            Some(status) if failures.is_empty() => {
+            Some(status) if failures.is_empty() || !coverage.iter().any(|line| line.starts_with("sweep done:")) => {
                 println!("  exited with status {status} during batch {last_batch:?}; kernel log:");
                 for line in result.log.iter().rev().take(60).collect::<Vec<_>>().into_iter().rev() {
                     println!("    {line}");

@@ -452,7 +452,21 @@ fn sweep_function(sweep: &mut Sweep, function: Function, method: Method, hits: &
 /// (the handlers run on the probed task's shadow stack, so a probe makes it deeper). Their
 /// results, text and slots are checked; their counts are not compared.
 fn count_exempt(name: &str) -> bool {
-    name.starts_with("kernel::probes::") || name == "task_exit_current"
+    name.starts_with("kernel::probes::")
+        || name == "task_exit_current"
+        || (SEVERAL_CPUS.load(Ordering::Relaxed) && contended(name))
+}
+
+/// Set when the other CPUs loop on the workload.
+static SEVERAL_CPUS: AtomicBool = AtomicBool::new(false);
+
+/// Code whose path on CPU 0 depends on what the other CPUs do at the same time, so its counts
+/// vary from pass to pass with no probe at fault: the heap's locked section spins for the lock
+/// (`ldrb`/`cbz`/`isb`/`clrex` retry, hit 0 to 4 times on CPU 0) and walks free lists the other
+/// CPUs' passes change (the whole prod sweep on 4 CPUs: 49 words of this one function, and no
+/// other, differed between methods). Its results, text and slots are still checked.
+fn contended(name: &str) -> bool {
+    name.starts_with("kernel::mm::kasan::heap::locked::")
 }
 
 /// The name of the function holding `address`.
@@ -596,6 +610,7 @@ pub fn run(bootargs: &'static str) -> bool {
     }
     // The other CPUs loop on the workload from here to the end (their own warm-up and
     // reference first), so CPU 0's reference passes find the heap as the probed ones will.
+    SEVERAL_CPUS.store(crate::task::cpus::online() > 1, Ordering::Relaxed);
     let background = if crate::task::cpus::online() > 1 {
         match everywhere::start() {
             Ok(background) => Some(background),
