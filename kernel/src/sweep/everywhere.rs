@@ -115,7 +115,11 @@ pub fn start() -> Result<Background, &'static str> {
     heartbeat();
     RUNNING.store(true, Ordering::Release);
     for cpu in others() {
-        task::cross_call::run_on(cpu, stop_tick, 0).map_err(|_| "sweep: a CPU did not take the cross call")?;
+        // Not the default 100 ms: under QEMU with more CPUs than host cores a CPU answered later.
+        if let Err(error) = task::cross_call::run_on_within(cpu, stop_tick, 0, PASS_TIMEOUT_MS) {
+            defmt::error!("sweep: stopping the tick: {}", error);
+            return Err("sweep: a CPU did not take the cross call");
+        }
         let id = task::spawn_on(CpuMask::one(cpu), "sweep-cpu", background_loop, cpu as u64)
             .map_err(|_| "sweep: no task slot for a background loop")?;
         background.tasks[cpu] = Some(id);
@@ -196,6 +200,8 @@ pub fn stop(background: Background) {
     for (cpu, id) in background.tasks.iter().enumerate() {
         let Some(id) = *id else { continue };
         task::join(id);
-        let _ = task::cross_call::run_on(cpu, restart_tick, 0);
+        if let Err(error) = task::cross_call::run_on_within(cpu, restart_tick, 0, PASS_TIMEOUT_MS) {
+            defmt::error!("sweep: restarting the tick: {}", error);
+        }
     }
 }
