@@ -96,19 +96,26 @@ static RECORDS: [Kretprobe; MAX_KRETPROBES] = [const {
 
 static REGISTER: spin::Mutex<()> = spin::Mutex::new(());
 
-/// The return-instance stacks: one per task slot, then this CPU's IRQ context. A context's stack
+/// The return-instance stacks, one per context (`CONTEXT_COUNT`). A context's stack
 /// is changed only by code running in that context with IRQs masked (entry, return, task start),
 /// and read by walkers running in that context or in an IRQ that interrupted it; pushes write
 /// the entry before the length (`cells::PerContext`).
-static CONTEXTS: PerContext<ReturnStack<INSTANCES_PER_CONTEXT>, { TASK_SLOTS + 1 }> =
-    PerContext::new([const { UnsafeCell::new(ReturnStack::new()) }; TASK_SLOTS + 1]);
+static CONTEXTS: PerContext<ReturnStack<INSTANCES_PER_CONTEXT>, CONTEXT_COUNT> =
+    PerContext::new([const { UnsafeCell::new(ReturnStack::new()) }; CONTEXT_COUNT]);
+
+/// Contexts: the task table's entries (task slots, then the secondaries' idle tasks, as
+/// `task::idle_task`), then one IRQ context per CPU. One IRQ context for all CPUs let two CPUs'
+/// IRQ handlers push and pop the same stack (the probe sweep on 4 CPUs, a kretprobe on
+/// `task::cpus::on_wake_sgi`: "trampoline reached ... with no hijacked return there").
+const IRQ_CONTEXTS: usize = TASK_SLOTS + stacks::CPUS - 1;
+const CONTEXT_COUNT: usize = IRQ_CONTEXTS + stacks::CPUS;
 
 /// Per context (as `CONTEXTS`), set while a return handler runs in it (IRQs masked): kretprobe
 /// hits in that context are then missed. One flag for all made every CPU miss its hits while
 /// any CPU ran a return handler (the probe sweep on 4 CPUs: returns counted on CPU 0 differed
 /// by method). Per context rather than per CPU: the hit and return paths know their context
 /// already, so the hot paths stay as long as with the one flag.
-static IN_RETURN_HANDLER: [AtomicBool; TASK_SLOTS + 1] = [const { AtomicBool::new(false) }; TASK_SLOTS + 1];
+static IN_RETURN_HANDLER: [AtomicBool; CONTEXT_COUNT] = [const { AtomicBool::new(false) }; CONTEXT_COUNT];
 
 core::arch::global_asm!(
     r#"
@@ -268,11 +275,17 @@ fn context_stack(sp: u64) -> *mut ReturnStack<INSTANCES_PER_CONTEXT> {
     CONTEXTS.get(context_index(sp))
 }
 
-/// The context (task slot, or `TASK_SLOTS` for the IRQ context) whose stack holds `sp`.
+/// The context (the task's table index, or this CPU's IRQ context) whose stack holds `sp`.
 #[unsafe(link_section = ".text.noprobe")]
 #[inline(always)]
 fn context_index(sp: u64) -> usize {
-    if stacks::this_irq_slot().contains_stack(sp) { TASK_SLOTS } else { crate::task::current().0 }
+    if stacks::this_irq_slot().contains_stack(sp) { this_irq_context() } else { crate::task::current().0 }
+}
+
+#[unsafe(link_section = ".text.noprobe")]
+#[inline(always)]
+fn this_irq_context() -> usize {
+    IRQ_CONTEXTS + crate::arch::percpu::this_cpu_index()
 }
 
 #[unsafe(link_section = ".text.noprobe")]
@@ -385,7 +398,7 @@ impl ReturnRepair for Repair {
     }
 
     fn shadow_return(&self, slot: u64) -> Option<u64> {
-        let irq = CONTEXTS.get(TASK_SLOTS);
+        let irq = CONTEXTS.get(this_irq_context());
         let task = CONTEXTS.get(crate::task::current().0);
         // SAFETY: as above.
         unsafe { (*task).shadow_return(slot, trampoline()).or_else(|| (*irq).shadow_return(slot, trampoline())) }
