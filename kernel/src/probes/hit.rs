@@ -346,6 +346,18 @@ fn finish_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
     true
 }
 
+/// Whether a task interrupted at `pc` on this CPU must not be switched away (the trap layer
+/// then keeps the reschedule for the first IRQ exit outside): it is inside kernel-probe code,
+/// a detour trampoline or XOL slot, or a probe's handler. A task preempted there would pass a
+/// quiescent point (the switch) while still inside memory that `unregister` poisons and reuses
+/// after its grace period (Linux's optprobes need `synchronize_rcu_tasks` for this; here
+/// preemption simply waits: the code inside is short and never blocks).
+#[unsafe(link_section = ".text.noprobe")]
+pub fn must_not_preempt(pc: u64) -> bool {
+    pc.wrapping_sub(super::slots::chunk_address(0)) < super::slots::AREA_SIZE
+        || control().status.load(Ordering::Relaxed) != IDLE
+}
+
 /// Called by a detour trampoline with the probe and the registers it saved (x0..x30, the SP
 /// before the trampoline, pc = the probed address, pstate = NZCV only). Changes to x0..x30 and
 /// NZCV are restored into the context; changes to sp and pc are ignored. A re-entered hit is

@@ -97,24 +97,26 @@ static RECORDS: [Kretprobe; MAX_KRETPROBES] = [const {
 
 static REGISTER: spin::Mutex<()> = spin::Mutex::new(());
 
-/// The return-instance stacks: one per task (the task slots, then the secondaries' idle tasks),
-/// then one per CPU's IRQ context (`TASKS + cpu`: two CPUs in IRQs at once each push and pop
-/// their own returns). A context's stack
+/// The return-instance stacks, one per context (`CONTEXT_COUNT`). A context's stack
 /// is changed only by code running in that context with IRQs masked (entry, return, task start),
 /// and read by walkers running in that context or in an IRQ that interrupted it; pushes write
 /// the entry before the length (`cells::PerContext`).
-static CONTEXTS: PerContext<ReturnStack<INSTANCES_PER_CONTEXT>, { TASKS + CPUS }> =
-    PerContext::new([const { UnsafeCell::new(ReturnStack::new()) }; TASKS + CPUS]);
+static CONTEXTS: PerContext<ReturnStack<INSTANCES_PER_CONTEXT>, CONTEXT_COUNT> =
+    PerContext::new([const { UnsafeCell::new(ReturnStack::new()) }; CONTEXT_COUNT]);
 
-/// This CPU's IRQ context's index in `CONTEXTS`.
-#[unsafe(link_section = ".text.noprobe")]
-#[inline(always)]
-fn irq_context() -> usize {
-    TASKS + crate::arch::percpu::this_cpu_index()
-}
+/// Contexts: the task table's entries (task slots, then the secondaries' idle tasks, as
+/// `task::idle_task`), then one IRQ context per CPU. One IRQ context for all CPUs let two CPUs'
+/// IRQ handlers push and pop the same stack (the probe sweep on 4 CPUs, a kretprobe on
+/// `task::cpus::on_wake_sgi`: "trampoline reached ... with no hijacked return there").
+const IRQ_CONTEXTS: usize = TASKS;
+const CONTEXT_COUNT: usize = IRQ_CONTEXTS + CPUS;
 
-/// Set while a return handler runs (IRQs masked): kretprobe hits then are missed.
-static IN_RETURN_HANDLER: AtomicBool = AtomicBool::new(false);
+/// Per context (as `CONTEXTS`), set while a return handler runs in it (IRQs masked): kretprobe
+/// hits in that context are then missed. One flag for all made every CPU miss its hits while
+/// any CPU ran a return handler (the probe sweep on 4 CPUs: returns counted on CPU 0 differed
+/// by method). Per context rather than per CPU: the hit and return paths know their context
+/// already, so the hot paths stay as long as with the one flag.
+static IN_RETURN_HANDLER: [AtomicBool; CONTEXT_COUNT] = [const { AtomicBool::new(false) }; CONTEXT_COUNT];
 
 core::arch::global_asm!(
     r#"
@@ -253,7 +255,7 @@ pub fn outstanding() -> usize {
 /// skips the IRQ-stack test and the scheduler read [`outstanding`] makes.
 #[inline(always)]
 pub fn outstanding_in_task_slot(index: usize) -> usize {
-    let contexts: *const PerContext<ReturnStack<INSTANCES_PER_CONTEXT>, { TASK_SLOTS + 1 }>;
+    let contexts: *const PerContext<ReturnStack<INSTANCES_PER_CONTEXT>, CONTEXT_COUNT>;
     // SAFETY: CONTEXTS' address, PC-relative (`adrp`, `add`: two instructions where the large
     // code model builds a constant in four; the walkers' fixed cost); no memory, no flags.
     unsafe {
@@ -284,8 +286,20 @@ pub fn forget_task(index: usize) {
 #[unsafe(link_section = ".text.noprobe")]
 #[inline(always)]
 fn context_stack(sp: u64) -> *mut ReturnStack<INSTANCES_PER_CONTEXT> {
-    let index = if stacks::this_irq_slot().contains_stack(sp) { irq_context() } else { crate::task::current().0 };
-    CONTEXTS.get(index)
+    CONTEXTS.get(context_index(sp))
+}
+
+/// The context (the task's table index, or this CPU's IRQ context) whose stack holds `sp`.
+#[unsafe(link_section = ".text.noprobe")]
+#[inline(always)]
+fn context_index(sp: u64) -> usize {
+    if stacks::this_irq_slot().contains_stack(sp) { this_irq_context() } else { crate::task::current().0 }
+}
+
+#[unsafe(link_section = ".text.noprobe")]
+#[inline(always)]
+fn this_irq_context() -> usize {
+    IRQ_CONTEXTS + crate::arch::percpu::this_cpu_index()
 }
 
 #[unsafe(link_section = ".text.noprobe")]
@@ -310,10 +324,11 @@ fn hijack(registers: &mut Registers) {
         return;
     };
     let record = &RECORDS[index];
+    let context = context_index(registers.sp);
     // SAFETY: IRQs are masked and this is the context that owns the stack (see CONTEXTS).
-    let stack = unsafe { &mut *context_stack(registers.sp) };
+    let stack = unsafe { &mut *CONTEXTS.get(context) };
     stack.drop_abandoned(registers.sp, release);
-    if IN_RETURN_HANDLER.load(Ordering::Relaxed)
+    if IN_RETURN_HANDLER[context].load(Ordering::Relaxed)
         || stack.len() >= INSTANCES_PER_CONTEXT
         || record.active.load(Ordering::Relaxed) >= record.max_active.load(Ordering::Relaxed)
     {
@@ -351,8 +366,9 @@ fn hijack(registers: &mut Registers) {
 #[unsafe(link_section = ".text.noprobe")]
 extern "C" fn kretprobe_return(registers: &mut Registers) {
     let _mask = IrqMask::new();
+    let context = context_index(registers.sp);
     // SAFETY: IRQs are masked and this is the context that owns the stack (see CONTEXTS).
-    let stack = unsafe { &mut *context_stack(registers.sp) };
+    let stack = unsafe { &mut *CONTEXTS.get(context) };
     stack.drop_abandoned(registers.sp, release);
     let Some(instance) = stack.top_at(registers.sp) else {
         panic!("kretprobe trampoline reached at SP {:#x} with no hijacked return there", registers.sp);
@@ -365,9 +381,9 @@ extern "C" fn kretprobe_return(registers: &mut Registers) {
         // SAFETY: the record has an outstanding instance, so `handler` stays the `ReturnHandler`
         // `register` stored (a code address).
         let handler = unsafe { core::mem::transmute::<*mut (), ReturnHandler>(record.handler.load(Ordering::Relaxed)) };
-        IN_RETURN_HANDLER.store(true, Ordering::Relaxed);
+        IN_RETURN_HANDLER[context].store(true, Ordering::Relaxed);
         handler(registers, instance.data);
-        IN_RETURN_HANDLER.store(false, Ordering::Relaxed);
+        IN_RETURN_HANDLER[context].store(false, Ordering::Relaxed);
     }
     // The trampoline's record and SCS slot get the real address before the instance goes, so a
     // walk never meets a trampoline address without its instance.
@@ -396,7 +412,7 @@ impl ReturnRepair for Repair {
     }
 
     fn shadow_return(&self, slot: u64) -> Option<u64> {
-        let irq = CONTEXTS.get(irq_context());
+        let irq = CONTEXTS.get(this_irq_context());
         let task = CONTEXTS.get(crate::task::current().0);
         // SAFETY: as above.
         unsafe { (*task).shadow_return(slot, trampoline()).or_else(|| (*irq).shadow_return(slot, trampoline())) }

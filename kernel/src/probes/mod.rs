@@ -29,7 +29,9 @@ pub mod uprobe;
 pub mod uretprobe;
 
 pub use error::ProbeError;
-pub use hit::{on_brk, on_software_step, on_step_brk, set_reentry_handling, simulator_functions, simulator_text};
+pub use hit::{
+    must_not_preempt, on_brk, on_software_step, on_step_brk, set_reentry_handling, simulator_functions, simulator_text,
+};
 pub use kprobe::{counts, first_patchable_entry, register, slot_area_address, unregister};
 pub use probes::{Method, Registers, Text};
 pub use refuse::is_noprobe;

@@ -15,6 +15,8 @@ use crate::arch::patch;
 const CHUNK_SIZE: u64 = 512;
 pub const CHUNKS: usize = 64;
 const CHUNK_WORDS: usize = (CHUNK_SIZE / 4) as usize;
+/// Bytes in the slot area (every XOL slot and detour trampoline).
+pub const AREA_SIZE: u64 = CHUNK_SIZE * CHUNKS as u64;
 
 core::arch::global_asm!(
     r#"

@@ -20,16 +20,26 @@
 //! Then a random set of 48 probes across the kernel at once, single probes one at a time, and
 //! a kretprobe on every function entry that allows one (its returns counted per method).
 //! A death (unexpected exception, hang, sanitizer report) ends the run with the last
-//! `sweep batch:` line naming the function and method; `sweep.probe=FUNCTION+OFFSET:METHOD`
-//! repeats exactly one probe.
+//! `sweep batch:` line naming the batch (`FUNCTION+OFFSET:METHOD words N`);
+//! `sweep.probe=FUNCTION+OFFSET:METHOD` repeats exactly one probe, with `sweep.words=N` the N
+//! words from there (xtask halves a hanging batch with it until one probe remains).
+//!
+//! On several CPUs (`everywhere`) the other CPUs loop on the workload while CPU 0 sweeps:
+//! their passes' results must equal their own unprobed reference, each probe counts CPU 0's
+//! pass exactly and the other CPUs' hits summed (compared as zero or not, see `Count`), and a
+//! watchdog on them names the batch CPU 0 stopped in.
 //!
 //! Command-line words (ignored by `cmdline`, which leaves dotted keys alone):
 //! `sweep.seed=N`, `sweep.functions=N` (a seeded sample of N functions; 0 or absent: all),
-//! `sweep.singles=N` (single probes), `sweep.probe=...`, `sweep.ftrace=list|call-ops|vector`
+//! `sweep.singles=N` (single probes), `sweep.probe=...`, `sweep.words=N` (words from the
+//! probe's on, at once: xtask halves a hanging batch with it), `sweep.watchdog=MS` (on several
+//! CPUs, how long CPU 0 may make no progress), `sweep.inject=hang@FUNCTION+OFFSET` (that probe's
+//! handler spins on CPU 0: the test of the halving), `sweep.ftrace=list|call-ops|vector`
 //! (a counting tracer on every traceable function during the sweep), `sweep.inject=callers-stack`
 //! (a test of the sweep itself: workload passes on the caller's stack, which its new-stack
 //! check must catch).
 
+mod everywhere;
 mod workload;
 
 use alloc::vec::Vec;
@@ -54,25 +64,41 @@ static ARMED: [AtomicU64; BATCH] = [const { AtomicU64::new(0) }; BATCH];
 static HITS: [AtomicU64; BATCH] = [const { AtomicU64::new(0) }; BATCH];
 static ARMED_COUNT: AtomicUsize = AtomicUsize::new(0);
 static COUNTING: AtomicBool = AtomicBool::new(false);
+/// Hits on the other CPUs (their background loops), counted while the whole batch is armed.
+static HITS_ELSEWHERE: [AtomicU64; BATCH] = [const { AtomicU64::new(0) }; BATCH];
+static COUNTING_ELSEWHERE: AtomicBool = AtomicBool::new(false);
+/// `sweep.inject=hang@FUNCTION+OFFSET`: the probe there spins in its handler (0: none).
+static HANG_AT: AtomicU64 = AtomicU64::new(0);
 static RETURNS: AtomicU64 = AtomicU64::new(0);
 
 fn in_irq(sp: u64) -> bool {
     crate::task::stacks::this_irq_slot().contains_stack(sp)
 }
 
-/// The sweep's pre-handler: counts a hit of the probed PC while the workload runs.
+/// The sweep's pre-handler: counts a hit of the probed PC while the workload runs, CPU 0's
+/// counted pass in `HITS`, the other CPUs' loops in `HITS_ELSEWHERE`.
 fn count_hit(registers: &mut Registers) {
-    if !COUNTING.load(Ordering::Relaxed) || in_irq(registers.sp) {
+    let on_cpu0 = crate::task::this_cpu() == 0;
+    if registers.pc == HANG_AT.load(Ordering::Relaxed) && on_cpu0 {
+        // The test of hang bisection: a handler that never returns (xtask must name this
+        // probe). On CPU 0 only: on several CPUs the others' watchdog then reports it at once.
+        loop {
+            core::hint::spin_loop();
+        }
+    }
+    let counting = if on_cpu0 { &COUNTING } else { &COUNTING_ELSEWHERE };
+    if !counting.load(Ordering::Relaxed) || in_irq(registers.sp) {
         return;
     }
     let count = ARMED_COUNT.load(Ordering::Relaxed);
     if let Some(index) = (0..count).find(|&index| ARMED[index].load(Ordering::Relaxed) == registers.pc) {
-        HITS[index].fetch_add(1, Ordering::Relaxed);
+        let hits = if on_cpu0 { &HITS } else { &HITS_ELSEWHERE };
+        hits[index].fetch_add(1, Ordering::Relaxed);
     }
 }
 
 fn count_return(registers: &mut Registers, _: u64) {
-    if COUNTING.load(Ordering::Relaxed) && !in_irq(registers.sp) {
+    if COUNTING.load(Ordering::Relaxed) && crate::task::this_cpu() == 0 && !in_irq(registers.sp) {
         RETURNS.fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -83,11 +109,15 @@ struct Options {
     functions: usize,
     singles: usize,
     probe: Option<(&'static str, u64, Method)>,
+    /// Words from `probe` on, armed at once (`sweep.words=N`, at most [`BATCH`]).
+    words: usize,
+    /// `sweep.inject=hang@FUNCTION+OFFSET`.
+    hang: Option<(&'static str, u64)>,
     ftrace: Option<crate::ftrace::Scheme>,
 }
 
 fn parse(bootargs: &'static str) -> Result<Options, &'static str> {
-    let mut options = Options { seed: 1, functions: 0, singles: 64, probe: None, ftrace: None };
+    let mut options = Options { seed: 1, functions: 0, singles: 64, probe: None, words: 1, hang: None, ftrace: None };
     for word in bootargs.split_whitespace() {
         let Some((key, value)) = word.split_once('=') else { continue };
         let number = || value.parse::<u64>().map_err(|_| "sweep: a number was expected");
@@ -97,18 +127,21 @@ fn parse(bootargs: &'static str) -> Result<Options, &'static str> {
             "sweep.singles" => options.singles = number()? as usize,
             "sweep.probe" => {
                 let (place, method) = value.rsplit_once(':').ok_or("sweep.probe=FUNCTION+OFFSET:METHOD")?;
-                let (name, offset) = place.rsplit_once('+').ok_or("sweep.probe=FUNCTION+OFFSET:METHOD")?;
-                let offset = match offset.strip_prefix("0x") {
-                    Some(hex) => u64::from_str_radix(hex, 16),
-                    None => offset.parse(),
-                }
-                .map_err(|_| "sweep.probe: bad offset")?;
+                let (name, offset) = parse_place(place).ok_or("sweep.probe=FUNCTION+OFFSET:METHOD")?;
                 let method = Method::ALL.into_iter().find(|m| m.name() == method).ok_or("sweep.probe: bad method")?;
                 options.probe = Some((name, offset, method));
             }
-            "sweep.inject" => match value {
-                "callers-stack" => workload::ON_CALLERS_STACK.store(true, Ordering::Relaxed),
-                _ => return Err("sweep.inject=callers-stack"),
+            "sweep.watchdog" => everywhere::set_watchdog(number()?),
+            "sweep.words" => match number()? as usize {
+                words @ 1..=BATCH => options.words = words,
+                _ => return Err("sweep.words: 1 to 48 words"),
+            },
+            "sweep.inject" => match value.split_once('@') {
+                None if value == "callers-stack" => workload::ON_CALLERS_STACK.store(true, Ordering::Relaxed),
+                Some(("hang", place)) => {
+                    options.hang = Some(parse_place(place).ok_or("sweep.inject=hang@FUNCTION+OFFSET")?)
+                }
+                _ => return Err("sweep.inject=callers-stack|hang@FUNCTION+OFFSET"),
             },
             "sweep.ftrace" => {
                 options.ftrace = Some(match value {
@@ -122,6 +155,16 @@ fn parse(bootargs: &'static str) -> Result<Options, &'static str> {
         }
     }
     Ok(options)
+}
+
+/// `FUNCTION+OFFSET` (offset decimal or 0x hex).
+fn parse_place(place: &'static str) -> Option<(&'static str, u64)> {
+    let (name, offset) = place.rsplit_once('+')?;
+    let offset = match offset.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => offset.parse(),
+    };
+    Some((name, offset.ok()?))
 }
 
 /// A function of the symbol table: its start, its end (the next start), its name.
@@ -216,6 +259,8 @@ struct Sweep {
     slots: u64,
     symbols: Symbols,
     tally: Tally,
+    /// The other CPUs' workload loops (None on one CPU).
+    background: Option<everywhere::Background>,
 }
 
 /// A probe the sweep failed on: everything needed to repeat it.
@@ -236,12 +281,29 @@ fn report(sweep: &mut Sweep, address: u64, method: Method, what: &str) {
     sweep.tally.failures += 1;
 }
 
+/// What one probe counted in a batch: CPU 0's counted pass, exactly (the workload is
+/// deterministic), and the other CPUs' loops summed. How many passes the loops ran while the
+/// batch was armed varies (at least one each, see `everywhere`), so of that sum only whether it
+/// is zero is compared: an instruction the loops execute is hit on them under every method.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Count {
+    cpu0: u64,
+    elsewhere: u64,
+}
+
+impl Count {
+    fn agrees(self, other: Count) -> bool {
+        self.cpu0 == other.cpu0 && (self.elsewhere > 0) == (other.elsewhere > 0)
+    }
+}
+
 /// Hit counts of a batch: None where the probe was refused.
-type BatchHits = [Option<u64>; BATCH];
+type BatchHits = [Option<Count>; BATCH];
 
 /// Arms `probes`, runs the workload, disarms, checks. Allocates nothing: the workload must find
 /// the heap as every other pass left it (its free lists decide how long `alloc` loops).
 fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits {
+    everywhere::heartbeat();
     let mut hits = [None; BATCH];
     let mut armed = [false; BATCH];
     let mut originals = [0u32; BATCH];
@@ -249,6 +311,7 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits 
         originals[index] = word_at(address);
         ARMED[index].store(address, Ordering::Relaxed);
         HITS[index].store(0, Ordering::Relaxed);
+        HITS_ELSEWHERE[index].store(0, Ordering::Relaxed);
     }
     ARMED_COUNT.store(probes.len(), Ordering::Relaxed);
     for (index, &(address, method)) in probes.iter().enumerate() {
@@ -263,11 +326,28 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits 
     sweep.tally.batches += 1;
     let armed_any = armed.iter().any(|&armed| armed);
     let mut new_traces = 0;
+    let mismatches_before = everywhere::mismatches();
     let results = if armed_any {
         let traces = crate::stacktrace::DEPOT.stats().records;
+        let epoch = everywhere::armed();
+        COUNTING_ELSEWHERE.store(true, Ordering::Release);
         COUNTING.store(true, Ordering::Relaxed);
         let results = workload::run();
         COUNTING.store(false, Ordering::Relaxed);
+        if let Some(background) = &sweep.background
+            && let Err(cpu) = everywhere::wait_for_passes(background, epoch)
+        {
+            // Another CPU is stuck (in a probe's handler or slot, or the code under it): the run
+            // cannot go on; the last `sweep batch:` line names the batch, xtask halves it.
+            defmt::error!(
+                "sweep hung: cpu {=usize} completed no pass within {=u64} ms during {=str}",
+                cpu,
+                everywhere::PASS_TIMEOUT_MS,
+                label
+            );
+            panic!("sweep hung on cpu {}", cpu);
+        }
+        COUNTING_ELSEWHERE.store(false, Ordering::Release);
         new_traces = crate::stacktrace::DEPOT.stats().records - traces;
         results
     } else {
@@ -285,6 +365,25 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits 
         }
     }
     ARMED_COUNT.store(0, Ordering::Relaxed);
+    if sweep.background.is_some() && armed_any {
+        // No other CPU is still inside a removed probe's slot or handler when the next batch
+        // reuses the slots (kprobe unregister does not wait for other CPUs yet).
+        crate::task::cpus::synchronize();
+    }
+    let mismatches_after = everywhere::mismatches();
+    for cpu in (0..mismatches_after.len()).filter(|&cpu| mismatches_after[cpu] != mismatches_before[cpu]) {
+        defmt::error!(
+            "sweep: {=str}: the workload's results differ on cpu {=usize} (a pass begun in batch epoch {=u64})",
+            label,
+            cpu,
+            everywhere::mismatch_epoch(cpu)
+        );
+        for (index, &(address, method)) in probes.iter().enumerate() {
+            if armed[index] {
+                report(sweep, address, method, "results differ on another CPU (one of these probes)");
+            }
+        }
+    }
     if armed_any && results != Some(sweep.reference) {
         defmt::error!("sweep: {=str}: the workload's results differ from the unprobed run's", label);
         for (index, &(address, method)) in probes.iter().enumerate() {
@@ -312,21 +411,32 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits 
         if word_at(address) != originals[index] {
             report(sweep, address, method, "text not restored");
         }
-        hits[index] = armed[index].then(|| HITS[index].load(Ordering::Relaxed));
+        hits[index] = armed[index].then(|| Count {
+            cpu0: HITS[index].load(Ordering::Relaxed),
+            elsewhere: HITS_ELSEWHERE[index].load(Ordering::Relaxed),
+        });
     }
     if slot_hash() != sweep.slots {
         defmt::error!("sweep: {=str}: the slot area differs after unregistering", label);
         sweep.tally.failures += 1;
     }
+    everywhere::heartbeat();
     hits
 }
 
 /// Every word of `function` with `method`, in batches, into `hits` (None: refused).
-fn sweep_function(sweep: &mut Sweep, function: Function, method: Method, hits: &mut [Option<u64>]) {
-    defmt::info!("sweep batch: {=str} method {=str}", function.name, method.name());
+fn sweep_function(sweep: &mut Sweep, function: Function, method: Method, hits: &mut [Option<Count>]) {
     let words = ((function.end - function.start) / 4) as usize;
     for first in (0..words).step_by(BATCH) {
         let count = (words - first).min(BATCH);
+        // What xtask repeats (and halves, if this batch hangs): `sweep.probe=` and `sweep.words=`.
+        defmt::info!(
+            "sweep batch: {=str}+{=u64:#x}:{=str} words {=usize}",
+            function.name,
+            4 * first as u64,
+            method.name(),
+            count
+        );
         let mut probes = [(0u64, method); BATCH];
         for (index, probe) in probes[..count].iter_mut().enumerate() {
             probe.0 = function.start + 4 * (first + index) as u64;
@@ -342,7 +452,21 @@ fn sweep_function(sweep: &mut Sweep, function: Function, method: Method, hits: &
 /// (the handlers run on the probed task's shadow stack, so a probe makes it deeper). Their
 /// results, text and slots are checked; their counts are not compared.
 fn count_exempt(name: &str) -> bool {
-    name.starts_with("kernel::probes::") || name == "task_exit_current"
+    name.starts_with("kernel::probes::")
+        || name == "task_exit_current"
+        || (SEVERAL_CPUS.load(Ordering::Relaxed) && contended(name))
+}
+
+/// Set when the other CPUs loop on the workload.
+static SEVERAL_CPUS: AtomicBool = AtomicBool::new(false);
+
+/// Code whose path on CPU 0 depends on what the other CPUs do at the same time, so its counts
+/// vary from pass to pass with no probe at fault: the heap's locked section spins for the lock
+/// (`ldrb`/`cbz`/`isb`/`clrex` retry, hit 0 to 4 times on CPU 0) and walks free lists the other
+/// CPUs' passes change (the whole prod sweep on 4 CPUs: 49 words of this one function, and no
+/// other, differed between methods). Its results, text and slots are still checked.
+fn contended(name: &str) -> bool {
+    name.starts_with("kernel::mm::kasan::heap::locked::")
 }
 
 /// The name of the function holding `address`.
@@ -351,24 +475,26 @@ fn name_of(symbols: &Symbols, address: u64) -> &'static str {
 }
 
 /// The per-method hit counts of one function must agree word by word.
-fn compare_methods(sweep: &mut Sweep, function: Function, per_method: &[Vec<Option<u64>>]) {
+fn compare_methods(sweep: &mut Sweep, function: Function, per_method: &[Vec<Option<Count>>]) {
     if count_exempt(function.name) {
         sweep.tally.exempt += 1;
         return;
     }
     for (index, address) in (function.start..function.end).step_by(4).enumerate() {
-        let mut seen: Option<(Method, u64)> = None;
+        let mut seen: Option<(Method, Count)> = None;
         for method in Method::ALL {
             let Some(hits) = per_method[method_index(method)].get(index).copied().flatten() else { continue };
             match seen {
                 None => seen = Some((method, hits)),
-                Some((first, first_hits)) if first_hits != hits => {
+                Some((first, first_hits)) if !first_hits.agrees(hits) => {
                     defmt::error!(
-                        "sweep: hit counts differ: {=str} {=u64}, {=str} {=u64}",
+                        "sweep: hit counts differ: {=str} {=u64} (other CPUs {=u64}), {=str} {=u64} (other CPUs {=u64})",
                         first.name(),
-                        first_hits,
+                        first_hits.cpu0,
+                        first_hits.elsewhere,
                         method.name(),
-                        hits
+                        hits.cpu0,
+                        hits.elsewhere
                     );
                     report(sweep, address, method, "hit count differs between methods");
                 }
@@ -382,6 +508,7 @@ fn compare_methods(sweep: &mut Sweep, function: Function, per_method: &[Vec<Opti
 fn sweep_kretprobe(sweep: &mut Sweep, function: Function) {
     let mut seen: Option<(Method, u64)> = None;
     for method in Method::ALL {
+        everywhere::heartbeat();
         let before = slot_hash();
         match kretprobe::register(function.start, method, None, count_return, 16) {
             Ok(()) => {}
@@ -398,6 +525,9 @@ fn sweep_kretprobe(sweep: &mut Sweep, function: Function) {
             report(sweep, function.start, method, "kretprobe: new stack traces");
         }
         let _ = kretprobe::unregister(function.start);
+        if sweep.background.is_some() {
+            crate::task::cpus::synchronize();
+        }
         let returns = RETURNS.load(Ordering::Relaxed);
         let address = kretprobe::attach_address(function.start);
         if results != Some(sweep.reference) {
@@ -419,6 +549,7 @@ fn sweep_kretprobe(sweep: &mut Sweep, function: Function) {
 /// The reference pass again, now that everything the sweep keeps is allocated: the heap is in
 /// the state every probed pass will find.
 fn rerun_reference(sweep: &mut Sweep) -> bool {
+    everywhere::heartbeat();
     let _ = workload::run();
     match workload::run() {
         Some(results) => {
@@ -477,6 +608,20 @@ pub fn run(bootargs: &'static str) -> bool {
         defmt::error!("sweep: could not trace every function");
         return false;
     }
+    // The other CPUs loop on the workload from here to the end (their own warm-up and
+    // reference first), so CPU 0's reference passes find the heap as the probed ones will.
+    SEVERAL_CPUS.store(crate::task::cpus::online() > 1, Ordering::Relaxed);
+    let background = if crate::task::cpus::online() > 1 {
+        match everywhere::start() {
+            Ok(background) => Some(background),
+            Err(message) => {
+                defmt::error!("{=str}", message);
+                return false;
+            }
+        }
+    } else {
+        None
+    };
     // Warm-up: the depot inserts the workload's traces, the heap reaches its steady state.
     let Some(_) = workload::run() else {
         defmt::error!("sweep: the unprobed workload could not run");
@@ -505,28 +650,45 @@ pub fn run(bootargs: &'static str) -> bool {
             exempt: 0,
             missed: 0,
         },
+        background,
     };
     let all = functions(&sweep.symbols);
+    let without_spaces = |text: &'static str| text.chars().filter(|&c| c != ' ');
+    let find = |name: &'static str| all.iter().find(|function| without_spaces(function.name).eq(without_spaces(name)));
+    if let Some((name, offset)) = options.hang {
+        let Some(function) = find(name) else {
+            defmt::error!("sweep: no function {=str}", name);
+            return false;
+        };
+        defmt::info!("sweep: the probe at {=str}+{=u64:#x} will hang (sweep.inject)", name, offset);
+        HANG_AT.store(function.start + offset, Ordering::Relaxed);
+    }
     let mut rng = Rng(options.seed.max(1).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let mut swept = 0usize;
     let mut instructions = 0u64;
     if let Some((name, offset, method)) = options.probe {
         // xtask's repeat line drops the spaces of names like `<StackDepot<4096, 16>>::find`
         // (the command line is split at spaces).
-        let without_spaces = |text: &'static str| text.chars().filter(|&c| c != ' ');
-        let Some(function) = all.iter().find(|function| without_spaces(function.name).eq(without_spaces(name))) else {
+        let Some(function) = find(name) else {
             defmt::error!("sweep: no function {=str}", name);
             return false;
         };
-        let address = function.start + offset;
+        let words = options.words.min(((function.end - function.start).saturating_sub(offset) / 4) as usize).max(1);
+        let mut probes = [(0u64, method); BATCH];
+        for (index, probe) in probes[..words].iter_mut().enumerate() {
+            probe.0 = function.start + offset + 4 * index as u64;
+        }
         if !rerun_reference(&mut sweep) {
             return false;
         }
-        defmt::info!("sweep batch: {=str}+{=u64:#x} method {=str}", name, offset, method.name());
-        let hits = batch(&mut sweep, &[(address, method)], name);
-        defmt::info!("sweep: probe hit {=u64} times", hits[0].unwrap_or(0));
+        defmt::info!("sweep probe address: {=u64:#x}", probes[0].0);
+        defmt::info!("sweep batch: {=str}+{=u64:#x}:{=str} words {=usize}", name, offset, method.name(), words);
+        let hits = batch(&mut sweep, &probes[..words], name);
+        if words == 1 {
+            defmt::info!("sweep: probe hit {=u64} times", hits[0].map_or(0, |count| count.cpu0));
+        }
         swept = 1;
-        instructions = 1;
+        instructions = words as u64;
     } else {
         let chosen: Vec<Function> = if options.functions == 0 || options.functions >= all.len() {
             all.clone()
@@ -543,9 +705,9 @@ pub fn run(bootargs: &'static str) -> bool {
         };
         // Everything the sweep keeps is allocated now, before the reference pass (see `batch`).
         let words = MAX_FUNCTION_WORDS as usize;
-        let mut per_method: Vec<Vec<Option<u64>>> = (0..4).map(|_| alloc::vec![None; words]).collect();
+        let mut per_method: Vec<Vec<Option<Count>>> = (0..4).map(|_| alloc::vec![None; words]).collect();
         // A reservoir sample of the accepted probes, for the random sets and the singles.
-        let mut accepted: Vec<(u64, Method, u64)> = Vec::with_capacity(RESERVOIR);
+        let mut accepted: Vec<(u64, Method, Count)> = Vec::with_capacity(RESERVOIR);
         let mut offered = 0u64;
         let mut workload_entries_hit = 0;
         if !rerun_reference(&mut sweep) {
@@ -568,7 +730,7 @@ pub fn run(bootargs: &'static str) -> bool {
                             accepted[slot] = (address, method, hits);
                         }
                     }
-                    if function.name.starts_with("kernel::sweep::workload::") && hits > 0 {
+                    if function.name.starts_with("kernel::sweep::workload::") && hits.cpu0 > 0 {
                         workload_entries_hit += 1;
                     }
                 }
@@ -587,7 +749,7 @@ pub fn run(bootargs: &'static str) -> bool {
         // its own function's words.
         let rounds = if options.functions == 0 { accepted.len() / BATCH } else { 4 };
         for round in 0..rounds.min(accepted.len() / BATCH) {
-            let mut set = [(0u64, Method::Simulate, 0u64); BATCH];
+            let mut set = [(0u64, Method::Simulate, Count { cpu0: 0, elsewhere: 0 }); BATCH];
             let mut filled = 0;
             while filled < BATCH {
                 let candidate = accepted[rng.below(accepted.len())];
@@ -600,7 +762,7 @@ pub fn run(bootargs: &'static str) -> bool {
             let probes = set.map(|(address, method, _)| (address, method));
             let hits = batch(&mut sweep, &probes, "random set");
             for (&(address, method, expected), hits) in set.iter().zip(hits) {
-                if hits != Some(expected) && !count_exempt(name_of(&sweep.symbols, address)) {
+                if !hits.is_some_and(|hits| hits.agrees(expected)) && !count_exempt(name_of(&sweep.symbols, address)) {
                     report(&mut sweep, address, method, "hit count differs in a random set");
                 }
             }
@@ -609,7 +771,7 @@ pub fn run(bootargs: &'static str) -> bool {
             let (address, method, expected) = accepted[rng.below(accepted.len())];
             defmt::info!("sweep batch: single {=u64:#x} method {=str}", address, method.name());
             let hits = batch(&mut sweep, &[(address, method)], "single");
-            if hits[0] != Some(expected) && !count_exempt(name_of(&sweep.symbols, address)) {
+            if !hits[0].is_some_and(|hits| hits.agrees(expected)) && !count_exempt(name_of(&sweep.symbols, address)) {
                 report(&mut sweep, address, method, "hit count differs when probed alone");
             }
         }
@@ -623,6 +785,10 @@ pub fn run(bootargs: &'static str) -> bool {
     if hash_range(text_start, text_end) != text_before && tracer.is_none() {
         defmt::error!("sweep: kernel text differs from before the sweep");
         sweep.tally.failures += 1;
+    }
+    let background_cpus = sweep.background.as_ref().map_or(0, everywhere::count);
+    if let Some(background) = sweep.background.take() {
+        everywhere::stop(background);
     }
     crate::drivers::timer::start(crate::drivers::timer::hz());
     let elapsed_ms = (crate::drivers::timer::counter() - started) * 1000 / crate::drivers::timer::frequency();
@@ -647,6 +813,14 @@ pub fn run(bootargs: &'static str) -> bool {
         defmt::info!("sweep refused: {=u64} {=str}", count, reason);
     }
     defmt::info!("sweep missed: {=u64} re-entered hits (from inside a probe handler)", tally.missed);
+    if background_cpus > 0 {
+        defmt::info!(
+            "sweep cpus: {=usize} (cpu 0 and {=usize} looping the workload: {=u64} passes)",
+            background_cpus + 1,
+            background_cpus,
+            everywhere::passes()
+        );
+    }
     defmt::info!("sweep done: {=u64} failures", tally.failures);
     tally.failures == 0
 }

@@ -83,6 +83,17 @@ fn pass() -> Option<Results> {
     Some(Results { checksum: sum.value(), returned })
 }
 
+/// The part of a pass the other CPUs loop on (`sweep/everywhere.rs`): the heap, both walkers
+/// and the depot. Not the switch, the ftrace or the probe registry parts: their state (a
+/// tracer, the workload's own probe, a task slot per CPU) is one per kernel.
+#[inline(never)]
+pub fn background_pass() -> Results {
+    let mut sum = Checksum::new();
+    let mut returned = heap(&mut sum);
+    returned = returned.wrapping_add(walkers(&mut sum));
+    Results { checksum: sum.value(), returned }
+}
+
 /// Allocations of several sizes (several buddy orders), filled, read back, freed in another
 /// order than allocated; a growing Vec (realloc).
 #[inline(never)]

@@ -134,7 +134,7 @@ fn secondary_idle(cpu: usize) -> ! {
 /// switch or an idle pass: `task::quiescent_point`) after the call began. Each is sent a wake-up
 /// SGI, whose end reschedules it (a switch or not, a quiescent point), so an idle or busy CPU
 /// answers at once rather than at its next tick. Waits with `wfe`; panics naming a CPU that
-/// has not answered within 100 ms (one running with IRQs masked, or stuck).
+/// has not answered within `SYNCHRONIZE_MS` (one running with IRQs masked, or stuck).
 pub fn synchronize() {
     let me = crate::arch::percpu::this_cpu_index();
     let others = smp::online_mask() & !(1 << me) & !STOPPED.load(Ordering::Acquire);
@@ -163,8 +163,10 @@ pub fn synchronize() {
     }
 }
 
-/// How long `synchronize` waits for the other CPUs.
-const SYNCHRONIZE_MS: u64 = 100;
+/// How long `synchronize` waits for the other CPUs. A CPU answers when it unmasks IRQs, and
+/// under QEMU with more CPUs than host cores a CPU spinning (IRQs masked) for a lock whose
+/// holder's thread is preempted took over 100 ms (the probe sweep on 4 CPUs, 2 host cores).
+const SYNCHRONIZE_MS: u64 = 1000;
 
 /// CPUs online now.
 pub fn online() -> usize {

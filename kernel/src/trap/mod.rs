@@ -180,9 +180,17 @@ extern "C" fn trap_irq(frame: &mut ExceptionFrame) {
 /// After the IRQ, back on the interrupted stack with IRQs masked (context.S).
 #[unsafe(no_mangle)]
 extern "C" fn trap_irq_exit(frame: *mut ExceptionFrame) {
+    // SAFETY: context.S passes the interrupted context's frame, live until it resumes.
+    let pc = unsafe { (*frame).elr };
     if HARDWARE_TAGS {
-        // SAFETY: context.S passes the interrupted context's frame, live until it resumes.
-        check_async_tag_faults(unsafe { (*frame).elr });
+        check_async_tag_faults(pc);
+    }
+    // No task switch inside probe or tracer code (a detour trampoline, an XOL slot, a probe
+    // handler, a tracer holding this CPU's recursion guard): the switch is a quiescent point,
+    // and the task would resume in memory a grace period let `unregister` free, or leave the
+    // guard held for the next task. The reschedule stays pending for the next IRQ exit.
+    if crate::probes::must_not_preempt(pc) || crate::ftrace::inside_tracer() {
+        return;
     }
     task::irq_exit();
 }
