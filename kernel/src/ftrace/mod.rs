@@ -262,11 +262,6 @@ fn grace_period() {
     crate::task::cpus::synchronize();
 }
 
-/// Whether a tracer runs on this CPU now (its recursion guard is held).
-pub fn inside_tracer() -> bool {
-    trampoline::this_cpu().inside_tracer()
-}
-
 /// How many times a tracer called a traced function and the guard skipped it.
 pub fn recursions() -> u64 {
     trampoline::this_cpu().recursions.load(core::sync::atomic::Ordering::Relaxed)

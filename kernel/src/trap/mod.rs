@@ -185,11 +185,11 @@ extern "C" fn trap_irq_exit(frame: *mut ExceptionFrame) {
     if HARDWARE_TAGS {
         check_async_tag_faults(pc);
     }
-    // No task switch inside probe or tracer code (a detour trampoline, an XOL slot, a probe
-    // handler, a tracer holding this CPU's recursion guard): the switch is a quiescent point,
-    // and the task would resume in memory a grace period let `unregister` free, or leave the
-    // guard held for the next task. The reschedule stays pending for the next IRQ exit.
-    if crate::probes::must_not_preempt(pc) || crate::ftrace::inside_tracer() {
+    // No task switch inside probe code (a detour trampoline, an XOL slot, a probe handler):
+    // the switch is a quiescent point, and the task would resume in memory a grace period let
+    // `unregister` free. The reschedule stays pending for the next IRQ exit. (Tracers run with
+    // IRQs masked inside the ftrace trampoline: no IRQ exit lands in one.)
+    if crate::probes::must_not_preempt(pc) {
         return;
     }
     task::irq_exit();
