@@ -169,7 +169,7 @@ static SPREAD_JOB: IrqSpinLock<Option<(TestFn, Context)>> = IrqSpinLock::new(Non
 type TestFn = fn(&Context) -> Outcome;
 static SPREAD_OUTCOME: IrqSpinLock<Option<Outcome>> = IrqSpinLock::new(None);
 
-extern "C" fn spread_task(_: u64) {
+pub(super) extern "C" fn spread_task(_: u64) {
     let (run, context) = SPREAD_JOB.lock().take().expect("run_spread set the job");
     let outcome = run(&context);
     TESTS_RUN[crate::task::this_cpu()].fetch_add(1, Ordering::Relaxed);
