@@ -661,9 +661,14 @@ fn smp_traces_agree_in_irqs_every_cpu(context: &Context) -> Outcome {
 static SLOW_INSIDE: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
 static SLOW_ENTERED: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
 static UNREGISTERING: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+/// Set by the unregistering CPU once it has looked whether the tracer was still running.
+static SAMPLED: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
 
 /// A tracer that stays inside (IRQs masked, as every tracer) until the other CPU has started to
-/// unregister it, and 5 ms more; bounded by 50 ms in all.
+/// unregister it (at most 50 ms), then until that CPU has looked whether it is still inside (a
+/// skipped grace period lets it look at once) or 20 ms (times the wait patience: without icount a
+/// loaded host may hold the other vCPU that long) have passed, which a real grace period waits
+/// out.
 #[sanitize(kernel_hwaddress = "off")]
 unsafe extern "C" fn slow_tracer(_: u64, _: u64, _: &crate::ftrace::Ops, _: &mut crate::ftrace::Regs) {
     SLOW_INSIDE.store(true, Ordering::Release);
@@ -673,8 +678,8 @@ unsafe extern "C" fn slow_tracer(_: u64, _: u64, _: &crate::ftrace::Ops, _: &mut
     while !UNREGISTERING.load(Ordering::Acquire) && crate::drivers::timer::counter() < deadline {
         core::hint::spin_loop();
     }
-    let linger = crate::drivers::timer::counter() + frequency / 200;
-    while crate::drivers::timer::counter() < linger {
+    let linger = crate::drivers::timer::counter() + frequency * cpu::patience_ms(20) / 1000;
+    while !SAMPLED.load(Ordering::Acquire) && crate::drivers::timer::counter() < linger {
         core::hint::spin_loop();
     }
     SLOW_INSIDE.store(false, Ordering::Release);
@@ -700,12 +705,14 @@ fn unregister_while_inside() -> Result<bool, Failure> {
     SLOW_INSIDE.store(false, Ordering::Relaxed);
     SLOW_ENTERED.store(false, Ordering::Relaxed);
     UNREGISTERING.store(false, Ordering::Relaxed);
+    SAMPLED.store(false, Ordering::Relaxed);
     let other = if task::this_cpu() == 1 { 0 } else { 1 };
     let id = task::spawn_on(CpuMask::one(other), "grace-caller", grace_caller, 0).map_err(|_| fail("spawn"))?;
     let entered = cpu::wait_until(100, || SLOW_ENTERED.load(Ordering::Acquire));
     UNREGISTERING.store(true, Ordering::Release);
     let unregistered = crate::ftrace::unregister(tracer).is_ok();
     let still_inside = SLOW_INSIDE.load(Ordering::Acquire);
+    SAMPLED.store(true, Ordering::Release);
     task::join(id);
     check!(entered && unregistered);
     Ok(still_inside)
