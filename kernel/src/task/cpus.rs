@@ -133,7 +133,7 @@ fn secondary_idle(cpu: usize) -> ! {
 /// A grace period: waits until every other online CPU has passed a quiescent point (a task
 /// switch or an idle pass: `task::quiescent_point`) after the call began. Each is sent a wake-up
 /// SGI, whose end reschedules it (a switch or not, a quiescent point), so an idle or busy CPU
-/// answers at once rather than at its next tick. Waits with `wfe`; panics naming a CPU that
+/// answers at once rather than at its next tick; again each millisecond until it has. Waits with `wfe`; panics naming a CPU that
 /// has not answered within `SYNCHRONIZE_MS` (one running with IRQs masked, or stuck).
 pub fn synchronize() {
     let me = crate::arch::percpu::this_cpu_index();
@@ -150,11 +150,21 @@ pub fn synchronize() {
         crate::drivers::interrupts::send_wake(cpu);
     }
     let passed = || waiting().all(|cpu| count(cpu) != before[cpu]);
-    // A CPU that passed between the last check and the timeout completes the period too (the
-    // report must name a CPU that really has not passed).
-    if !crate::arch::cpu::wait_until(SYNCHRONIZE_MS, passed)
-        && let Some(stuck) = waiting().find(|&cpu| count(cpu) == before[cpu])
-    {
+    // The wake-up is sent again each millisecond to the CPUs that have not passed yet: one that
+    // took it inside probe code defers its reschedule (trap/mod.rs), and a CPU whose tick is
+    // stopped would otherwise take no further IRQ. A CPU that passed between the last check and
+    // the timeout completes the period too (the report must name a CPU that really has not).
+    let mut done = false;
+    for _ in 0..SYNCHRONIZE_MS {
+        if crate::arch::cpu::wait_until(1, passed) {
+            done = true;
+            break;
+        }
+        for cpu in waiting().filter(|&cpu| count(cpu) == before[cpu]) {
+            crate::drivers::interrupts::send_wake(cpu);
+        }
+    }
+    if !done && let Some(stuck) = waiting().find(|&cpu| count(cpu) == before[cpu]) {
         panic!(
             "grace period: cpu {} passed no quiescent point within {} ms",
             stuck,
