@@ -133,7 +133,7 @@ fn secondary_idle(cpu: usize) -> ! {
 /// A grace period: waits until every other online CPU has passed a quiescent point (a task
 /// switch or an idle pass: `task::quiescent_point`) after the call began. Each is sent a wake-up
 /// SGI, whose end reschedules it (a switch or not, a quiescent point), so an idle or busy CPU
-/// answers at once rather than at its next tick; again each millisecond until it has. Waits with `wfe`; panics naming a CPU that
+/// answers at once rather than at its next tick; again every `RESEND_MS` until it has. Waits with `wfe`; panics naming a CPU that
 /// has not answered within `SYNCHRONIZE_MS` (one running with IRQs masked, or stuck).
 pub fn synchronize() {
     let me = crate::arch::percpu::this_cpu_index();
@@ -150,15 +150,18 @@ pub fn synchronize() {
         crate::drivers::interrupts::send_wake(cpu);
     }
     let passed = || waiting().all(|cpu| count(cpu) != before[cpu]);
-    // The wake-up is sent again each millisecond to the CPUs that have not passed yet: one that
+    // The wake-up is sent again every `RESEND_MS` to the CPUs that have not passed yet: one that
     // took it inside probe code defers its reschedule (trap/mod.rs), and a CPU whose tick is
     // stopped would otherwise take no further IRQ. A CPU that passed between the last check and
     // the timeout completes the period too (the report must name a CPU that really has not).
     let mut done = false;
-    for _ in 0..SYNCHRONIZE_MS {
+    for slice in 1..=SYNCHRONIZE_MS {
         if crate::arch::cpu::wait_until(1, passed) {
             done = true;
             break;
+        }
+        if slice % RESEND_MS != 0 {
+            continue;
         }
         for cpu in waiting().filter(|&cpu| count(cpu) == before[cpu]) {
             crate::drivers::interrupts::send_wake(cpu);
@@ -177,6 +180,10 @@ pub fn synchronize() {
 /// under QEMU with more CPUs than host cores a CPU spinning (IRQs masked) for a lock whose
 /// holder's thread is preempted took over 100 ms (the probe sweep on 4 CPUs, 2 host cores).
 const SYNCHRONIZE_MS: u64 = 1000;
+
+/// How often `synchronize` sends the wake-up again to a CPU that has not passed (a grace period
+/// normally ends within one).
+const RESEND_MS: u64 = 50;
 
 /// CPUs online now.
 pub fn online() -> usize {
