@@ -455,16 +455,16 @@ fn bench_rows(log: &[LogLine]) -> Vec<Cost> {
 
 /// `cargo xtask test`'s demo checks: per build variant, one demo run and one bench run of the
 /// suites its costs come from, same kernel, same machine (virt, EL1, GICv2, the first CPU variant
-/// asked for, else `max,pauth=off`), under icount. Returns (passed, failed). The bench runs in
+/// asked for, else `max,pauth=off`), under icount. Returns the count passed and a line per failed check. The bench runs in
 /// its own boot rather than the demo printing both: a figure canned or computed differently in
 /// the demo could not then agree by construction.
-pub fn test(variants: &[BuildVariant], cpus: &[CpuVariant], boards: &[Board]) -> Result<(u64, u64), Failure> {
+pub fn test(variants: &[BuildVariant], cpus: &[CpuVariant], boards: &[Board]) -> Result<(u64, Vec<String>), Failure> {
     if !boards.is_empty() && !boards.contains(&Board::Virt) {
-        return Ok((0, 0));
+        return Ok((0, Vec::new()));
     }
     let variants = if variants.is_empty() { &BuildVariant::ALL[..] } else { variants };
     let cpu = cpus.first().copied().unwrap_or(CpuVariant::MaxNoPauth);
-    let (mut passed, mut failed) = (0, 0);
+    let (mut passed, mut failed) = (0, Vec::new());
     for &variant in variants {
         // `mte` needs QEMU's emulated MTE (and a max CPU: the caller's, unless cortex-a72).
         let mte = variant == BuildVariant::Mte;
@@ -503,7 +503,7 @@ pub fn test(variants: &[BuildVariant], cpus: &[CpuVariant], boards: &[Board]) ->
                 }
                 Some(problem) => {
                     println!("check [{}, {configuration}]: FAILED: {problem}", check.name);
-                    failed += 1;
+                    failed.push(format!("check [{}, {configuration}]", check.name));
                     any_failed = true;
                 }
             }

@@ -65,6 +65,16 @@ struct Tally {
     passed: u64,
     failed: u64,
     skipped: u64,
+    /// What failed, one line each, repeated at the end of the run (above the counts) so that a
+    /// CI log cut to its tail still names every failure.
+    failures: Vec<String>,
+}
+
+impl Tally {
+    fn fail(&mut self, what: String) {
+        self.failed += 1;
+        self.failures.push(what);
+    }
 }
 
 /// The PAuth algorithm the default set keeps: QEMU's default for `max`, the cheapest to emulate.
@@ -308,8 +318,11 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
                 timed_out |= run_configuration(&machine, &build_name, &image, args, "ftrace=*", &mut tally)?.timed_out;
             }
             if variant != BuildVariant::Plain && !mte && "probe_sweep".contains(args.filter.as_str()) {
-                let passed = crate::stress::sample(&image, variant, cpus[0])?;
-                *if passed { &mut tally.passed } else { &mut tally.failed } += 1;
+                if crate::stress::sample(&image, variant, cpus[0])? {
+                    tally.passed += 1;
+                } else {
+                    tally.fail(format!("probe sweep sample [variant {}]", variant.name()));
+                }
             }
         }
         // QEMU raspi4b: the Pi 4's Cortex-A72, entered at EL2, GIC-400, the Pi 4 device tree.
@@ -365,11 +378,15 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
         bench_harness(&prod, &mut tally)?;
         crate::profile::self_test(&mut |name, problem| report_check(&mut tally, name, problem.as_ref()))?;
         report_check(&mut tally, "icount regression gate", crate::bench::gate::check(&prod)?.as_ref());
-        let (passed, failed) = crate::demo::test(&args.variants, &args.cpus, &args.boards)?;
+        let (passed, failures) = crate::demo::test(&args.variants, &args.cpus, &args.boards)?;
         tally.passed += passed;
-        tally.failed += failed;
+        tally.failed += failures.len() as u64;
+        tally.failures.extend(failures);
     }
     eprintln!("xtask: test took {:.0} s", start.elapsed().as_secs_f64());
+    for failure in &tally.failures {
+        println!("failed: {failure}");
+    }
     println!("{} passed, {} failed, {} skipped", tally.passed, tally.failed, tally.skipped);
     if timed_out {
         return Ok(124);
@@ -404,6 +421,7 @@ fn host_tests(tally: &mut Tally) -> Result<(), Failure> {
         if !seen {
             tally.failed += 1;
         }
+        tally.failures.push("host crate tests (see `cargo test --workspace --exclude kernel`)".into());
         println!("host crate tests: FAILED");
     } else {
         println!("host crate tests: ok");
@@ -567,7 +585,7 @@ fn failure_path(
         if ok {
             tally.passed += 1;
         } else {
-            tally.failed += 1;
+            tally.fail(format!("failure path [{name}]"));
             for line in &result.log {
                 println!("  {line}");
             }
@@ -618,7 +636,7 @@ fn bench_harness(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Fa
         if ok {
             tally.passed += 1;
         } else {
-            tally.failed += 1;
+            tally.fail(format!("bench harness [{name}]"));
             for row in &runs[0].1 {
                 println!("  {row}");
             }
@@ -682,7 +700,7 @@ fn report_check(tally: &mut Tally, name: &str, problem: Option<&String>) {
         }
         Some(problem) => {
             println!("check [{name}]: FAILED: {problem}");
-            tally.failed += 1;
+            tally.fail(format!("check [{name}]"));
         }
     }
 }
@@ -722,6 +740,7 @@ fn run_configuration(
         if extra_bootargs.is_empty() { "" } else { " " }
     );
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
+    let mut failed_tests = Vec::new();
     let mut running = None;
     let mut done = false;
     let mut sentinel = None;
@@ -735,8 +754,9 @@ fn run_configuration(
         } else if text.starts_with("test skipped: ") {
             skipped += 1;
             running = None;
-        } else if text.starts_with("test FAILED: ") {
+        } else if let Some(name) = text.strip_prefix("test FAILED: ") {
             failed += 1;
+            failed_tests.push(name.split(':').next().unwrap_or(name).to_string());
             running = None;
         } else if text.starts_with("tests done: ") {
             done = true;
@@ -797,6 +817,10 @@ fn run_configuration(
     tally.passed += passed;
     tally.failed += failed;
     tally.skipped += skipped;
+    tally.failures.extend(failed_tests.iter().map(|name| format!("kernel test {name} [{configuration}]")));
+    if !problems.is_empty() {
+        tally.failures.push(format!("kernel tests [{configuration}]: {}", problems.join("; ")));
+    }
     let verdict = if failed == 0 && problems.is_empty() { "ok" } else { "FAILED" };
     println!(
         "kernel tests [{configuration}]: {verdict}: {passed} passed, {failed} failed, {skipped} skipped ({:.1} s)",
