@@ -71,6 +71,9 @@ pub struct CommandLine {
     pub cpus: Option<usize>,
     /// `smp.fail-cpu=N` (test-only): CPU N is started with an MPIDR no CPU has.
     pub smp_fail_cpu: Option<usize>,
+    /// `smp.late-cpu=N` (test-only): CPU N is held before it arrives until the boot CPU has given
+    /// up on it, then let go (it must park, not come online).
+    pub smp_late_cpu: Option<usize>,
     /// `smp.tlbi=local` (test-only): TLB invalidations after a mapping change stay local.
     pub smp_local_tlbi: bool,
 }
@@ -98,6 +101,7 @@ impl CommandLine {
             kasan_mode: crate::arch::mte::CheckMode::Sync,
             cpus: None,
             smp_fail_cpu: None,
+            smp_late_cpu: None,
             smp_local_tlbi: false,
         };
         for word in bootargs.split_whitespace() {
@@ -178,6 +182,10 @@ impl CommandLine {
                 (key::SMP_FAIL_CPU, cpu) => match cpu.parse::<usize>() {
                     Ok(cpu) => line.smp_fail_cpu = Some(cpu),
                     _ => defmt::warn!("cmdline: smp.fail-cpu={=str} is not a CPU number", cpu),
+                },
+                (key::SMP_LATE_CPU, cpu) => match cpu.parse::<usize>() {
+                    Ok(cpu) => line.smp_late_cpu = Some(cpu),
+                    _ => defmt::warn!("cmdline: smp.late-cpu={=str} is not a CPU number", cpu),
                 },
                 (key::SMP_TLBI, "local") => line.smp_local_tlbi = true,
                 (key::SMP_TLBI, "broadcast") => line.smp_local_tlbi = false,

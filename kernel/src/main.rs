@@ -87,6 +87,7 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
         board::CONFIG.secondary_spin_table,
         cmdline.cpus,
         cmdline.smp_fail_cpu,
+        cmdline.smp_late_cpu,
     );
     probes::init();
     let traceable = ftrace::init();

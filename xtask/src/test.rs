@@ -431,7 +431,7 @@ fn host_tests(tally: &mut Tally) -> Result<(), Failure> {
 
 /// Runs that must fail the right way: a panic and an unexpected exception end with status 3
 /// and their report, a hang is killed on timeout with the running test named, a panic on 4 CPUs
-/// stops the other three, a CPU that does not come up is named and fails the bring-up test.
+/// stops the other three, a CPU that does not come up (or comes too late) is named and fails the bring-up test.
 fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Failure> {
     let machine = Machine {
         board: Board::Virt,
@@ -444,7 +444,7 @@ fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Fa
         smp: 1,
     };
     // (name, CPUs, kernel command line, expected status, expected line)
-    let checks: [(&str, u8, &str, Option<i32>, &str); 8] = [
+    let checks: [(&str, u8, &str, Option<i32>, &str); 9] = [
         ("panic", 1, "run=panic exit=semihosting", Some(ExitStatus::Panic.code()), "panicked at kernel/src/main.rs"),
         (
             "fault",
@@ -484,6 +484,15 @@ fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Fa
             "run=test filter=secondary_cpus_are_online smp.fail-cpu=2 exit=semihosting",
             Some(ExitStatus::TestsFailed.code()),
             "CPUs: 3 of 4 online (cpu 2: PSCI INVALID_PARAMETERS)",
+        ),
+        // A CPU that arrives after the boot CPU gave up on it parks: it is reported and stays
+        // out (it once came online on another CPU's stack).
+        (
+            "cpu-late",
+            4,
+            "run=test filter=secondary_cpus_are_online smp.late-cpu=2 exit=semihosting",
+            Some(ExitStatus::TestsFailed.code()),
+            "CPUs: 3 of 4 online (cpu 2: no response within the bring-up wait)",
         ),
         // Local TLB invalidation after a kernel mapping change: the other CPUs keep the old
         // translation, and the shootdown test must see it.

@@ -64,6 +64,10 @@ pub mod cmdline {
     /// Test-only: start this CPU with an MPIDR no CPU has, so PSCI refuses it and the banner and
     /// the `secondary_cpus_are_online` test must report it.
     pub const SMP_FAIL_CPU: &str = "smp.fail-cpu";
+    /// Test-only: hold this CPU before it arrives in `secondary_main` until the boot CPU has
+    /// given up on it, then let it go: it must park, and the banner and the
+    /// `secondary_cpus_are_online` test must report it.
+    pub const SMP_LATE_CPU: &str = "smp.late-cpu";
     /// Test-only: `smp.tlbi=local` makes the kernel's TLB invalidations after a mapping change
     /// local (`tlbi ...` + `dsb nsh`) instead of broadcast, so `smp_tlb_shootdown` must fail.
     pub const SMP_TLBI: &str = "smp.tlbi";

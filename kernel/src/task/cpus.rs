@@ -133,8 +133,9 @@ fn secondary_idle(cpu: usize) -> ! {
 /// A grace period: waits until every other online CPU has passed a quiescent point (a task
 /// switch or an idle pass: `task::quiescent_point`) after the call began. Each is sent a wake-up
 /// SGI, whose end reschedules it (a switch or not, a quiescent point), so an idle or busy CPU
-/// answers at once rather than at its next tick; again every `RESEND_MS` until it has. Waits with `wfe`; panics naming a CPU that
-/// has not answered within `SYNCHRONIZE_MS` (one running with IRQs masked, or stuck).
+/// answers at once rather than at its next tick; again every `RESEND_MS` until it has. Waits with
+/// `wfe`; panics naming a CPU that has not answered within `SYNCHRONIZE_MS` times the patience
+/// factor (one running with IRQs masked, or stuck).
 pub fn synchronize() {
     let me = crate::arch::percpu::this_cpu_index();
     let others = smp::online_mask() & !(1 << me) & !STOPPED.load(Ordering::Acquire);
@@ -154,9 +155,11 @@ pub fn synchronize() {
     // took it inside probe code defers its reschedule (trap/mod.rs), and a CPU whose tick is
     // stopped would otherwise take no further IRQ. A CPU that passed between the last check and
     // the timeout completes the period too (the report must name a CPU that really has not).
+    // The slices are milliseconds of counter time: the patience factor (no icount) lengthens the
+    // whole wait, not the resend interval.
     let mut done = false;
-    for slice in 1..=SYNCHRONIZE_MS {
-        if crate::arch::cpu::wait_until(1, passed) {
+    for slice in 1..=crate::arch::cpu::patience_ms(SYNCHRONIZE_MS) {
+        if crate::arch::cpu::wait_exactly(1, passed) {
             done = true;
             break;
         }
@@ -211,13 +214,15 @@ const AFFINITY_MASK: u64 = 0xff_00ff_ffff;
 /// its own interface; and after the boot CPU's tick started: each starts its own at that rate). `limit` is `cpus=N`: without it every CPU the device
 /// tree lists runs on PSCI boards, and only the boot CPU on spin-table boards (whose cores always
 /// exist, as QEMU's raspi4b has 4). Spin-table cores not started are parked. `broken` (test-only,
-/// `smp.fail-cpu=N`) gives CPU N an MPIDR no CPU has on PSCI boards.
+/// `smp.fail-cpu=N`) gives CPU N an MPIDR no CPU has on PSCI boards; `late` (test-only,
+/// `smp.late-cpu=N`) holds CPU N until the boot CPU has given up on it.
 pub fn bring_up(
     psci: Option<PsciConduit>,
     cpus: &CpuList,
     spin_table: &[u64],
     limit: Option<usize>,
     broken: Option<usize>,
+    late: Option<usize>,
 ) -> BringUp {
     smp::mark_boot_cpu_online();
     crate::drivers::interrupts::register_private(crate::drivers::interrupts::SGI_WAKE, on_wake_sgi);
@@ -247,7 +252,7 @@ pub fn bring_up(
             release => release,
         };
         let (idle, irq, overflow) = (stacks::idle_slot(cpu), stacks::irq_slot(cpu), stacks::overflow_slot(cpu));
-        let started = smp::start_cpu(cpu, release, idle, irq, overflow, secondary_idle);
+        let started = smp::start_cpu(cpu, release, (idle, irq, overflow), secondary_idle, late == Some(cpu));
         if let Err(error) = started
             && failure.is_none()
         {

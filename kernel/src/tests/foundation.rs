@@ -55,13 +55,36 @@ fn data_abort_on_guard_page_is_decoded(_: &Context) -> Outcome {
     Ok(Verdict::Passed)
 }
 
-fn timer_ticks_at_configured_rate(_: &Context) -> Outcome {
+fn timer_ticks_at_configured_rate(context: &Context) -> Outcome {
+    // Without icount the host may hold this vCPU for a whole window (seen on raspi4b smp 4 beside
+    // other QEMU runs: 23 ticks in 20 intervals, ticks that fell due during the hold and caught up
+    // inside the window). A wrong rate, lost or doubled ticks are systematic and fail every
+    // window; a host's hold is not, so without icount a window out of range is measured again, up
+    // to three in all. Under icount one window decides.
+    let windows = if context.icount { 1 } else { 3 };
+    for window in 1..=windows {
+        match ticks_in_window()? {
+            Ok(()) => return Ok(Verdict::Passed),
+            Err(ticks) if window == windows => {
+                defmt::error!("  {=u64} ticks in {=u64} intervals, {=u32} windows measured", ticks, WINDOW, windows);
+                check!((WINDOW - 5..=WINDOW + 2).contains(&ticks));
+            }
+            Err(_) => {}
+        }
+    }
+    Ok(Verdict::Passed)
+}
+
+/// Intervals `ticks_in_window` waits for.
+const WINDOW: u64 = 20;
+
+/// Counts the ticks that arrive while the counter advances by WINDOW tick intervals. The handler
+/// advances the compare value by exactly one interval per tick, so a late interrupt (the host
+/// descheduling QEMU) is followed by catch-up ticks, not lost: the count stays within a tick or
+/// two of WINDOW, while a wrong rate, lost or doubled ticks change it. Err(count) if it is out of
+/// that range; the outer Err if a tick was not exactly one interval.
+fn ticks_in_window() -> Result<Result<(), u64>, super::Failure> {
     use aarch64_cpu::registers::{CNTV_CVAL_EL0, Readable};
-    // Count the ticks that arrive while the counter advances by WINDOW tick intervals. The
-    // handler advances the compare value by exactly one interval per tick, so a late interrupt
-    // (the host descheduling QEMU) is followed by catch-up ticks, not lost: the count stays
-    // within a tick or two of WINDOW, while a wrong rate, lost or doubled ticks change it.
-    const WINDOW: u64 = 20;
     let interval = timer::frequency() / timer::hz();
     let (ticks_before, deadline_before) = {
         let _mask = IrqMask::new();
@@ -75,7 +98,7 @@ fn timer_ticks_at_configured_rate(_: &Context) -> Outcome {
     };
     let ticks = ticks_after - ticks_before;
     if !(WINDOW - 5..=WINDOW + 2).contains(&ticks) {
-        defmt::error!(
+        defmt::warn!(
             "  {=u64} ticks in {=u64} intervals of {=u64} counts (compare value moved {=u64})",
             ticks,
             WINDOW,
@@ -83,11 +106,10 @@ fn timer_ticks_at_configured_rate(_: &Context) -> Outcome {
             deadline_after - deadline_before
         );
     }
-    check!((WINDOW - 5..=WINDOW + 2).contains(&ticks));
     // Every deadline that passed produced exactly one tick.
     check_eq!(deadline_after - deadline_before, ticks * interval);
     check_eq!(interrupts::unhandled(), 0);
-    Ok(Verdict::Passed)
+    Ok(if (WINDOW - 5..=WINDOW + 2).contains(&ticks) { Ok(()) } else { Err(ticks) })
 }
 
 #[inline(never)]

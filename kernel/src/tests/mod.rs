@@ -180,8 +180,12 @@ pub(super) extern "C" fn spread_task(_: u64) {
 /// main line on CPU 0 as before, the others in a task pinned to their CPU (the runner waits for
 /// it). On one CPU, every test in the main line.
 fn run_spread(index: usize, test: &Test, context: &Context) -> Outcome {
+    // The (index mod online)-th online CPU: a CPU that did not come up may leave a gap.
     let online = crate::task::cpus::online();
-    let cpu = index % online;
+    let cpu = (0..crate::task::stacks::CPUS)
+        .filter(|&cpu| crate::task::cpus::is_online(cpu))
+        .nth(index % online)
+        .unwrap_or(0);
     if cpu == 0 || CPU0_ONLY.contains(&test.name) {
         let outcome = (test.run)(context);
         TESTS_RUN[crate::task::this_cpu()].fetch_add(1, Ordering::Relaxed);
@@ -206,7 +210,7 @@ const CPU0_ONLY: &[&str] = &["trap_this_cpu_is_tpidr_el1", "short_buffer_stops_a
 
 /// Per CPU: context switches, IRQs (timer ticks and wake-up SGIs) and tests run.
 fn print_cpu_summary() {
-    for (cpu, tests_run) in TESTS_RUN.iter().enumerate().take(crate::task::cpus::online()) {
+    for (cpu, tests_run) in TESTS_RUN.iter().enumerate().filter(|&(cpu, _)| crate::task::cpus::is_online(cpu)) {
         let data = crate::arch::percpu::cpu_data(cpu);
         defmt::info!(
             "cpu {=usize}: {=u64} context switches, {=u64} IRQs ({=u64} ticks, {=u64} wake-ups), {=u64} tests run",

@@ -195,8 +195,9 @@ high_entry:
 // Secondary CPUs (arch/aarch64/smp.rs) enter here with the MMU and caches off, at the physical
 // address: PSCI CPU_ON passes the CPU's index in x0 (its context id); a spin-table core passes
 // nothing, so `secondary_spin_entry` takes the index from MPIDR_EL1.Aff0 (the Pi 4's cores 0-3).
-// The boot CPU fills SECONDARY_BOOT (and cleans it to PoC) before releasing each CPU, one at a
-// time. Registers kept: x19 = CPU index, x21 = extra SCTLR_EL1 bits, x22 = SECONDARY_BOOT.
+// The boot CPU fills the CPU's block of SECONDARY_BOOT (and cleans it to PoC) before releasing
+// it, one CPU at a time. Registers kept: x19 = CPU index, x21 = extra SCTLR_EL1 bits, x22 = the
+// CPU's block. An index this kernel has no block for parks.
 .global secondary_spin_entry
 secondary_spin_entry:
     mrs     x0, mpidr_el1
@@ -204,6 +205,8 @@ secondary_spin_entry:
 .global secondary_entry
 secondary_entry:
     mov     x19, x0
+    cmp     x19, #{boot_blocks}
+    b.hs    3f
     mrs     x1, CurrentEL
     lsr     x1, x1, #2
     cmp     x1, #2
@@ -217,6 +220,7 @@ secondary_at_el1:
     isb
     adrp    x22, SECONDARY_BOOT
     add     x22, x22, :lo12:SECONDARY_BOOT
+    add     x22, x22, x19, lsl #{boot_block_shift}
     // The boot CPU's MAIR and TCR (TTBR0 walks on again, for the identity map below), the early
     // identity map in TTBR0 (boot.S never rewrites it), the live kernel tables in TTBR1.
     ldr     x0, ={mair}
@@ -251,6 +255,7 @@ secondary_high:
     // Now in the upper half: SECONDARY_BOOT by its kernel address. This CPU's first stack gets
     // the same final frame marker as the boot task's.
     ldr     x22, =SECONDARY_BOOT
+    add     x22, x22, x19, lsl #{boot_block_shift}
     ldr     x0, [x22, #{boot_stack_top}]
     sub     sp, x0, #48
     stp     xzr, xzr, [sp]
@@ -266,6 +271,9 @@ secondary_high:
     bl      secondary_main
 2:  wfe
     b       2b
+3:  msr     daifset, #0xf
+4:  wfe
+    b       4b
 
 // Switch TTBR1_EL1 to new tables. Runs from the identity map (the caller computes this code's
 // physical address) so that no upper-half translation is used between the write and the TLB

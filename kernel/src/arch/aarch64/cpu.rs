@@ -177,11 +177,17 @@ pub fn patience_ms(timeout_ms: u64) -> u64 {
 /// time pass; the event stream bounds each `wfe` (the CPU expected to `sev` may never do so).
 /// Returns whether `done` held.
 pub fn wait_until(timeout_ms: u64, done: impl Fn() -> bool) -> bool {
+    wait_exactly(patience_ms(timeout_ms), done)
+}
+
+/// `wait_until` without the patience factor: for a wait whose length is a period of its own (a
+/// resend interval), not a bound on another CPU's answer.
+pub fn wait_exactly(timeout_ms: u64, done: impl Fn() -> bool) -> bool {
     let frequency: u64;
     // SAFETY: reads the counter frequency; no memory is touched.
     unsafe { core::arch::asm!("mrs {}, cntfrq_el0", out(reg) frequency, options(nomem, nostack, preserves_flags)) };
     let start = super::counters::virtual_count();
-    let patience = frequency * patience_ms(timeout_ms) / 1000;
+    let patience = frequency * timeout_ms / 1000;
     let saved = event_stream_on();
     let result = loop {
         if done() {

@@ -64,6 +64,8 @@ core::arch::global_asm!(
     boot_apia_hi = const core::mem::offset_of!(smp::SecondaryBoot, apia_hi),
     boot_stack_top = const core::mem::offset_of!(smp::SecondaryBoot, stack_top),
     boot_scs_base = const core::mem::offset_of!(smp::SecondaryBoot, scs_base),
+    boot_block_shift = const smp::BOOT_BLOCK_SHIFT,
+    boot_blocks = const percpu::CPUS,
 );
 
 core::arch::global_asm!(

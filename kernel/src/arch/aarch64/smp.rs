@@ -3,9 +3,12 @@
 //! key, then `secondary_main` here (per-CPU data, TTBR0 walks off) hands the CPU to the task
 //! layer, which marks it online.
 //!
-//! CPUs are started one at a time: `SECONDARY_BOOT` holds the one CPU's first stack while it
-//! starts, and the boot CPU waits (with `wfe`, woken by the CPU's `sev` or the timer's event
-//! stream) until the CPU says it is online or a deadline passes.
+//! CPUs are started one at a time: each has its own block in `SECONDARY_BOOT` (its first stack,
+//! its slots), and the boot CPU waits (with `wfe`, woken by the CPU's `sev` or the timer's event
+//! stream) until the CPU says it is online or a deadline passes. A CPU that arrives after its
+//! deadline finds it was given up on and parks: it never shares another CPU's stack (one shared
+//! block did, once the next CPU's start overwrote it: two CPUs on one stack, seen on raspi4b
+//! without icount on a loaded host) and never comes online behind the banner's back.
 
 use super::mmu::{VA_OFFSET, pa_of};
 use super::percpu::CPUS;
@@ -14,8 +17,9 @@ use crate::board::PsciConduit;
 use core::sync::atomic::{AtomicU64, Ordering};
 
 /// What a starting secondary reads with its MMU off (by physical address, so the boot CPU
-/// cleans it to the point of coherency first), then by its kernel address.
-#[repr(C, align(64))]
+/// cleans it to the point of coherency first), then by its kernel address: one block per CPU,
+/// `1 << BOOT_BLOCK_SHIFT` bytes each (boot.S indexes them by CPU).
+#[repr(C, align(128))]
 pub struct SecondaryBoot {
     pub ttbr1: AtomicU64,
     /// The boot CPU's TCR_EL1 (TTBR0 walks disabled); boot.S enables them for the identity map.
@@ -32,21 +36,38 @@ pub struct SecondaryBoot {
     pub overflow_slot: AtomicU64,
     /// What the CPU runs once its arch state is set up (`start_cpu`'s `then`).
     pub then: AtomicU64,
+    /// Test-only (`smp.late-cpu`): non-zero holds the CPU before it arrives.
+    pub held: AtomicU64,
+    /// `RELEASED` until the CPU arrives in `secondary_main` (`ARRIVED`) or the boot CPU gives up
+    /// waiting (`GIVEN_UP`): whichever changes it first decides.
+    pub claim: AtomicU64,
 }
 
+/// log2 of a `SecondaryBoot` block's size (boot.S: `SECONDARY_BOOT + (cpu << BOOT_BLOCK_SHIFT)`).
+pub const BOOT_BLOCK_SHIFT: u32 = 7;
+const _: () = assert!(core::mem::size_of::<SecondaryBoot>() == 1 << BOOT_BLOCK_SHIFT);
+
+const RELEASED: u64 = 0;
+const ARRIVED: u64 = 1;
+const GIVEN_UP: u64 = 2;
+
 #[unsafe(no_mangle)]
-pub static SECONDARY_BOOT: SecondaryBoot = SecondaryBoot {
-    ttbr1: AtomicU64::new(0),
-    tcr: AtomicU64::new(0),
-    sctlr_extra: AtomicU64::new(0),
-    apia_lo: AtomicU64::new(0),
-    apia_hi: AtomicU64::new(0),
-    stack_top: AtomicU64::new(0),
-    scs_base: AtomicU64::new(0),
-    irq_slot: AtomicU64::new(0),
-    overflow_slot: AtomicU64::new(0),
-    then: AtomicU64::new(0),
-};
+pub static SECONDARY_BOOT: [SecondaryBoot; CPUS] = [const {
+    SecondaryBoot {
+        ttbr1: AtomicU64::new(0),
+        tcr: AtomicU64::new(0),
+        sctlr_extra: AtomicU64::new(0),
+        apia_lo: AtomicU64::new(0),
+        apia_hi: AtomicU64::new(0),
+        stack_top: AtomicU64::new(0),
+        scs_base: AtomicU64::new(0),
+        irq_slot: AtomicU64::new(0),
+        overflow_slot: AtomicU64::new(0),
+        then: AtomicU64::new(0),
+        held: AtomicU64::new(0),
+        claim: AtomicU64::new(RELEASED),
+    }
+}; CPUS];
 
 /// Bit n: CPU n runs kernel code (the boot CPU's bit is set by `mark_boot_cpu_online`).
 static ONLINE: AtomicU64 = AtomicU64::new(0);
@@ -73,7 +94,8 @@ pub enum Release {
 pub enum StartError {
     /// CPU_ON's negative return code (DEN0022 5.1.5).
     Psci(i64),
-    /// Released, but it did not report online before the deadline.
+    /// Released, but it did not arrive before the deadline (`BRING_UP_MS` times the wait
+    /// patience); if it arrives later it parks.
     NoResponse,
 }
 
@@ -90,7 +112,7 @@ impl StartError {
             Self::Psci(-8) => "PSCI DISABLED",
             Self::Psci(-9) => "PSCI INVALID_ADDRESS",
             Self::Psci(_) => "PSCI error",
-            Self::NoResponse => "no response within 100 ms",
+            Self::NoResponse => "no response within the bring-up wait",
         }
     }
 }
@@ -124,17 +146,17 @@ pub fn mark_this_cpu_online() {
 
 /// Starts CPU `cpu` on `idle` (its first stack) with its IRQ and overflow slots, running `then`
 /// once its arch state is set up; waits until `then` calls `mark_this_cpu_online`. Runs on the
-/// boot CPU, after the kernel's tables are live.
+/// boot CPU, after the kernel's tables are live. `held` (test-only): the CPU waits before it
+/// arrives until this CPU has given up on it.
 pub fn start_cpu(
     cpu: usize,
     release: Release,
-    idle: Slot,
-    irq: Slot,
-    overflow: Slot,
+    (idle, irq, overflow): (Slot, Slot, Slot),
     then: fn(usize) -> !,
+    held: bool,
 ) -> Result<(), StartError> {
     assert!((1..CPUS).contains(&cpu), "cpu {cpu} is not a secondary this kernel has room for");
-    let boot = &SECONDARY_BOOT;
+    let boot = &SECONDARY_BOOT[cpu];
     let (ttbr1, tcr, sctlr, apia_lo, apia_hi): (u64, u64, u64, u64, u64);
     // SAFETY: reads this CPU's translation and control registers; no memory is touched.
     unsafe {
@@ -171,8 +193,9 @@ pub fn start_cpu(
     boot.irq_slot.store(irq.0, Ordering::Relaxed);
     boot.overflow_slot.store(overflow.0, Ordering::Relaxed);
     boot.then.store(then as usize as u64, Ordering::Relaxed);
+    boot.claim.store(RELEASED, Ordering::Relaxed);
+    boot.held.store(u64::from(held), Ordering::Relaxed);
     let block = boot as *const SecondaryBoot as u64;
-    const _: () = assert!(core::mem::size_of::<SecondaryBoot>() <= 128);
     // SAFETY: cleans the block's two cache lines to PoC so that the CPU reading it with its MMU
     // and caches off sees these values; `dsb sy` completes the cleans before the release.
     unsafe {
@@ -203,11 +226,29 @@ pub fn start_cpu(
             }
         }
     }
-    wait_online(cpu)
+    loop {
+        match wait_online(cpu) {
+            Ok(()) => return Ok(()),
+            // Not there in time: give up on it, unless it arrived in `secondary_main` just now
+            // (then it is coming online: wait again).
+            Err(error) => {
+                if boot.claim.compare_exchange(RELEASED, GIVEN_UP, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                    boot.held.store(0, Ordering::Release);
+                    super::cpu::send_event();
+                    return Err(error);
+                }
+            }
+        }
+    }
 }
 
+/// How long the boot CPU waits for a released CPU to come online, in milliseconds of counter
+/// time before the wait patience (x20 without icount: a loaded host may not run a new vCPU's
+/// thread for a while).
+const BRING_UP_MS: u64 = 100;
+
 /// Waits for CPU `cpu`'s online bit with `wfe`, the timer's event stream bounding each wait (a
-/// CPU that never comes up sends no `sev`), for at most 100 ms of counter time.
+/// CPU that never comes up sends no `sev`), for at most `BRING_UP_MS` (times the patience).
 fn wait_online(cpu: usize) -> Result<(), StartError> {
     let (frequency, start): (u64, u64);
     // SAFETY: reads the counter and its frequency; no memory is touched.
@@ -220,7 +261,7 @@ fn wait_online(cpu: usize) -> Result<(), StartError> {
         )
     };
     let saved = super::cpu::event_stream_on();
-    let deadline = start + frequency / 10;
+    let deadline = start + frequency * super::cpu::patience_ms(BRING_UP_MS) / 1000;
     let result = loop {
         if ONLINE.load(Ordering::Acquire) & (1 << cpu) != 0 {
             break Ok(());
@@ -243,7 +284,17 @@ fn wait_online(cpu: usize) -> Result<(), StartError> {
 /// (the task layer's idle loop), which marks the CPU online.
 #[unsafe(no_mangle)]
 extern "C" fn secondary_main(cpu: u64) -> ! {
-    let boot = &SECONDARY_BOOT;
+    let boot = &SECONDARY_BOOT[cpu as usize];
+    while boot.held.load(Ordering::Acquire) != 0 {
+        super::cpu::wait_for_event();
+    }
+    // Arrived too late: the boot CPU gave up on this CPU and reported it. It stays out (its own
+    // stack and slots are its own, so nothing it did so far touched another CPU's).
+    if boot.claim.compare_exchange(RELEASED, ARRIVED, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        loop {
+            super::cpu::wait_for_event();
+        }
+    }
     // SAFETY: the identity map is no longer used (this code runs in the upper half): back to the
     // boot CPU's TCR (TTBR0 walks off, left for EL0 address spaces), as `KernelSpace::activate`.
     unsafe {
