@@ -21,13 +21,14 @@
 //! Everything on the hit path runs in the EL0 exception handler with IRQs masked. Records are
 //! published lock-free (`cells::Records`, one pointer per index), so a hit takes no lock.
 
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use super::cells::Records;
 use super::frame::{FrameRegisters, registers};
 use super::{Handler, ProbeError, uretprobe};
 use crate::arch::exception::{ExceptionClass, ExceptionFrame};
 use crate::arch::patch;
+use crate::arch::percpu::{CPUS, UserStepControl, cpu_data, this_cpu};
 use crate::arch::step::{MDSCR_SS, SPSR_BTYPE, SPSR_IF, SPSR_SS, set_mdscr};
 use crate::sync::IrqSpinLock;
 use crate::task::stacks::TASK_SLOTS;
@@ -77,17 +78,31 @@ pub(super) static RETURNS: [AtomicU64; MAX_UPROBES] = [const { AtomicU64::new(0)
 /// Serialises registration; the hit path never takes it.
 static REGISTER: IrqSpinLock<()> = IrqSpinLock::new(());
 
-/// The step in flight on this CPU: the probe index (`NO_STEP` when none), the SPSR at the hit,
-/// and whether it is a hardware step. Only the EL0 exception handlers (IRQs masked) use it.
-struct StepState {
-    index: AtomicUsize,
-    spsr: AtomicU64,
-    hardware_step: AtomicBool,
+/// No step in flight (`UserStepControl::index`).
+const NO_STEP: usize = usize::MAX;
+
+/// The step in flight on this CPU (`percpu::UserStepControl`): the probe index, the SPSR at the
+/// hit and whether it is a hardware step. Only the EL0 exception handlers (IRQs masked, from the
+/// BRK to the step's return) use it. One pointer load from this CPU's data.
+#[inline(always)]
+fn step_state() -> &'static UserStepControl {
+    // SAFETY: `init_this_cpu` pointed it at this CPU's own state before anything ran on this CPU
+    // (or `set_step_state_per_cpu` at CPU 0's): a static entry of the per-CPU table.
+    unsafe { &*this_cpu().user_step.load(Ordering::Relaxed) }
 }
 
-const NO_STEP: usize = usize::MAX;
-static STEP: StepState =
-    StepState { index: AtomicUsize::new(NO_STEP), spsr: AtomicU64::new(0), hardware_step: AtomicBool::new(false) };
+/// Test-only: `false` points every CPU at CPU 0's step state, the single global state uprobes
+/// had before SMP (two CPUs stepping at once then overwrite each other's), `true` gives each its
+/// own back. Call only while no user probe is hit (no uprobe registered).
+pub fn set_step_state_per_cpu(per_cpu: bool) {
+    let shared = &cpu_data(0).user_step_own;
+    for cpu in 0..CPUS {
+        let data = cpu_data(cpu);
+        let state = if per_cpu { &data.user_step_own } else { shared };
+        data.user_step_own.index.store(NO_STEP, Ordering::Relaxed);
+        data.user_step.store(core::ptr::from_ref(state).cast_mut(), Ordering::Release);
+    }
+}
 
 /// The published record at `index`, if any.
 #[inline(always)]
@@ -357,9 +372,10 @@ fn on_brk(frame: &mut ExceptionFrame) -> bool {
             frame.spsr &= !SPSR_BTYPE;
         }
         &Action::OutOfLine { hardware_step } => {
-            STEP.index.store(index, Ordering::Relaxed);
-            STEP.spsr.store(frame.spsr, Ordering::Relaxed);
-            STEP.hardware_step.store(hardware_step, Ordering::Relaxed);
+            let step = step_state();
+            step.index.store(index, Ordering::Relaxed);
+            step.spsr.store(frame.spsr, Ordering::Relaxed);
+            step.hardware_step.store(hardware_step, Ordering::Relaxed);
             frame.elr = USER_XOL + slot_offset(index);
             // IRQs stay masked for the one instruction, so the step state is per CPU.
             frame.spsr |= SPSR_IF;
@@ -376,9 +392,10 @@ fn on_brk(frame: &mut ExceptionFrame) -> bool {
 
 #[unsafe(link_section = ".text.noprobe")]
 fn finish_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
-    let index = STEP.index.load(Ordering::Relaxed);
+    let step = step_state();
+    let index = step.index.load(Ordering::Relaxed);
     if index == NO_STEP
-        || STEP.hardware_step.load(Ordering::Relaxed) != hardware_step
+        || step.hardware_step.load(Ordering::Relaxed) != hardware_step
         || frame.elr != USER_XOL + slot_offset(index) + 4
     {
         return false;
@@ -390,9 +407,9 @@ fn finish_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
         set_mdscr(MDSCR_SS, false);
     }
     let restored = SPSR_IF | SPSR_SS;
-    frame.spsr = (frame.spsr & !restored) | (STEP.spsr.load(Ordering::Relaxed) & restored);
+    frame.spsr = (frame.spsr & !restored) | (step.spsr.load(Ordering::Relaxed) & restored);
     frame.elr = probe.address + 4;
-    STEP.index.store(NO_STEP, Ordering::Relaxed);
+    step.index.store(NO_STEP, Ordering::Relaxed);
     true
 }
 
@@ -421,12 +438,13 @@ fn on_detour(frame: &mut ExceptionFrame) -> bool {
 /// belongs to the probed instruction (and ends the step).
 #[unsafe(link_section = ".text.noprobe")]
 pub fn attributed_pc(elr: u64) -> u64 {
-    let index = STEP.index.load(Ordering::Relaxed);
+    let step = step_state();
+    let index = step.index.load(Ordering::Relaxed);
     if index != NO_STEP && elr == USER_XOL + slot_offset(index) {
-        if STEP.hardware_step.load(Ordering::Relaxed) {
+        if step.hardware_step.load(Ordering::Relaxed) {
             set_mdscr(MDSCR_SS, false);
         }
-        STEP.index.store(NO_STEP, Ordering::Relaxed);
+        step.index.store(NO_STEP, Ordering::Relaxed);
         if let Some(probe) = published(index) {
             return probe.address;
         }
