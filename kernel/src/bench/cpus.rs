@@ -18,7 +18,9 @@
 //! Cases (`cpus`): `depot-lookup-hit` (params `depot` permanent|evicting, `traces` same|disjoint;
 //! the evicting depot's save takes a reference and the loop drops it with `put`); `traced-call`
 //! (call-ops; `tracer` none|per-cpu|shared); `kprobe-push` per `method`; `uprobe-push` per
-//! `method` (each CPU's calls from an EL0 task on it, against the same window unprobed). `cpus-heap`:
+//! `method` (each CPU's calls from an EL0 task on it, against the same window unprobed);
+//! `uprobe-xol` per stepping `method` and XOL `slots` strategy (per-probe|per-cpu|per-cpu-skip,
+//! issue 23), with the slot waits per hit. `cpus-heap`:
 //! `heap-alloc-free` (64-byte objects, stacks collected from the shadow call stack).
 
 use core::hint::black_box;
@@ -28,7 +30,8 @@ use super::{Clock, Label, Plan, row};
 use crate::arch::{cpu, percpu};
 use crate::ftrace::{self, Scheme, tracers::PerCpuCounter, tracers::SharedCounter};
 use crate::mm::kasan::heap::{self, Stacks};
-use crate::probes::{self as kprobes, Method, Registers, uprobe};
+use crate::probes::uprobe::{self, XolSlots};
+use crate::probes::{self as kprobes, Method, Registers};
 use crate::sync::{IrqMask, StaticBlocks};
 use crate::task::{self, CpuMask, cpus as online_cpus, stacks::CPUS, user};
 use stackdepot::StackDepot;
@@ -395,7 +398,10 @@ static USER_FAULTS: AtomicU64 = AtomicU64::new(0);
 
 /// The EL0 loop's and the target's user addresses.
 fn user_loop() -> (u64, u64) {
-    (user::user_address(&raw const user_bench_loop_call as u64), user::user_address(&raw const user_bench_target_push as u64))
+    (
+        user::user_address(&raw const user_bench_loop_call as u64),
+        user::user_address(&raw const user_bench_target_push as u64),
+    )
 }
 
 /// This CPU's calls of the uprobe target, from an EL0 task on this CPU (IRQs masked at EL0, as
@@ -409,35 +415,61 @@ fn user_calls(_: usize, iterations: u64) {
     }
 }
 
+/// One window of uprobe'd EL0 calls (`method`, `slots`) on `cpus` CPUs: its cost and the slot
+/// waits in it, or None (said why).
+fn uprobe_window(plan: &Plan, cpus: usize, iterations: u64, method: Method, slots: XolSlots) -> Option<(u64, u64)> {
+    let calls = cpus as u64 * iterations;
+    let (_, target) = user_loop();
+    if let Err(error) = uprobe::register_with_slots(target, method, count_hit, None, slots) {
+        defmt::error!("bench cpus: uprobe {} {}: {}", method, slots, error);
+        return None;
+    }
+    HITS.iter().for_each(|line| line.0.store(0, Ordering::Relaxed));
+    USER_FAULTS.store(0, Ordering::Relaxed);
+    let waits = uprobe::slot_waits();
+    let cost = together(plan, cpus, user_calls, iterations);
+    let waits = uprobe::slot_waits() - waits;
+    let unregistered = uprobe::unregister(target);
+    let hits: u64 = HITS.iter().map(|line| line.0.load(Ordering::Relaxed)).sum();
+    let faults = USER_FAULTS.load(Ordering::Relaxed);
+    if unregistered.is_err() || hits != calls || faults != 0 {
+        defmt::error!(
+            "bench cpus: uprobe {} {}: {=u64} hits counted for {=u64} calls, {=u64} user faults",
+            method,
+            slots,
+            hits,
+            calls,
+            faults
+        );
+        return None;
+    }
+    Some((cost?, waits))
+}
+
 fn uprobe_rows(plan: &Plan, cpus: usize, iterations: u64) {
     let calls = cpus as u64 * iterations;
     USER_FAULTS.store(0, Ordering::Relaxed);
     let Some(unprobed) = together(plan, cpus, user_calls, iterations) else { return };
-    let (_, target) = user_loop();
     for method in Method::ALL {
-        if let Err(error) = uprobe::register(target, method, count_hit, None) {
-            defmt::error!("bench cpus: uprobe {}: {}", method, error);
-            continue;
-        }
-        HITS.iter().for_each(|line| line.0.store(0, Ordering::Relaxed));
         let before = counters();
-        let cost = together(plan, cpus, user_calls, iterations);
-        let unregistered = uprobe::unregister(target);
-        let hits: u64 = HITS.iter().map(|line| line.0.load(Ordering::Relaxed)).sum();
-        let Some(cost) = cost else { continue };
-        let faults = USER_FAULTS.load(Ordering::Relaxed);
-        if unregistered.is_err() || hits != calls || faults != 0 {
-            defmt::error!(
-                "bench cpus: uprobe {}: {=u64} hits counted for {=u64} calls, {=u64} user faults",
-                method,
-                hits,
-                calls,
-                faults
-            );
-            continue;
-        }
+        let Some((cost, _)) = uprobe_window(plan, cpus, iterations, method, XolSlots::PerProbe) else { continue };
         let params = Label::new(format_args!("cpus={cpus},method={}", method.name()));
         rows("cpus", "uprobe-push", params.as_str(), "per_hit", plan, cost, unprobed, calls, before);
+    }
+    // Issue 23's XOL slot strategies, for the methods that step the instruction out of line.
+    let strategies = [
+        ("per-probe", XolSlots::PerProbe),
+        ("per-cpu", XolSlots::PerCpu { skip_unchanged: false }),
+        ("per-cpu-skip", XolSlots::PerCpu { skip_unchanged: true }),
+    ];
+    for method in [Method::SingleStep, Method::BrkStep] {
+        for (name, slots) in strategies {
+            let before = counters();
+            let Some((cost, waits)) = uprobe_window(plan, cpus, iterations, method, slots) else { continue };
+            let params = Label::new(format_args!("cpus={cpus},method={},slots={name}", method.name()));
+            rows("cpus", "uprobe-xol", params.as_str(), "per_hit", plan, cost, unprobed, calls, before);
+            row("cpus", "uprobe-xol", params.as_str(), "slot_waits", "per_op", waits as f64 / calls as f64);
+        }
     }
 }
 

@@ -5,9 +5,9 @@ use super::{Context, Failure, Outcome, Test, Verdict, check, check_eq, fail};
 use crate::arch::{cpu, percpu};
 use crate::probes::kretprobe;
 use crate::probes::{Method, ProbeError, Registers, Text, uprobe as uprobes};
+use crate::stacktrace::{self, IrqCapture};
 use crate::sync::IrqMask;
 use crate::task::user;
-use crate::stacktrace::{self, IrqCapture};
 use crate::task::{self, CpuMask, State, cpus, stacks};
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use unwind::Trace;
@@ -27,6 +27,7 @@ pub const TESTS: &[Test] = &[
     Test { name: "smp_heap_use_after_free_reported", run: smp_heap_use_after_free_reported },
     Test { name: "smp_uprobe_hits_every_cpu_at_once", run: smp_uprobe_hits_every_cpu_at_once },
     Test { name: "smp_uprobe_shared_step_state_is_caught", run: smp_uprobe_shared_step_state_is_caught },
+    Test { name: "smp_uprobe_cpu_slots_every_cpu_at_once", run: smp_uprobe_cpu_slots_every_cpu_at_once },
     // Last: on a branch without kprobe unregistration's grace period (race2) it ends the run.
     Test { name: "smp_probe_and_tracer_churn", run: smp_probe_and_tracer_churn },
 ];
@@ -1276,12 +1277,12 @@ struct UprobeRound {
 
 /// An EL0 task on each of the `wanted` CPUs calls the uprobe'd `smp_user_probed_sum`
 /// `UPROBE_CALLS_PER_CPU` times, all starting at one counter value.
-fn uprobe_round(method: Method, wanted: usize) -> Result<UprobeRound, Failure> {
+fn uprobe_round(method: Method, slots: uprobes::XolSlots, wanted: usize) -> Result<UprobeRound, Failure> {
     // Only the addresses of the asm symbols are taken.
     let program = user::user_address(&raw const smp_user_probed_calls as u64);
     let target = user::user_address(&raw const smp_user_probed_sum as u64);
-    if let Err(error) = uprobes::register(target, method, count_uprobe_hit, None) {
-        defmt::error!("  {}: {}", method, error);
+    if let Err(error) = uprobes::register_with_slots(target, method, count_uprobe_hit, None, slots) {
+        defmt::error!("  {} {}: {}", method, slots, error);
         return Err(fail("uprobe registered"));
     }
     UPROBE_HITS.iter().for_each(|line| line.0.store(0, Ordering::Relaxed));
@@ -1330,7 +1331,7 @@ fn smp_uprobe_hits_every_cpu_at_once(_: &Context) -> Outcome {
     let calls = UPROBE_CALLS_PER_CPU * wanted as u64;
     let mut witness = 0;
     for method in Method::ALL {
-        let round = uprobe_round(method, wanted)?;
+        let round = uprobe_round(method, uprobes::XolSlots::PerProbe, wanted)?;
         defmt::info!(
             "  {}: at most {=usize} of {=usize} CPUs inside the uprobe handler at once",
             method,
@@ -1343,7 +1344,11 @@ fn smp_uprobe_hits_every_cpu_at_once(_: &Context) -> Outcome {
         check!(round.counted == Some((calls, 0)));
         witness = witness.max(round.most);
     }
-    defmt::info!("  overlap witness: at most {=usize} of {=usize} CPUs inside the uprobe handler at once", witness, wanted);
+    defmt::info!(
+        "  overlap witness: at most {=usize} of {=usize} CPUs inside the uprobe handler at once",
+        witness,
+        wanted
+    );
     check!(witness >= 2);
     Ok(Verdict::Passed)
 }
@@ -1371,7 +1376,7 @@ fn smp_uprobe_shared_step_state_is_caught(context: &Context) -> Outcome {
     let calls = UPROBE_CALLS_PER_CPU * wanted as u64;
     for method in [Method::SingleStep, Method::BrkStep] {
         uprobes::set_step_state_per_cpu(false);
-        let round = uprobe_round(method, wanted);
+        let round = uprobe_round(method, uprobes::XolSlots::PerProbe, wanted);
         uprobes::set_step_state_per_cpu(true);
         for cpu in (0..wanted).filter(|&cpu| cpu != task::this_cpu()) {
             check!(task::cross_call::run_on(cpu, clear_user_step, 0).is_ok());
@@ -1389,5 +1394,40 @@ fn smp_uprobe_shared_step_state_is_caught(context: &Context) -> Outcome {
         );
         check!(round.killed > 0 || round.wrong > 0 || round.handled != calls || round.counted != Some((calls, 0)));
     }
+    Ok(Verdict::Passed)
+}
+
+/// Issue 23's second XOL slot strategy on every CPU at once: an EL0 task on every CPU calls a
+/// stepped uprobe whose instruction runs in that CPU's slot, rewritten at each hit (with and
+/// without skipping an unchanged slot), per stepping method: every result right, no task
+/// faulted, handler runs and the probe's count exactly the calls, and no hit waited for a slot.
+fn smp_uprobe_cpu_slots_every_cpu_at_once(_: &Context) -> Outcome {
+    let wanted = cpus::wanted();
+    if wanted == 1 {
+        return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
+    }
+    let calls = UPROBE_CALLS_PER_CPU * wanted as u64;
+    let mut witness = 0;
+    for skip_unchanged in [false, true] {
+        let slots = uprobes::XolSlots::PerCpu { skip_unchanged };
+        for method in [Method::SingleStep, Method::BrkStep] {
+            let waits = uprobes::slot_waits();
+            let round = uprobe_round(method, slots, wanted)?;
+            defmt::info!(
+                "  {} {}: at most {=usize} of {=usize} CPUs inside the uprobe handler at once",
+                method,
+                slots,
+                round.most,
+                wanted
+            );
+            check_eq!(round.killed, 0);
+            check_eq!(round.wrong, 0);
+            check_eq!(round.handled, calls);
+            check!(round.counted == Some((calls, 0)));
+            check_eq!(uprobes::slot_waits(), waits);
+            witness = witness.max(round.most);
+        }
+    }
+    check!(witness >= 2);
     Ok(Verdict::Passed)
 }
