@@ -17,7 +17,10 @@
 //!
 //! Cases (`cpus`): `depot-lookup-hit` (params `depot` permanent|evicting, `traces` same|disjoint;
 //! the evicting depot's save takes a reference and the loop drops it with `put`); `traced-call`
-//! (call-ops; `tracer` none|per-cpu|shared); `kprobe-push` per `method`. `cpus-heap`:
+//! (call-ops; `tracer` none|per-cpu|shared); `kprobe-push` per `method`; `uprobe-push` per
+//! `method` (each CPU's calls from an EL0 task on it, against the same window unprobed);
+//! `uprobe-xol` per stepping `method` and XOL `slots` strategy (per-probe|per-cpu|per-cpu-skip,
+//! issue 23), with the slot waits per hit. `cpus-heap`:
 //! `heap-alloc-free` (64-byte objects, stacks collected from the shadow call stack).
 
 use core::hint::black_box;
@@ -27,9 +30,10 @@ use super::{Clock, Label, Plan, row};
 use crate::arch::{cpu, percpu};
 use crate::ftrace::{self, Scheme, tracers::PerCpuCounter, tracers::SharedCounter};
 use crate::mm::kasan::heap::{self, Stacks};
+use crate::probes::uprobe::{self, XolSlots};
 use crate::probes::{self as kprobes, Method, Registers};
 use crate::sync::{IrqMask, StaticBlocks};
-use crate::task::{self, CpuMask, cpus as online_cpus, stacks::CPUS};
+use crate::task::{self, CpuMask, cpus as online_cpus, stacks::CPUS, user};
 use stackdepot::StackDepot;
 
 /// How long a CPU waits for the start flag, and this CPU for the others to finish (counter
@@ -381,6 +385,94 @@ fn kprobe_rows(plan: &Plan, cpus: usize, iterations: u64) {
     }
 }
 
+// --- uprobes -------------------------------------------------------------------------------
+
+unsafe extern "C" {
+    /// The `probes` suite's EL0 call loop and its `push` target (bench/probes/user.rs).
+    static user_bench_loop_call: u32;
+    static user_bench_target_push: u32;
+}
+
+/// User tasks that faulted in a window (a window with one is not a row).
+static USER_FAULTS: AtomicU64 = AtomicU64::new(0);
+
+/// The EL0 loop's and the target's user addresses.
+fn user_loop() -> (u64, u64) {
+    (
+        user::user_address(&raw const user_bench_loop_call as u64),
+        user::user_address(&raw const user_bench_target_push as u64),
+    )
+}
+
+/// This CPU's calls of the uprobe target, from an EL0 task on this CPU (IRQs masked at EL0, as
+/// the `probes` suite's user rows): its spawn and join are in the window, and in the unprobed
+/// window it is measured against.
+fn user_calls(_: usize, iterations: u64) {
+    let (program, target) = user_loop();
+    let options = user::Options { irqs_masked: true, unmap_lowest_stack_page: false };
+    if user::run(program, [iterations, target, 1], options).is_err() {
+        USER_FAULTS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// One window of uprobe'd EL0 calls (`method`, `slots`) on `cpus` CPUs: its cost and the slot
+/// waits in it, or None (said why).
+fn uprobe_window(plan: &Plan, cpus: usize, iterations: u64, method: Method, slots: XolSlots) -> Option<(u64, u64)> {
+    let calls = cpus as u64 * iterations;
+    let (_, target) = user_loop();
+    if let Err(error) = uprobe::register_with_slots(target, method, count_hit, None, slots) {
+        defmt::error!("bench cpus: uprobe {} {}: {}", method, slots, error);
+        return None;
+    }
+    HITS.iter().for_each(|line| line.0.store(0, Ordering::Relaxed));
+    USER_FAULTS.store(0, Ordering::Relaxed);
+    let waits = uprobe::slot_waits();
+    let cost = together(plan, cpus, user_calls, iterations);
+    let waits = uprobe::slot_waits() - waits;
+    let unregistered = uprobe::unregister(target);
+    let hits: u64 = HITS.iter().map(|line| line.0.load(Ordering::Relaxed)).sum();
+    let faults = USER_FAULTS.load(Ordering::Relaxed);
+    if unregistered.is_err() || hits != calls || faults != 0 {
+        defmt::error!(
+            "bench cpus: uprobe {} {}: {=u64} hits counted for {=u64} calls, {=u64} user faults",
+            method,
+            slots,
+            hits,
+            calls,
+            faults
+        );
+        return None;
+    }
+    Some((cost?, waits))
+}
+
+fn uprobe_rows(plan: &Plan, cpus: usize, iterations: u64) {
+    let calls = cpus as u64 * iterations;
+    USER_FAULTS.store(0, Ordering::Relaxed);
+    let Some(unprobed) = together(plan, cpus, user_calls, iterations) else { return };
+    for method in Method::ALL {
+        let before = counters();
+        let Some((cost, _)) = uprobe_window(plan, cpus, iterations, method, XolSlots::PerProbe) else { continue };
+        let params = Label::new(format_args!("cpus={cpus},method={}", method.name()));
+        rows("cpus", "uprobe-push", params.as_str(), "per_hit", plan, cost, unprobed, calls, before);
+    }
+    // Issue 23's XOL slot strategies, for the methods that step the instruction out of line.
+    let strategies = [
+        ("per-probe", XolSlots::PerProbe),
+        ("per-cpu", XolSlots::PerCpu { skip_unchanged: false }),
+        ("per-cpu-skip", XolSlots::PerCpu { skip_unchanged: true }),
+    ];
+    for method in [Method::SingleStep, Method::BrkStep] {
+        for (name, slots) in strategies {
+            let before = counters();
+            let Some((cost, waits)) = uprobe_window(plan, cpus, iterations, method, slots) else { continue };
+            let params = Label::new(format_args!("cpus={cpus},method={},slots={name}", method.name()));
+            rows("cpus", "uprobe-xol", params.as_str(), "per_hit", plan, cost, unprobed, calls, before);
+            row("cpus", "uprobe-xol", params.as_str(), "slot_waits", "per_op", waits as f64 / calls as f64);
+        }
+    }
+}
+
 /// Suite `cpus`.
 pub fn run(plan: &Plan) {
     let iterations: u64 = if plan.icount { 2_000 } else { 20_000 };
@@ -398,6 +490,7 @@ pub fn run(plan: &Plan) {
             depot_rows(plan, cpus, iterations, alone);
             ftrace_rows(plan, cpus, iterations, alone);
             kprobe_rows(plan, cpus, iterations);
+            uprobe_rows(plan, cpus, iterations);
         }
     }
 }

@@ -15,19 +15,28 @@
 //!   instruction runs natively at EL0.
 //!
 //! The XOL page (USER_XOL) of each user space holds, per probe index `i`: the step slot at
-//! `16 i`, the detour trampoline at `0x400 + 16 i`, and at `0x800` the uretprobe trampoline
-//! (`uretprobe.rs`). A fault inside a slot or trampoline is attributed to the probed address.
+//! `16 i`, the detour trampoline at `0x400 + 16 i`, at `0x800` the uretprobe trampoline
+//! (`uretprobe.rs`), and per CPU `c` a slot at `0xc00 + 16 c`. A fault inside a slot or
+//! trampoline is attributed to the probed address.
+//!
+//! Where a stepped probe's instruction runs ([`XolSlots`], chosen per probe at registration,
+//! issue 23): `PerProbe` (the default) is the probe's own slot, written once at registration (and
+//! into each new space); `PerCpu` is this CPU's slot, rewritten at every hit (Linux's dynamic XOL
+//! slots), optionally skipping the write and its cache maintenance when the slot already holds
+//! the instruction. A `PerCpu` hit holds its CPU's slot from the BRK to the step back (IRQs
+//! masked) and counts a wait if it ever finds the slot held ([`slot_waits`]).
 //!
 //! Everything on the hit path runs in the EL0 exception handler with IRQs masked. Records are
 //! published lock-free (`cells::Records`, one pointer per index), so a hit takes no lock.
 
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 use super::cells::Records;
 use super::frame::{FrameRegisters, registers};
 use super::{Handler, ProbeError, uretprobe};
 use crate::arch::exception::{ExceptionClass, ExceptionFrame};
 use crate::arch::patch;
+use crate::arch::percpu::{CPUS, UserStepControl, cpu_data, this_cpu, this_cpu_index};
 use crate::arch::step::{MDSCR_SS, SPSR_BTYPE, SPSR_IF, SPSR_SS, set_mdscr};
 use crate::sync::IrqSpinLock;
 use crate::task::stacks::TASK_SLOTS;
@@ -46,6 +55,20 @@ pub const SVC_UPROBE_DETOUR: u16 = 0x5550;
 
 pub const MAX_UPROBES: usize = 16;
 const DETOUR_OFFSET: u64 = 0x400;
+/// The per-CPU slots (strategy `XolSlots::PerCpu`).
+const CPU_SLOTS_OFFSET: u64 = 0xc00;
+
+/// Where a stepped uprobe's displaced instruction runs (issue 23's slot strategies).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, defmt::Format)]
+pub enum XolSlots {
+    /// One slot per probe, shared by every CPU, written once (at registration and into each
+    /// new user space).
+    PerProbe,
+    /// One slot per CPU, rewritten at every hit with the probe's instruction; with
+    /// `skip_unchanged`, the write and its cache maintenance are skipped when the slot already
+    /// holds it.
+    PerCpu { skip_unchanged: bool },
+}
 
 #[derive(Clone, Copy)]
 enum Action {
@@ -55,6 +78,11 @@ enum Action {
     SimulateFramePush,
     OutOfLine {
         hardware_step: bool,
+    },
+    /// Out of line in this CPU's slot, written at the hit (`XolSlots::PerCpu`).
+    CpuSlot {
+        hardware_step: bool,
+        skip_unchanged: bool,
     },
     Detour,
 }
@@ -77,17 +105,31 @@ pub(super) static RETURNS: [AtomicU64; MAX_UPROBES] = [const { AtomicU64::new(0)
 /// Serialises registration; the hit path never takes it.
 static REGISTER: IrqSpinLock<()> = IrqSpinLock::new(());
 
-/// The step in flight on this CPU: the probe index (`NO_STEP` when none), the SPSR at the hit,
-/// and whether it is a hardware step. Only the EL0 exception handlers (IRQs masked) use it.
-struct StepState {
-    index: AtomicUsize,
-    spsr: AtomicU64,
-    hardware_step: AtomicBool,
+/// No step in flight (`UserStepControl::index`).
+const NO_STEP: usize = usize::MAX;
+
+/// The step in flight on this CPU (`percpu::UserStepControl`): the probe index, the SPSR at the
+/// hit and whether it is a hardware step. Only the EL0 exception handlers (IRQs masked, from the
+/// BRK to the step's return) use it. One pointer load from this CPU's data.
+#[inline(always)]
+fn step_state() -> &'static UserStepControl {
+    // SAFETY: `init_this_cpu` pointed it at this CPU's own state before anything ran on this CPU
+    // (or `set_step_state_per_cpu` at CPU 0's): a static entry of the per-CPU table.
+    unsafe { &*this_cpu().user_step.load(Ordering::Relaxed) }
 }
 
-const NO_STEP: usize = usize::MAX;
-static STEP: StepState =
-    StepState { index: AtomicUsize::new(NO_STEP), spsr: AtomicU64::new(0), hardware_step: AtomicBool::new(false) };
+/// Test-only: `false` points every CPU at CPU 0's step state, the single global state uprobes
+/// had before SMP (two CPUs stepping at once then overwrite each other's), `true` gives each its
+/// own back. Call only while no user probe is hit (no uprobe registered).
+pub fn set_step_state_per_cpu(per_cpu: bool) {
+    let shared = &cpu_data(0).user_step_own;
+    for cpu in 0..CPUS {
+        let data = cpu_data(cpu);
+        let state = if per_cpu { &data.user_step_own } else { shared };
+        data.user_step_own.index.store(NO_STEP, Ordering::Relaxed);
+        data.user_step.store(core::ptr::from_ref(state).cast_mut(), Ordering::Release);
+    }
+}
 
 /// The published record at `index`, if any.
 #[inline(always)]
@@ -110,6 +152,12 @@ const fn detour_offset(index: usize) -> u64 {
     DETOUR_OFFSET + 16 * index as u64
 }
 
+const fn cpu_slot_offset(cpu: usize) -> u64 {
+    CPU_SLOTS_OFFSET + 16 * cpu as u64
+}
+
+const _: () = assert!(cpu_slot_offset(CPUS) <= 4096, "the per-CPU slots fit the XOL page");
+
 const SVC_DETOUR: u32 = 0xd400_0001 | ((SVC_UPROBE_DETOUR as u32) << 5);
 const FILLER: [u32; 4] = [encode_brk(BRK_UPROBE_STEP).0; 4];
 
@@ -124,7 +172,9 @@ fn xol_words(index: usize, probe: &Uprobe) -> Result<(u64, [u32; 3]), ProbeError
             let back = encode_b(trampoline + 8, probe.address + 4).map_err(|_| ProbeError::OutOfBranchRange)?;
             Ok((detour_offset(index), [SVC_DETOUR, probe.original, back.0]))
         }
-        Action::Simulate(_) | Action::SimulateFramePush => Ok((slot_offset(index), [encode_brk(BRK_UPROBE_STEP).0; 3])),
+        Action::Simulate(_) | Action::SimulateFramePush | Action::CpuSlot { .. } => {
+            Ok((slot_offset(index), [encode_brk(BRK_UPROBE_STEP).0; 3]))
+        }
     }
 }
 
@@ -157,12 +207,25 @@ pub fn on_new_user_task(slot: usize) {
 }
 
 /// Registers a uprobe at user text `address` (a user VA); with `return_handler`, a uretprobe
-/// on the function starting there.
+/// on the function starting there. A stepped probe runs its instruction in its own XOL slot
+/// (`XolSlots::PerProbe`).
 pub fn register(
     address: u64,
     method: Method,
     handler: Handler,
     return_handler: Option<Handler>,
+) -> Result<(), ProbeError> {
+    register_with_slots(address, method, handler, return_handler, XolSlots::PerProbe)
+}
+
+/// [`register`] with the XOL slot strategy of a stepped probe (`slots` does not matter to the
+/// simulated and detour methods).
+pub fn register_with_slots(
+    address: u64,
+    method: Method,
+    handler: Handler,
+    return_handler: Option<Handler>,
+    slots: XolSlots,
 ) -> Result<(), ProbeError> {
     if address & 3 != 0 {
         return Err(ProbeError::Misaligned);
@@ -182,7 +245,10 @@ pub fn register(
     let action = match probes::plan(method, &classify(Insn(original)), &rules) {
         Ok(Plan::Simulate(simulated)) => Action::Simulate(simulated),
         Ok(Plan::SimulateFramePush) => Action::SimulateFramePush,
-        Ok(Plan::OutOfLine { hardware_step }) => Action::OutOfLine { hardware_step },
+        Ok(Plan::OutOfLine { hardware_step }) => match slots {
+            XolSlots::PerProbe => Action::OutOfLine { hardware_step },
+            XolSlots::PerCpu { skip_unchanged } => Action::CpuSlot { hardware_step, skip_unchanged },
+        },
         Ok(Plan::Detour) => Action::Detour,
         Err(refusal) => return Err(ProbeError::refused(refusal, Text::User)),
     };
@@ -293,11 +359,11 @@ pub fn on_el0_exception(frame: &mut ExceptionFrame, class: ExceptionClass) -> bo
     match class {
         ExceptionClass::Brk => match immediate {
             BRK_UPROBE => on_brk(frame),
-            BRK_UPROBE_STEP => finish_step(frame, false),
+            BRK_UPROBE_STEP => finish_step(frame, false) || finish_cpu_slot_step(frame, false),
             BRK_URETPROBE => uretprobe::on_return(frame),
             _ => false,
         },
-        ExceptionClass::SoftwareStepLowerEl => finish_step(frame, true),
+        ExceptionClass::SoftwareStepLowerEl => finish_step(frame, true) || finish_cpu_slot_step(frame, true),
         ExceptionClass::Svc64 if immediate == SVC_UPROBE_DETOUR => on_detour(frame),
         _ => false,
     }
@@ -357,9 +423,10 @@ fn on_brk(frame: &mut ExceptionFrame) -> bool {
             frame.spsr &= !SPSR_BTYPE;
         }
         &Action::OutOfLine { hardware_step } => {
-            STEP.index.store(index, Ordering::Relaxed);
-            STEP.spsr.store(frame.spsr, Ordering::Relaxed);
-            STEP.hardware_step.store(hardware_step, Ordering::Relaxed);
+            let step = step_state();
+            step.index.store(index, Ordering::Relaxed);
+            step.spsr.store(frame.spsr, Ordering::Relaxed);
+            step.hardware_step.store(hardware_step, Ordering::Relaxed);
             frame.elr = USER_XOL + slot_offset(index);
             // IRQs stay masked for the one instruction, so the step state is per CPU.
             frame.spsr |= SPSR_IF;
@@ -369,16 +436,97 @@ fn on_brk(frame: &mut ExceptionFrame) -> bool {
                 set_mdscr(MDSCR_SS, true);
             }
         }
+        &Action::CpuSlot { hardware_step, skip_unchanged } => {
+            frame.elr = fill_cpu_slot(probe, skip_unchanged);
+            let step = step_state();
+            step.index.store(index, Ordering::Relaxed);
+            step.spsr.store(frame.spsr, Ordering::Relaxed);
+            step.hardware_step.store(hardware_step, Ordering::Relaxed);
+            frame.spsr |= SPSR_IF;
+            if hardware_step {
+                frame.spsr |= SPSR_SS;
+                set_mdscr(MDSCR_SS, true);
+            }
+        }
         Action::Detour => return false,
     }
     true
 }
 
+/// Whether this CPU's slot is held by a hit in progress (from the BRK to the step back), per CPU.
+static CPU_SLOT_HELD: [AtomicBool; CPUS] = [const { AtomicBool::new(false) }; CPUS];
+/// Hits that found their CPU's slot held and waited for it (`XolSlots::PerCpu`).
+static SLOT_WAITS: AtomicU64 = AtomicU64::new(0);
+
+/// Hits of `XolSlots::PerCpu` probes that had to wait for their CPU's slot, since boot. None can
+/// today: a hit holds its slot with IRQs masked on its CPU from the BRK to the step back, so the
+/// next hit on that CPU comes after (Linux steps with IRQs on and a task may sleep holding its
+/// slot: there tasks wait for a free one).
+pub fn slot_waits() -> u64 {
+    SLOT_WAITS.load(Ordering::Relaxed)
+}
+
+/// How long a hit waits for its CPU's slot before taking it anyway (said in the log).
+const SLOT_WAIT_MS: u64 = 10;
+
+/// Takes this CPU's slot in the current task's XOL page and writes `[insn, BRK #0x120]` into
+/// it (unless `skip_unchanged` and it already holds them); returns the slot's user address.
+#[unsafe(link_section = ".text.noprobe")]
+fn fill_cpu_slot(probe: &Uprobe, skip_unchanged: bool) -> u64 {
+    let cpu = this_cpu_index();
+    if CPU_SLOT_HELD[cpu].swap(true, Ordering::Acquire) {
+        SLOT_WAITS.fetch_add(1, Ordering::Relaxed);
+        if !crate::arch::cpu::wait_until(SLOT_WAIT_MS, || !CPU_SLOT_HELD[cpu].swap(true, Ordering::Acquire)) {
+            defmt::error!("uprobe: cpu {=usize}'s XOL slot still held after {=u64} ms: taken", cpu, SLOT_WAIT_MS);
+        }
+    }
+    let offset = cpu_slot_offset(cpu);
+    let words = [probe.original, encode_brk(BRK_UPROBE_STEP).0];
+    // SAFETY: the current task's XOL page, offset inside it (the assertion by CPU_SLOTS_OFFSET).
+    let slot = unsafe { user::xol_page(crate::task::current().0).add(offset as usize / 4) };
+    // SAFETY: two words of this CPU's slot, kernel data; only this CPU reads or writes it now.
+    let unchanged = unsafe { slot.read_volatile() == words[0] && slot.add(1).read_volatile() == words[1] };
+    if !(skip_unchanged && unchanged) {
+        // SAFETY: this CPU's slot of the running task's XOL page: no other CPU executes it (the
+        // task runs here, IRQs masked until its step back).
+        unsafe { patch::write_code_alias(slot, &words) };
+    }
+    USER_XOL + offset
+}
+
+/// The step back from this CPU's slot (`XolSlots::PerCpu`): as `finish_step`, at that slot.
+#[unsafe(link_section = ".text.noprobe")]
+#[cold]
+fn finish_cpu_slot_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
+    let cpu = this_cpu_index();
+    let step = step_state();
+    let index = step.index.load(Ordering::Relaxed);
+    if index == NO_STEP
+        || step.hardware_step.load(Ordering::Relaxed) != hardware_step
+        || frame.elr != USER_XOL + cpu_slot_offset(cpu) + 4
+    {
+        return false;
+    }
+    let Some(probe) = published(index).filter(|probe| matches!(probe.action, Action::CpuSlot { .. })) else {
+        return false;
+    };
+    if hardware_step {
+        set_mdscr(MDSCR_SS, false);
+    }
+    let restored = SPSR_IF | SPSR_SS;
+    frame.spsr = (frame.spsr & !restored) | (step.spsr.load(Ordering::Relaxed) & restored);
+    frame.elr = probe.address + 4;
+    step.index.store(NO_STEP, Ordering::Relaxed);
+    CPU_SLOT_HELD[cpu].store(false, Ordering::Release);
+    true
+}
+
 #[unsafe(link_section = ".text.noprobe")]
 fn finish_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
-    let index = STEP.index.load(Ordering::Relaxed);
+    let step = step_state();
+    let index = step.index.load(Ordering::Relaxed);
     if index == NO_STEP
-        || STEP.hardware_step.load(Ordering::Relaxed) != hardware_step
+        || step.hardware_step.load(Ordering::Relaxed) != hardware_step
         || frame.elr != USER_XOL + slot_offset(index) + 4
     {
         return false;
@@ -390,9 +538,9 @@ fn finish_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
         set_mdscr(MDSCR_SS, false);
     }
     let restored = SPSR_IF | SPSR_SS;
-    frame.spsr = (frame.spsr & !restored) | (STEP.spsr.load(Ordering::Relaxed) & restored);
+    frame.spsr = (frame.spsr & !restored) | (step.spsr.load(Ordering::Relaxed) & restored);
     frame.elr = probe.address + 4;
-    STEP.index.store(NO_STEP, Ordering::Relaxed);
+    step.index.store(NO_STEP, Ordering::Relaxed);
     true
 }
 
@@ -421,12 +569,17 @@ fn on_detour(frame: &mut ExceptionFrame) -> bool {
 /// belongs to the probed instruction (and ends the step).
 #[unsafe(link_section = ".text.noprobe")]
 pub fn attributed_pc(elr: u64) -> u64 {
-    let index = STEP.index.load(Ordering::Relaxed);
-    if index != NO_STEP && elr == USER_XOL + slot_offset(index) {
-        if STEP.hardware_step.load(Ordering::Relaxed) {
+    let step = step_state();
+    let index = step.index.load(Ordering::Relaxed);
+    let cpu_slot = USER_XOL + cpu_slot_offset(this_cpu_index());
+    if index != NO_STEP && (elr == USER_XOL + slot_offset(index) || elr == cpu_slot) {
+        if step.hardware_step.load(Ordering::Relaxed) {
             set_mdscr(MDSCR_SS, false);
         }
-        STEP.index.store(NO_STEP, Ordering::Relaxed);
+        step.index.store(NO_STEP, Ordering::Relaxed);
+        if elr == cpu_slot {
+            CPU_SLOT_HELD[this_cpu_index()].store(false, Ordering::Release);
+        }
         if let Some(probe) = published(index) {
             return probe.address;
         }

@@ -56,6 +56,11 @@ pub struct PerCpu {
     /// This CPU's kernel-probe state, owned by `probes::hit` (here so that the hit path reaches
     /// it from TPIDR_EL1 in one instruction).
     pub probe: ProbeControl,
+    /// The user-probe step state this CPU's EL0 probe hits use (owned by `probes::uprobe`):
+    /// `user_step_own` (set by `init_this_cpu`); a test-only switch of `probes::uprobe` points
+    /// every CPU at one CPU's, the single shared state of before SMP.
+    pub user_step: AtomicPtr<UserStepControl>,
+    pub user_step_own: UserStepControl,
 }
 
 /// A CPU's kernel-probe state (Linux's per-CPU `kprobe_ctlblk`): what the hit path is doing and
@@ -70,6 +75,15 @@ pub struct ProbeControl {
     pub previous: AtomicPtr<()>,
     /// The interrupted SPSR while a probe's slot is being stepped.
     pub step_spsr: AtomicU64,
+}
+
+/// A CPU's user-probe step (Linux's per-task `arch_uprobe_task`, per CPU here: IRQs stay masked
+/// from the BRK to the step's return): the probe index being stepped (`usize::MAX`: none), the
+/// SPSR at the hit and whether the step is a hardware one. Only `probes::uprobe` uses it.
+pub struct UserStepControl {
+    pub index: AtomicUsize,
+    pub spsr: AtomicU64,
+    pub hardware_step: AtomicBool,
 }
 
 static PER_CPU: [PerCpu; CPUS] = [const {
@@ -96,6 +110,12 @@ static PER_CPU: [PerCpu; CPUS] = [const {
             current: AtomicPtr::new(core::ptr::null_mut()),
             previous: AtomicPtr::new(core::ptr::null_mut()),
             step_spsr: AtomicU64::new(0),
+        },
+        user_step: AtomicPtr::new(core::ptr::null_mut()),
+        user_step_own: UserStepControl {
+            index: AtomicUsize::new(usize::MAX),
+            spsr: AtomicU64::new(0),
+            hardware_step: AtomicBool::new(false),
         },
     }
 }; CPUS];
@@ -150,6 +170,7 @@ pub fn init_this_cpu(cpu: usize, irq: Slot, overflow: Slot) {
     data.irq_shadow_stack.store(irq.shadow_stack_base(), Ordering::Relaxed);
     data.overflow_stack_top.store(overflow.stack_top(), Ordering::Relaxed);
     data.overflow_shadow_stack.store(overflow.shadow_stack_base(), Ordering::Relaxed);
+    data.user_step.store(core::ptr::from_ref(&data.user_step_own).cast_mut(), Ordering::Relaxed);
     // SAFETY: TPIDR_EL1 is the kernel's per-CPU pointer register; nothing else uses it.
     unsafe {
         core::arch::asm!("msr tpidr_el1, {}", "isb", in(reg) data as *const PerCpu, options(nostack, preserves_flags))
