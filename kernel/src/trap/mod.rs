@@ -139,6 +139,10 @@ extern "C" fn trap_el0_sync(frame: &mut ExceptionFrame) {
 #[unsafe(link_section = ".text.noprobe")]
 fn user_fault(frame: &ExceptionFrame) -> ! {
     let pc = crate::probes::uprobe::attributed_pc(frame.elr);
+    // The task dies here: no step of it may stay armed on this CPU (a step exception nobody owns
+    // left MDSCR_EL1.SS set, and the next EL0 return on this CPU would take a step at once). No
+    // kernel step is in flight on a CPU that takes an EL0 fault.
+    crate::arch::step::set_mdscr(crate::arch::step::MDSCR_SS, false);
     crate::task::user::kill_with_fault(UserFault { esr: frame.esr, far: frame.far, pc })
 }
 
