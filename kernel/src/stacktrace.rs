@@ -631,10 +631,17 @@ pub fn on_tick() {
     {
         return;
     }
-    let frame = cpu.irq_frame.load(Ordering::Relaxed);
-    // SAFETY: the tick runs inside the IRQ whose interrupted frame this is (context.S).
+    *IRQ_CAPTURE.lock() = Some(capture_interrupted());
+}
+
+/// Both traces from inside an IRQ handler (through the IRQ stack into the interrupted context),
+/// with the interrupted PC.
+#[inline(never)]
+pub fn capture_interrupted() -> IrqCapture {
+    let frame = stacks::this_cpu().irq_frame.load(Ordering::Relaxed);
+    // SAFETY: called inside the IRQ whose interrupted frame this is (context.S).
     let pc = if frame.is_null() { 0 } else { unsafe { (*frame).elr } };
     let frame_pointer = capture(Mode::FramePointer, TraceOptions::ALL);
     let shadow = capture(Mode::ShadowCallStack, TraceOptions::ALL);
-    *IRQ_CAPTURE.lock() = Some(IrqCapture { frame_pointer, shadow, pc });
+    IrqCapture { frame_pointer, shadow, pc }
 }

@@ -638,21 +638,47 @@ static AGREE_OUTCOME: crate::sync::IrqSpinLock<Option<Outcome>> = crate::sync::I
 
 extern "C" fn agree_task(_: u64) {
     let context = AGREE_CONTEXT.lock().take().expect("set by the test");
-    let outcome = super::stacktrace::traces_agree_in_irqs_at_random_points(&context);
+    let outcome = if context.icount {
+        super::stacktrace::traces_agree_in_irqs_at_random_points(&context)
+    } else {
+        super::stacktrace::traces_agree_at_cross_cpu_irqs()
+    };
     *AGREE_OUTCOME.lock() = Some(outcome);
 }
 
+/// Cross-CPU calls sent by the firing task (without icount).
+static FIRED: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn fire_task(target: u64) {
+    FIRED.store(super::stacktrace::fire_cross_cpu_irqs(target as usize), Ordering::Release);
+}
+
 /// IRQ-time frame-pointer and shadow-call-stack traces agree (or differ by the predicted window
-/// frame) at 200 random interrupted points, on every CPU in turn: the stacktrace suite's
-/// random-point test run in a task pinned to each CPU (its tick, its IRQ stack, its capture).
+/// frame) at 200 random interrupted points, on every CPU in turn, in a task pinned to each CPU
+/// (its IRQ stack, its capture). Under icount the IRQ is the CPU's tick, due at a random
+/// instruction (the stacktrace suite's random-point test). Without icount (multi-threaded TCG
+/// takes a timer IRQ mostly at counter reads) it is the wake-up SGI of a cross-CPU call that the
+/// next CPU sends at random moments, taken at the start of whatever translated block comes next.
 fn smp_traces_agree_in_irqs_every_cpu(context: &Context) -> Outcome {
-    if cpus::wanted() == 1 {
+    let wanted = cpus::wanted();
+    if wanted == 1 {
         return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
     }
-    for cpu in 0..cpus::wanted() {
+    for cpu in 0..wanted {
         *AGREE_CONTEXT.lock() = Some(*context);
+        super::stacktrace::reset_cross_cpu_irqs();
         let id = task::spawn_on(CpuMask::one(cpu), "traces-agree", agree_task, 0).map_err(|_| fail("spawn"))?;
+        let firing = if context.icount {
+            None
+        } else {
+            let next = (cpu + 1) % wanted;
+            Some(task::spawn_on(CpuMask::one(next), "irq-firing", fire_task, cpu as u64).map_err(|_| fail("spawn"))?)
+        };
         task::join(id);
+        if let Some(firing) = firing {
+            task::join(firing);
+            defmt::info!("  cpu {=usize}: {=u64} cross-CPU calls sent", cpu, FIRED.load(Ordering::Acquire));
+        }
         match AGREE_OUTCOME.lock().take() {
             Some(Ok(Verdict::Passed)) => {}
             Some(Ok(Verdict::Skipped(reason))) => return Ok(Verdict::Skipped(reason)),

@@ -357,6 +357,84 @@ fn one_extra(longer: &[u64], shorter: &[u64]) -> bool {
     longer.len() > split + 1 && longer[split + 1..].iter().zip(&shorter[split..]).all(|(a, b)| a == b)
 }
 
+/// A capture taken in the SGI handler of the CPU a cross-CPU call interrupted.
+static CROSS_CAPTURE: crate::sync::IrqSpinLock<Option<stacktrace::IrqCapture>> = crate::sync::IrqSpinLock::new(None);
+/// Set by the chain runner once it has checked enough landings: the firing CPU stops.
+static CROSS_DONE: AtomicBool = AtomicBool::new(false);
+
+/// Runs in the interrupted CPU's wake-up SGI handler (`cross_call::serve`).
+fn capture_interrupted_here(_: u64) -> u64 {
+    *CROSS_CAPTURE.lock() = Some(stacktrace::capture_interrupted());
+    0
+}
+
+/// The firing half of [`traces_agree_at_cross_cpu_irqs`], on another CPU: cross-CPU calls to
+/// `cpu` at random moments (0 to 100 microseconds apart) until the chain runner has enough.
+/// Returns how many it sent.
+pub(super) fn fire_cross_cpu_irqs(cpu: usize) -> u64 {
+    let mut seed = 0x5eed_0000 ^ cpu as u64;
+    let mut sent = 0;
+    let deadline = timer::counter() + timer::frequency() * cpu::patience_ms(2000) / 1000;
+    while !CROSS_DONE.load(Ordering::Acquire) && timer::counter() < deadline {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        let until = timer::counter() + (seed >> 33) % (timer::frequency() / 10_000);
+        while timer::counter() < until {}
+        if task::cross_call::run_on(cpu, capture_interrupted_here, 0).is_ok() {
+            sent += 1;
+        }
+    }
+    sent
+}
+
+/// IRQ-time traces at random points without icount: multi-threaded TCG takes a timer IRQ
+/// mostly at counter reads, but an interrupt another vCPU raises at the start of the next
+/// translated block, which is anywhere a branch leads (a callee's first instruction, the
+/// middle of a prologue): the wake-up SGI of a cross-CPU call from [`fire_cross_cpu_irqs`]
+/// interrupts this CPU's random chains. Each landing in a chain function is checked as the
+/// tick's are. Resets the shared state first; `CROSS_DONE` tells the firing CPU to stop.
+pub(super) fn traces_agree_at_cross_cpu_irqs() -> Outcome {
+    if let Some(skipped) = no_scs() {
+        CROSS_DONE.store(true, Ordering::Release);
+        return skipped;
+    }
+    let mut chain = Chain { seed: 0x0c0f_fee0, leaf: Leaf::Spin, depth: 0, result: None };
+    let (mut checked, mut landed) = (0u32, 0u32);
+    let deadline = timer::counter() + timer::frequency() * cpu::patience_ms(2000) / 1000;
+    let outcome = loop {
+        if checked >= 200 {
+            break Ok(Verdict::Passed);
+        }
+        if timer::counter() >= deadline {
+            defmt::error!("  {=u32} of 200 landings in chain functions ({=u32} IRQs)", checked, landed);
+            break Err(super::fail("200 cross-CPU IRQs landed in chain functions in time"));
+        }
+        chain.depth = 1 + (chain.random() % 100) as usize;
+        let depth = chain.depth;
+        black_box(next(&mut chain, depth));
+        let Some(capture) = CROSS_CAPTURE.lock().take() else { continue };
+        landed += 1;
+        match check_irq_capture(&capture, false) {
+            Ok(true) => checked += 1,
+            Ok(false) => {}
+            Err(what) => {
+                defmt::error!("  interrupted PC {=u64:#x}", capture.pc);
+                break Err(super::fail(what));
+            }
+        }
+    };
+    CROSS_DONE.store(true, Ordering::Release);
+    if outcome.is_ok() {
+        defmt::info!("  {=u32} cross-CPU IRQs landed in a chain function ({=u32} taken)", checked, landed);
+    }
+    outcome
+}
+
+/// Clears the cross-CPU landing state before a round.
+pub(super) fn reset_cross_cpu_irqs() {
+    CROSS_DONE.store(false, Ordering::Release);
+    *CROSS_CAPTURE.lock() = None;
+}
+
 pub(super) fn traces_agree_in_irqs_at_random_points(context: &Context) -> Outcome {
     if let Some(skipped) = no_scs() {
         return skipped;
