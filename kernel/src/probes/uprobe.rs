@@ -217,6 +217,9 @@ pub fn unregister(address: u64) -> Result<(), ProbeError> {
     let index = {
         let _lock = REGISTER.lock();
         let (index, probe) = lookup(address).ok_or(ProbeError::NotRegistered)?;
+        if POISON_BEFORE_RESTORE.load(Ordering::Relaxed) {
+            poison(index);
+        }
         // SAFETY: as in register: the original instruction replaces the BRK/B.
         unsafe { patch::write_instruction(probe.kernel_address, probe.original) };
         PUBLISHED[index].store(core::ptr::null_mut(), Ordering::Release);
@@ -225,10 +228,25 @@ pub fn unregister(address: u64) -> Result<(), ProbeError> {
     };
     crate::task::cpus::synchronize();
     let _lock = REGISTER.lock();
-    write_xol(slot_offset(index), &FILLER, 0..TASK_SLOTS);
-    write_xol(detour_offset(index), &FILLER, 0..TASK_SLOTS);
+    if !POISON_BEFORE_RESTORE.load(Ordering::Relaxed) {
+        poison(index);
+    }
     RETIRING.fetch_and(!(1 << index), Ordering::Relaxed);
     Ok(())
+}
+
+/// Refills index `index`'s XOL slot and detour trampoline in every XOL page.
+fn poison(index: usize) {
+    write_xol(slot_offset(index), &FILLER, 0..TASK_SLOTS);
+    write_xol(detour_offset(index), &FILLER, 0..TASK_SLOTS);
+}
+
+/// Test-only wrong sequence (the race tests show it is caught): `unregister` poisons the XOL
+/// slot and trampoline before it restores the word, while the BRK or B still leads there.
+static POISON_BEFORE_RESTORE: AtomicBool = AtomicBool::new(false);
+
+pub fn set_poison_before_restore(on: bool) {
+    POISON_BEFORE_RESTORE.store(on, Ordering::Relaxed);
 }
 
 /// Indices unpublished whose slots are not yet poisoned (waiting for the grace period): not
