@@ -145,6 +145,11 @@ fn gate(registers: &mut Registers) {
     }
 }
 
+/// Without `-icount` the sweeps pass but are slow: 20 to 50 s of wall time per run of both
+/// tests on `virt --smp 4` on the loaded 2-core host (5 runs), against 1.8 s for the whole run
+/// under icount, so they run under icount only (every `virt` configuration).
+const NEEDS_ICOUNT: &str = "needs -icount (20 to 50 s of wall time without it)";
+
 /// How long the patching CPU waits for one execution.
 const EXECUTION_MS: u64 = 100;
 
@@ -290,9 +295,12 @@ fn with_gate(body: impl FnOnce() -> Outcome) -> Outcome {
 /// (original word, grace period, slot and trampoline poisoned), stepped store by store with an
 /// EL0 task on every other CPU calling the probed user function at each point: "before" until
 /// the BRK or B is stored, "after" from there on; removal "after" from the restored word.
-pub(super) fn race_uprobe_insert_remove(_: &Context) -> Outcome {
+pub(super) fn race_uprobe_insert_remove(context: &Context) -> Outcome {
     if let Some(skip) = needs_cpus() {
         return Ok(skip);
+    }
+    if !context.icount {
+        return Ok(Verdict::Skipped(NEEDS_ICOUNT));
     }
     with_gate(|| {
         for method in Method::ALL {
@@ -309,9 +317,12 @@ pub(super) fn race_uprobe_insert_remove(_: &Context) -> Outcome {
 /// detour or stepped execution between the two runs into the poison (a user fault: wrong), and
 /// a simulated one, which never enters its slot, switches only at the restore, the last store
 /// (`SwitchedElsewhere`). The correct sequence passes again afterwards.
-pub(super) fn race_uprobe_wrong_sequence_is_caught(_: &Context) -> Outcome {
+pub(super) fn race_uprobe_wrong_sequence_is_caught(context: &Context) -> Outcome {
     if let Some(skip) = needs_cpus() {
         return Ok(skip);
+    }
+    if !context.icount {
+        return Ok(Verdict::Skipped(NEEDS_ICOUNT));
     }
     with_gate(|| {
         uprobes::set_poison_before_restore(true);
