@@ -210,6 +210,14 @@ fn execute_with(argument: u64, runner: Runner) -> u64 {
     // resumes it at its landing with its SP).
     let result = unsafe { runner(argument, SITE.load(Ordering::Relaxed), landing.words.as_ptr() as *mut u64) };
     landing.armed.store(false, Ordering::Relaxed);
+    if landing.fault.load(Ordering::Relaxed) != 0 {
+        // A kretprobe's hijacked return of the call that faulted is abandoned: dropped now (the
+        // record's active count), not at the next hit in this context.
+        let sp: u64;
+        // SAFETY: reads SP.
+        unsafe { core::arch::asm!("mov {}, sp", out(reg) sp, options(nomem, nostack, preserves_flags)) };
+        kprobes::kretprobe::drop_abandoned_returns(sp);
+    }
     let record = &EXECUTIONS[cpu];
     record[0].store(result, Ordering::Relaxed);
     record[1].store(hits().wrapping_sub(before), Ordering::Relaxed);

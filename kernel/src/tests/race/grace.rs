@@ -642,6 +642,17 @@ pub fn race_unregister_without_grace_period_is_caught(context: &Context) -> Outc
         check_eq!(wrong as u64, Finding::WrongBehaviour as u64);
         check_eq!(race_unregister(Target::Kprobe(method), unregister_name(method)) as u64, Finding::Correct as u64);
     }
+    // A kretprobe whose detour entry probe is freed without the grace period: the held CPU
+    // faults in the poison, also after its entry handler hijacked the return (the return half);
+    // the abandoned instance is dropped at the landing, so nothing is left outstanding.
+    let name = "kretprobe (detour entry) unregister without grace period (b)";
+    kprobes::kprobe::set_wrong_order(WrongOrder::NoGracePeriod);
+    let wrong = race_unregister(Target::Kretprobe(Method::Detour), name);
+    kprobes::kprobe::set_wrong_order(WrongOrder::None);
+    check_eq!(wrong as u64, Finding::WrongBehaviour as u64);
+    check_eq!(outstanding_returns_elsewhere(), 0);
+    let name = kretprobe_name(Method::Detour);
+    check_eq!(race_unregister(Target::Kretprobe(Method::Detour), name) as u64, Finding::Correct as u64);
     // ftrace: the tracers here are statics, so nothing is poisoned; the unregistration returning
     // while a CPU is still inside the tracer is what shows.
     if ftrace::site_state(race_traced as *const () as u64).is_some() {
@@ -652,6 +663,20 @@ pub fn race_unregister_without_grace_period_is_caught(context: &Context) -> Outc
         check_eq!(race_unregister(Target::Ftrace, "ftrace unregister (b)") as u64, Finding::Correct as u64);
     }
     Ok(Verdict::Passed)
+}
+
+fn outstanding_returns(_: u64) -> u64 {
+    kretprobe::outstanding() as u64
+}
+
+/// Hijacked returns outstanding in the other CPUs' cross-call contexts (where the executors
+/// ran), summed.
+fn outstanding_returns_elsewhere() -> u64 {
+    let this = percpu::this_cpu_index();
+    (0..crate::task::cpus::online())
+        .filter(|&cpu| cpu != this)
+        .map(|cpu| cross_call::run_on(cpu, outstanding_returns, 0).unwrap_or(u64::MAX))
+        .fold(0, u64::saturating_add)
 }
 
 /// A `BRK #0x004` trap whose probe is no longer published (it was unpublished between the BRK
