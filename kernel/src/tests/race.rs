@@ -312,12 +312,7 @@ fn observe(sweep: &mut Sweep) {
             None => {
                 sweep.unreachable += 1;
                 if sweep.unreachable <= 3 {
-                    defmt::error!(
-                        "  race {=str}: point {=usize}, cpu {=usize}: not run",
-                        sweep.name,
-                        sweep.point,
-                        cpu
-                    );
+                    defmt::error!("  race {=str}: point {=usize}, cpu {=usize}: not run", sweep.name, sweep.point, cpu);
                 }
             }
             Some(execution) => {
