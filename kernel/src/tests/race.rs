@@ -20,6 +20,7 @@ use crate::task::{cpus, stacks::CPUS};
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 mod grace;
+mod ugrace;
 mod uprobe;
 
 pub const TESTS: &[Test] = &[
@@ -37,6 +38,7 @@ pub const TESTS: &[Test] = &[
     },
     Test { name: "race_uprobe_insert_remove", run: uprobe::race_uprobe_insert_remove },
     Test { name: "race_uprobe_wrong_sequence_is_caught", run: uprobe::race_uprobe_wrong_sequence_is_caught },
+    Test { name: "race_uprobe_unregister_waits", run: ugrace::race_uprobe_unregister_waits },
 ];
 
 const ONE_CPU: &str = "one CPU (run with --smp N)";

@@ -16,6 +16,7 @@
 //! docs/design/races.md.
 
 use super::{Execution, Finding, HIT, NOT_HIT, Sequence, needs_cpus, sweep_with};
+use crate::arch::step::{SPSR_IF, SPSR_SS};
 use crate::arch::{cpu, percpu};
 use crate::probes::{Method, Registers, uprobe as uprobes};
 use crate::sync::IrqMask;
@@ -44,6 +45,8 @@ race_user_executor:
 0:  mov     x0, x20
     mov     x1, x19
     bl      race_user_gate
+    .global race_user_after_gate
+race_user_after_gate:
     mov     x19, #0
     cmp     x0, #{run}
     b.eq    1f
@@ -52,6 +55,8 @@ race_user_executor:
     mov     x0, #0
     mov     x8, #0
     svc     #0
+    .global race_user_run
+race_user_run:
 1:  mov     x0, x1
     bl      race_user_target
     mov     x20, x0
@@ -78,26 +83,30 @@ race_user_target:
 unsafe extern "C" {
     static race_user_executor: u32;
     static race_user_gate: u32;
-    static race_user_target: u32;
+    pub(super) static race_user_after_gate: u32;
+    pub(super) static race_user_run: u32;
+    pub(super) static race_user_target: u32;
 }
 
-fn user_address(symbol: *const u32) -> u64 {
+pub(super) fn user_address(symbol: *const u32) -> u64 {
     user::user_address(symbol as u64)
 }
 
 /// One executor's mailbox: the patcher posts (`posted` + 1 with the argument), the gate serves
 /// (`served` = `posted` with the result and the hits the call counted).
-struct Mailbox {
-    posted: AtomicU64,
-    served: AtomicU64,
-    argument: AtomicU64,
-    result: AtomicU64,
-    hits: AtomicU64,
-    hits_at_run: AtomicU64,
-    stop: AtomicBool,
+pub(super) struct Mailbox {
+    pub(super) posted: AtomicU64,
+    pub(super) served: AtomicU64,
+    pub(super) argument: AtomicU64,
+    pub(super) result: AtomicU64,
+    pub(super) hits: AtomicU64,
+    pub(super) hits_at_run: AtomicU64,
+    pub(super) stop: AtomicBool,
+    /// The next call runs stepped (direction (b), `ugrace`).
+    pub(super) stepped: AtomicBool,
 }
 
-static MAILBOXES: [Mailbox; CPUS] = [const {
+pub(super) static MAILBOXES: [Mailbox; CPUS] = [const {
     Mailbox {
         posted: AtomicU64::new(0),
         served: AtomicU64::new(0),
@@ -106,15 +115,16 @@ static MAILBOXES: [Mailbox; CPUS] = [const {
         hits: AtomicU64::new(0),
         hits_at_run: AtomicU64::new(0),
         stop: AtomicBool::new(false),
+        stepped: AtomicBool::new(false),
     }
 }; CPUS];
 
 /// The executor task on each CPU (`NONE`: none, or it was killed).
-static EXECUTORS: [AtomicUsize; CPUS] = [const { AtomicUsize::new(NONE) }; CPUS];
-const NONE: usize = usize::MAX;
+pub(super) static EXECUTORS: [AtomicUsize; CPUS] = [const { AtomicUsize::new(NONE) }; CPUS];
+pub(super) const NONE: usize = usize::MAX;
 
 /// Hits of the race uprobe, per CPU (its handler runs on the hitting CPU).
-static TARGET_HITS: [AtomicU64; CPUS] = [const { AtomicU64::new(0) }; CPUS];
+pub(super) static TARGET_HITS: [AtomicU64; CPUS] = [const { AtomicU64::new(0) }; CPUS];
 
 fn count_target_hit(_: &mut Registers) {
     TARGET_HITS[percpu::this_cpu_index()].fetch_add(1, Ordering::Relaxed);
@@ -124,7 +134,10 @@ fn count_target_hit(_: &mut Registers) {
 fn gate(registers: &mut Registers) {
     let cpu = percpu::this_cpu_index();
     let mailbox = &MAILBOXES[cpu];
+    // Between calls the executor runs with IRQs unmasked (a stepped call masks them).
+    registers.pstate &= !SPSR_IF;
     if registers.x[1] == 1 {
+        super::ugrace::stop_stepping_here();
         mailbox.result.store(registers.x[0], Ordering::Relaxed);
         let hits = TARGET_HITS[cpu].load(Ordering::Relaxed) - mailbox.hits_at_run.load(Ordering::Relaxed);
         mailbox.hits.store(hits, Ordering::Relaxed);
@@ -138,6 +151,12 @@ fn gate(registers: &mut Registers) {
         mailbox.hits_at_run.store(TARGET_HITS[cpu].load(Ordering::Relaxed), Ordering::Relaxed);
         registers.x[0] = RUN;
         registers.x[1] = mailbox.argument.load(Ordering::Relaxed);
+        if mailbox.stepped.load(Ordering::Relaxed) {
+            // Stepped from the gate's return on, with IRQs masked at EL0 (no preemption and no
+            // quiescent point inside the call: held, the executor must block the grace period).
+            registers.pstate |= SPSR_SS | SPSR_IF;
+            super::ugrace::start_stepping_here();
+        }
     } else if stop() {
         registers.x[0] = EXIT;
     } else {
@@ -153,7 +172,7 @@ const NEEDS_ICOUNT: &str = "needs -icount (20 to 50 s of wall time without it)";
 /// How long the patching CPU waits for one execution.
 const EXECUTION_MS: u64 = 100;
 
-fn ended(id: TaskId) -> bool {
+pub(super) fn ended(id: TaskId) -> bool {
     !matches!(task::state(id), State::Runnable)
 }
 
@@ -195,23 +214,33 @@ fn user_execution(cpu: usize, argument: u64) -> Option<Execution> {
 }
 
 /// Starts an EL0 executor pinned to every other online CPU.
-fn start_executors() {
+pub(super) fn start_executors() {
     let entry = user_address(&raw const race_user_executor);
     for cpu in (0..task::cpus::online()).filter(|&cpu| cpu != percpu::this_cpu_index()) {
-        let mailbox = &MAILBOXES[cpu];
-        mailbox.posted.store(0, Ordering::Relaxed);
-        mailbox.served.store(0, Ordering::Relaxed);
-        mailbox.stop.store(false, Ordering::Relaxed);
-        // Masked from spawn to the move, so the task never starts on this CPU.
-        let _masked = IrqMask::new();
-        let id = user::spawn("race executor", entry, [0; 3], Options::DEFAULT).expect("a free task slot");
-        task::set_affinity(id, CpuMask::one(cpu));
-        EXECUTORS[cpu].store(id.0, Ordering::Relaxed);
+        start_executor(cpu, entry);
     }
 }
 
+/// Starts an EL0 executor pinned to `cpu` (`entry`: `race_user_executor`'s user address).
+pub(super) fn start_executor(cpu: usize, entry: u64) {
+    let mailbox = &MAILBOXES[cpu];
+    mailbox.posted.store(0, Ordering::Relaxed);
+    mailbox.served.store(0, Ordering::Relaxed);
+    mailbox.stop.store(false, Ordering::Relaxed);
+    mailbox.stepped.store(false, Ordering::Relaxed);
+    // Masked from spawn to the move, so the task never starts on this CPU.
+    let _masked = IrqMask::new();
+    let id = user::spawn("race executor", entry, [0; 3], Options::DEFAULT).expect("a free task slot");
+    task::set_affinity(id, CpuMask::one(cpu));
+    EXECUTORS[cpu].store(id.0, Ordering::Relaxed);
+}
+
+pub(super) fn executor_entry() -> u64 {
+    user_address(&raw const race_user_executor)
+}
+
 /// Tells every executor to exit and waits for each (a killed one has ended already).
-fn stop_executors() -> bool {
+pub(super) fn stop_executors() -> bool {
     let mut exited = true;
     for (cpu, executor) in EXECUTORS.iter().enumerate() {
         MAILBOXES[cpu].stop.store(true, Ordering::Release);
@@ -283,7 +312,7 @@ fn race_uprobe(method: Method) -> (Finding, Finding) {
 }
 
 /// Registers the executors' gate; runs `body`; unregisters it.
-fn with_gate(body: impl FnOnce() -> Outcome) -> Outcome {
+pub(super) fn with_gate(body: impl FnOnce() -> Outcome) -> Outcome {
     let gate_address = user_address(&raw const race_user_gate);
     check!(uprobes::register(gate_address, Method::Simulate, gate, None).is_ok());
     let outcome = body();
