@@ -321,6 +321,16 @@ pub fn on_el0_exception(frame: &mut ExceptionFrame, class: ExceptionClass) -> bo
     }
 }
 
+/// The record at `index` if it was unpublished and its grace period has not ended (`RETIRING`):
+/// the record stays as it was until the index is poisoned and freed.
+#[unsafe(link_section = ".text.noprobe")]
+#[cold]
+fn retiring(index: usize) -> Option<&'static Uprobe> {
+    // SAFETY: a retiring index's record was initialised at its registration and is not written
+    // again before `RETIRING` is cleared, after the grace period.
+    (RETIRING.load(Ordering::Relaxed) & (1 << index) != 0).then(|| unsafe { &*RECORDS.pointer(index) })
+}
+
 /// Test-only: called with a software-step exception from EL0 that no uprobe step owns (the race
 /// tests step an EL0 task); true when it took it. 0: none.
 static FOREIGN_STEP_HOOK: AtomicUsize = AtomicUsize::new(0);
@@ -417,11 +427,13 @@ fn finish_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
     {
         return false;
     }
-    // Also when the probe was unpublished since its BRK (a task held in the handler or the slot
-    // while another CPU unregistered: killed here before, found by the race tests): the record
-    // stays as it was until the grace period after the unpublish ends, and this hit, IRQs masked
-    // from the BRK to here, is inside it.
-    // SAFETY: `index` is this CPU's step in flight, whose record was published at its BRK.
+    // The record, published or not: a hit that began before an unpublish (a task held after
+    // its BRK, in the handler or the slot, while another CPU unregistered) finishes on it; the
+    // published-pointer lookup here killed such a task as a user fault (found by the race tests).
+    // SAFETY: the PC is `index`'s slot + 4, so its slot + 0 ran: a probe of `index` stepping
+    // out of line was registered, so the record is initialised; it is rewritten only by a new
+    // registration of the index, after the grace period following its unpublish, and this step
+    // (IRQs masked from its BRK to here) keeps this CPU from passing a quiescent point.
     let probe = unsafe { &*RECORDS.pointer(index) };
     if hardware_step {
         set_mdscr(MDSCR_SS, false);
@@ -443,10 +455,10 @@ fn on_detour(frame: &mut ExceptionFrame) -> bool {
     let Some(probe) = published(index) else {
         // Unpublished while the task was in the trampoline before its SVC (killed here before,
         // found by the race tests): the hit had not begun; the trampoline goes on with the
-        // displaced instruction and the branch back. (It is intact: it is poisoned only after
-        // the grace period, and a task at EL0 with IRQs masked passes no quiescent point. A task
-        // preempted in the trampoline is not covered: docs/design/races.md.)
-        return true;
+        // displaced instruction and the branch back. (It is intact until the grace period ends,
+        // and a task at EL0 with IRQs masked passes no quiescent point. A task preempted in the
+        // trampoline is not covered: docs/design/races.md.)
+        return retiring(index).is_some();
     };
     HITS[index].fetch_add(1, Ordering::Relaxed);
     let resume = frame.elr;
