@@ -217,7 +217,7 @@ pub fn unregister(address: u64) -> Result<(), ProbeError> {
     let index = {
         let _lock = REGISTER.lock();
         let (index, probe) = lookup(address).ok_or(ProbeError::NotRegistered)?;
-        if POISON_BEFORE_RESTORE.load(Ordering::Relaxed) {
+        if wrong_removal() == WrongRemoval::PoisonBeforeRestore {
             poison(index);
         }
         // SAFETY: as in register: the original instruction replaces the BRK/B.
@@ -226,9 +226,11 @@ pub fn unregister(address: u64) -> Result<(), ProbeError> {
         RETIRING.fetch_or(1 << index, Ordering::Relaxed);
         index
     };
-    crate::task::cpus::synchronize();
+    if wrong_removal() != WrongRemoval::NoGracePeriod {
+        crate::task::cpus::synchronize();
+    }
     let _lock = REGISTER.lock();
-    if !POISON_BEFORE_RESTORE.load(Ordering::Relaxed) {
+    if wrong_removal() != WrongRemoval::PoisonBeforeRestore {
         poison(index);
     }
     RETIRING.fetch_and(!(1 << index), Ordering::Relaxed);
@@ -241,12 +243,29 @@ fn poison(index: usize) {
     write_xol(detour_offset(index), &FILLER, 0..TASK_SLOTS);
 }
 
-/// Test-only wrong sequence (the race tests show it is caught): `unregister` poisons the XOL
-/// slot and trampoline before it restores the word, while the BRK or B still leads there.
-static POISON_BEFORE_RESTORE: AtomicBool = AtomicBool::new(false);
+/// Test-only wrong removal sequences (the race tests show each is caught).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum WrongRemoval {
+    None = 0,
+    /// The XOL slot and trampoline poisoned before the word is restored, while the BRK or B
+    /// still leads there.
+    PoisonBeforeRestore = 1,
+    /// No grace period between the unpublish and the poisoning.
+    NoGracePeriod = 2,
+}
 
-pub fn set_poison_before_restore(on: bool) {
-    POISON_BEFORE_RESTORE.store(on, Ordering::Relaxed);
+static WRONG_REMOVAL: AtomicUsize = AtomicUsize::new(WrongRemoval::None as usize);
+
+pub fn set_wrong_removal(wrong: WrongRemoval) {
+    WRONG_REMOVAL.store(wrong as usize, Ordering::Relaxed);
+}
+
+fn wrong_removal() -> WrongRemoval {
+    match WRONG_REMOVAL.load(Ordering::Relaxed) {
+        1 => WrongRemoval::PoisonBeforeRestore,
+        2 => WrongRemoval::NoGracePeriod,
+        _ => WrongRemoval::None,
+    }
 }
 
 /// Indices unpublished whose slots are not yet poisoned (waiting for the grace period): not

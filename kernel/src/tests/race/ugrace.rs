@@ -18,7 +18,8 @@ use crate::arch::counters::virtual_count;
 use crate::arch::exception::ExceptionFrame;
 use crate::arch::step::{MDSCR_SS, SPSR_SS, set_mdscr};
 use crate::arch::{cpu, percpu};
-use crate::probes::{Method, Registers, uprobe as uprobes};
+use crate::probes::uprobe::{self as uprobes, WrongRemoval};
+use crate::probes::{Method, Registers};
 use crate::task::TaskId;
 use crate::task::user::USER_XOL;
 use crate::tests::{Context, Outcome, Verdict, check_eq};
@@ -331,11 +332,15 @@ pub(super) fn race_uprobe_unregister_waits(context: &Context) -> Outcome {
         for (index, method) in Method::ALL.into_iter().enumerate() {
             findings[index] = race_unregister(method, name(method, false));
         }
-        uprobes::set_poison_before_restore(true);
+        uprobes::set_wrong_removal(WrongRemoval::PoisonBeforeRestore);
         for (index, method) in [Method::Detour, Method::SingleStep, Method::BrkStep].into_iter().enumerate() {
             findings[4 + index] = race_unregister(method, name(method, true));
         }
-        uprobes::set_poison_before_restore(false);
+        uprobes::set_wrong_removal(WrongRemoval::NoGracePeriod);
+        // Simulate uses no slot: without the grace period nothing faults, and the unregistration
+        // returning while the executor is held is what shows.
+        let no_grace = race_unregister(Method::Simulate, "uprobe simulate unregister without grace period (b)");
+        uprobes::set_wrong_removal(WrongRemoval::None);
         let exited = stop_executors();
         uprobes::set_foreign_step_hook(None);
         for finding in &findings[..4] {
@@ -344,6 +349,7 @@ pub(super) fn race_uprobe_unregister_waits(context: &Context) -> Outcome {
         for finding in &findings[4..] {
             check_eq!(*finding as u64, Finding::WrongBehaviour as u64);
         }
+        check_eq!(no_grace as u64, Finding::NotWaited as u64);
         check_eq!(exited, true);
         Ok(Verdict::Passed)
     })
