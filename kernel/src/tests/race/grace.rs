@@ -73,7 +73,7 @@ unsafe extern "C" {
 
 /// How long the executing CPU is held at its point after the unpublish, in milliseconds of
 /// counter time (the grace period's own limit is 100 ms).
-const HOLD_MS: u64 = 2;
+const HOLD_MS: u64 = 1;
 /// What a (b) sweep unregisters: a kprobe (by method) on `race_probe_target`, or an ftrace
 /// tracer on `race_traced`.
 #[derive(Clone, Copy, PartialEq, Eq)]

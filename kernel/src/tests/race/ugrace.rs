@@ -27,7 +27,7 @@ use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 const NO_POINT: usize = usize::MAX;
 /// How long the held executor stays held after the unpublish (counter time).
-const HOLD_MS: u64 = 2;
+const HOLD_MS: u64 = 1;
 
 /// The stepped CPU (index + 1, 0: none), the points it passed in this call, where it is held.
 static STEPPED_CPU: AtomicUsize = AtomicUsize::new(0);
