@@ -272,6 +272,16 @@ pub fn outstanding_in_task_slot(index: usize) -> usize {
     unsafe { (*(*contexts).get(index)).len() }
 }
 
+/// Drops the current context's hijacked returns whose frames are gone (entry SP below `sp`, an
+/// SP of the caller's frame): calls that never returned, ended by a fault at a landing further
+/// up the stack. The next hit in the context would drop them; the race tests drop them at once,
+/// so the records' active counts are back before the next registration.
+pub fn drop_abandoned_returns(sp: u64) {
+    let _mask = IrqMask::new();
+    // SAFETY: IRQs are masked and this is the context that owns the stack (see CONTEXTS).
+    unsafe { (*context_stack(sp)).drop_abandoned(sp, release) };
+}
+
 /// A new task starts in task slot `index`: its context has no hijacked returns.
 pub fn forget_task(index: usize) {
     let _mask = IrqMask::new();

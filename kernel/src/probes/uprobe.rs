@@ -283,18 +283,55 @@ pub fn unregister(address: u64) -> Result<(), ProbeError> {
     let index = {
         let _lock = REGISTER.lock();
         let (index, probe) = lookup(address).ok_or(ProbeError::NotRegistered)?;
+        if wrong_removal() == WrongRemoval::PoisonBeforeRestore {
+            poison(index);
+        }
         // SAFETY: as in register: the original instruction replaces the BRK/B.
         unsafe { patch::write_instruction(probe.kernel_address, probe.original) };
         PUBLISHED[index].store(core::ptr::null_mut(), Ordering::Release);
         RETIRING.fetch_or(1 << index, Ordering::Relaxed);
         index
     };
-    crate::task::cpus::synchronize();
+    if wrong_removal() != WrongRemoval::NoGracePeriod {
+        crate::task::cpus::synchronize();
+    }
     let _lock = REGISTER.lock();
-    write_xol(slot_offset(index), &FILLER, 0..TASK_SLOTS);
-    write_xol(detour_offset(index), &FILLER, 0..TASK_SLOTS);
+    if wrong_removal() != WrongRemoval::PoisonBeforeRestore {
+        poison(index);
+    }
     RETIRING.fetch_and(!(1 << index), Ordering::Relaxed);
     Ok(())
+}
+
+/// Refills index `index`'s XOL slot and detour trampoline in every XOL page.
+fn poison(index: usize) {
+    write_xol(slot_offset(index), &FILLER, 0..TASK_SLOTS);
+    write_xol(detour_offset(index), &FILLER, 0..TASK_SLOTS);
+}
+
+/// Test-only wrong removal sequences (the race tests show each is caught).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum WrongRemoval {
+    None = 0,
+    /// The XOL slot and trampoline poisoned before the word is restored, while the BRK or B
+    /// still leads there.
+    PoisonBeforeRestore = 1,
+    /// No grace period between the unpublish and the poisoning.
+    NoGracePeriod = 2,
+}
+
+static WRONG_REMOVAL: AtomicUsize = AtomicUsize::new(WrongRemoval::None as usize);
+
+pub fn set_wrong_removal(wrong: WrongRemoval) {
+    WRONG_REMOVAL.store(wrong as usize, Ordering::Relaxed);
+}
+
+fn wrong_removal() -> WrongRemoval {
+    match WRONG_REMOVAL.load(Ordering::Relaxed) {
+        1 => WrongRemoval::PoisonBeforeRestore,
+        2 => WrongRemoval::NoGracePeriod,
+        _ => WrongRemoval::None,
+    }
 }
 
 /// Indices unpublished whose slots are not yet poisoned (waiting for the grace period): not
@@ -363,10 +400,38 @@ pub fn on_el0_exception(frame: &mut ExceptionFrame, class: ExceptionClass) -> bo
             BRK_URETPROBE => uretprobe::on_return(frame),
             _ => false,
         },
-        ExceptionClass::SoftwareStepLowerEl => finish_step(frame, true) || finish_cpu_slot_step(frame, true),
+        ExceptionClass::SoftwareStepLowerEl => {
+            finish_step(frame, true) || finish_cpu_slot_step(frame, true) || foreign_step(frame)
+        }
         ExceptionClass::Svc64 if immediate == SVC_UPROBE_DETOUR => on_detour(frame),
         _ => false,
     }
+}
+
+/// The record at `index` if it was unpublished and its grace period has not ended (`RETIRING`):
+/// the record stays as it was until the index is poisoned and freed.
+#[unsafe(link_section = ".text.noprobe")]
+#[cold]
+fn retiring(index: usize) -> Option<&'static Uprobe> {
+    // SAFETY: a retiring index's record was initialised at its registration and is not written
+    // again before `RETIRING` is cleared, after the grace period.
+    (RETIRING.load(Ordering::Relaxed) & (1 << index) != 0).then(|| unsafe { &*RECORDS.pointer(index) })
+}
+
+/// Test-only: called with a software-step exception from EL0 that no uprobe step owns (the race
+/// tests step an EL0 task); true when it took it. 0: none.
+static FOREIGN_STEP_HOOK: AtomicUsize = AtomicUsize::new(0);
+
+pub fn set_foreign_step_hook(hook: Option<fn(&mut ExceptionFrame) -> bool>) {
+    FOREIGN_STEP_HOOK.store(hook.map_or(0, |hook| hook as usize), Ordering::Release);
+}
+
+#[unsafe(link_section = ".text.noprobe")]
+#[cold]
+fn foreign_step(frame: &mut ExceptionFrame) -> bool {
+    let hook = FOREIGN_STEP_HOOK.load(Ordering::Acquire);
+    // SAFETY: a non-zero hook was stored by `set_foreign_step_hook` from such a function.
+    hook != 0 && unsafe { core::mem::transmute::<usize, fn(&mut ExceptionFrame) -> bool>(hook) }(frame)
 }
 
 /// A BRK taken before its uprobe's unregistration restored the word, looked up after the
@@ -507,9 +572,14 @@ fn finish_cpu_slot_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool
     {
         return false;
     }
-    let Some(probe) = published(index).filter(|probe| matches!(probe.action, Action::CpuSlot { .. })) else {
+    // The record, published or not, as in `finish_step`: this CPU's step state names `index`
+    // (set by its BRK on this CPU, IRQs masked since), so the index's record is initialised and
+    // stays as it is until the grace period after its unpublish, which this step holds off.
+    // SAFETY: as above.
+    let probe = unsafe { &*RECORDS.pointer(index) };
+    if !matches!(probe.action, Action::CpuSlot { .. }) {
         return false;
-    };
+    }
     if hardware_step {
         set_mdscr(MDSCR_SS, false);
     }
@@ -531,9 +601,14 @@ fn finish_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
     {
         return false;
     }
-    let Some(probe) = published(index) else {
-        return false;
-    };
+    // The record, published or not: a hit that began before an unpublish (a task held after
+    // its BRK, in the handler or the slot, while another CPU unregistered) finishes on it; the
+    // published-pointer lookup here killed such a task as a user fault (found by the race tests).
+    // SAFETY: the PC is `index`'s slot + 4, so its slot + 0 ran: a probe of `index` stepping
+    // out of line was registered, so the record is initialised; it is rewritten only by a new
+    // registration of the index, after the grace period following its unpublish, and this step
+    // (IRQs masked from its BRK to here) keeps this CPU from passing a quiescent point.
+    let probe = unsafe { &*RECORDS.pointer(index) };
     if hardware_step {
         set_mdscr(MDSCR_SS, false);
     }
@@ -552,7 +627,12 @@ fn on_detour(frame: &mut ExceptionFrame) -> bool {
         return false;
     }
     let Some(probe) = published(index) else {
-        return false;
+        // Unpublished while the task was in the trampoline before its SVC (killed here before,
+        // found by the race tests): the hit had not begun; the trampoline goes on with the
+        // displaced instruction and the branch back. (It is intact until the grace period ends,
+        // and a task at EL0 with IRQs masked passes no quiescent point. A task preempted in the
+        // trampoline is not covered: docs/design/races.md.)
+        return retiring(index).is_some();
     };
     HITS[index].fetch_add(1, Ordering::Relaxed);
     let resume = frame.elr;

@@ -20,6 +20,8 @@ use crate::task::{cpus, stacks::CPUS};
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 mod grace;
+mod ugrace;
+mod uprobe;
 
 pub const TESTS: &[Test] = &[
     Test { name: "cross_call_runs_on_every_cpu", run: cross_call_runs_on_every_cpu },
@@ -34,6 +36,9 @@ pub const TESTS: &[Test] = &[
         name: "race_unregister_without_grace_period_is_caught",
         run: grace::race_unregister_without_grace_period_is_caught,
     },
+    Test { name: "race_uprobe_insert_remove", run: uprobe::race_uprobe_insert_remove },
+    Test { name: "race_uprobe_wrong_sequence_is_caught", run: uprobe::race_uprobe_wrong_sequence_is_caught },
+    Test { name: "race_uprobe_unregister_waits", run: ugrace::race_uprobe_unregister_waits },
 ];
 
 const ONE_CPU: &str = "one CPU (run with --smp N)";
@@ -207,12 +212,35 @@ fn execute_with(argument: u64, runner: Runner) -> u64 {
     // resumes it at its landing with its SP).
     let result = unsafe { runner(argument, SITE.load(Ordering::Relaxed), landing.words.as_ptr() as *mut u64) };
     landing.armed.store(false, Ordering::Relaxed);
+    if landing.fault.load(Ordering::Relaxed) != 0 {
+        // A kretprobe's hijacked return of the call that faulted is abandoned: dropped now (the
+        // record's active count), not at the next hit in this context.
+        let sp: u64;
+        // SAFETY: reads SP.
+        unsafe { core::arch::asm!("mov {}, sp", out(reg) sp, options(nomem, nostack, preserves_flags)) };
+        kprobes::kretprobe::drop_abandoned_returns(sp);
+    }
     let record = &EXECUTIONS[cpu];
     record[0].store(result, Ordering::Relaxed);
     record[1].store(hits().wrapping_sub(before), Ordering::Relaxed);
     record[2].store(landing.words[2].load(Ordering::Relaxed), Ordering::Relaxed);
     record[3].store(landing.fault.load(Ordering::Relaxed), Ordering::Relaxed);
     0
+}
+
+/// Runs the site once on `cpu` with `argument` and returns what it did; `None` when the CPU
+/// could not run it (the reason is logged).
+type Executor = fn(usize, u64) -> Option<Execution>;
+
+/// The kernel sites' executor: one call through `run_on`.
+fn kernel_execution(cpu: usize, argument: u64) -> Option<Execution> {
+    match cross_call::run_on(cpu, execute, argument) {
+        Ok(_) => Some(last_execution(cpu)),
+        Err(error) => {
+            defmt::error!("  cpu {=usize}: {}", cpu, error);
+            None
+        }
+    }
 }
 
 fn last_execution(cpu: usize) -> Execution {
@@ -263,6 +291,7 @@ struct Sweep {
     before: Behaviour,
     after: Behaviour,
     result: fn(u64) -> u64,
+    executor: Executor,
     /// The current point: 0 before the first store, n after the n-th.
     point: usize,
     checked: usize,
@@ -281,14 +310,15 @@ fn observe(sweep: &mut Sweep) {
     for cpu in (0..cpus::online()).filter(|&cpu| cpu != percpu::this_cpu_index()) {
         let argument = (sweep.point * CPUS + cpu) as u64 + 1000;
         let expected = (sweep.result)(argument);
-        match cross_call::run_on(cpu, execute, argument) {
-            Err(error) => {
+        match (sweep.executor)(cpu, argument) {
+            None => {
                 sweep.unreachable += 1;
-                defmt::error!("  race {=str}: point {=usize}, cpu {=usize}: {}", sweep.name, sweep.point, cpu, error);
+                if sweep.unreachable <= 3 {
+                    defmt::error!("  race {=str}: point {=usize}, cpu {=usize}: not run", sweep.name, sweep.point, cpu);
+                }
             }
-            Ok(_) => {
+            Some(execution) => {
                 sweep.checked += 1;
-                let execution = last_execution(cpu);
                 if sweep.before.matches(&execution, expected) {
                     sweep.last_before = Some(sweep.point);
                     if sweep.first_after.is_some() {
@@ -343,11 +373,18 @@ enum Finding {
 /// Runs `patcher` stepped, with every other CPU running the site at every point; checks and
 /// prints the sweep. Returns the first failed check.
 fn sweep(sequence: &Sequence, patcher: impl FnOnce() -> bool) -> Finding {
+    sweep_with(sequence, kernel_execution, patcher)
+}
+
+/// [`sweep`] with the site run by `executor`. A wrong execution is reported before missing
+/// coverage: an executor killed by a wrong execution (an EL0 task) runs no later point.
+fn sweep_with(sequence: &Sequence, executor: Executor, patcher: impl FnOnce() -> bool) -> Finding {
     let mut state = Sweep {
         name: sequence.name,
         before: sequence.before,
         after: sequence.after,
         result: sequence.result,
+        executor,
         point: 0,
         checked: 0,
         wrong: 0,
@@ -377,10 +414,10 @@ fn sweep(sequence: &Sequence, patcher: impl FnOnce() -> bool) -> Finding {
         sequence.switch_at,
         state.wrong
     );
-    if !patched || state.unreachable != 0 || state.point != sequence.stores || state.checked != planned {
-        Finding::Coverage
-    } else if state.wrong != 0 {
+    if state.wrong != 0 {
         Finding::WrongBehaviour
+    } else if !patched || state.unreachable != 0 || state.point != sequence.stores || state.checked != planned {
+        Finding::Coverage
     } else if state.before_after_after.is_some()
         || state.first_after != sequence.switch_at
         || state.last_before != Some(sequence.switch_at.map_or(sequence.stores, |store| store - 1))

@@ -4,8 +4,9 @@
 use super::mmu::{TEXT_ALIAS_OFFSET, VA_OFFSET};
 use core::sync::atomic::{AtomicUsize, Ordering};
 
-/// Test-only: a function called after every single store of an instruction or a literal, with
-/// the stored address, once the store is visible to instruction fetch (the race tests step the
+/// Test-only: a function called after every single store of an instruction, a literal or a word
+/// of user XOL code (`write_code_alias`), with the stored (kernel) address, once the store is
+/// visible to instruction fetch (the race tests step the
 /// patcher with it). 0: none (normal runs: one load and a branch per store).
 static STEP_HOOK: AtomicUsize = AtomicUsize::new(0);
 
@@ -101,6 +102,25 @@ pub unsafe fn write_instructions(pc: u64, instructions: &[u32]) {
 /// CPU may execute the words while they are written.
 pub unsafe fn write_code_alias(at: *mut u32, code: &[u32]) {
     debug_assert!(code.len() <= 4);
+    if STEP_HOOK.load(Ordering::Relaxed) != 0 {
+        // Test-only (the race tests): one word at a time, each made visible, then a step point.
+        for (index, &word) in code.iter().enumerate() {
+            // SAFETY: the caller's guarantee, for one word of its 16 bytes.
+            unsafe { write_code_alias_words(at.add(index), &[word]) };
+            step_point(at as u64 + 4 * index as u64);
+        }
+        return;
+    }
+    // SAFETY: the caller's guarantee.
+    unsafe { write_code_alias_words(at, code) };
+}
+
+/// [`write_code_alias`] without step points.
+///
+/// # Safety
+/// As [`write_code_alias`].
+#[inline(always)]
+unsafe fn write_code_alias_words(at: *mut u32, code: &[u32]) {
     for (index, &word) in code.iter().enumerate() {
         // SAFETY: within the caller's 16 bytes of kernel data.
         unsafe { at.add(index).write_volatile(word) };

@@ -73,7 +73,7 @@ unsafe extern "C" {
 
 /// How long the executing CPU is held at its point after the unpublish, in milliseconds of
 /// counter time (the grace period's own limit is 100 ms).
-const HOLD_MS: u64 = 2;
+const HOLD_MS: u64 = 1;
 /// What a (b) sweep unregisters: a kprobe (by method) on `race_probe_target`, or an ftrace
 /// tracer on `race_traced`.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -215,6 +215,14 @@ static STEPPED_CPU: AtomicUsize = AtomicUsize::new(0);
 static EXECUTOR: AtomicUsize = AtomicUsize::new(1);
 static POINTS: AtomicUsize = AtomicUsize::new(0);
 static POINTS_IN_SLOTS: AtomicUsize = AtomicUsize::new(0);
+/// Points in a detour trampoline's return half (after its call of the handler returned).
+static POINTS_RETURNING: AtomicUsize = AtomicUsize::new(0);
+/// The PC of the previous point (a call out of the trampoline is seen at the next one).
+static LAST_PC: AtomicU64 = AtomicU64::new(0);
+/// Set while a hardware breakpoint waits for the return into a trampoline.
+static RETURN_ARMED: AtomicBool = AtomicBool::new(false);
+/// Set from that breakpoint on, in this execution.
+static RETURNED: AtomicBool = AtomicBool::new(false);
 static HOLD_AT: AtomicUsize = AtomicUsize::new(NO_POINT);
 static HOLD_IN_HANDLER: AtomicBool = AtomicBool::new(false);
 static HELD: AtomicBool = AtomicBool::new(false);
@@ -261,14 +269,54 @@ fn stop_stepping(frame: &mut ExceptionFrame) {
     STEPPED_CPU.store(0, Ordering::Relaxed);
 }
 
-/// A software-step exception on the stepped CPU (called first by the race trap hook): one more
-/// point; held there if it is the point under test; stepping goes on inside the stepped region.
+/// ESR_ELx.EC of a hardware breakpoint taken at the current EL (ARM ARM D24.2.40).
+const EC_BREAKPOINT_CURRENT_EL: u64 = 0x31;
+/// MDSCR_EL1.MDE: hardware breakpoints and watchpoints enabled.
+const MDSCR_MDE: u64 = 1 << 15;
+/// DBGBCR_EL1: enabled (E), EL1 only (PMC = 0b01), all four bytes of an A64 instruction (BAS).
+const BREAKPOINT_EL1: u64 = 1 | 0b01 << 1 | 0b1111 << 5;
+
+/// Arms breakpoint 0 at `address` (EL1 code), or disarms it (`None`).
+fn set_breakpoint(address: Option<u64>) {
+    let control = if address.is_some() { BREAKPOINT_EL1 } else { 0 };
+    // SAFETY: writes breakpoint 0's value and control registers (debug state, no memory); the
+    // `isb` makes them apply to the next instruction fetch.
+    unsafe {
+        core::arch::asm!(
+            "msr dbgbvr0_el1, {value}",
+            "msr dbgbcr0_el1, {control}",
+            "isb",
+            value = in(reg) address.unwrap_or(0),
+            control = in(reg) control,
+            options(nomem, nostack, preserves_flags)
+        )
+    };
+    // KDE too: breakpoints at EL1 need it (stepping stopped with it clear).
+    step::set_mdscr(MDSCR_MDE | step::MDSCR_KDE, address.is_some());
+    RETURN_ARMED.store(address.is_some(), Ordering::Relaxed);
+}
+
+/// A software-step exception on the stepped CPU, or its breakpoint at the return into a detour
+/// trampoline (called first by the race trap hook): one more point; held there if it is the
+/// point under test; stepping goes on inside the stepped region. A call out of the trampoline
+/// (the handler's entry, not stepped) arms a breakpoint at its return address, where stepping
+/// starts again: the trampoline's return half (restore, relocated instruction, branch back) and
+/// the rest of the probed function are stepped too.
 #[unsafe(link_section = ".text.noprobe")]
 pub fn on_step(frame: &mut ExceptionFrame) -> bool {
-    if Esr(frame.esr).class() != ExceptionClass::SoftwareStep
+    let breakpoint = (frame.esr >> 26) & 0x3f == EC_BREAKPOINT_CURRENT_EL;
+    if !(Esr(frame.esr).class() == ExceptionClass::SoftwareStep || breakpoint && RETURN_ARMED.load(Ordering::Relaxed))
         || STEPPED_CPU.load(Ordering::Relaxed) != percpu::this_cpu_index() + 1
     {
         return false;
+    }
+    if breakpoint {
+        set_breakpoint(None);
+        step::set_mdscr(step::MDSCR_KDE | step::MDSCR_SS, true);
+        RETURNED.store(true, Ordering::Relaxed);
+    }
+    if RETURNED.load(Ordering::Relaxed) {
+        POINTS_RETURNING.store(POINTS_RETURNING.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
     }
     let point = POINTS.load(Ordering::Relaxed);
     POINTS.store(point + 1, Ordering::Relaxed);
@@ -278,10 +326,17 @@ pub fn on_step(frame: &mut ExceptionFrame) -> bool {
     if point == HOLD_AT.load(Ordering::Relaxed) {
         hold(frame.elr);
     }
+    let last = LAST_PC.swap(frame.elr, Ordering::Relaxed);
     if stepped_region(frame.elr) {
         frame.spsr |= step::SPSR_SS;
     } else {
         stop_stepping(frame);
+        let returns_to = frame.x[30];
+        if in_slot_area(last) && returns_to == last + 4 {
+            // Re-entered by `STEPPED_CPU` at the breakpoint.
+            STEPPED_CPU.store(percpu::this_cpu_index() + 1, Ordering::Relaxed);
+            set_breakpoint(Some(returns_to));
+        }
     }
     true
 }
@@ -309,10 +364,17 @@ fn execute_stepped(argument: u64) -> u64 {
     unsafe { core::arch::asm!("mrs {}, daif", "msr daifset, #0xf", out(reg) daif, options(nostack)) };
     POINTS.store(0, Ordering::Relaxed);
     POINTS_IN_SLOTS.store(0, Ordering::Relaxed);
+    POINTS_RETURNING.store(0, Ordering::Relaxed);
+    RETURNED.store(false, Ordering::Relaxed);
+    LAST_PC.store(0, Ordering::Relaxed);
     STEPPED_CPU.store(percpu::this_cpu_index() + 1, Ordering::Relaxed);
     step::set_mdscr(step::MDSCR_KDE | step::MDSCR_SS, true);
     execute_with(argument, race_step_call);
-    // A call that left no stepped point (or faulted) still ends stepping here.
+    // A call that left no stepped point (or faulted) still ends stepping here, and a
+    // breakpoint that never hit (the call faulted in the handler) is disarmed.
+    if RETURN_ARMED.load(Ordering::Relaxed) {
+        set_breakpoint(None);
+    }
     step::set_mdscr(step::MDSCR_KDE | step::MDSCR_SS, false);
     STEPPED_CPU.store(0, Ordering::Relaxed);
     // SAFETY: restores the DAIF read above.
@@ -472,6 +534,7 @@ fn race_unregister(target: Target, name: &'static str) -> Finding {
     cpu::restore_interrupts(masked);
     let points = POINTS.load(Ordering::Relaxed);
     let in_slots = POINTS_IN_SLOTS.load(Ordering::Relaxed);
+    let returning = POINTS_RETURNING.load(Ordering::Relaxed);
     if !target.unregister() || !dry_hit {
         return Finding::Coverage;
     }
@@ -491,19 +554,21 @@ fn race_unregister(target: Target, name: &'static str) -> Finding {
         check_point(&mut sweep, target, point, point == points, in_use);
     }
     // The design's points: the blr, the probed word, then (detour) every trampoline
-    // instruction up to the call of the handler, which is stepped into; for ftrace the blr, the
-    // two site words and the trampoline's entry.
+    // instruction up to the call of the handler, which is stepped into, and from the return
+    // into the trampoline on its return half and the rest of the function; for ftrace the blr,
+    // the two site words and the trampoline's entry.
     let shape = match target {
-        Target::Kprobe(Method::Detour) | Target::Kretprobe(Method::Detour) => in_slots > 0,
+        Target::Kprobe(Method::Detour) | Target::Kretprobe(Method::Detour) => in_slots > 0 && returning > 0,
         Target::Kprobe(_) | Target::Kretprobe(_) => points >= 2,
         Target::Ftrace => points == 4,
     };
     defmt::info!(
-        "race {=str}: {=usize} interleavings ({=usize} stepped points, {=usize} in the trampoline, + the handler; planned {=usize}), after up to point {=?}, before from point {=?} (design: before from {=usize}), {=usize} wrong, {=usize} not waited for",
+        "race {=str}: {=usize} interleavings ({=usize} stepped points, {=usize} in the trampoline, {=usize} after the handler returned, + the handler; planned {=usize}), after up to point {=?}, before from point {=?} (design: before from {=usize}), {=usize} wrong, {=usize} not waited for",
         name,
         sweep.checked,
         points,
         in_slots,
+        returning,
         sweep.planned,
         sweep.last_after,
         sweep.first_before,
@@ -577,6 +642,17 @@ pub fn race_unregister_without_grace_period_is_caught(context: &Context) -> Outc
         check_eq!(wrong as u64, Finding::WrongBehaviour as u64);
         check_eq!(race_unregister(Target::Kprobe(method), unregister_name(method)) as u64, Finding::Correct as u64);
     }
+    // A kretprobe whose detour entry probe is freed without the grace period: the held CPU
+    // faults in the poison, also after its entry handler hijacked the return (the return half);
+    // the abandoned instance is dropped at the landing, so nothing is left outstanding.
+    let name = "kretprobe (detour entry) unregister without grace period (b)";
+    kprobes::kprobe::set_wrong_order(WrongOrder::NoGracePeriod);
+    let wrong = race_unregister(Target::Kretprobe(Method::Detour), name);
+    kprobes::kprobe::set_wrong_order(WrongOrder::None);
+    check_eq!(wrong as u64, Finding::WrongBehaviour as u64);
+    check_eq!(outstanding_returns_elsewhere(), 0);
+    let name = kretprobe_name(Method::Detour);
+    check_eq!(race_unregister(Target::Kretprobe(Method::Detour), name) as u64, Finding::Correct as u64);
     // ftrace: the tracers here are statics, so nothing is poisoned; the unregistration returning
     // while a CPU is still inside the tracer is what shows.
     if ftrace::site_state(race_traced as *const () as u64).is_some() {
@@ -587,6 +663,20 @@ pub fn race_unregister_without_grace_period_is_caught(context: &Context) -> Outc
         check_eq!(race_unregister(Target::Ftrace, "ftrace unregister (b)") as u64, Finding::Correct as u64);
     }
     Ok(Verdict::Passed)
+}
+
+fn outstanding_returns(_: u64) -> u64 {
+    kretprobe::outstanding() as u64
+}
+
+/// Hijacked returns outstanding in the other CPUs' cross-call contexts (where the executors
+/// ran), summed.
+fn outstanding_returns_elsewhere() -> u64 {
+    let this = percpu::this_cpu_index();
+    (0..crate::task::cpus::online())
+        .filter(|&cpu| cpu != this)
+        .map(|cpu| cross_call::run_on(cpu, outstanding_returns, 0).unwrap_or(u64::MAX))
+        .fold(0, u64::saturating_add)
 }
 
 /// A `BRK #0x004` trap whose probe is no longer published (it was unpublished between the BRK

@@ -1,0 +1,356 @@
+//! Patch races for uprobes, direction (b): one EL0 executor (`uprobe.rs`'s, driven through its
+//! gate) is stepped instruction by instruction with hardware single-step from EL0 (MDSCR_EL1.SS,
+//! SPSR.SS; KDE stays clear, so EL1 code is never stepped) from the gate's return through the
+//! call of the probed user function, its BRK or B, the XOL slot or detour trampoline, and back to
+//! the executor's loop; one more point holds it inside the probe's handler. At each point it is
+//! held (in the step exception, IRQs masked) while the test's CPU runs the whole
+//! `uprobe::unregister` (restore, unpublish, grace period, slot and trampoline poisoned). The
+//! unregistration must return only after the executor resumed, and the call must be the hit
+//! ("before") or the restored instruction ("after"). The step exceptions reach this file through
+//! `uprobe::set_foreign_step_hook` (a step that no uprobe armed). See docs/design/races.md.
+
+use super::uprobe::{
+    EXECUTORS, MAILBOXES, NONE, TARGET_HITS, ended, executor_entry, race_user_after_gate, race_user_run,
+    race_user_target, start_executor, start_executors, stop_executors, user_address, with_gate,
+};
+use super::{Behaviour, Execution, Finding, HIT, NOT_HIT, needs_cpus};
+use crate::arch::counters::virtual_count;
+use crate::arch::exception::ExceptionFrame;
+use crate::arch::step::{MDSCR_SS, SPSR_SS, set_mdscr};
+use crate::arch::{cpu, percpu};
+use crate::probes::uprobe::{self as uprobes, WrongRemoval};
+use crate::probes::{Method, Registers};
+use crate::task::TaskId;
+use crate::task::user::USER_XOL;
+use crate::tests::{Context, Outcome, Verdict, check_eq};
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+const NO_POINT: usize = usize::MAX;
+/// How long the held executor stays held after the unpublish (counter time).
+const HOLD_MS: u64 = 1;
+
+/// The stepped CPU (index + 1, 0: none), the points it passed in this call, where it is held.
+static STEPPED_CPU: AtomicUsize = AtomicUsize::new(0);
+static POINTS: AtomicUsize = AtomicUsize::new(0);
+static POINTS_IN_XOL: AtomicUsize = AtomicUsize::new(0);
+/// The point at which the executor was about to run the probed word.
+static PROBED_POINT: AtomicUsize = AtomicUsize::new(NO_POINT);
+static HOLD_AT: AtomicUsize = AtomicUsize::new(NO_POINT);
+static HOLD_IN_HANDLER: AtomicBool = AtomicBool::new(false);
+static EXECUTOR: AtomicUsize = AtomicUsize::new(NONE);
+static HELD: AtomicBool = AtomicBool::new(false);
+static UNPUBLISHED_SEEN: AtomicBool = AtomicBool::new(false);
+static RESUMED_AT: AtomicU64 = AtomicU64::new(0);
+
+fn target() -> u64 {
+    user_address(&raw const race_user_target)
+}
+
+/// The gate hands this CPU's executor a stepped call (EL1, IRQs masked).
+pub(super) fn start_stepping_here() {
+    POINTS.store(0, Ordering::Relaxed);
+    POINTS_IN_XOL.store(0, Ordering::Relaxed);
+    PROBED_POINT.store(NO_POINT, Ordering::Relaxed);
+    STEPPED_CPU.store(percpu::this_cpu_index() + 1, Ordering::Relaxed);
+    set_mdscr(MDSCR_SS, true);
+}
+
+/// The executor reported its call: stepping is over (a uprobe's own step may have ended it).
+pub(super) fn stop_stepping_here() {
+    if STEPPED_CPU.load(Ordering::Relaxed) == percpu::this_cpu_index() + 1 {
+        STEPPED_CPU.store(0, Ordering::Relaxed);
+        set_mdscr(MDSCR_SS, false);
+    }
+}
+
+/// From the gate's return to the call, the probed function, and the XOL page.
+fn stepped_region(pc: u64) -> bool {
+    let after_gate = user_address(&raw const race_user_after_gate);
+    let run = user_address(&raw const race_user_run);
+    (after_gate..run + 8).contains(&pc)
+        || (target()..target() + 12).contains(&pc)
+        || (USER_XOL..USER_XOL + 4096).contains(&pc)
+}
+
+/// Holds this CPU until the uprobe is unpublished, then `HOLD_MS` more.
+fn hold() {
+    HELD.store(true, Ordering::Release);
+    cpu::send_event();
+    let unpublished = cpu::wait_until(100, || uprobes::counts(target()).is_none());
+    UNPUBLISHED_SEEN.store(unpublished, Ordering::Relaxed);
+    cpu::wait_until(HOLD_MS, || false);
+    RESUMED_AT.store(virtual_count(), Ordering::Release);
+}
+
+/// A software-step exception from EL0 that no uprobe armed: one more point of the stepped call.
+#[unsafe(link_section = ".text.noprobe")]
+fn on_step(frame: &mut ExceptionFrame) -> bool {
+    if STEPPED_CPU.load(Ordering::Relaxed) != percpu::this_cpu_index() + 1 {
+        return false;
+    }
+    let point = POINTS.load(Ordering::Relaxed);
+    POINTS.store(point + 1, Ordering::Relaxed);
+    if (USER_XOL..USER_XOL + 4096).contains(&frame.elr) {
+        POINTS_IN_XOL.store(POINTS_IN_XOL.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+    if frame.elr == target() && PROBED_POINT.load(Ordering::Relaxed) == NO_POINT {
+        PROBED_POINT.store(point, Ordering::Relaxed);
+    }
+    if point == HOLD_AT.load(Ordering::Relaxed) {
+        hold();
+    }
+    if stepped_region(frame.elr) {
+        frame.spsr |= SPSR_SS;
+    } else {
+        frame.spsr &= !SPSR_SS;
+        STEPPED_CPU.store(0, Ordering::Relaxed);
+        set_mdscr(MDSCR_SS, false);
+    }
+    true
+}
+
+/// The race uprobe's handler under (b): counts, and holds the executor when told.
+fn count_and_hold(_: &mut Registers) {
+    let cpu = percpu::this_cpu_index();
+    TARGET_HITS[cpu].fetch_add(1, Ordering::Relaxed);
+    if cpu == EXECUTOR.load(Ordering::Relaxed) && HOLD_IN_HANDLER.load(Ordering::Relaxed) {
+        hold();
+    }
+}
+
+/// The executor for this point (IRQs masked by the caller, so the test stays on this CPU): the
+/// next CPU after this one that has an executor (the test task may have moved since the
+/// executors were started).
+fn choose_executor() -> usize {
+    let this = percpu::this_cpu_index();
+    let online = crate::task::cpus::online();
+    let executor = (1..online)
+        .map(|step| (this + step) % online)
+        .find(|&cpu| EXECUTORS[cpu].load(Ordering::Relaxed) != NONE)
+        .unwrap_or(NONE);
+    EXECUTOR.store(executor, Ordering::Relaxed);
+    executor
+}
+
+/// Posts a stepped call with `argument` to `cpu`'s executor; the sequence number it will serve.
+fn post_stepped(cpu: usize, argument: u64) -> u64 {
+    let mailbox = &MAILBOXES[cpu];
+    mailbox.stepped.store(true, Ordering::Relaxed);
+    mailbox.argument.store(argument, Ordering::Relaxed);
+    let sequence = mailbox.posted.load(Ordering::Relaxed) + 1;
+    mailbox.posted.store(sequence, Ordering::Release);
+    cpu::send_event();
+    sequence
+}
+
+/// Waits for the call `sequence` on `cpu`: what it did, or `None` (it did not finish).
+fn finished(cpu: usize, sequence: u64) -> Option<Execution> {
+    let id = TaskId(EXECUTORS[cpu].load(Ordering::Relaxed));
+    let mailbox = &MAILBOXES[cpu];
+    let served = || mailbox.served.load(Ordering::Acquire) == sequence;
+    cpu::wait_until(100, || served() || ended(id));
+    if served() {
+        mailbox.stepped.store(false, Ordering::Relaxed);
+        return Some(Execution {
+            result: mailbox.result.load(Ordering::Relaxed),
+            hits: mailbox.hits.load(Ordering::Relaxed),
+            depth: 0,
+            fault: 0,
+        });
+    }
+    if ended(id) {
+        let esr = crate::task::user::fault(id).map_or(0, |fault| fault.esr);
+        // A new executor for the next point.
+        start_executor(cpu, executor_entry());
+        return Some(Execution { result: 0, hits: 0, depth: 0, fault: esr | 1 << 63 });
+    }
+    None
+}
+
+/// What one (b) sweep saw.
+#[derive(Default)]
+struct Sweep {
+    checked: usize,
+    wrong: usize,
+    not_waited: usize,
+    lost: usize,
+    last_after: Option<usize>,
+    first_before: Option<usize>,
+    after_after_before: bool,
+}
+
+fn result(argument: u64) -> u64 {
+    argument + 5
+}
+
+/// One point: the uprobe registered, the executor held at `point` (or in the handler), this CPU
+/// unregisters; then the wait and the execution are checked.
+fn check_point(sweep: &mut Sweep, name: &str, method: Method, point: usize, in_handler: bool) {
+    let executor = choose_executor();
+    if uprobes::register(target(), method, count_and_hold, None).is_err() {
+        sweep.lost += 1;
+        return;
+    }
+    HELD.store(false, Ordering::Relaxed);
+    UNPUBLISHED_SEEN.store(false, Ordering::Relaxed);
+    HOLD_AT.store(if in_handler { NO_POINT } else { point }, Ordering::Relaxed);
+    HOLD_IN_HANDLER.store(in_handler, Ordering::Relaxed);
+    let argument = 3000 + point as u64;
+    let sequence = post_stepped(executor, argument);
+    let held = cpu::wait_until(100, || HELD.load(Ordering::Acquire));
+    let unregistered = uprobes::unregister(target()).is_ok();
+    let returned = virtual_count();
+    let execution = finished(executor, sequence);
+    HOLD_AT.store(NO_POINT, Ordering::Relaxed);
+    HOLD_IN_HANDLER.store(false, Ordering::Relaxed);
+    let Some(execution) = execution.filter(|_| held && unregistered && UNPUBLISHED_SEEN.load(Ordering::Relaxed)) else {
+        sweep.lost += 1;
+        defmt::error!(
+            "  race {=str}: point {=usize}, cpu {=usize}: held {=bool}, unregistered {=bool}, call finished {=bool}",
+            name,
+            point,
+            executor,
+            held,
+            unregistered,
+            execution.is_some()
+        );
+        return;
+    };
+    sweep.checked += 1;
+    if returned <= RESUMED_AT.load(Ordering::Acquire) {
+        sweep.not_waited += 1;
+    }
+    let expected = result(argument);
+    let before: Behaviour = HIT;
+    if before.matches(&execution, expected) {
+        sweep.first_before.get_or_insert(point);
+    } else if NOT_HIT.matches(&execution, expected) {
+        sweep.last_after = Some(point);
+        sweep.after_after_before |= sweep.first_before.is_some();
+    } else {
+        sweep.wrong += 1;
+        if sweep.wrong <= 3 {
+            defmt::warn!(
+                "  race {=str}: point {=usize}, cpu {=usize}: neither before nor after: result {=u64:#x} (expected {=u64:#x}), hits {=u64}, fault esr {=u64:#x}",
+                name,
+                point,
+                executor,
+                execution.result,
+                expected,
+                execution.hits,
+                execution.fault & !(1 << 63)
+            );
+        }
+    }
+}
+
+/// Direction (b) for one uprobe method: a dry stepped call counts the points, then each point
+/// and the handler are checked once. "after" (the restored word, no hit) while the executor had
+/// not yet run the probed word; "before" (one hit) from the point after it.
+fn race_unregister(method: Method, name: &'static str) -> Finding {
+    let masked = cpu::mask_interrupts();
+    let executor = choose_executor();
+    HOLD_AT.store(NO_POINT, Ordering::Relaxed);
+    HOLD_IN_HANDLER.store(false, Ordering::Relaxed);
+    if uprobes::register(target(), method, count_and_hold, None).is_err() {
+        return Finding::Coverage;
+    }
+    let sequence = post_stepped(executor, 2999);
+    let dry = finished(executor, sequence);
+    cpu::restore_interrupts(masked);
+    let points = POINTS.load(Ordering::Relaxed);
+    let in_xol = POINTS_IN_XOL.load(Ordering::Relaxed);
+    let probed = PROBED_POINT.load(Ordering::Relaxed);
+    if uprobes::unregister(target()).is_err() || !dry.is_some_and(|dry| HIT.matches(&dry, result(2999))) {
+        return Finding::Coverage;
+    }
+    let mut sweep = Sweep::default();
+    for point in 0..=points {
+        let masked = cpu::mask_interrupts();
+        check_point(&mut sweep, name, method, point, point == points);
+        cpu::restore_interrupts(masked);
+    }
+    // A hit begins at the BRK, or at the detour trampoline's SVC (one point after the B).
+    let switch_at = probed.saturating_add(if method == Method::Detour { 2 } else { 1 });
+    defmt::info!(
+        "race {=str}: {=usize} interleavings ({=usize} stepped points, {=usize} in the XOL page, + the handler; planned {=usize}), after up to point {=?}, before from point {=?} (design: before from {=usize}), {=usize} wrong, {=usize} not waited for",
+        name,
+        sweep.checked,
+        points,
+        in_xol,
+        points + 1,
+        sweep.last_after,
+        sweep.first_before,
+        switch_at,
+        sweep.wrong,
+        sweep.not_waited
+    );
+    if sweep.checked != points + 1 || sweep.lost != 0 || probed == NO_POINT {
+        Finding::Coverage
+    } else if sweep.wrong != 0 {
+        Finding::WrongBehaviour
+    } else if sweep.not_waited != 0 {
+        Finding::NotWaited
+    } else if sweep.after_after_before
+        || sweep.last_after != Some(switch_at - 1)
+        || sweep.first_before != Some(switch_at)
+    {
+        Finding::SwitchedElsewhere
+    } else {
+        Finding::Correct
+    }
+}
+
+fn name(method: Method, wrong: bool) -> &'static str {
+    match (method, wrong) {
+        (Method::SingleStep, false) => "uprobe single-step unregister (b)",
+        (Method::BrkStep, false) => "uprobe brk-step unregister (b)",
+        (Method::Simulate, false) => "uprobe simulate unregister (b)",
+        (Method::Detour, false) => "uprobe detour unregister (b)",
+        (Method::SingleStep, true) => "uprobe single-step unregister, poisoned before restore (b)",
+        (Method::BrkStep, true) => "uprobe brk-step unregister, poisoned before restore (b)",
+        (Method::Simulate, true) => "uprobe simulate unregister, poisoned before restore (b)",
+        (Method::Detour, true) => "uprobe detour unregister, poisoned before restore (b)",
+    }
+}
+
+/// Every uprobe method's unregistration against an EL0 task held at each point of a hit: the
+/// unregistration returns only after the task resumed, and each call is a hit (held past the
+/// probed word) or the restored instruction (held before it). The wrong removal (the slot and
+/// trampoline poisoned before the word is restored) is caught for the methods that run them.
+pub(super) fn race_uprobe_unregister_waits(context: &Context) -> Outcome {
+    if let Some(skip) = needs_cpus() {
+        return Ok(skip);
+    }
+    if !context.icount {
+        return Ok(Verdict::Skipped("needs -icount (holds a CPU against 100 ms wall-clock limits)"));
+    }
+    with_gate(|| {
+        uprobes::set_foreign_step_hook(Some(on_step));
+        start_executors();
+        let mut findings = [Finding::Correct; 7];
+        for (index, method) in Method::ALL.into_iter().enumerate() {
+            findings[index] = race_unregister(method, name(method, false));
+        }
+        uprobes::set_wrong_removal(WrongRemoval::PoisonBeforeRestore);
+        for (index, method) in [Method::Detour, Method::SingleStep, Method::BrkStep].into_iter().enumerate() {
+            findings[4 + index] = race_unregister(method, name(method, true));
+        }
+        uprobes::set_wrong_removal(WrongRemoval::NoGracePeriod);
+        // Simulate uses no slot: without the grace period nothing faults, and the unregistration
+        // returning while the executor is held is what shows.
+        let no_grace = race_unregister(Method::Simulate, "uprobe simulate unregister without grace period (b)");
+        uprobes::set_wrong_removal(WrongRemoval::None);
+        let exited = stop_executors();
+        uprobes::set_foreign_step_hook(None);
+        for finding in &findings[..4] {
+            check_eq!(*finding as u64, Finding::Correct as u64);
+        }
+        for finding in &findings[4..] {
+            check_eq!(*finding as u64, Finding::WrongBehaviour as u64);
+        }
+        check_eq!(no_grace as u64, Finding::NotWaited as u64);
+        check_eq!(exited, true);
+        Ok(Verdict::Passed)
+    })
+}
