@@ -29,7 +29,7 @@
 //! Everything on the hit path runs in the EL0 exception handler with IRQs masked. Records are
 //! published lock-free (`cells::Records`, one pointer per index), so a hit takes no lock.
 
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use super::cells::Records;
 use super::frame::{FrameRegisters, registers};
