@@ -70,6 +70,23 @@ const TABLE_SIZE: usize = 256;
 static TABLE: [AtomicPtr<Probe>; TABLE_SIZE] = [const { AtomicPtr::new(core::ptr::null_mut()) }; TABLE_SIZE];
 const TOMBSTONE: *mut Probe = core::ptr::dangling_mut::<Probe>();
 
+/// The probe being unregistered between its unpublish and the end of the hold that restores
+/// its word: lookups no longer find it, but a CPU that fetched its BRK before the restore may
+/// still take it and must perform it (`retiring`). Written under [`REGISTRY`].
+static RETIRING: AtomicPtr<Probe> = AtomicPtr::new(core::ptr::null_mut());
+
+/// The probe at `address` if it is being unregistered and its word may still hold its BRK.
+#[inline(always)]
+pub(super) fn retiring(address: u64) -> Option<&'static Probe> {
+    // SAFETY: non-null only while it names a live record (cleared before the record is freed).
+    let probe = unsafe { RETIRING.load(Ordering::Acquire).as_ref() }?;
+    (probe.address == address).then_some(probe)
+}
+
+fn record_pointer_of(probe: &Probe) -> *mut Probe {
+    probe as *const Probe as *mut Probe
+}
+
 /// Registration state: which records and slot chunks are taken.
 struct Registry {
     records_used: u64,
@@ -89,6 +106,8 @@ pub enum WrongOrder {
     TrampolineClearedFirst = 2,
     /// Unregister: the slot or trampoline freed (poisoned) without waiting for the grace period.
     NoGracePeriod = 3,
+    /// Register and unregister: the probed word written while the other CPUs run (not held).
+    Unheld = 4,
 }
 
 static WRONG_ORDER: AtomicU8 = AtomicU8::new(WrongOrder::None as u8);
@@ -206,9 +225,7 @@ pub fn register(address: u64, method: Method, pre: Handler, post: Option<Handler
         _ => encode_brk(BRK_KPROBE).word(),
     };
     if !early_branch {
-        // SAFETY: address is kernel text; BRK and B may replace any instruction while it runs
-        // (ARM ARM B2.2.5 concurrent modification: B, BL, BRK, NOP, ...).
-        unsafe { patch::write_instruction(address, patched) };
+        write_probed_word(address, patched);
     }
     Ok(())
 }
@@ -234,10 +251,11 @@ pub fn unregister(address: u64) -> Result<(), ProbeError> {
     if clear_first && let Some(chunk) = chunk {
         slots::clear(slots::chunk_address(chunk));
     }
-    // SAFETY: address is the probed kernel text word; restoring the original is a BRK/B -> insn
-    // change the architecture allows concurrently with execution.
-    unsafe { patch::write_instruction(address, original) };
+    RETIRING.store(record_pointer_of(probe), Ordering::Release);
     unpublish(address);
+    write_probed_word(address, original);
+    // Every other CPU took the hold's SGI after the restore: none can take this BRK any more.
+    RETIRING.store(core::ptr::null_mut(), Ordering::Release);
     // The record and chunk stay taken (their bits set) until the grace period has elapsed.
     drop(registry);
     if !wrong_order(WrongOrder::NoGracePeriod) {
@@ -251,6 +269,25 @@ pub fn unregister(address: u64) -> Result<(), ProbeError> {
         release(&mut registry, record, chunk);
     }
     Ok(())
+}
+
+/// Arms (BRK or B) or disarms (the original) the probed word at kernel text `address` with every
+/// other CPU held (`task::cpus::with_others_held`): an arbitrary instruction <-> BRK or B is not
+/// a change ARM ARM B2.2.5 allows concurrently with execution, and a CPU that executed or
+/// fetched the old word meanwhile could keep running it after a later grace period (seen as a
+/// stale translated block under multi-threaded TCG: docs/design/smp.md).
+fn write_probed_word(address: u64, word: u32) {
+    if wrong_order(WrongOrder::Unheld) {
+        // SAFETY: address is a probed kernel text word (4-aligned, checked at registration);
+        // deliberately written while the other CPUs run (a test-only switch).
+        unsafe { patch::write_instruction(address, word) };
+        return;
+    }
+    crate::task::cpus::with_others_held(|| {
+        // SAFETY: address is a probed kernel text word (4-aligned, checked at registration), and
+        // no other CPU runs meanwhile.
+        unsafe { patch::write_instruction(address, word) }
+    });
 }
 
 fn release(registry: &mut Registry, record: usize, chunk: Option<usize>) {
