@@ -139,14 +139,18 @@ fn hit(frame: &mut ExceptionFrame, probe: &Probe) -> bool {
 }
 
 /// A BRK whose probe is not published: the probe being unregistered, whose word is not
-/// restored yet (a normal hit: its record and slot live until after the grace period); else
-/// `brk_removed`.
+/// restored yet: its instruction is performed without its handlers, a missed hit (its record
+/// and slot live until after the grace period); else `brk_removed`.
 #[unsafe(link_section = ".text.noprobe")]
 #[cold]
 #[inline(never)]
 fn brk_unpublished(frame: &mut ExceptionFrame) -> bool {
     if let Some(probe) = retiring(frame.elr) {
-        return hit(frame, probe);
+        let cpu = control();
+        return match cpu.status.load(Ordering::Relaxed) {
+            IDLE => perform_missed(frame, probe, cpu, core::ptr::null_mut()),
+            _ => reenter(frame, probe, cpu),
+        };
     }
     brk_removed(frame.elr)
 }
@@ -223,6 +227,17 @@ fn reenter(frame: &mut ExceptionFrame, probe: &Probe, cpu: &ProbeControl) -> boo
     if status != ACTIVE {
         unrecoverable(probe, status, current, cpu.previous.load(Ordering::Relaxed));
     }
+    perform_missed(frame, probe, cpu, current)
+}
+
+/// Performs `probe`'s instruction without its handlers and counts a missed hit, on behalf of
+/// `interrupted` (the probe whose handler this CPU runs, status ACTIVE; or null: none, status
+/// IDLE), whose state is put back afterwards (here, or when the slot's step ends).
+#[unsafe(link_section = ".text.noprobe")]
+#[inline(never)]
+#[cold]
+fn perform_missed(frame: &mut ExceptionFrame, probe: &Probe, cpu: &ProbeControl, interrupted: *mut ()) -> bool {
+    let current = interrupted;
     probe.missed.fetch_add(1, Ordering::Relaxed);
     cpu.previous.store(current, Ordering::Relaxed);
     cpu.current.store(as_pointer(probe), Ordering::Relaxed);
@@ -240,9 +255,16 @@ fn reenter(frame: &mut ExceptionFrame, probe: &Probe, cpu: &ProbeControl) -> boo
     };
     if performed {
         cpu.current.store(current, Ordering::Relaxed);
-        cpu.status.store(ACTIVE, Ordering::Relaxed);
+        cpu.status.store(status_of(current), Ordering::Relaxed);
     }
     performed
+}
+
+/// The status to go back to after a missed hit performed on behalf of `interrupted`.
+#[unsafe(link_section = ".text.noprobe")]
+#[inline(always)]
+fn status_of(interrupted: *mut ()) -> u32 {
+    if interrupted.is_null() { IDLE } else { ACTIVE }
 }
 
 /// A probe hit while a slot is stepped or while a re-entered probe is performed.
@@ -354,9 +376,10 @@ fn finish_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
     frame.spsr = (frame.spsr & !restored) | (saved & restored);
     frame.elr = probe.address + 4;
     if status == REENTERED_STEPPING {
-        // Back to the handling the re-entered hit interrupted.
-        cpu.current.store(cpu.previous.load(Ordering::Relaxed), Ordering::Relaxed);
-        cpu.status.store(ACTIVE, Ordering::Relaxed);
+        // Back to the handling the missed hit interrupted (none: a retiring probe's hit).
+        let previous = cpu.previous.load(Ordering::Relaxed);
+        cpu.current.store(previous, Ordering::Relaxed);
+        cpu.status.store(status_of(previous), Ordering::Relaxed);
         return true;
     }
     if let Some(post) = probe.post {

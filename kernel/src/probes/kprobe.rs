@@ -104,7 +104,8 @@ pub enum WrongOrder {
     BranchBeforeTrampoline = 1,
     /// Unregister: the trampoline cleared before the original instruction is back.
     TrampolineClearedFirst = 2,
-    /// Unregister: the slot or trampoline freed (poisoned) without waiting for the grace period.
+    /// Unregister: the slot or trampoline freed (poisoned) without waiting for the CPUs inside
+    /// the probe (no hold while the word is restored, no grace period).
     NoGracePeriod = 3,
     /// Register and unregister: the probed word written while the other CPUs run (not held).
     Unheld = 4,
@@ -253,12 +254,19 @@ pub fn unregister(address: u64) -> Result<(), ProbeError> {
     }
     RETIRING.store(record_pointer_of(probe), Ordering::Release);
     unpublish(address);
-    write_probed_word(address, original);
+    let no_grace_period = wrong_order(WrongOrder::NoGracePeriod);
+    if no_grace_period {
+        // SAFETY: as in `write_probed_word` (deliberately not holding the other CPUs either:
+        // nothing waits for a CPU inside the probe; a test-only switch).
+        unsafe { patch::write_instruction(address, original) };
+    } else {
+        write_probed_word(address, original);
+    }
     // Every other CPU took the hold's SGI after the restore: none can take this BRK any more.
     RETIRING.store(core::ptr::null_mut(), Ordering::Release);
     // The record and chunk stay taken (their bits set) until the grace period has elapsed.
     drop(registry);
-    if !wrong_order(WrongOrder::NoGracePeriod) {
+    if !no_grace_period {
         crate::task::cpus::synchronize();
     }
     let mut registry = REGISTRY.lock();
