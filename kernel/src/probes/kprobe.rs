@@ -232,21 +232,25 @@ pub fn register(address: u64, method: Method, pre: Handler, post: Option<Handler
 }
 
 /// Unregisters the probe at `address`, restoring the original instruction, and returns once no
-/// CPU can still be inside its handler, XOL slot or detour trampoline: the word is restored and
-/// the probe unpublished under the registry lock; the lock is dropped for the grace period
-/// (`task::cpus::synchronize`: a CPU spinning on the lock would never pass a quiescent point);
-/// then the slot or trampoline is poisoned (refilled with `BRK #0x006`, which no CPU that is not
-/// stepping that slot may execute: a late executor faults) and the record and chunk are freed.
-/// Hits run with IRQs masked from the BRK to the end of the slot, so a CPU that passed a
-/// quiescent point after the unpublish is done with the probe. Detour hits run with the IRQs of
-/// the probed code: see docs/design/races.md for what that leaves uncovered. Call it with no
-/// lock held that another CPU may spin on with IRQs masked.
+/// CPU can still be inside its handler, XOL slot or detour trampoline: under the registry lock
+/// the probe is unpublished (kept as `RETIRING`) and the word restored with every other CPU held
+/// (`write_probed_word`); BRK hits run with IRQs masked from the BRK to the end of the slot, so
+/// once every other CPU took the hold's SGI none is inside such a probe. A detour's hits run
+/// with the IRQs of the probed code, so for a detour the lock is dropped for a grace period
+/// (`task::cpus::synchronize`: a CPU spinning on the lock would never pass a quiescent point).
+/// Then the slot or trampoline is poisoned (refilled with `BRK #0x006`, which no CPU that is
+/// not stepping that slot may execute: a late executor faults) and the record and chunk are
+/// freed. Call it with no lock held that another CPU may spin on with IRQs masked.
 pub fn unregister(address: u64) -> Result<(), ProbeError> {
     let registry = REGISTRY.lock();
     let Some(probe) = lookup(address) else {
         return Err(ProbeError::NotRegistered);
     };
     let (original, chunk) = (probe.original, probe.chunk);
+    // BRK methods run their handlers and slots with IRQs masked, so the hold that restores the
+    // word (every other CPU takes its SGI) is their grace period; a detour's trampoline and
+    // handler run with the probed code's IRQs, so detours wait for quiescent points too.
+    let detour = matches!(probe.action, Action::Detour { .. });
     let record = (0..MAX_PROBES).find(|&record| core::ptr::eq(record_pointer(record), probe));
     let clear_first = wrong_order(WrongOrder::TrampolineClearedFirst);
     if clear_first && let Some(chunk) = chunk {
@@ -266,7 +270,7 @@ pub fn unregister(address: u64) -> Result<(), ProbeError> {
     RETIRING.store(core::ptr::null_mut(), Ordering::Release);
     // The record and chunk stay taken (their bits set) until the grace period has elapsed.
     drop(registry);
-    if !no_grace_period {
+    if !no_grace_period && detour {
         crate::task::cpus::synchronize();
     }
     let mut registry = REGISTRY.lock();
