@@ -13,7 +13,7 @@ use core::sync::atomic::{AtomicBool, Ordering};
 
 use super::Registers;
 use super::frame::{FrameRegisters, registers};
-use super::kprobe::{Action, Probe, lookup};
+use super::kprobe::{Action, Probe, lookup, retiring};
 use crate::arch::exception::{BRK_KPROBE, ExceptionFrame};
 use crate::arch::percpu::{ProbeControl, this_cpu};
 use crate::arch::step::{self, MDSCR_KDE, MDSCR_SS, SPSR_BTYPE, SPSR_D, SPSR_DAIF, SPSR_F, SPSR_I, SPSR_SS};
@@ -121,8 +121,15 @@ fn set_mdscr(bits: u64, on: bool) {
 #[unsafe(link_section = ".text.noprobe")]
 pub fn on_brk(frame: &mut ExceptionFrame) -> bool {
     let Some(probe) = lookup(frame.elr) else {
-        return brk_removed(frame.elr);
+        return brk_unpublished(frame);
     };
+    hit(frame, probe)
+}
+
+/// A hit of `probe`, fresh or re-entered.
+#[unsafe(link_section = ".text.noprobe")]
+#[inline(always)]
+fn hit(frame: &mut ExceptionFrame, probe: &Probe) -> bool {
     let cpu = control();
     // The one re-entry check on the hot path: a per-CPU load and a branch.
     if cpu.status.load(Ordering::Relaxed) != IDLE {
@@ -131,9 +138,27 @@ pub fn on_brk(frame: &mut ExceptionFrame) -> bool {
     handle(frame, probe, cpu)
 }
 
-/// A BRK taken before its probe's unregistration restored the word, looked up after it
-/// unpublished the probe: the instruction is back, so the CPU resumes at it (true). False for a
-/// `BRK #0x004` nobody registered.
+/// A BRK whose probe is not published: the probe being unregistered, whose word is not
+/// restored yet: its instruction is performed without its handlers, a missed hit (its record
+/// and slot live until after the grace period); else `brk_removed`.
+#[unsafe(link_section = ".text.noprobe")]
+#[cold]
+#[inline(never)]
+fn brk_unpublished(frame: &mut ExceptionFrame) -> bool {
+    if let Some(probe) = retiring(frame.elr) {
+        let cpu = control();
+        return match cpu.status.load(Ordering::Relaxed) {
+            IDLE => perform_missed(frame, probe, cpu, core::ptr::null_mut()),
+            _ => reenter(frame, probe, cpu),
+        };
+    }
+    brk_removed(frame.elr)
+}
+
+/// A BRK whose probe is gone and whose word no longer holds it: the instruction is back, so the
+/// CPU resumes at it (true). False for a `BRK #0x004` nobody registered. (Unregistration holds
+/// the other CPUs while it restores the word, so no CPU should come here; kept as Linux's
+/// kprobes keep it.)
 #[unsafe(link_section = ".text.noprobe")]
 #[cold]
 fn brk_removed(address: u64) -> bool {
@@ -202,6 +227,17 @@ fn reenter(frame: &mut ExceptionFrame, probe: &Probe, cpu: &ProbeControl) -> boo
     if status != ACTIVE {
         unrecoverable(probe, status, current, cpu.previous.load(Ordering::Relaxed));
     }
+    perform_missed(frame, probe, cpu, current)
+}
+
+/// Performs `probe`'s instruction without its handlers and counts a missed hit, on behalf of
+/// `interrupted` (the probe whose handler this CPU runs, status ACTIVE; or null: none, status
+/// IDLE), whose state is put back afterwards (here, or when the slot's step ends).
+#[unsafe(link_section = ".text.noprobe")]
+#[inline(never)]
+#[cold]
+fn perform_missed(frame: &mut ExceptionFrame, probe: &Probe, cpu: &ProbeControl, interrupted: *mut ()) -> bool {
+    let current = interrupted;
     probe.missed.fetch_add(1, Ordering::Relaxed);
     cpu.previous.store(current, Ordering::Relaxed);
     cpu.current.store(as_pointer(probe), Ordering::Relaxed);
@@ -219,9 +255,16 @@ fn reenter(frame: &mut ExceptionFrame, probe: &Probe, cpu: &ProbeControl) -> boo
     };
     if performed {
         cpu.current.store(current, Ordering::Relaxed);
-        cpu.status.store(ACTIVE, Ordering::Relaxed);
+        cpu.status.store(status_of(current), Ordering::Relaxed);
     }
     performed
+}
+
+/// The status to go back to after a missed hit performed on behalf of `interrupted`.
+#[unsafe(link_section = ".text.noprobe")]
+#[inline(always)]
+fn status_of(interrupted: *mut ()) -> u32 {
+    if interrupted.is_null() { IDLE } else { ACTIVE }
 }
 
 /// A probe hit while a slot is stepped or while a re-entered probe is performed.
@@ -333,9 +376,10 @@ fn finish_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
     frame.spsr = (frame.spsr & !restored) | (saved & restored);
     frame.elr = probe.address + 4;
     if status == REENTERED_STEPPING {
-        // Back to the handling the re-entered hit interrupted.
-        cpu.current.store(cpu.previous.load(Ordering::Relaxed), Ordering::Relaxed);
-        cpu.status.store(ACTIVE, Ordering::Relaxed);
+        // Back to the handling the missed hit interrupted (none: a retiring probe's hit).
+        let previous = cpu.previous.load(Ordering::Relaxed);
+        cpu.current.store(previous, Ordering::Relaxed);
+        cpu.status.store(status_of(previous), Ordering::Relaxed);
         return true;
     }
     if let Some(post) = probe.post {
@@ -356,19 +400,90 @@ fn finish_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
 pub fn must_not_preempt(pc: u64) -> bool {
     pc.wrapping_sub(super::slots::chunk_address(0)) < super::slots::AREA_SIZE
         || control().status.load(Ordering::Relaxed) != IDLE
+        || pc.wrapping_sub(detour_entry_address()) < DETOUR_ENTRY_BYTES
 }
 
-/// Called by a detour trampoline with the probe and the registers it saved (x0..x30, the SP
-/// before the trampoline, pc = the probed address, pstate = NZCV only). Changes to x0..x30 and
-/// NZCV are restored into the context; changes to sp and pc are ignored. A re-entered hit is
-/// missed: the trampoline still performs the instruction.
+// Where detour trampolines call (`blr`, x0 = the probe, x1 = the saved registers): this CPU's
+// status is set ACTIVE (and `current` the probe) before any Rust code runs, and IDLE again only
+// after it returned, so a CPU interrupted anywhere between the trampoline's `blr` and its return
+// there is either in this stub (whose text `must_not_preempt` covers) or has a non-IDLE status:
+// it is never switched away, and no grace period ends while it will still return into the
+// trampoline. (A Rust function's prologue and epilogue run outside any status it sets, and
+// may call the kernel-hwaddress check thunks or out-of-line atomics there.) With the status
+// already not IDLE (a re-entered hit), `detour_reentered` runs instead. The stub's return
+// address waits in x20, which `detour_hit` preserves and the trampoline restores.
+core::arch::global_asm!(
+    r#"
+    .section .text.noprobe.detour_entry, "ax"
+    .balign 4
+    .global probe_detour_entry
+probe_detour_entry:
+    hint #34
+    mov x20, x30
+    mrs x9, tpidr_el1
+    ldr w10, [x9, #{status}]
+    cbnz w10, 1f
+    str x0, [x9, #{current}]
+    mov w10, #{active}
+    str w10, [x9, #{status}]
+    bl {hit}
+    mrs x9, tpidr_el1
+    str wzr, [x9, #{status}]
+    mov x30, x20
+    ret
+1:  bl {reentered}
+    mov x30, x20
+    ret
+probe_detour_entry_end:
+    .if probe_detour_entry_end - probe_detour_entry != {bytes}
+    .error "DETOUR_ENTRY_BYTES does not match probe_detour_entry"
+    .endif
+"#,
+    status = const PROBE_CONTROL + core::mem::offset_of!(ProbeControl, status),
+    current = const PROBE_CONTROL + core::mem::offset_of!(ProbeControl, current),
+    active = const ACTIVE,
+    hit = sym detour_hit,
+    reentered = sym detour_reentered,
+    bytes = const DETOUR_ENTRY_BYTES,
+);
+
+/// Where `ProbeControl` is in `PerCpu` (TPIDR_EL1 points at this CPU's).
+const PROBE_CONTROL: usize = core::mem::offset_of!(crate::arch::percpu::PerCpu, probe);
+/// The size of `probe_detour_entry` (16 instructions; the assembler checks it).
+const DETOUR_ENTRY_BYTES: u64 = 16 * 4;
+const _: () = assert!(IDLE == 0, "probe_detour_entry stores wzr for IDLE");
+
+unsafe extern "C" {
+    static probe_detour_entry: u32;
+}
+
+/// The detour entry stub's address (what trampolines call).
+#[inline(always)]
+pub fn detour_entry_address() -> u64 {
+    // SAFETY: only the address of the asm-defined label is taken.
+    unsafe { &probe_detour_entry as *const u32 as u64 }
+}
+
+/// Called by `probe_detour_entry`, this CPU's status ACTIVE and `current` the probe, with the
+/// probe and the registers the trampoline saved (x0..x30, the SP before the trampoline, pc = the
+/// probed address, pstate = NZCV only). Changes to x0..x30 and NZCV are restored into the
+/// context; changes to sp and pc are ignored.
 #[unsafe(link_section = ".text.noprobe")]
-pub extern "C" fn detour_entry(probe: &Probe, registers: &mut Registers) {
-    let cpu = control();
-    if cpu.status.load(Ordering::Relaxed) != IDLE && !REENTRY_UNHANDLED.load(Ordering::Relaxed) {
+extern "C" fn detour_hit(probe: &Probe, registers: &mut Registers) {
+    probe.hits.fetch_add(1, Ordering::Relaxed);
+    (probe.pre)(registers);
+}
+
+/// Called by `probe_detour_entry` when this CPU already handles a probe: the hit is missed (the
+/// trampoline still performs the instruction), or, with re-entry handling off (a test-only
+/// switch), handled as a fresh one.
+#[unsafe(link_section = ".text.noprobe")]
+extern "C" fn detour_reentered(probe: &Probe, registers: &mut Registers) {
+    if !REENTRY_UNHANDLED.load(Ordering::Relaxed) {
         probe.missed.fetch_add(1, Ordering::Relaxed);
         return;
     }
+    let cpu = control();
     cpu.current.store(as_pointer(probe), Ordering::Relaxed);
     cpu.status.store(ACTIVE, Ordering::Relaxed);
     probe.hits.fetch_add(1, Ordering::Relaxed);

@@ -70,6 +70,23 @@ const TABLE_SIZE: usize = 256;
 static TABLE: [AtomicPtr<Probe>; TABLE_SIZE] = [const { AtomicPtr::new(core::ptr::null_mut()) }; TABLE_SIZE];
 const TOMBSTONE: *mut Probe = core::ptr::dangling_mut::<Probe>();
 
+/// The probe being unregistered between its unpublish and the end of the hold that restores
+/// its word: lookups no longer find it, but a CPU that fetched its BRK before the restore may
+/// still take it and must perform it (`retiring`). Written under [`REGISTRY`].
+static RETIRING: AtomicPtr<Probe> = AtomicPtr::new(core::ptr::null_mut());
+
+/// The probe at `address` if it is being unregistered and its word may still hold its BRK.
+#[inline(always)]
+pub(super) fn retiring(address: u64) -> Option<&'static Probe> {
+    // SAFETY: non-null only while it names a live record (cleared before the record is freed).
+    let probe = unsafe { RETIRING.load(Ordering::Acquire).as_ref() }?;
+    (probe.address == address).then_some(probe)
+}
+
+fn record_pointer_of(probe: &Probe) -> *mut Probe {
+    probe as *const Probe as *mut Probe
+}
+
 /// Registration state: which records and slot chunks are taken.
 struct Registry {
     records_used: u64,
@@ -87,8 +104,11 @@ pub enum WrongOrder {
     BranchBeforeTrampoline = 1,
     /// Unregister: the trampoline cleared before the original instruction is back.
     TrampolineClearedFirst = 2,
-    /// Unregister: the slot or trampoline freed (poisoned) without waiting for the grace period.
+    /// Unregister: the slot or trampoline freed (poisoned) without waiting for the CPUs inside
+    /// the probe (no hold while the word is restored, no grace period).
     NoGracePeriod = 3,
+    /// Register and unregister: the probed word written while the other CPUs run (not held).
+    Unheld = 4,
 }
 
 static WRONG_ORDER: AtomicU8 = AtomicU8::new(WrongOrder::None as u8);
@@ -206,41 +226,51 @@ pub fn register(address: u64, method: Method, pre: Handler, post: Option<Handler
         _ => encode_brk(BRK_KPROBE).word(),
     };
     if !early_branch {
-        // SAFETY: address is kernel text; BRK and B may replace any instruction while it runs
-        // (ARM ARM B2.2.5 concurrent modification: B, BL, BRK, NOP, ...).
-        unsafe { patch::write_instruction(address, patched) };
+        write_probed_word(address, patched);
     }
     Ok(())
 }
 
 /// Unregisters the probe at `address`, restoring the original instruction, and returns once no
-/// CPU can still be inside its handler, XOL slot or detour trampoline: the word is restored and
-/// the probe unpublished under the registry lock; the lock is dropped for the grace period
-/// (`task::cpus::synchronize`: a CPU spinning on the lock would never pass a quiescent point);
-/// then the slot or trampoline is poisoned (refilled with `BRK #0x006`, which no CPU that is not
-/// stepping that slot may execute: a late executor faults) and the record and chunk are freed.
-/// Hits run with IRQs masked from the BRK to the end of the slot, so a CPU that passed a
-/// quiescent point after the unpublish is done with the probe. Detour hits run with the IRQs of
-/// the probed code: see docs/design/races.md for what that leaves uncovered. Call it with no
-/// lock held that another CPU may spin on with IRQs masked.
+/// CPU can still be inside its handler, XOL slot or detour trampoline: under the registry lock
+/// the probe is unpublished (kept as `RETIRING`) and the word restored with every other CPU held
+/// (`write_probed_word`); BRK hits run with IRQs masked from the BRK to the end of the slot, so
+/// once every other CPU took the hold's SGI none is inside such a probe. A detour's hits run
+/// with the IRQs of the probed code, so for a detour the lock is dropped for a grace period
+/// (`task::cpus::synchronize`: a CPU spinning on the lock would never pass a quiescent point).
+/// Then the slot or trampoline is poisoned (refilled with `BRK #0x006`, which no CPU that is
+/// not stepping that slot may execute: a late executor faults) and the record and chunk are
+/// freed. Call it with no lock held that another CPU may spin on with IRQs masked.
 pub fn unregister(address: u64) -> Result<(), ProbeError> {
     let registry = REGISTRY.lock();
     let Some(probe) = lookup(address) else {
         return Err(ProbeError::NotRegistered);
     };
     let (original, chunk) = (probe.original, probe.chunk);
+    // BRK methods run their handlers and slots with IRQs masked, so the hold that restores the
+    // word (every other CPU takes its SGI) is their grace period; a detour's trampoline and
+    // handler run with the probed code's IRQs, so detours wait for quiescent points too.
+    let detour = matches!(probe.action, Action::Detour { .. });
     let record = (0..MAX_PROBES).find(|&record| core::ptr::eq(record_pointer(record), probe));
     let clear_first = wrong_order(WrongOrder::TrampolineClearedFirst);
     if clear_first && let Some(chunk) = chunk {
         slots::clear(slots::chunk_address(chunk));
     }
-    // SAFETY: address is the probed kernel text word; restoring the original is a BRK/B -> insn
-    // change the architecture allows concurrently with execution.
-    unsafe { patch::write_instruction(address, original) };
+    RETIRING.store(record_pointer_of(probe), Ordering::Release);
     unpublish(address);
+    let no_grace_period = wrong_order(WrongOrder::NoGracePeriod);
+    if no_grace_period {
+        // SAFETY: as in `write_probed_word` (deliberately not holding the other CPUs either:
+        // nothing waits for a CPU inside the probe; a test-only switch).
+        unsafe { patch::write_instruction(address, original) };
+    } else {
+        write_probed_word(address, original);
+    }
+    // Every other CPU took the hold's SGI after the restore: none can take this BRK any more.
+    RETIRING.store(core::ptr::null_mut(), Ordering::Release);
     // The record and chunk stay taken (their bits set) until the grace period has elapsed.
     drop(registry);
-    if !wrong_order(WrongOrder::NoGracePeriod) {
+    if !no_grace_period && detour {
         crate::task::cpus::synchronize();
     }
     let mut registry = REGISTRY.lock();
@@ -251,6 +281,25 @@ pub fn unregister(address: u64) -> Result<(), ProbeError> {
         release(&mut registry, record, chunk);
     }
     Ok(())
+}
+
+/// Arms (BRK or B) or disarms (the original) the probed word at kernel text `address` with every
+/// other CPU held (`task::cpus::with_others_held`): an arbitrary instruction <-> BRK or B is not
+/// a change ARM ARM B2.2.5 allows concurrently with execution, and a CPU that executed or
+/// fetched the old word meanwhile could keep running it after a later grace period (seen as a
+/// stale translated block under multi-threaded TCG: docs/design/smp.md).
+fn write_probed_word(address: u64, word: u32) {
+    if wrong_order(WrongOrder::Unheld) {
+        // SAFETY: address is a probed kernel text word (4-aligned, checked at registration);
+        // deliberately written while the other CPUs run (a test-only switch).
+        unsafe { patch::write_instruction(address, word) };
+        return;
+    }
+    crate::task::cpus::with_others_held(|| {
+        // SAFETY: address is a probed kernel text word (4-aligned, checked at registration), and
+        // no other CPU runs meanwhile.
+        unsafe { patch::write_instruction(address, word) }
+    });
 }
 
 fn release(registry: &mut Registry, record: usize, chunk: Option<usize>) {

@@ -69,7 +69,8 @@ pub fn clear(chunk: u64) {
 const _: () = assert!(CHUNK_WORDS == TRAMPOLINE_WORDS, "one trampoline per chunk");
 
 /// Generates the detour trampoline for the probe at `address` (record `probe`) in the chunk at
-/// `base` (`probes::detour_trampoline`: save, call `detour_entry(probe, &mut registers)`,
+/// `base` (`probes::detour_trampoline`: save, call `detour_hit(probe, &mut registers)` through
+/// `probe_detour_entry`,
 /// restore, the relocated instruction, branch back).
 pub fn write_detour(
     base: u64,
@@ -78,7 +79,7 @@ pub fn write_detour(
     classification: &Classification,
     probe: u64,
 ) -> Result<(), ProbeError> {
-    let entry = super::hit::detour_entry as *const () as u64;
+    let entry = super::hit::detour_entry_address();
     let filler = encode_brk(BRK_KPROBE_STEP).0;
     let trampoline = detour_trampoline(base, filler, address, original, classification, probe, entry).map_err(
         |error| match error {

@@ -72,6 +72,7 @@ fn on_wake_sgi() {
         stop_this_cpu(cpu, crate::arch::percpu::this_cpu().irq_frame.load(Ordering::Relaxed));
     }
     WAKES[cpu].fetch_add(1, Ordering::Release);
+    serve_hold();
     super::cross_call::serve();
     crate::arch::percpu::this_cpu().need_resched.store(true, Ordering::Relaxed);
     // SAFETY: wakes a CPU waiting for this answer with `wfe`.
@@ -178,6 +179,103 @@ pub fn synchronize() {
         );
     }
 }
+
+/// Runs `change` (a text patch) while every other online CPU is held with IRQs masked in its
+/// wake-up SGI, then lets them go; each executes `isb` before it returns (Linux's `stop_machine`
+/// around `aarch64_insn_patch_text`). Needed for a change the architecture does not allow
+/// concurrently with execution (ARM ARM B2.2.5: both the old and the new instruction must be
+/// B, BL, BRK, NOP, ISB, SVC, HVC or SMC; a kprobe arms and disarms any instruction): no other
+/// CPU executes, or fetches, the word while it changes, and each passes a context
+/// synchronization event after the change (docs/design/smp.md, "Holding the other CPUs").
+/// Returns `change`'s result. Panics naming a CPU that was not held within `HOLD_MS` (times the
+/// patience factor).
+pub fn with_others_held<R>(change: impl FnOnce() -> R) -> R {
+    let daif = take_hold_lock();
+    let me = crate::arch::percpu::this_cpu_index();
+    let others = smp::online_mask() & !(1 << me) & !STOPPED.load(Ordering::Acquire);
+    let generation = HOLD_GENERATION.load(Ordering::Relaxed) + 1;
+    HOLD_GENERATION.store(generation, Ordering::Release);
+    let waiting = || (0..stacks::CPUS).filter(move |&cpu| others & (1 << cpu) != 0);
+    for cpu in waiting() {
+        crate::drivers::interrupts::send_wake(cpu);
+    }
+    let held = |cpu: usize| HELD[cpu].load(Ordering::Acquire) == generation;
+    if !crate::arch::cpu::wait_until(HOLD_MS, || waiting().all(held))
+        && let Some(cpu) = waiting().find(|&cpu| !held(cpu))
+    {
+        panic!("text patch: cpu {} was not held within {} ms", cpu, crate::arch::cpu::patience_ms(HOLD_MS));
+    }
+    HOLDER.store(me + 1, Ordering::Relaxed);
+    let result = change();
+    HOLDER.store(0, Ordering::Relaxed);
+    HOLD_RELEASED.store(generation, Ordering::Release);
+    crate::arch::cpu::send_event();
+    HOLD_LOCK.store(false, Ordering::Release);
+    crate::arch::cpu::restore_interrupts(daif);
+    result
+}
+
+/// Takes `HOLD_LOCK` and returns with IRQs masked (the DAIF to restore). While another CPU holds
+/// it, this one serves that CPU's hold: it may be spinning with IRQs masked.
+fn take_hold_lock() -> u64 {
+    loop {
+        let daif = crate::arch::cpu::mask_interrupts();
+        if HOLD_LOCK.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+            return daif;
+        }
+        serve_hold();
+        crate::arch::cpu::restore_interrupts(daif);
+        core::hint::spin_loop();
+    }
+}
+
+/// Whether this CPU runs a `with_others_held` change now, every other online CPU held (for the
+/// tests: a text patch that must hold them checks it did).
+pub fn others_held() -> bool {
+    HOLDER.load(Ordering::Relaxed) == crate::arch::percpu::this_cpu_index() + 1
+}
+
+/// The CPU (index + 1) whose change runs with the others held; 0: none.
+static HOLDER: AtomicUsize = AtomicUsize::new(0);
+
+/// One holder at a time (`with_others_held`).
+static HOLD_LOCK: AtomicBool = AtomicBool::new(false);
+/// The last hold begun, and the last one whose change is done.
+static HOLD_GENERATION: AtomicU64 = AtomicU64::new(0);
+static HOLD_RELEASED: AtomicU64 = AtomicU64::new(0);
+/// Per CPU: the last hold it joined.
+static HELD: [AtomicU64; stacks::CPUS] = [const { AtomicU64::new(0) }; stacks::CPUS];
+
+/// Joins a hold this CPU has not joined yet (IRQs masked: from the wake-up SGI, or while waiting
+/// for the hold lock): reports itself held, waits until the change is done, then `isb`. Stops
+/// here if a panic stops the CPUs meanwhile.
+fn serve_hold() {
+    let cpu = crate::arch::percpu::this_cpu_index();
+    let generation = HOLD_GENERATION.load(Ordering::Acquire);
+    if HELD[cpu].load(Ordering::Relaxed) == generation {
+        return;
+    }
+    HELD[cpu].store(generation, Ordering::Release);
+    crate::arch::cpu::send_event();
+    let released = || {
+        // A test stepping the patcher runs the changed code on the held CPUs after each store.
+        if crate::arch::patch::is_stepped() {
+            super::cross_call::serve();
+        }
+        HOLD_RELEASED.load(Ordering::Acquire) >= generation || STOP.load(Ordering::Acquire)
+    };
+    if !crate::arch::cpu::wait_until(HOLD_MS, released) {
+        panic!("text patch: cpu {} held for over {} ms", cpu, crate::arch::cpu::patience_ms(HOLD_MS));
+    }
+    if STOP.load(Ordering::Acquire) {
+        stop_this_cpu_in_panic();
+    }
+    // SAFETY: a context synchronization event: this CPU fetches the changed text anew.
+    unsafe { core::arch::asm!("isb", options(nomem, nostack, preserves_flags)) };
+}
+
+/// How long a hold waits for the other CPUs to join, and they for its change.
+const HOLD_MS: u64 = 1000;
 
 /// How long `synchronize` waits for the other CPUs. A CPU answers when it unmasks IRQs, and
 /// under QEMU with more CPUs than host cores a CPU spinning (IRQs masked) for a lock whose

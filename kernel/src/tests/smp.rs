@@ -3,6 +3,7 @@
 
 use super::{Context, Failure, Outcome, Test, Verdict, check, check_eq, fail};
 use crate::arch::{cpu, percpu};
+use crate::probes::kprobe::{self, WrongOrder};
 use crate::probes::kretprobe;
 use crate::probes::{Method, ProbeError, Registers, Text, uprobe as uprobes};
 use crate::stacktrace::{self, IrqCapture};
@@ -894,6 +895,11 @@ const CHURN_ROUNDS_ICOUNT: usize = 50;
 /// translations, about 25 ms a round on this host with three callers, so 1,000 rounds per
 /// scheme would add over a minute to CI.
 const TRACER_CHURN_ROUNDS: usize = 100;
+/// kprobe rounds per method without icount: each registration and each unregistration holds
+/// every other CPU while it writes the probed word (`task::cpus::with_others_held`), and the
+/// unregistration waits for a grace period too: 10 to 60 ms a round on this loaded 2-core host.
+/// Before the hold, 1,000 rounds failed 4 runs of 4 (docs/design/smp.md).
+const KPROBE_CHURN_ROUNDS: usize = 200;
 /// Other CPUs calling the target: one. With three spinning through the ftrace trampoline on
 /// this 2-core host (shared with other QEMUs), a caller's vCPU thread was starved past the grace
 /// period's 100 ms of wall-clock time (its panic names the CPU) in three runs of three; kprobe
@@ -1002,13 +1008,41 @@ fn churn(rounds: usize, callers: usize, mut round: impl FnMut() -> Result<usize,
     })
 }
 
-/// A kprobe (each method) and an ftrace tracer (each scheme) registered and unregistered 1,000
-/// times (50 under icount; tracers 100 without icount: see `TRACER_CHURN_ROUNDS`) while another
-/// CPU calls the target in a tight loop (one: see `CHURN_CALLING_CPUS`): every call
-/// returns the right value, no fault or undefined instruction ends the run, the handler's hits
-/// never exceed the calls. Overlap witness: the most CPUs in the patch window at once (the
-/// patching one and callers inside a call of the target), >= 2 without icount; without icount
-/// the probes and tracers must also have been hit.
+/// The probed word the step hook watches, and its stores made with every other CPU held or not.
+static STEPPED_WORD: AtomicU64 = AtomicU64::new(0);
+static HELD_STORES: AtomicU64 = AtomicU64::new(0);
+static UNHELD_STORES: AtomicU64 = AtomicU64::new(0);
+
+fn count_probed_word_store(address: u64) {
+    if address == STEPPED_WORD.load(Ordering::Relaxed) {
+        let count = if cpus::others_held() { &HELD_STORES } else { &UNHELD_STORES };
+        count.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Arms and disarms a single-step kprobe at `target` once with the patcher stepped: the stores
+/// of the probed word made with every other CPU held, and the others.
+fn probed_word_stores(target: u64) -> Result<(u64, u64), Failure> {
+    STEPPED_WORD.store(target, Ordering::Relaxed);
+    HELD_STORES.store(0, Ordering::Relaxed);
+    UNHELD_STORES.store(0, Ordering::Relaxed);
+    crate::arch::patch::set_step_hook(Some(count_probed_word_store));
+    let registered = crate::probes::register(target, Method::SingleStep, count_churn_hit, None).is_ok();
+    let unregistered = registered && crate::probes::unregister(target).is_ok();
+    crate::arch::patch::set_step_hook(None);
+    check!(unregistered);
+    Ok((HELD_STORES.load(Ordering::Relaxed), UNHELD_STORES.load(Ordering::Relaxed)))
+}
+
+/// A kprobe (each method) and an ftrace tracer (each scheme) registered and unregistered 50
+/// times under icount (without: tracers 100 times, kprobes 200, see `TRACER_CHURN_ROUNDS` and
+/// `KPROBE_CHURN_ROUNDS`) while another CPU calls the target in a tight loop (one: see
+/// `CHURN_CALLING_CPUS`): every call returns the right value, no fault or undefined instruction
+/// ends the run, the handler's hits never exceed the calls. Overlap witness: the most CPUs in
+/// the patch window at once (the patching one and callers inside a call of the target), >= 2
+/// without icount; without icount the probes and tracers must also have been hit. Then the
+/// probed word's two stores (arm, disarm) must be made with every other CPU held, and the
+/// test-only wrong sequence (`WrongOrder::Unheld`) must be caught by that check.
 fn smp_probe_and_tracer_churn(context: &Context) -> Outcome {
     if cpus::wanted() == 1 {
         return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
@@ -1050,14 +1084,6 @@ fn smp_probe_and_tracer_churn(context: &Context) -> Outcome {
         }
     }
     for method in Method::ALL {
-        if !context.icount {
-            // Open (issue 22's note, docs/design/smp.md): without icount a caller once reached
-            // the poisoned trampoline chunk's first word (BRK #0x006, detour) and once an
-            // ownerless BRK #0x004 (single-step) after unregister's grace period; not explained
-            // yet. Under icount (the CI's smp 4 runs) every method churns.
-            defmt::warn!("  kprobe {}: not churned without icount (open finding, docs/design/smp.md)", method);
-            continue;
-        }
         match crate::probes::register(target, method, count_churn_hit, None) {
             Ok(()) => check!(crate::probes::unregister(target).is_ok()),
             Err(ProbeError::NotSimulated | ProbeError::NeedsOriginalPc(Text::Kernel)) => continue,
@@ -1066,7 +1092,7 @@ fn smp_probe_and_tracer_churn(context: &Context) -> Outcome {
                 return Err(fail("kprobe registered"));
             }
         }
-        let churned = churn(rounds, CHURN_CALLING_CPUS, || {
+        let churned = churn(rounds.min(KPROBE_CHURN_ROUNDS), CHURN_CALLING_CPUS, || {
             let hits = CHURN_HITS.load(Ordering::Relaxed);
             crate::probes::register(target, method, count_churn_hit, None).map_err(|_| fail("kprobe registered"))?;
             let inside = IN_CHURN_CALL.load(Ordering::Acquire);
@@ -1076,6 +1102,22 @@ fn smp_probe_and_tracer_churn(context: &Context) -> Outcome {
         })?;
         defmt::info!("  kprobe {}:", method);
         report(churned)?;
+    }
+    // The probed word is armed and disarmed with every other CPU held (the cause of the stale
+    // BRK and B without icount, docs/design/smp.md); the wrong sequence must be caught.
+    for (order, held) in [(WrongOrder::None, true), (WrongOrder::Unheld, false)] {
+        kprobe::set_wrong_order(order);
+        let stores = probed_word_stores(target);
+        kprobe::set_wrong_order(WrongOrder::None);
+        let (held_stores, unheld_stores) = stores?;
+        defmt::info!(
+            "  probed word stores ({}): {=u64} with the other CPUs held, {=u64} not",
+            defmt::Debug2Format(&order),
+            held_stores,
+            unheld_stores
+        );
+        check_eq!(held_stores, if held { 2 } else { 0 });
+        check_eq!(unheld_stores, if held { 0 } else { 2 });
     }
     check!(patchers >= if context.icount { 2 } else { 1 });
     defmt::info!("  overlap witness: at most {=usize} CPUs in a patch window at once", witness);

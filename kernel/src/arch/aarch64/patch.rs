@@ -16,6 +16,12 @@ pub fn set_step_hook(hook: Option<fn(u64)>) {
     STEP_HOOK.store(hook.map_or(0, |hook| hook as usize), Ordering::Release);
 }
 
+/// Whether the step hook is installed (a test steps the patcher: CPUs held while a word changes
+/// serve its cross calls, `task::cpus::with_others_held`).
+pub fn is_stepped() -> bool {
+    STEP_HOOK.load(Ordering::Relaxed) != 0
+}
+
 #[inline(always)]
 fn step_point(address: u64) {
     let hook = STEP_HOOK.load(Ordering::Acquire);

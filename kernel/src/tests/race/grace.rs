@@ -151,6 +151,9 @@ impl Target {
     /// still reads the literal the unregistration replaced with the nop ops).
     fn switch_at(self, points: usize) -> usize {
         match self {
+            // A detour's B is restored only once every other CPU is held (kprobe::unregister),
+            // so a CPU released at the word after the unpublish still runs the trampoline.
+            Self::Kprobe(Method::Detour) | Self::Kretprobe(Method::Detour) => 0,
             Self::Kprobe(_) | Self::Kretprobe(_) => 2,
             Self::Ftrace => points,
         }
@@ -409,7 +412,7 @@ impl GraceSweep {
         } else if self.not_waited != 0 {
             Finding::NotWaited
         } else if self.after_after_before
-            || self.last_after != Some(self.switch_at - 1)
+            || self.last_after != self.switch_at.checked_sub(1)
             || self.first_before != Some(self.switch_at)
         {
             Finding::SwitchedElsewhere
