@@ -50,6 +50,9 @@ pub struct ProbesArgs {
     pub functions: usize,
     #[arg(long, default_value = "1")]
     pub seed: u64,
+    /// Only the functions whose names start with this (the sample and random sets draw from them).
+    #[arg(long)]
+    pub only: Option<String>,
     /// Also sweep with a counting tracer on every traceable function, in each scheme.
     #[arg(long)]
     pub ftrace: bool,
@@ -81,6 +84,9 @@ pub fn run(args: &StressArgs) -> Result<u8, Failure> {
                 words = format!("sweep.probe={probe}");
             } else if let Some(set) = args.set {
                 words = format!("{words} sweep.set={set} sweep.members={}", args.members);
+            }
+            if let Some(only) = &args.only {
+                words = format!("{words} sweep.only={only}");
             }
             if let Some(watchdog) = args.watchdog {
                 words = format!("{words} sweep.watchdog={watchdog}");
@@ -237,7 +243,7 @@ fn carried_words(words: &str) -> String {
     words
         .split_whitespace()
         .filter(|word| {
-            ["sweep.inject=", "sweep.ftrace=", "sweep.watchdog=", "sweep.seed=", "sweep.functions="]
+            ["sweep.inject=", "sweep.ftrace=", "sweep.watchdog=", "sweep.seed=", "sweep.functions=", "sweep.only="]
                 .iter()
                 .any(|key| word.starts_with(key))
         })
@@ -322,12 +328,16 @@ fn name_hanging_member(run: &Run, part: &SetPart, words: &str, timeout: Duration
     })?;
     let repeat = |part: &SetPart| {
         format!(
-            "cargo xtask stress probes --variant {} --cpu {} --smp {} --seed {} --functions {} --set {} --members {}..{}",
+            "cargo xtask stress probes --variant {} --cpu {} --smp {} --seed {} --functions {}{} --set {} --members {}..{}",
             run.variant.name(),
             run.cpu.name(),
             run.smp,
             word_value(words, "sweep.seed"),
             word_value(words, "sweep.functions"),
+            words
+                .split_whitespace()
+                .find_map(|word| word.strip_prefix("sweep.only="))
+                .map_or(String::new(), |only| format!(" --only '{only}'")),
             part.set,
             part.first,
             part.end
@@ -630,8 +640,9 @@ fn hang_is_named(run: &Run) -> Result<bool, Failure> {
     Ok(passed)
 }
 
-/// The random sets `set_hang_is_named` arms: those of a whole-kernel run with seed 19.
-const SET_RUN_WORDS: &str = "sweep.seed=19 sweep.functions=0";
+/// The random sets `set_hang_is_named` arms: those of a run with seed 19 over the workload's own
+/// functions (random words of the whole kernel are mostly code the workload does not run).
+const SET_RUN_WORDS: &str = "sweep.seed=19 sweep.functions=0 sweep.only=kernel::sweep::workload::";
 
 /// A random set with one probe whose handler spins: a first run arms random set 0 (or 1, 2, 3:
 /// the first with a member the workload runs on CPU 0) and says which members CPU 0 hit; one of

@@ -31,6 +31,8 @@
 //!
 //! Command-line words (ignored by `cmdline`, which leaves dotted keys alone):
 //! `sweep.seed=N`, `sweep.functions=N` (a seeded sample of N functions; 0 or absent: all),
+//! `sweep.only=PREFIX` (only functions whose names start with it), `sweep.set=K` and
+//! `sweep.members=A..B` (random set K of the run with that seed and sample, members A to B),
 //! `sweep.singles=N` (single probes), `sweep.probe=...`, `sweep.words=N` (words from the
 //! probe's on, at once: xtask halves a hanging batch with it), `sweep.watchdog=MS` (on several
 //! CPUs, how long CPU 0 may make no progress), `sweep.inject=hang@FUNCTION+OFFSET` (that probe's
@@ -124,6 +126,8 @@ struct Options {
     /// was in), members `sweep.members=A..B` of it (default: all).
     set: Option<usize>,
     members: (usize, usize),
+    /// `sweep.only=PREFIX`: only the functions whose names start so.
+    only: Option<&'static str>,
 }
 
 fn parse(bootargs: &'static str) -> Result<Options, &'static str> {
@@ -138,6 +142,7 @@ fn parse(bootargs: &'static str) -> Result<Options, &'static str> {
         reenter_twice: false,
         set: None,
         members: (0, BATCH),
+        only: None,
     };
     for word in bootargs.split_whitespace() {
         let Some((key, value)) = word.split_once('=') else { continue };
@@ -154,6 +159,7 @@ fn parse(bootargs: &'static str) -> Result<Options, &'static str> {
             }
             "sweep.watchdog" => everywhere::set_watchdog(number()?),
             "sweep.set" => options.set = Some(number()? as usize),
+            "sweep.only" => options.only = Some(value),
             "sweep.members" => {
                 let (first, end) = value.split_once("..").ok_or("sweep.members=A..B")?;
                 let (first, end) = (first.parse().ok(), end.parse().ok());
@@ -706,7 +712,10 @@ pub fn run(bootargs: &'static str) -> bool {
         defmt::error!("sweep: could not trace every function");
         return false;
     }
-    let all = functions(&symbols);
+    let mut all = functions(&symbols);
+    if let Some(prefix) = options.only {
+        all.retain(|function| function.name.starts_with(prefix));
+    }
     let mut rng = Rng(options.seed.max(1).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let chosen = choose(&all, options.functions, &mut rng);
     // The random sets' members, found while the other CPUs are idle (see `find_set`): every set
