@@ -879,7 +879,7 @@ pub fn run(bootargs: &'static str) -> bool {
             sweep_kretprobe(&mut sweep, function);
             swept += 1;
             instructions += (function.end - function.start) / 4;
-            if swept % PROGRESS_EVERY == 0 {
+            if swept.is_multiple_of(PROGRESS_EVERY) {
                 // A run stopped before the end (xtask's timeout) still tells how far it got.
                 defmt::info!(
                     "sweep progress: {=usize} of {=usize} functions, {=u64} instructions, {=u64} batches, {=u64} ms",
