@@ -34,11 +34,25 @@ pub struct ProbesArgs {
     /// Repeat exactly one probe: `FUNCTION+OFFSET:METHOD` (as a failure prints it).
     #[arg(long)]
     pub probe: Option<String>,
+    /// Repeat one random set of the run with this `--seed` and `--functions` (as a hang in one
+    /// prints it).
+    #[arg(long)]
+    pub set: Option<u64>,
+    /// With `--set`: only these members, `A..B` (0 <= A < B <= 48).
+    #[arg(long, default_value = "0..48")]
+    pub members: String,
+    /// Milliseconds CPU 0 may make no progress before another CPU reports the run hung (kernel
+    /// default 5000; a loaded host may need more).
+    #[arg(long)]
+    pub watchdog: Option<u64>,
     /// Sweep a seeded sample of this many functions (0: all).
     #[arg(long, default_value = "0")]
     pub functions: usize,
     #[arg(long, default_value = "1")]
     pub seed: u64,
+    /// Only the functions whose names start with this (the sample and random sets draw from them).
+    #[arg(long)]
+    pub only: Option<String>,
     /// Also sweep with a counting tracer on every traceable function, in each scheme.
     #[arg(long)]
     pub ftrace: bool,
@@ -68,12 +82,20 @@ pub fn run(args: &StressArgs) -> Result<u8, Failure> {
             let mut words = format!("sweep.seed={} sweep.functions={} {extra}", args.seed, args.functions);
             if let Some(probe) = &args.probe {
                 words = format!("sweep.probe={probe}");
+            } else if let Some(set) = args.set {
+                words = format!("{words} sweep.set={set} sweep.members={}", args.members);
+            }
+            if let Some(only) = &args.only {
+                words = format!("{words} sweep.only={only}");
+            }
+            if let Some(watchdog) = args.watchdog {
+                words = format!("{words} sweep.watchdog={watchdog}");
             }
             let run = Run { image: &image, variant, cpu: args.cpu, smp: args.smp };
             let outcome = sweep(&run, &words, Duration::from_secs(args.timeout), Print::Always)?;
             failed += u8::from(!outcome.passed);
-            if let Some(batch) = outcome.hung {
-                name_hanging_probe(&run, &batch, &words, Duration::from_secs(args.hang_timeout))?;
+            if let Some(hung) = outcome.hung {
+                name_hanging_probe(&run, &hung, &words, Duration::from_secs(args.hang_timeout))?;
             }
         }
     }
@@ -123,6 +145,58 @@ impl Batch {
     fn words(&self) -> String {
         format!("sweep.probe={} sweep.words={}", self.probe(), self.words)
     }
+}
+
+/// A part of a random set as the kernel names it (`sweep batch: random set K members A..B`):
+/// members `first..end` of set `set`, which the kernel finds again from the run's seed,
+/// `sweep.functions` and the set's index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetPart {
+    pub set: u64,
+    pub first: u64,
+    pub end: u64,
+}
+
+impl SetPart {
+    fn parse(text: &str) -> Option<SetPart> {
+        let (set, members) = text.strip_prefix("random set ")?.split_once(" members ")?;
+        let (first, end) = members.trim().split_once("..")?;
+        Some(SetPart { set: set.parse().ok()?, first: first.parse().ok()?, end: end.parse().ok()? })
+    }
+
+    /// The kernel words that run exactly this part (with the run's seed and sweep.functions).
+    fn words(&self) -> String {
+        format!("sweep.set={} sweep.members={}..{}", self.set, self.first, self.end)
+    }
+
+    fn describe(&self) -> String {
+        format!("random set {} members {}..{}", self.set, self.first, self.end)
+    }
+}
+
+/// What a hung run was doing: a batch of one function's words, or (part of) a random set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Hung {
+    Words(Batch),
+    Set(SetPart),
+}
+
+impl Hung {
+    fn parse(text: &str) -> Option<Hung> {
+        Batch::parse(text).map(Hung::Words).or_else(|| SetPart::parse(text).map(Hung::Set))
+    }
+}
+
+/// Something `bisect` halves.
+pub trait Halving: Clone {
+    fn size(&self) -> u64;
+    fn halves(&self) -> (Self, Self);
+}
+
+impl Halving for Batch {
+    fn size(&self) -> u64 {
+        self.words
+    }
 
     fn halves(&self) -> (Batch, Batch) {
         let first = self.words / 2;
@@ -132,14 +206,25 @@ impl Batch {
     }
 }
 
+impl Halving for SetPart {
+    fn size(&self) -> u64 {
+        self.end - self.first
+    }
+
+    fn halves(&self) -> (SetPart, SetPart) {
+        let middle = self.first + self.size() / 2;
+        (SetPart { end: middle, ..self.clone() }, SetPart { first: middle, ..self.clone() })
+    }
+}
+
 /// Halves `batch` while one half hangs (`hangs` runs it) until one probe remains: Ok(that
 /// probe), or Err(the smallest batch that hangs while neither of its halves does alone).
-pub fn bisect(
-    batch: &Batch,
-    mut hangs: impl FnMut(&Batch) -> Result<bool, Failure>,
-) -> Result<Result<Batch, Batch>, Failure> {
+pub fn bisect<B: Halving>(
+    batch: &B,
+    mut hangs: impl FnMut(&B) -> Result<bool, Failure>,
+) -> Result<Result<B, B>, Failure> {
     let mut hanging = batch.clone();
-    while hanging.words > 1 {
+    while hanging.size() > 1 {
         let (left, right) = hanging.halves();
         if hangs(&left)? {
             hanging = left;
@@ -152,18 +237,37 @@ pub fn bisect(
     Ok(Ok(hanging))
 }
 
-/// The words of a sweep run that a repeat of one of its batches keeps (the injected bug, the tracer).
+/// The words of a sweep run that a repeat of one of its batches keeps (the injected bug, the
+/// tracer, the watchdog; the seed and sample size that a random set is found again from).
 fn carried_words(words: &str) -> String {
     words
         .split_whitespace()
-        .filter(|word| ["sweep.inject=", "sweep.ftrace=", "sweep.watchdog="].iter().any(|key| word.starts_with(key)))
+        .filter(|word| {
+            ["sweep.inject=", "sweep.ftrace=", "sweep.watchdog=", "sweep.seed=", "sweep.functions=", "sweep.only="]
+                .iter()
+                .any(|key| word.starts_with(key))
+        })
         .collect::<Vec<_>>()
         .join(" ")
 }
 
-/// A run hung in `batch`: halves it until one probe remains and prints that probe (disassembled,
-/// its method and the command that repeats it). Returns the probe, if the halving found one.
-pub fn name_hanging_probe(run: &Run, batch: &Batch, words: &str, timeout: Duration) -> Result<Option<Batch>, Failure> {
+/// The value of `KEY=` among `words`, or "0".
+fn word_value<'a>(words: &'a str, key: &str) -> &'a str {
+    words.split_whitespace().find_map(|word| word.strip_prefix(key)?.strip_prefix('=')).unwrap_or("0")
+}
+
+/// A run hung in `hung`: halves it until one probe remains and prints that probe (disassembled,
+/// its method and the command that repeats it). Returns the probe (`FUNCTION+0xOFF:METHOD`,
+/// without spaces), if the halving found one.
+pub fn name_hanging_probe(run: &Run, hung: &Hung, words: &str, timeout: Duration) -> Result<Option<String>, Failure> {
+    match hung {
+        Hung::Words(batch) => name_hanging_word(run, batch, words, timeout),
+        Hung::Set(part) => name_hanging_member(run, part, words, timeout),
+    }
+}
+
+/// [`name_hanging_probe`] of a batch of one function's words.
+fn name_hanging_word(run: &Run, batch: &Batch, words: &str, timeout: Duration) -> Result<Option<String>, Failure> {
     let carried = carried_words(words);
     println!("  halving the hanging batch {} ({} words)", batch.probe(), batch.words);
     let mut address = None;
@@ -193,7 +297,7 @@ pub fn name_hanging_probe(run: &Run, batch: &Batch, words: &str, timeout: Durati
                 run.smp,
                 probe.probe()
             );
-            Ok(Some(probe))
+            Ok(Some(probe.probe()))
         }
         Err(whole) => {
             // Neither half hangs: the whole again tells a hang of two probes together from one
@@ -209,10 +313,106 @@ pub fn name_hanging_probe(run: &Run, batch: &Batch, words: &str, timeout: Durati
     }
 }
 
+/// [`name_hanging_probe`] of a random set: halves the set's members (`sweep.set=K
+/// sweep.members=A..B`, found again from the run's seed and sample) down to one.
+fn name_hanging_member(run: &Run, part: &SetPart, words: &str, timeout: Duration) -> Result<Option<String>, Failure> {
+    let carried = carried_words(words);
+    println!("  halving the hanging {}", part.describe());
+    // Each member as the runs named it: index -> (probe, address).
+    let mut members = std::collections::BTreeMap::new();
+    let found = bisect(part, |half| {
+        let outcome = sweep(run, &format!("{} {carried}", half.words()), timeout, Print::Never)?;
+        println!("    {}: {}", half.describe(), if outcome.hung.is_some() { "hangs" } else { "runs" });
+        members.extend(outcome.members.into_iter().map(|member| (member.index, (member.probe, member.address))));
+        Ok(outcome.hung.is_some())
+    })?;
+    let repeat = |part: &SetPart| {
+        format!(
+            "cargo xtask stress probes --variant {} --cpu {} --smp {} --seed {} --functions {}{} --set {} --members {}..{}",
+            run.variant.name(),
+            run.cpu.name(),
+            run.smp,
+            word_value(words, "sweep.seed"),
+            word_value(words, "sweep.functions"),
+            words
+                .split_whitespace()
+                .find_map(|word| word.strip_prefix("sweep.only="))
+                .map_or(String::new(), |only| format!(" --only '{only}'")),
+            part.set,
+            part.first,
+            part.end
+        )
+    };
+    match found {
+        Ok(single) => {
+            let Some((probe, address)) = members.get(&single.first).cloned() else {
+                println!("  {}: the runs did not name member {}", single.describe(), single.first);
+                return Ok(None);
+            };
+            let method = probe.rsplit_once(':').map_or("?", |(_, method)| method);
+            println!(
+                "  the hanging probe: random set {} member {}: {probe} (method {method})",
+                single.set, single.first
+            );
+            println!("    {}", disassemble(&run.image.elf, address));
+            println!(
+                "    repeat: cargo xtask stress probes --variant {} --cpu {} --smp {} --probe '{probe}'",
+                run.variant.name(),
+                run.cpu.name(),
+                run.smp
+            );
+            println!("    repeat in its set: {}", repeat(&single));
+            Ok(Some(probe))
+        }
+        Err(whole) => {
+            let again = sweep(run, &format!("{} {carried}", whole.words()), timeout, Print::Never)?;
+            let verdict = if again.hung.is_some() {
+                "hang together, neither half alone"
+            } else {
+                "did not hang again: not repeatable"
+            };
+            println!("  {} {verdict}:", whole.describe());
+            for index in whole.first..whole.end {
+                if let Some((probe, address)) = members.get(&index) {
+                    println!("    member {index}: {probe} ({address:#x})");
+                }
+            }
+            println!("    repeat: {}", repeat(&whole));
+            Ok(None)
+        }
+    }
+}
+
+/// A random set's member as a `sweep.set=` run names it (`sweep member: I PROBE (0xADDRESS)`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub index: u64,
+    /// `FUNCTION+0xOFF:METHOD`, without spaces (as `--probe` takes it).
+    pub probe: String,
+    pub address: u64,
+    /// CPU 0's hits in the run's pass (`sweep member hits: I N`; 0 if the run did not get there).
+    pub hits: u64,
+}
+
+impl Member {
+    fn parse(text: &str) -> Option<Member> {
+        let (index, rest) = text.split_once(' ')?;
+        let (probe, address) = rest.rsplit_once(" (0x")?;
+        Some(Member {
+            index: index.parse().ok()?,
+            probe: probe.replace(' ', ""),
+            address: u64::from_str_radix(address.strip_suffix(')')?, 16).ok()?,
+            hits: 0,
+        })
+    }
+}
+
 pub struct Outcome {
     pub passed: bool,
-    /// The batch the run hung in (a QEMU timeout, or a `sweep hung:` line).
-    pub hung: Option<Batch>,
+    /// What the run hung in (a QEMU timeout, or a `sweep hung:` line).
+    pub hung: Option<Hung>,
+    /// The members a `sweep.set=` run armed.
+    pub members: Vec<Member>,
     /// The first probe's address of a `sweep.probe=` run (`sweep probe address:`).
     pub address: Option<u64>,
     /// The coverage lines, joined (for the test tally's line).
@@ -251,10 +451,21 @@ pub fn sweep(run: &Run, words: &str, timeout: Duration, print: Print) -> Result<
     let mut failures = Vec::new();
     let mut hung_in_kernel = false;
     let mut address = None;
+    let mut members: Vec<Member> = Vec::new();
+    let mut progress = None;
     for line in &result.log {
         let text = line.text.as_str();
         if let Some(batch) = text.strip_prefix("sweep batch: ") {
             last_batch = Some(batch.to_string());
+        } else if let Some(member) = text.strip_prefix("sweep member: ") {
+            members.extend(Member::parse(member));
+        } else if let Some(hits) = text.strip_prefix("sweep member hits: ") {
+            let (index, count) = hits.split_once(' ').unwrap_or_default();
+            if let Some(member) = members.iter_mut().find(|member| index.parse() == Ok(member.index)) {
+                member.hits = count.trim().parse().unwrap_or(0);
+            }
+        } else if text.starts_with("sweep progress:") {
+            progress = Some(text.to_string());
         } else if let Some(at) = text.strip_prefix("sweep probe address: 0x") {
             address = u64::from_str_radix(at.trim(), 16).ok();
         } else if text.starts_with("sweep coverage:")
@@ -273,7 +484,7 @@ pub fn sweep(run: &Run, words: &str, timeout: Duration, print: Print) -> Result<
     }
     // Killed at the timeout, or another CPU saw the run stop making progress.
     let hung =
-        if result.status.is_none() || hung_in_kernel { last_batch.as_deref().and_then(Batch::parse) } else { None };
+        if result.status.is_none() || hung_in_kernel { last_batch.as_deref().and_then(Hung::parse) } else { None };
     let label = format!("{} variant {} {words}", machine.describe(), variant.name());
     // QEMU exits 0 on SIGTERM too: the kernel's own verdict line must be there.
     let passed = result.status == Some(0) && coverage.iter().any(|line| line == "sweep done: 0 failures");
@@ -301,6 +512,9 @@ pub fn sweep(run: &Run, words: &str, timeout: Duration, print: Print) -> Result<
                 );
             }
         }
+        if let Some(progress) = &progress {
+            println!("  last {progress}");
+        }
         match result.status {
             None => println!("  killed after {} s during batch {last_batch:?}", timeout.as_secs()),
             Some(status) if failures.is_empty() || !coverage.iter().any(|line| line.starts_with("sweep done:")) => {
@@ -312,7 +526,7 @@ pub fn sweep(run: &Run, words: &str, timeout: Duration, print: Print) -> Result<
             Some(_) => {}
         }
     }
-    Ok(Outcome { passed, hung, address, summary: coverage.join("; "), failures })
+    Ok(Outcome { passed, hung, members, address, summary: coverage.join("; "), failures })
 }
 
 /// `FUNCTION+0xOFF:METHOD` from a `sweep FAILED: ... at FUNCTION+0xOFF (...) insn ... method M`.
@@ -387,7 +601,8 @@ pub fn sample(image: &build::KernelImage, variant: BuildVariant, cpu: CpuVariant
         if detected { "ok: caught as new stack traces" } else { "FAILED: the new-stack check did not fire" }
     );
     let named = hang_is_named(&run)?;
-    Ok(outcome.passed && on_four.passed && detected && named)
+    let set_named = set_hang_is_named(&run)?;
+    Ok(outcome.passed && on_four.passed && detected && named && set_named)
 }
 
 /// The probe `hang_is_named` makes hang: a word of the workload's heap part that every pass runs.
@@ -404,11 +619,11 @@ fn hang_is_named(run: &Run) -> Result<bool, Failure> {
     let timeout = Duration::from_secs(HANG_TEST_TIMEOUT_S);
     let whole = sweep(run, &format!("{} {inject}", batch.words()), timeout, Print::Never)?;
     let named = match &whole.hung {
-        Some(hung) if *hung == batch => name_hanging_probe(run, &batch, &inject, timeout)?,
+        Some(hung @ Hung::Words(words)) if *words == batch => name_hanging_probe(run, hung, &inject, timeout)?,
         _ => None,
     };
     let expected = Batch { offset: HANGING_OFFSET, words: 1, ..batch };
-    let passed = named.as_ref() == Some(&expected);
+    let passed = named.as_deref() == Some(expected.probe().as_str());
     println!(
         "probe sweep check [variant {}, a probe that hangs]: {}",
         run.variant.name(),
@@ -422,6 +637,54 @@ fn hang_is_named(run: &Run) -> Result<bool, Failure> {
             )
         }
     );
+    Ok(passed)
+}
+
+/// The random sets `set_hang_is_named` arms: those of a run with seed 19 over the workload's own
+/// functions (random words of the whole kernel are mostly code the workload does not run).
+const SET_RUN_WORDS: &str = "sweep.seed=19 sweep.functions=0 sweep.only=kernel::sweep::workload::";
+
+/// A random set with one probe whose handler spins: a first run arms random set 0 (or 1, 2, 3:
+/// the first with a member the workload runs on CPU 0) and says which members CPU 0 hit; one of
+/// those is made to hang (`sweep.inject=hang@`); the whole set must hang (on 2 CPUs with a 1 s
+/// watchdog, as `hang_is_named`), and halving its members must name exactly that probe.
+fn set_hang_is_named(run: &Run) -> Result<bool, Failure> {
+    let run = &Run { smp: 2, ..*run };
+    let timeout = Duration::from_secs(HANG_TEST_TIMEOUT_S);
+    let mut target = None;
+    for set in 0..4 {
+        let part = SetPart { set, first: 0, end: 48 };
+        let outcome =
+            sweep(run, &format!("{SET_RUN_WORDS} {} sweep.watchdog=1000", part.words()), timeout, Print::Never)?;
+        if let Some(member) = outcome.members.iter().find(|member| member.hits > 0) {
+            target = Some((SetPart { end: outcome.members.len() as u64, ..part }, member.clone()));
+            break;
+        }
+    }
+    let label = format!("probe sweep check [variant {}, a random set that hangs]", run.variant.name());
+    let Some((part, member)) = target else {
+        println!("{label}: FAILED: no member of random sets 0 to 3 ran on CPU 0");
+        return Ok(false);
+    };
+    let place = member.probe.rsplit_once(':').map_or(member.probe.as_str(), |(place, _)| place);
+    let words = format!("{SET_RUN_WORDS} sweep.inject=hang@{place} sweep.watchdog=1000");
+    let whole = sweep(run, &format!("{} {words}", part.words()), timeout, Print::Never)?;
+    let named = match &whole.hung {
+        Some(Hung::Set(hung)) if *hung == part => name_hanging_probe(run, &Hung::Set(part.clone()), &words, timeout)?,
+        _ => None,
+    };
+    let passed = named.as_deref() == Some(member.probe.as_str());
+    if passed {
+        println!("{label}: ok: halving named {} member {}: {}", part.describe(), member.index, member.probe);
+    } else {
+        println!(
+            "{label}: FAILED: expected {} member {}: {}, halving gave {named:?} (the whole set hung: {:?})",
+            part.describe(),
+            member.index,
+            member.probe,
+            whole.hung
+        );
+    }
     Ok(passed)
 }
 
@@ -454,7 +717,23 @@ mod tests {
             batch.words(),
             "sweep.probe=<stackdepot::depot::StackDepot<4096,16>>::find+0xc0:brk-step sweep.words=48"
         );
-        assert_eq!(Batch::parse("random set 3"), None);
+        assert_eq!(Batch::parse("random set 3 members 0..48"), None);
+        assert_eq!(Hung::parse("random set 3 members 24..48"), Some(Hung::Set(SetPart { set: 3, first: 24, end: 48 })));
+        assert_eq!(SetPart { set: 3, first: 24, end: 36 }.words(), "sweep.set=3 sweep.members=24..36");
+        let member =
+            Member::parse("17 <stackdepot::depot::StackDepot<4096, 16>>::find+0xc8:detour (0xffffff80400f0a50)");
+        assert_eq!(
+            member,
+            Some(Member {
+                index: 17,
+                probe: "<stackdepot::depot::StackDepot<4096,16>>::find+0xc8:detour".into(),
+                address: 0xffff_ff80_400f_0a50,
+                hits: 0
+            })
+        );
+        let words = "sweep.seed=19 sweep.functions=0 sweep.set=3 sweep.inject=hang@f+0x8 sweep.watchdog=1000";
+        assert_eq!(carried_words(words), "sweep.seed=19 sweep.functions=0 sweep.inject=hang@f+0x8 sweep.watchdog=1000");
+        assert_eq!(word_value(words, "sweep.seed"), "19");
     }
 
     /// Halving finds the one hanging word at every position of a 48-word batch, running at most
@@ -476,5 +755,23 @@ mod tests {
         // Two probes that hang only together: no half hangs alone.
         let together = bisect(&batch, |half| Ok(half.words == 48)).unwrap();
         assert_eq!(together, Err(batch.clone()));
+    }
+
+    /// The same for a random set's members, at every position of a 48-member set.
+    #[test]
+    fn halving_names_the_hanging_member() {
+        let set = SetPart { set: 5, first: 0, end: 48 };
+        for hanging in 0..48u64 {
+            let mut runs = 0;
+            let found = bisect(&set, |half| {
+                runs += 1;
+                assert!(half.first < half.end && half.end <= 48);
+                Ok((half.first..half.end).contains(&hanging))
+            })
+            .unwrap();
+            assert_eq!(found, Ok(SetPart { set: 5, first: hanging, end: hanging + 1 }));
+            assert!(runs <= 12, "{runs} runs");
+        }
+        assert_eq!(bisect(&set, |half| Ok(half.size() == 48)).unwrap(), Err(set.clone()));
     }
 }

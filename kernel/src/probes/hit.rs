@@ -42,6 +42,17 @@ pub fn set_reentry_handling(on: bool) {
     REENTRY_UNHANDLED.store(!on, Ordering::Relaxed);
 }
 
+/// Test-only: a re-entered hit, while it is performed, runs its pre-handler, which stands in for
+/// what the no-probe rules prevent (the performance of a re-entered hit reaching probed code), so
+/// that a hit then reaches the "re-entered twice" panic (`sweep.inject=reenter-twice`). Read only
+/// in [`reenter`], off the hot path.
+static REENTERED_RUNS_HANDLER: AtomicBool = AtomicBool::new(false);
+
+/// Test-only switch: see [`REENTERED_RUNS_HANDLER`].
+pub fn set_reentered_runs_handler(on: bool) {
+    REENTERED_RUNS_HANDLER.store(on, Ordering::Relaxed);
+}
+
 /// This CPU's probe state (one `mrs` away).
 #[inline(always)]
 fn control() -> &'static ProbeControl {
@@ -242,6 +253,9 @@ fn perform_missed(frame: &mut ExceptionFrame, probe: &Probe, cpu: &ProbeControl,
     cpu.previous.store(current, Ordering::Relaxed);
     cpu.current.store(as_pointer(probe), Ordering::Relaxed);
     cpu.status.store(REENTERED, Ordering::Relaxed);
+    if REENTERED_RUNS_HANDLER.load(Ordering::Relaxed) {
+        (probe.pre)(registers(frame));
+    }
     let performed = match probe.action {
         Action::Simulate(ref simulated) => simulate_hit(simulated, registers(frame)),
         Action::SimulateFramePush => push_frame(frame),
@@ -267,25 +281,40 @@ fn status_of(interrupted: *mut ()) -> u32 {
     if interrupted.is_null() { IDLE } else { ACTIVE }
 }
 
-/// A probe hit while a slot is stepped or while a re-entered probe is performed.
+/// A probe hit while a slot is stepped or while a re-entered probe is performed: the panic
+/// names each probe's function (`FUNCTION+0xOFF`, from the symbol table) and address.
 #[unsafe(link_section = ".text.noprobe")]
 #[inline(never)]
 #[cold]
 fn unrecoverable(probe: &Probe, status: u32, current: *mut (), previous: *mut ()) -> ! {
     // SAFETY: `current` (and `previous` when re-entered) are the probes this CPU is handling.
     let current = unsafe { probe_at(current) }.address;
+    let (hit, current_place) = (Place(probe.address), Place(current));
     match status {
         STEPPING => panic!(
-            "kprobe re-entered while stepping: the probe at {:#x} was hit while the slot of the probe at {:#x} ran",
-            probe.address, current
+            "kprobe re-entered while stepping: the probe at {hit} was hit while the slot of the probe at {current_place} ran"
         ),
         _ => {
             // SAFETY: as above; a re-entered status always has a previous probe.
-            let previous = unsafe { probe_at(previous) }.address;
+            let previous = Place(unsafe { probe_at(previous) }.address);
             panic!(
-                "kprobe re-entered twice: the probe at {:#x} was hit while the probe at {:#x} was performed as a missed hit inside the handling of the probe at {:#x}",
-                probe.address, current, previous
+                "kprobe re-entered twice: the probe at {hit} was hit while the probe at {current_place} was performed as a missed hit inside the handling of the probe at {previous}"
             )
+        }
+    }
+}
+
+/// A kernel text address as a panic names it: `FUNCTION+0xOFF (0xADDRESS)`, or the address alone
+/// outside the symbol table's functions.
+struct Place(u64);
+
+impl core::fmt::Display for Place {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let name = crate::symbols::callsites::function_containing(self.0)
+            .and_then(|(start, _)| Some((crate::symbols::Symbols::get()?.name_at(start)?, self.0 - start)));
+        match name {
+            Some((name, offset)) => write!(f, "{name}+{offset:#x} ({:#x})", self.0),
+            None => write!(f, "{:#x}", self.0),
         }
     }
 }

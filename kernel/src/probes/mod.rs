@@ -30,7 +30,8 @@ pub mod uretprobe;
 
 pub use error::ProbeError;
 pub use hit::{
-    must_not_preempt, on_brk, on_software_step, on_step_brk, set_reentry_handling, simulator_functions, simulator_text,
+    must_not_preempt, on_brk, on_software_step, on_step_brk, set_reentered_runs_handler, set_reentry_handling,
+    simulator_functions, simulator_text,
 };
 pub use kprobe::{counts, first_patchable_entry, register, slot_area_address, unregister};
 pub use probes::{Method, Registers, Text};
