@@ -242,18 +242,65 @@ pub fn register(address: u64, method: Method, pre: Handler, post: Option<Handler
 /// not stepping that slot may execute: a late executor faults) and the record and chunk are
 /// freed. Call it with no lock held that another CPU may spin on with IRQs masked.
 pub fn unregister(address: u64) -> Result<(), ProbeError> {
+    let retired = retire(address)?;
+    if retired.needs_grace_period {
+        crate::task::cpus::synchronize();
+    }
+    finish(retired);
+    Ok(())
+}
+
+/// Unregisters the probes at every address of `addresses` with one grace period for them all
+/// (Linux's `unregister_kprobes`): each is disarmed and unpublished in turn, then, once no CPU
+/// can be inside any of them, their trampolines and records are freed. An address that holds no
+/// probe is skipped, the others are unregistered, and the first such error is returned.
+pub fn unregister_all(addresses: &[u64]) -> Result<(), ProbeError> {
+    let mut retired = [None::<Retired>; MAX_PROBES];
+    let mut first_error = Ok(());
+    let mut count = 0;
+    let mut needs_grace_period = false;
+    for &address in addresses {
+        match retire(address) {
+            Ok(probe) => {
+                needs_grace_period |= probe.needs_grace_period;
+                retired[count] = Some(probe);
+                count += 1;
+            }
+            Err(error) => first_error = first_error.and(Err(error)),
+        }
+    }
+    if needs_grace_period {
+        crate::task::cpus::synchronize();
+    }
+    retired.into_iter().flatten().for_each(finish);
+    first_error
+}
+
+/// A probe disarmed and unpublished whose trampoline and record are not free yet.
+#[derive(Clone, Copy)]
+struct Retired {
+    record: Option<usize>,
+    chunk: Option<usize>,
+    /// Its trampoline was cleared before the restore (test-only wrong order).
+    cleared: bool,
+    /// A detour: its trampoline and handler run with the probed code's IRQs, so it is free only
+    /// after a grace period. (BRK methods run theirs with IRQs masked: the hold that restored the
+    /// word, every other CPU taking its SGI, is their grace period.)
+    needs_grace_period: bool,
+}
+
+/// Unregister's first half: the probed word restored (the other CPUs held) and the probe
+/// unpublished; a BRK taken meanwhile is a missed hit.
+fn retire(address: u64) -> Result<Retired, ProbeError> {
     let registry = REGISTRY.lock();
     let Some(probe) = lookup(address) else {
         return Err(ProbeError::NotRegistered);
     };
     let (original, chunk) = (probe.original, probe.chunk);
-    // BRK methods run their handlers and slots with IRQs masked, so the hold that restores the
-    // word (every other CPU takes its SGI) is their grace period; a detour's trampoline and
-    // handler run with the probed code's IRQs, so detours wait for quiescent points too.
     let detour = matches!(probe.action, Action::Detour { .. });
     let record = (0..MAX_PROBES).find(|&record| core::ptr::eq(record_pointer(record), probe));
-    let clear_first = wrong_order(WrongOrder::TrampolineClearedFirst);
-    if clear_first && let Some(chunk) = chunk {
+    let cleared = wrong_order(WrongOrder::TrampolineClearedFirst);
+    if cleared && let Some(chunk) = chunk {
         slots::clear(slots::chunk_address(chunk));
     }
     RETIRING.store(record_pointer_of(probe), Ordering::Release);
@@ -270,17 +317,21 @@ pub fn unregister(address: u64) -> Result<(), ProbeError> {
     RETIRING.store(core::ptr::null_mut(), Ordering::Release);
     // The record and chunk stay taken (their bits set) until the grace period has elapsed.
     drop(registry);
-    if !no_grace_period && detour {
-        crate::task::cpus::synchronize();
-    }
+    Ok(Retired { record, chunk, cleared, needs_grace_period: detour && !no_grace_period })
+}
+
+/// Unregister's second half, after the grace period: the trampoline cleared (poisoned) and the
+/// record and chunk freed.
+fn finish(retired: Retired) {
     let mut registry = REGISTRY.lock();
-    if !clear_first && let Some(chunk) = chunk {
+    if !retired.cleared
+        && let Some(chunk) = retired.chunk
+    {
         slots::clear(slots::chunk_address(chunk));
     }
-    if let Some(record) = record {
-        release(&mut registry, record, chunk);
+    if let Some(record) = retired.record {
+        release(&mut registry, record, retired.chunk);
     }
-    Ok(())
 }
 
 /// Arms (BRK or B) or disarms (the original) the probed word at kernel text `address` with every
@@ -347,6 +398,9 @@ pub fn counts(address: u64) -> Option<(u64, u64)> {
 pub fn slot_area_address() -> u64 {
     slots::chunk_address(0)
 }
+
+/// The slot area's size in bytes.
+pub const SLOT_AREA_SIZE: u64 = slots::AREA_SIZE;
 
 /// The first patchable function entry outside the no-probe text, if the build has any (for the
 /// tests).

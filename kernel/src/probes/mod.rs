@@ -33,7 +33,9 @@ pub use hit::{
     must_not_preempt, on_brk, on_software_step, on_step_brk, set_reentered_runs_handler, set_reentry_handling,
     simulator_functions, simulator_text,
 };
-pub use kprobe::{counts, first_patchable_entry, register, slot_area_address, unregister};
+pub use kprobe::{
+    SLOT_AREA_SIZE, counts, first_patchable_entry, register, slot_area_address, unregister, unregister_all,
+};
 pub use probes::{Method, Registers, Text};
 pub use refuse::is_noprobe;
 

@@ -18,6 +18,7 @@ pub const TESTS: &[Test] = &[
     Test { name: "probes_match_unprobed_execution", run: probes_match_unprobed_execution },
     Test { name: "probe_handlers_see_registers", run: probe_handlers_see_registers },
     Test { name: "probe_refusals_say_why", run: probe_refusals_say_why },
+    Test { name: "probe_unregister_all_frees_every_probe", run: probe_unregister_all_frees_every_probe },
     Test { name: "probe_hit_from_handler_is_missed", run: probe_hit_from_handler_is_missed },
     Test { name: "probe_reentry_every_method_pair", run: probe_reentry_every_method_pair },
 ];
@@ -642,6 +643,47 @@ fn probe_handlers_see_registers(_: &Context) -> Outcome {
 }
 
 fn ignore(_: &mut Registers) {}
+
+/// A sum of the slot area's words: what a probe leaves in it after unregistering shows here.
+fn slot_area_sum() -> u64 {
+    let start = kprobes::slot_area_address();
+    (0..kprobes::SLOT_AREA_SIZE / 4)
+        // SAFETY: the slot area is mapped kernel memory, readable.
+        .map(|word| u64::from(unsafe { core::ptr::read_volatile((start + 4 * word) as *const u32) }))
+        .fold(0u64, |sum, word| sum.rotate_left(5) ^ word)
+}
+
+/// `unregister_all` (one grace period for a batch, as the probe sweep disarms): every probe of
+/// the batch is gone, its word restored and its slot or trampoline poisoned again; an address
+/// that holds no probe is reported and does not stop the others.
+fn probe_unregister_all_frees_every_probe(_: &Context) -> Outcome {
+    let targets = [
+        (probe_target_add as *const () as u64, Method::Detour),
+        (probe_target_mov as *const () as u64, Method::SingleStep),
+        (probe_target_increment as *const () as u64, Method::BrkStep),
+    ];
+    // SAFETY: kernel text, readable.
+    let originals = targets.map(|(address, _)| unsafe { core::ptr::read_volatile(address as *const u32) });
+    let area = slot_area_sum();
+    for (address, method) in targets {
+        check!(kprobes::register(address, method, ignore, None).is_ok());
+    }
+    // SAFETY: the targets compute from their arguments only.
+    check!(unsafe { (probe_target_add(5, 7), probe_target_mov(5, 7), probe_target_increment(5)) } == (12, 7, 6));
+    check!(targets.iter().all(|&(address, _)| kprobes::counts(address) == Some((1, 0))));
+    let not_registered = scratch_instruction();
+    let batch = [targets[0].0, not_registered, targets[1].0, targets[2].0];
+    check!(kprobes::unregister_all(&batch) == Err(ProbeError::NotRegistered));
+    for ((address, _), original) in targets.iter().zip(originals) {
+        check!(kprobes::counts(*address).is_none());
+        // SAFETY: as above.
+        check_eq!(unsafe { core::ptr::read_volatile(*address as *const u32) }, original);
+    }
+    check_eq!(slot_area_sum(), area);
+    // SAFETY: as above.
+    check!(unsafe { (probe_target_add(5, 7), probe_target_mov(5, 7), probe_target_increment(5)) } == (12, 7, 6));
+    Ok(Verdict::Passed)
+}
 
 fn refusal(address: u64, method: Method, post: Option<kprobes::Handler>) -> Result<(), ProbeError> {
     let result = kprobes::register(address, method, ignore, post);
