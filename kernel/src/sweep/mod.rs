@@ -394,7 +394,7 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits 
     // removed probe's slot or handler, and the next batch may reuse them.
     let mut disarmed = [0u64; BATCH];
     let mut count = 0;
-    for (index, &(address, method)) in probes.iter().enumerate().filter(|&(index, _)| armed[index]) {
+    for &(address, method) in probes.iter().zip(&armed).filter(|&(_, &armed)| armed).map(|(probe, _)| probe) {
         match kprobes::counts(address) {
             Some((_, missed)) => {
                 sweep.tally.missed += missed;
