@@ -862,7 +862,14 @@ fn smp_kretprobe_irq_context_per_cpu(_: &Context) -> Outcome {
         IRQ_RETURNS.store(0, Ordering::Relaxed);
         MOST_IN_IRQ_CALL.store(0, Ordering::Relaxed);
         let spawn = |role: u64| task::spawn_on(CpuMask::one(role as usize), "irq-sender", irq_sender, role);
-        let senders = [spawn(0), spawn(1)];
+        // Both spawned before either runs: on CPU 0 the first spawn's wake-up switched to sender
+        // 0 at once, which then waited for CPU 2 with IRQs masked (the cross call's sender lock)
+        // while CPU 2 waited for role 1, whose sender was not spawned yet (seen on smp 4, GICv3,
+        // when the test landed on CPU 0's main line: role 0 timed out, 1 of 2 inside at once).
+        let senders = {
+            let _mask = IrqMask::new();
+            [spawn(0), spawn(1)]
+        };
         let joined = senders.map(|sender| sender.map(task::join));
         let counts = kretprobe::counts(target);
         check!(kretprobe::unregister(target).is_ok());
