@@ -580,6 +580,16 @@ fn finish_cpu_slot_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool
     if !matches!(probe.action, Action::CpuSlot { .. }) {
         return false;
     }
+    return_from_step(frame, step, probe, hardware_step);
+    CPU_SLOT_HELD[cpu].store(false, Ordering::Release);
+    true
+}
+
+/// The end of a step: the stepping state off, the interrupt masks and step bit of the hit
+/// back, and the task resumed after the probed instruction.
+#[unsafe(link_section = ".text.noprobe")]
+#[inline(always)]
+fn return_from_step(frame: &mut ExceptionFrame, step: &UserStepControl, probe: &Uprobe, hardware_step: bool) {
     if hardware_step {
         set_mdscr(MDSCR_SS, false);
     }
@@ -587,8 +597,6 @@ fn finish_cpu_slot_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool
     frame.spsr = (frame.spsr & !restored) | (step.spsr.load(Ordering::Relaxed) & restored);
     frame.elr = probe.address + 4;
     step.index.store(NO_STEP, Ordering::Relaxed);
-    CPU_SLOT_HELD[cpu].store(false, Ordering::Release);
-    true
 }
 
 #[unsafe(link_section = ".text.noprobe")]
@@ -609,13 +617,7 @@ fn finish_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
     // registration of the index, after the grace period following its unpublish, and this step
     // (IRQs masked from its BRK to here) keeps this CPU from passing a quiescent point.
     let probe = unsafe { &*RECORDS.pointer(index) };
-    if hardware_step {
-        set_mdscr(MDSCR_SS, false);
-    }
-    let restored = SPSR_IF | SPSR_SS;
-    frame.spsr = (frame.spsr & !restored) | (step.spsr.load(Ordering::Relaxed) & restored);
-    frame.elr = probe.address + 4;
-    step.index.store(NO_STEP, Ordering::Relaxed);
+    return_from_step(frame, step, probe, hardware_step);
     true
 }
 
