@@ -217,6 +217,7 @@ pub fn with_others_held<R>(change: impl FnOnce() -> R) -> R {
 
 /// Takes `HOLD_LOCK` and returns with IRQs masked (the DAIF to restore). While another CPU holds
 /// it, this one serves that CPU's hold: it may be spinning with IRQs masked.
+#[unsafe(link_section = ".text.noprobe")]
 fn take_hold_lock() -> u64 {
     loop {
         let daif = crate::arch::cpu::mask_interrupts();
@@ -248,7 +249,11 @@ static HELD: [AtomicU64; stacks::CPUS] = [const { AtomicU64::new(0) }; stacks::C
 
 /// Joins a hold this CPU has not joined yet (IRQs masked: from the wake-up SGI, or while waiting
 /// for the hold lock): reports itself held, waits until the change is done, then `isb`. Stops
-/// here if a panic stops the CPUs meanwhile.
+/// here if a panic stops the CPUs meanwhile. No-probe text with its wait inlined, as Linux keeps
+/// stop_machine's loop out of kprobes: a CPU runs it while the word it may be made of changes
+/// (the 4-CPU sweep's detour on this function's first word was still taken, stale, after its
+/// unregistration: a CPU waiting for the hold lock ran the entry during the write).
+#[unsafe(link_section = ".text.noprobe")]
 fn serve_hold() {
     let cpu = crate::arch::percpu::this_cpu_index();
     let generation = HOLD_GENERATION.load(Ordering::Acquire);

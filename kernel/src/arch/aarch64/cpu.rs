@@ -144,6 +144,7 @@ pub fn send_event() {
 /// Turns on this CPU's timer event stream (CNTKCTL_EL1.EVNTEN, an event every 1024 counter ticks)
 /// so that a `wfe` whose wake-up may never be signalled (a CPU that does not come up or release)
 /// still returns to check its deadline. Returns what to give `event_stream_restore`.
+#[inline(always)]
 pub fn event_stream_on() -> u64 {
     let saved: u64;
     // SAFETY: reads CNTKCTL_EL1; no memory is touched.
@@ -169,6 +170,7 @@ pub fn set_patience(instruction_exact: bool) {
 }
 
 /// What a wait of `timeout_ms` really waits, in milliseconds of counter time (for messages).
+#[inline(always)]
 pub fn patience_ms(timeout_ms: u64) -> u64 {
     timeout_ms * PATIENCE.load(core::sync::atomic::Ordering::Relaxed)
 }
@@ -176,12 +178,14 @@ pub fn patience_ms(timeout_ms: u64) -> u64 {
 /// Waits with `wfe` until `done` holds or `timeout_ms` (times the patience factor) of counter
 /// time pass; the event stream bounds each `wfe` (the CPU expected to `sev` may never do so).
 /// Returns whether `done` held.
+#[inline(always)]
 pub fn wait_until(timeout_ms: u64, done: impl Fn() -> bool) -> bool {
     wait_exactly(patience_ms(timeout_ms), done)
 }
 
 /// `wait_until` without the patience factor: for a wait whose length is a period of its own (a
 /// resend interval), not a bound on another CPU's answer.
+#[inline(always)]
 pub fn wait_exactly(timeout_ms: u64, done: impl Fn() -> bool) -> bool {
     let frequency: u64;
     // SAFETY: reads the counter frequency; no memory is touched.
@@ -204,6 +208,7 @@ pub fn wait_exactly(timeout_ms: u64, done: impl Fn() -> bool) -> bool {
 }
 
 /// Restores CNTKCTL_EL1 as `event_stream_on` found it.
+#[inline(always)]
 pub fn event_stream_restore(saved: u64) {
     // SAFETY: writes back this CPU's own earlier value.
     unsafe { core::arch::asm!("msr cntkctl_el1, {}", "isb", in(reg) saved, options(nomem, nostack, preserves_flags)) };

@@ -18,6 +18,7 @@ pub fn set_step_hook(hook: Option<fn(u64)>) {
 
 /// Whether the step hook is installed (a test steps the patcher: CPUs held while a word changes
 /// serve its cross calls, `task::cpus::with_others_held`).
+#[inline(always)]
 pub fn is_stepped() -> bool {
     STEP_HOOK.load(Ordering::Relaxed) != 0
 }
