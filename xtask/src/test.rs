@@ -55,7 +55,7 @@ pub struct TestArgs {
     /// CPUs). The default set adds its own `smp 4` configurations either way.
     #[arg(long, default_value = "1", value_parser = crate::qemu::parse_smp)]
     pub smp: u8,
-    /// Seconds before a QEMU run counts as hung and is killed.
+    /// Seconds before a QEMU run counts as hung and is killed (twice that for runs without icount).
     #[arg(long, default_value = "120")]
     pub timeout: u64,
 }
@@ -760,7 +760,10 @@ fn run_configuration(
     if !extra_bootargs.is_empty() {
         bootargs.push_str(&format!(" {extra_bootargs}"));
     }
-    let result = qemu::run(machine, image, &bootargs, Some(Duration::from_secs(args.timeout)), false)?;
+    // Without icount the run is wall time on a shared host (4 vCPUs on 2 cores: the `smp_` set's
+    // churn holds every CPU per round; 21 s alone, 62 s beside another QEMU): twice the timeout.
+    let timeout = if machine.icount { args.timeout } else { 2 * args.timeout };
+    let result = qemu::run(machine, image, &bootargs, Some(Duration::from_secs(timeout)), false)?;
     let configuration = format!(
         "{} variant {}{}{extra_bootargs}",
         machine.describe(),
@@ -797,7 +800,7 @@ fn run_configuration(
     match result.status {
         None => problems.push(format!(
             "killed after {} s timeout{}",
-            args.timeout,
+            timeout,
             running.as_ref().map(|name| format!(" while running test {name}")).unwrap_or_default()
         )),
         Some(status) if status != expected_status => problems.push(format!(
