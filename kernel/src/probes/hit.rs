@@ -205,9 +205,11 @@ fn handle(frame: &mut ExceptionFrame, probe: &Probe, cpu: &ProbeControl) -> bool
             }
         }
         Action::OutOfLine { slot, hardware_step } => {
-            cpu.step_spsr.store(frame.spsr, Ordering::Relaxed);
+            // Read once: the compiler reloaded it after the per-CPU stores (+1 per stepped hit).
+            let spsr = frame.spsr;
+            cpu.step_spsr.store(spsr, Ordering::Relaxed);
             cpu.status.store(STEPPING, Ordering::Relaxed);
-            enter_slot(frame, slot, hardware_step);
+            enter_slot(frame, spsr, slot, hardware_step);
             return true;
         }
         Action::Detour { .. } => return false,
@@ -260,9 +262,10 @@ fn perform_missed(frame: &mut ExceptionFrame, probe: &Probe, cpu: &ProbeControl,
         Action::Simulate(ref simulated) => simulate_hit(simulated, registers(frame)),
         Action::SimulateFramePush => push_frame(frame),
         Action::OutOfLine { slot, hardware_step } => {
-            cpu.step_spsr.store(frame.spsr, Ordering::Relaxed);
+            let spsr = frame.spsr;
+            cpu.step_spsr.store(spsr, Ordering::Relaxed);
             cpu.status.store(REENTERED_STEPPING, Ordering::Relaxed);
-            enter_slot(frame, slot, hardware_step);
+            enter_slot(frame, spsr, slot, hardware_step);
             return true;
         }
         Action::Detour { .. } => false,
@@ -335,18 +338,18 @@ fn push_frame(frame: &mut ExceptionFrame) -> bool {
     true
 }
 
-/// Returns into `slot` to run the probe's instruction there.
+/// Returns into `slot` to run the probe's instruction there (`spsr`: the frame's).
 #[unsafe(link_section = ".text.noprobe")]
 #[inline(always)]
-fn enter_slot(frame: &mut ExceptionFrame, slot: u64, hardware_step: bool) {
+fn enter_slot(frame: &mut ExceptionFrame, spsr: u64, slot: u64, hardware_step: bool) {
     frame.elr = slot;
     if hardware_step {
         // Step exactly the slot's instruction: SS set, debug unmasked, interrupts masked
         // (otherwise the step would land in the IRQ vector).
-        frame.spsr = (frame.spsr | SPSR_SS | SPSR_I | SPSR_F) & !SPSR_D;
+        frame.spsr = (spsr | SPSR_SS | SPSR_I | SPSR_F) & !SPSR_D;
         set_mdscr(MDSCR_KDE | MDSCR_SS, true);
     } else {
-        frame.spsr |= SPSR_DAIF;
+        frame.spsr = spsr | SPSR_DAIF;
     }
 }
 

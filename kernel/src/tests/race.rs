@@ -19,6 +19,7 @@ use crate::task::cross_call::{self, CrossCallError};
 use crate::task::{cpus, stacks::CPUS};
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
+mod calls;
 mod grace;
 mod ugrace;
 mod uprobe;
@@ -26,6 +27,7 @@ mod uprobe;
 pub const TESTS: &[Test] = &[
     Test { name: "cross_call_runs_on_every_cpu", run: cross_call_runs_on_every_cpu },
     Test { name: "cross_call_reports_what_failed", run: cross_call_reports_what_failed },
+    Test { name: "smp_cross_calls_to_each_other_at_once", run: calls::smp_cross_calls_to_each_other_at_once },
     Test { name: "race_kprobe_arm_disarm", run: race_kprobe_arm_disarm },
     Test { name: "race_ftrace_enable_disable", run: race_ftrace_enable_disable },
     Test { name: "race_ftrace_literal_swaps", run: race_ftrace_literal_swaps },

@@ -109,6 +109,15 @@ pub fn mask_interrupts() -> u64 {
     daif
 }
 
+/// Whether IRQs are masked on this CPU (PSTATE.I).
+#[inline(always)]
+pub fn interrupts_masked() -> bool {
+    let daif: u64;
+    // SAFETY: reads DAIF; no memory is touched.
+    unsafe { core::arch::asm!("mrs {}, daif", out(reg) daif, options(nomem, nostack, preserves_flags)) };
+    daif & (1 << 7) != 0
+}
+
 #[inline(always)]
 pub fn restore_interrupts(daif: u64) {
     // SAFETY: restores a DAIF value read by `mask_interrupts`.
