@@ -42,7 +42,8 @@ pub struct ProbesArgs {
     #[arg(long, default_value = "0..48")]
     pub members: String,
     /// Milliseconds CPU 0 may make no progress before another CPU reports the run hung (kernel
-    /// default 5000; a loaded host may need more).
+    /// default: 5000 more than its own wait for a pass, 2000 times the patience factor: 7 s under
+    /// icount, 45 s without; a loaded host may need more).
     #[arg(long)]
     pub watchdog: Option<u64>,
     /// Sweep a seeded sample of this many functions (0: all).
