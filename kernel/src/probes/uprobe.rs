@@ -55,6 +55,8 @@ pub const SVC_UPROBE_DETOUR: u16 = 0x5550;
 
 pub const MAX_UPROBES: usize = 16;
 const DETOUR_OFFSET: u64 = 0x400;
+/// The detour trampolines' bytes in the XOL page (16 per probe index).
+const DETOUR_AREA_BYTES: u64 = 16 * MAX_UPROBES as u64;
 /// The per-CPU slots (strategy `XolSlots::PerCpu`).
 const CPU_SLOTS_OFFSET: u64 = 0xc00;
 
@@ -277,8 +279,12 @@ pub fn register_with_slots(
 /// (`task::cpus::synchronize`, with `REGISTER` released: a CPU spinning on it with IRQs masked
 /// would never pass a quiescent point): a hit runs with IRQs masked from the BRK through the
 /// stepped slot to the step's return, so a CPU past a quiescent point is done with the probe. A
-/// task inside a detour trampoline runs at EL0 with IRQs unmasked and can be preempted there: the
-/// grace period does not cover it (docs/design/races.md).
+/// task inside a detour trampoline runs at EL0 with IRQs unmasked, but is never switched away
+/// there ([`in_detour_trampoline`]): a task switch, the quiescent point, happens only outside
+/// every trampoline, so the grace period covers tasks in trampolines too, on other CPUs (whose
+/// IRQ exits defer the reschedule until the task left it; `synchronize` resends its wake-up)
+/// and on this one (the caller runs only once such a task was switched away, outside)
+/// (docs/design/races.md).
 pub fn unregister(address: u64) -> Result<(), ProbeError> {
     let index = {
         let _lock = REGISTER.lock();
@@ -318,6 +324,10 @@ pub enum WrongRemoval {
     PoisonBeforeRestore = 1,
     /// No grace period between the unpublish and the poisoning.
     NoGracePeriod = 2,
+    /// A task interrupted inside a detour trampoline may be switched away there (the bug
+    /// before issue 22's fix: its switch is a quiescent point, and the grace period can end
+    /// while its PC is still in the trampoline).
+    PreemptibleTrampoline = 3,
 }
 
 static WRONG_REMOVAL: AtomicUsize = AtomicUsize::new(WrongRemoval::None as usize);
@@ -330,8 +340,45 @@ fn wrong_removal() -> WrongRemoval {
     match WRONG_REMOVAL.load(Ordering::Relaxed) {
         1 => WrongRemoval::PoisonBeforeRestore,
         2 => WrongRemoval::NoGracePeriod,
+        3 => WrongRemoval::PreemptibleTrampoline,
         _ => WrongRemoval::None,
     }
+}
+
+/// IRQ exits that found a user task inside a detour trampoline and so switched no task there
+/// (`in_detour_trampoline`), since boot.
+static TRAMPOLINE_IRQ_EXITS: AtomicU64 = AtomicU64::new(0);
+
+/// Whether an IRQ taken from EL0 at `pc` interrupted a task inside a detour trampoline (its SVC,
+/// displaced instruction or branch back). The trap layer then switches no task at that IRQ's
+/// exit (`probes::must_not_preempt`; the reschedule stays pending for the next IRQ exit): a task
+/// switch is a quiescent point, and `unregister` poisons and reuses a trampoline once its grace
+/// period ended. So a task is switched away only outside every trampoline, and a grace period
+/// covers tasks in trampolines as it covers CPUs in a hit. Runs at every IRQ exit: one
+/// subtraction and compare outside the trampolines. `USER_XOL` is a TTBR0 address: no kernel
+/// PC (TTBR1) falls in the range.
+#[unsafe(link_section = ".text.noprobe")]
+#[inline]
+pub fn in_detour_trampoline(pc: u64) -> bool {
+    pc.wrapping_sub(USER_XOL + DETOUR_OFFSET) < DETOUR_AREA_BYTES && trampoline_irq_exit()
+}
+
+/// An IRQ exit inside a trampoline: counted, and not preempted (unless the test-only
+/// `WrongRemoval::PreemptibleTrampoline` puts the bug back).
+#[unsafe(link_section = ".text.noprobe")]
+#[cold]
+#[inline(never)]
+fn trampoline_irq_exit() -> bool {
+    if wrong_removal() == WrongRemoval::PreemptibleTrampoline {
+        return false;
+    }
+    TRAMPOLINE_IRQ_EXITS.fetch_add(1, Ordering::Relaxed);
+    true
+}
+
+/// IRQ exits that found a user task in a detour trampoline (and left it running), since boot.
+pub fn trampoline_irq_exits() -> u64 {
+    TRAMPOLINE_IRQ_EXITS.load(Ordering::Relaxed)
 }
 
 /// Indices unpublished whose slots are not yet poisoned (waiting for the grace period): not
@@ -343,6 +390,13 @@ const _: () = assert!(MAX_UPROBES <= 64, "one u64 bitmap");
 /// Hits and return-handler runs of the uprobe at `address`.
 pub fn counts(address: u64) -> Option<(u64, u64)> {
     lookup(address).map(|(index, _)| (HITS[index].load(Ordering::Relaxed), RETURNS[index].load(Ordering::Relaxed)))
+}
+
+/// The user address of the detour trampoline of the uprobe at `address`, if it is a detour.
+pub fn detour_trampoline(address: u64) -> Option<u64> {
+    lookup(address)
+        .filter(|(_, probe)| matches!(probe.action, Action::Detour))
+        .map(|(index, _)| USER_XOL + detour_offset(index))
 }
 
 pub use super::uretprobe::missed_returns;
@@ -631,9 +685,9 @@ fn on_detour(frame: &mut ExceptionFrame) -> bool {
     let Some(probe) = published(index) else {
         // Unpublished while the task was in the trampoline before its SVC (killed here before,
         // found by the race tests): the hit had not begun; the trampoline goes on with the
-        // displaced instruction and the branch back. (It is intact until the grace period ends,
-        // and a task at EL0 with IRQs masked passes no quiescent point. A task preempted in the
-        // trampoline is not covered: docs/design/races.md.)
+        // displaced instruction and the branch back. (It is intact until the grace period ends:
+        // a task inside a trampoline is never switched away there, `in_detour_trampoline`, so
+        // its CPU passes no quiescent point before it left.)
         return retiring(index).is_some();
     };
     HITS[index].fetch_add(1, Ordering::Relaxed);
