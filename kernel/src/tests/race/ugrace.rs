@@ -459,6 +459,7 @@ struct PreemptedRun {
     hits: u64,
     unregister: usize,
     trampoline_irq_exits: u64,
+    rescheduled_before_hit: u64,
 }
 
 /// One run: the detour registered, the user task and the unregistering task pinned to this
@@ -476,6 +477,7 @@ fn preempted_run(spin: u64) -> Result<PreemptedRun, crate::tests::Failure> {
     }
     let trampoline = uprobes::detour_trampoline(target).unwrap_or(0);
     let exits_before = uprobes::trampoline_irq_exits();
+    let rescheduled_before = uprobes::rescheduled_before_hit();
     let spawned = {
         // Masked from the first spawn to the second, so both start on this CPU.
         let _masked = IrqMask::new();
@@ -503,12 +505,13 @@ fn preempted_run(spin: u64) -> Result<PreemptedRun, crate::tests::Failure> {
         hits: UDETOUR_HITS.load(Ordering::Relaxed),
         unregister,
         trampoline_irq_exits: uprobes::trampoline_irq_exits() - exits_before,
+        rescheduled_before_hit: uprobes::rescheduled_before_hit() - rescheduled_before,
     })
 }
 
 fn log_run(name: &str, run: &PreemptedRun) {
     defmt::info!(
-        "  {=str}: trampoline {=u64:#x}, task {}, exit {=?}, fault {=?}, {=u64} hits, unregister {=usize}, {=u64} IRQ exits deferred in a trampoline",
+        "  {=str}: trampoline {=u64:#x}, task {}, exit {=?}, fault {=?}, {=u64} hits, unregister {=usize}, {=u64} IRQ exits deferred in a trampoline, {=u64} detour SVCs rescheduled before the hit",
         name,
         run.trampoline,
         run.ended,
@@ -516,7 +519,8 @@ fn log_run(name: &str, run: &PreemptedRun) {
         run.fault,
         run.hits,
         run.unregister,
-        run.trampoline_irq_exits
+        run.trampoline_irq_exits,
+        run.rescheduled_before_hit
     );
 }
 
@@ -525,11 +529,12 @@ fn log_run(name: &str, run: &PreemptedRun) {
 /// bug put back (`WrongRemoval::PreemptibleTrampoline`) the task is switched away at + 4, the
 /// unregistration (its grace period passes: the task is switched away) poisons the trampoline,
 /// and the task resumes into `BRK #0x120` filler: killed with its fault at trampoline + 4. With
-/// the fix, the IRQ exit at + 4 switches nothing (counted); the unregistration runs at a later
-/// tick, outside the trampoline, and the task finishes with every result right. Then the index
+/// the fix, the IRQ exit at + 4 switches nothing (counted); the task is switched away at its
+/// next detour SVC, before the hit, at the probed address (outside the trampoline), the
+/// unregistration runs then, and the task finishes with every result right. Then the index
 /// is reused: a new detour at the same trampoline is hit by every call. One CPU: every
 /// configuration.
-pub(super) fn race_uprobe_detour_preempted_in_trampoline(_: &Context) -> Outcome {
+pub(super) fn race_uprobe_detour_preempted_in_trampoline(context: &Context) -> Outcome {
     let target = user_address(&raw const race_udetour_target);
     let entry = user_address(&raw const race_udetour_loop);
     let spin = 4 * crate::drivers::timer::frequency() / crate::drivers::timer::hz();
@@ -556,10 +561,14 @@ pub(super) fn race_uprobe_detour_preempted_in_trampoline(_: &Context) -> Outcome
     check!(right.fault.is_none());
     let calls = right.exit_code.unwrap_or(UDETOUR_BAD);
     check!(calls != UDETOUR_BAD);
-    // Unregistered while the task still ran (later calls missed the probe).
-    check!(right.hits >= 1 && right.hits < calls);
-    // The IRQ at + 4 was taken and deferred.
+    // The IRQ at + 4 was taken and deferred; the task was switched away before its second hit
+    // (at its next detour SVC, `reschedule_before_hit`: without icount a tick may do it first,
+    // in the few instructions outside the trampoline), the unregistering task ran then, and
+    // every later call ran the restored instruction.
     check!(right.trampoline_irq_exits >= 1);
+    check_eq!(right.hits, 1);
+    check!(calls > 1);
+    check!(right.rescheduled_before_hit >= u64::from(context.icount));
     check!(uprobes::counts(target).is_none());
 
     // The index is free again and its trampoline rewritten: every call is a hit.
