@@ -444,6 +444,8 @@ const USER_CONFIG: SimulationConfig =
     SimulationConfig { sp_alignment_check: false, guarded_page: false, instruction_tbi: [true, true] };
 
 /// A synchronous exception from EL0 that may be a user probe's (BRK, software step, detour SVC).
+/// The only SVC the trap table (`trap::route`) gives uprobes is `SVC #SVC_UPROBE_DETOUR`, so
+/// its immediate is not compared again (`on_detour` checks that the SVC is a trampoline's).
 #[unsafe(link_section = ".text.noprobe")]
 pub fn on_el0_exception(frame: &mut ExceptionFrame, class: ExceptionClass) -> bool {
     let immediate = (frame.esr & 0xffff) as u16;
@@ -457,7 +459,7 @@ pub fn on_el0_exception(frame: &mut ExceptionFrame, class: ExceptionClass) -> bo
         ExceptionClass::SoftwareStepLowerEl => {
             finish_step(frame, true) || finish_cpu_slot_step(frame, true) || foreign_step(frame)
         }
-        ExceptionClass::Svc64 if immediate == SVC_UPROBE_DETOUR => on_detour(frame),
+        ExceptionClass::Svc64 => on_detour(frame),
         _ => false,
     }
 }
