@@ -435,8 +435,7 @@ fn preempt_after_svc(_: &mut Registers) {
 /// unregisters the probe at `target` (IRQs masked, so no tick moves the user task on before the
 /// trampoline is poisoned).
 extern "C" fn unregister_when_released(target: u64) {
-    let deadline =
-        virtual_count() + cpu::patience_ms(UDETOUR_WAIT_MS) * crate::drivers::timer::frequency() / 1000;
+    let deadline = virtual_count() + cpu::patience_ms(UDETOUR_WAIT_MS) * crate::drivers::timer::frequency() / 1000;
     while !UDETOUR_RELEASED.load(Ordering::Acquire) {
         if virtual_count() > deadline {
             UDETOUR_UNREGISTER.store(TIMED_OUT, Ordering::Release);
