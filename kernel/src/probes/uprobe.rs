@@ -727,10 +727,10 @@ fn reschedule_before_hit(frame: &mut ExceptionFrame, probe: &Uprobe) {
     crate::task::irq_exit();
 }
 
-/// Detour SVCs that switched the task away at the probed address before the hit
-/// (`reschedule_before_hit`), since boot.
 static RESCHEDULED_BEFORE_HIT: AtomicU64 = AtomicU64::new(0);
 
+/// Detour SVCs that found a reschedule pending and made it at the probed address, before the
+/// hit (`reschedule_before_hit`), since boot.
 pub fn rescheduled_before_hit() -> u64 {
     RESCHEDULED_BEFORE_HIT.load(Ordering::Relaxed)
 }
