@@ -424,15 +424,17 @@ fn finish_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
 
 /// Whether a task interrupted at `pc` on this CPU must not be switched away (the trap layer
 /// then keeps the reschedule for the first IRQ exit outside): it is inside kernel-probe code,
-/// a detour trampoline or XOL slot, or a probe's handler. A task preempted there would pass a
-/// quiescent point (the switch) while still inside memory that `unregister` poisons and reuses
-/// after its grace period (Linux's optprobes need `synchronize_rcu_tasks` for this; here
-/// preemption simply waits: the code inside is short and never blocks).
+/// a detour trampoline or XOL slot, or a probe's handler, or at EL0 inside a uprobe's detour
+/// trampoline. A task preempted there would pass a quiescent point (the switch) while still
+/// inside memory that `unregister` poisons and reuses after its grace period (Linux's optprobes
+/// need `synchronize_rcu_tasks` for this; here preemption simply waits: the code inside is
+/// short and never blocks).
 #[unsafe(link_section = ".text.noprobe")]
 pub fn must_not_preempt(pc: u64) -> bool {
     pc.wrapping_sub(super::slots::chunk_address(0)) < super::slots::AREA_SIZE
         || control().status.load(Ordering::Relaxed) != IDLE
         || pc.wrapping_sub(detour_entry_address()) < DETOUR_ENTRY_BYTES
+        || super::uprobe::in_detour_trampoline(pc)
 }
 
 // Where detour trampolines call (`blr`, x0 = the probe, x1 = the saved registers): this CPU's

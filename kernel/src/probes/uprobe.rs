@@ -55,6 +55,8 @@ pub const SVC_UPROBE_DETOUR: u16 = 0x5550;
 
 pub const MAX_UPROBES: usize = 16;
 const DETOUR_OFFSET: u64 = 0x400;
+/// The detour trampolines' bytes in the XOL page (16 per probe index).
+const DETOUR_AREA_BYTES: u64 = 16 * MAX_UPROBES as u64;
 /// The per-CPU slots (strategy `XolSlots::PerCpu`).
 const CPU_SLOTS_OFFSET: u64 = 0xc00;
 
@@ -277,8 +279,12 @@ pub fn register_with_slots(
 /// (`task::cpus::synchronize`, with `REGISTER` released: a CPU spinning on it with IRQs masked
 /// would never pass a quiescent point): a hit runs with IRQs masked from the BRK through the
 /// stepped slot to the step's return, so a CPU past a quiescent point is done with the probe. A
-/// task inside a detour trampoline runs at EL0 with IRQs unmasked and can be preempted there: the
-/// grace period does not cover it (docs/design/races.md).
+/// task inside a detour trampoline runs at EL0 with IRQs unmasked, but is never switched away
+/// there ([`in_detour_trampoline`]): a task switch, the quiescent point, happens only outside
+/// every trampoline, so the grace period covers tasks in trampolines too, on other CPUs (whose
+/// IRQ exits defer the reschedule until the task left it; `synchronize` resends its wake-up)
+/// and on this one (the caller runs only once such a task was switched away, outside)
+/// (docs/design/races.md).
 pub fn unregister(address: u64) -> Result<(), ProbeError> {
     let index = {
         let _lock = REGISTER.lock();
@@ -318,6 +324,10 @@ pub enum WrongRemoval {
     PoisonBeforeRestore = 1,
     /// No grace period between the unpublish and the poisoning.
     NoGracePeriod = 2,
+    /// A task interrupted inside a detour trampoline may be switched away there (the bug
+    /// before issue 22's fix: its switch is a quiescent point, and the grace period can end
+    /// while its PC is still in the trampoline).
+    PreemptibleTrampoline = 3,
 }
 
 static WRONG_REMOVAL: AtomicUsize = AtomicUsize::new(WrongRemoval::None as usize);
@@ -330,8 +340,45 @@ fn wrong_removal() -> WrongRemoval {
     match WRONG_REMOVAL.load(Ordering::Relaxed) {
         1 => WrongRemoval::PoisonBeforeRestore,
         2 => WrongRemoval::NoGracePeriod,
+        3 => WrongRemoval::PreemptibleTrampoline,
         _ => WrongRemoval::None,
     }
+}
+
+/// IRQ exits that found a user task inside a detour trampoline and so switched no task there
+/// (`in_detour_trampoline`), since boot.
+static TRAMPOLINE_IRQ_EXITS: AtomicU64 = AtomicU64::new(0);
+
+/// Whether an IRQ taken from EL0 at `pc` interrupted a task inside a detour trampoline (its SVC,
+/// displaced instruction or branch back). The trap layer then switches no task at that IRQ's
+/// exit (`probes::must_not_preempt`; the reschedule stays pending for the next IRQ exit): a task
+/// switch is a quiescent point, and `unregister` poisons and reuses a trampoline once its grace
+/// period ended. So a task is switched away only outside every trampoline, and a grace period
+/// covers tasks in trampolines as it covers CPUs in a hit. Runs at every IRQ exit: one
+/// subtraction and compare outside the trampolines. `USER_XOL` is a TTBR0 address: no kernel
+/// PC (TTBR1) falls in the range.
+#[unsafe(link_section = ".text.noprobe")]
+#[inline]
+pub fn in_detour_trampoline(pc: u64) -> bool {
+    pc.wrapping_sub(USER_XOL + DETOUR_OFFSET) < DETOUR_AREA_BYTES && trampoline_irq_exit()
+}
+
+/// An IRQ exit inside a trampoline: counted, and not preempted (unless the test-only
+/// `WrongRemoval::PreemptibleTrampoline` puts the bug back).
+#[unsafe(link_section = ".text.noprobe")]
+#[cold]
+#[inline(never)]
+fn trampoline_irq_exit() -> bool {
+    if wrong_removal() == WrongRemoval::PreemptibleTrampoline {
+        return false;
+    }
+    TRAMPOLINE_IRQ_EXITS.fetch_add(1, Ordering::Relaxed);
+    true
+}
+
+/// IRQ exits that found a user task in a detour trampoline (and left it running), since boot.
+pub fn trampoline_irq_exits() -> u64 {
+    TRAMPOLINE_IRQ_EXITS.load(Ordering::Relaxed)
 }
 
 /// Indices unpublished whose slots are not yet poisoned (waiting for the grace period): not
@@ -343,6 +390,13 @@ const _: () = assert!(MAX_UPROBES <= 64, "one u64 bitmap");
 /// Hits and return-handler runs of the uprobe at `address`.
 pub fn counts(address: u64) -> Option<(u64, u64)> {
     lookup(address).map(|(index, _)| (HITS[index].load(Ordering::Relaxed), RETURNS[index].load(Ordering::Relaxed)))
+}
+
+/// The user address of the detour trampoline of the uprobe at `address`, if it is a detour.
+pub fn detour_trampoline(address: u64) -> Option<u64> {
+    lookup(address)
+        .filter(|(_, probe)| matches!(probe.action, Action::Detour))
+        .map(|(index, _)| USER_XOL + detour_offset(index))
 }
 
 pub use super::uretprobe::missed_returns;
@@ -390,6 +444,8 @@ const USER_CONFIG: SimulationConfig =
     SimulationConfig { sp_alignment_check: false, guarded_page: false, instruction_tbi: [true, true] };
 
 /// A synchronous exception from EL0 that may be a user probe's (BRK, software step, detour SVC).
+/// The only SVC the trap table (`trap::route`) gives uprobes is `SVC #SVC_UPROBE_DETOUR`, so
+/// its immediate is not compared again (`on_detour` checks that the SVC is a trampoline's).
 #[unsafe(link_section = ".text.noprobe")]
 pub fn on_el0_exception(frame: &mut ExceptionFrame, class: ExceptionClass) -> bool {
     let immediate = (frame.esr & 0xffff) as u16;
@@ -403,7 +459,7 @@ pub fn on_el0_exception(frame: &mut ExceptionFrame, class: ExceptionClass) -> bo
         ExceptionClass::SoftwareStepLowerEl => {
             finish_step(frame, true) || finish_cpu_slot_step(frame, true) || foreign_step(frame)
         }
-        ExceptionClass::Svc64 if immediate == SVC_UPROBE_DETOUR => on_detour(frame),
+        ExceptionClass::Svc64 => on_detour(frame),
         _ => false,
     }
 }
@@ -631,11 +687,15 @@ fn on_detour(frame: &mut ExceptionFrame) -> bool {
     let Some(probe) = published(index) else {
         // Unpublished while the task was in the trampoline before its SVC (killed here before,
         // found by the race tests): the hit had not begun; the trampoline goes on with the
-        // displaced instruction and the branch back. (It is intact until the grace period ends,
-        // and a task at EL0 with IRQs masked passes no quiescent point. A task preempted in the
-        // trampoline is not covered: docs/design/races.md.)
+        // displaced instruction and the branch back. (It is intact until the grace period ends:
+        // a task inside a trampoline is never switched away there, `in_detour_trampoline`, so
+        // its CPU passes no quiescent point before it left.)
         return retiring(index).is_some();
     };
+    if this_cpu().need_resched.load(Ordering::Relaxed) {
+        reschedule_before_hit(frame, probe);
+        return true;
+    }
     HITS[index].fetch_add(1, Ordering::Relaxed);
     let resume = frame.elr;
     frame.elr = probe.address;
@@ -645,6 +705,34 @@ fn on_detour(frame: &mut ExceptionFrame) -> bool {
         uretprobe::hijack_return(frame, index);
     }
     true
+}
+
+/// A reschedule is pending at a detour SVC (typically an IRQ exit inside a trampoline deferred it,
+/// `in_detour_trampoline`): the hit has not begun and the trampoline has run nothing but the
+/// SVC, so the task goes back to the probed address, outside the trampoline, and is switched
+/// away there; when it resumes it runs that word again (the B: the hit then; or the restored
+/// instruction). Without this a task calling a detour-probed function in a loop is hardly ever
+/// preemptible: an IRQ that arrives while its SVC exception runs (IRQs masked, most of each
+/// call's time) is taken right after the `eret`, at trampoline + 4, where it may not switch.
+/// Measured on virt (icount or not): every tick during a 4-tick loop of hits deferred; the
+/// tasks waiting for that CPU, and the grace period of a kprobe or tracer waiting for it to
+/// pass a quiescent point, would wait for as long as the loop runs.
+#[unsafe(link_section = ".text.noprobe")]
+#[cold]
+#[inline(never)]
+fn reschedule_before_hit(frame: &mut ExceptionFrame, probe: &Uprobe) {
+    RESCHEDULED_BEFORE_HIT.fetch_add(1, Ordering::Relaxed);
+    frame.elr = probe.address;
+    // The reschedule an IRQ exit would have made (a quiescent point, maybe a switch).
+    crate::task::irq_exit();
+}
+
+static RESCHEDULED_BEFORE_HIT: AtomicU64 = AtomicU64::new(0);
+
+/// Detour SVCs that found a reschedule pending and made it at the probed address, before the
+/// hit (`reschedule_before_hit`), since boot.
+pub fn rescheduled_before_hit() -> u64 {
+    RESCHEDULED_BEFORE_HIT.load(Ordering::Relaxed)
 }
 
 /// The user PC a fault at `elr` is reported at: a fault in a step slot or detour trampoline

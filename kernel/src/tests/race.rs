@@ -41,6 +41,10 @@ pub const TESTS: &[Test] = &[
     Test { name: "race_uprobe_insert_remove", run: uprobe::race_uprobe_insert_remove },
     Test { name: "race_uprobe_wrong_sequence_is_caught", run: uprobe::race_uprobe_wrong_sequence_is_caught },
     Test { name: "race_uprobe_unregister_waits", run: ugrace::race_uprobe_unregister_waits },
+    Test {
+        name: "race_uprobe_detour_preempted_in_trampoline",
+        run: ugrace::race_uprobe_detour_preempted_in_trampoline,
+    },
 ];
 
 const ONE_CPU: &str = "one CPU (run with --smp N)";

@@ -190,7 +190,7 @@ extern "C" fn trap_irq_exit(frame: *mut ExceptionFrame) {
         check_async_tag_faults(pc);
     }
     // No task switch inside probe code (a detour trampoline or its entry stub, an XOL slot, a
-    // probe handler):
+    // probe handler, a user task's uprobe detour trampoline):
     // the switch is a quiescent point, and the task would resume in memory a grace period let
     // `unregister` free. The reschedule stays pending for the next IRQ exit. (Tracers run with
     // IRQs masked inside the ftrace trampoline: no IRQ exit lands in one.)

@@ -8,6 +8,9 @@
 //! unregistration must return only after the executor resumed, and the call must be the hit
 //! ("before") or the restored instruction ("after"). The step exceptions reach this file through
 //! `uprobe::set_foreign_step_hook` (a step that no uprobe armed). See docs/design/races.md.
+//!
+//! Also (issue 22): a user task preempted inside a detour trampoline, on one CPU (an IRQ made
+//! pending at the trampoline's displaced instruction by the probe's handler).
 
 use super::uprobe::{
     EXECUTORS, MAILBOXES, NONE, TARGET_HITS, ended, executor_entry, race_user_after_gate, race_user_run,
@@ -15,14 +18,15 @@ use super::uprobe::{
 };
 use super::{Behaviour, Execution, Finding, HIT, NOT_HIT, needs_cpus};
 use crate::arch::counters::virtual_count;
-use crate::arch::exception::ExceptionFrame;
+use crate::arch::exception::{ExceptionClass, ExceptionFrame};
 use crate::arch::step::{MDSCR_SS, SPSR_SS, set_mdscr};
 use crate::arch::{cpu, percpu};
 use crate::probes::uprobe::{self as uprobes, WrongRemoval};
 use crate::probes::{Method, Registers};
-use crate::task::TaskId;
-use crate::task::user::USER_XOL;
-use crate::tests::{Context, Outcome, Verdict, check_eq};
+use crate::sync::IrqMask;
+use crate::task::user::{self, USER_XOL, UserFault};
+use crate::task::{CpuMask, KillReason, State, TaskId};
+use crate::tests::{Context, Outcome, Verdict, check, check_eq};
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 const NO_POINT: usize = usize::MAX;
@@ -353,4 +357,230 @@ pub(super) fn race_uprobe_unregister_waits(context: &Context) -> Outcome {
         check_eq!(exited, true);
         Ok(Verdict::Passed)
     })
+}
+
+// A user task preempted inside a detour trampoline (issue 22). `race_udetour_loop(spin)` calls
+// `race_udetour_target(i)` (`add x0, x0, #1; ret`, probed on its `add` with a detour) for
+// i = 1, 2, ... until `spin` counter units have passed, checking each result; exit(calls), or
+// exit(UDETOUR_BAD) at the first wrong result.
+core::arch::global_asm!(
+    r#"
+    .section .text.user, "ax"
+    .balign 16
+    .global race_udetour_loop
+race_udetour_loop:
+    mov     x19, x0
+    mov     x8, #2
+    svc     #0
+    add     x19, x19, x0
+    mov     x20, #0
+1:  add     x20, x20, #1
+    mov     x0, x20
+    bl      race_udetour_target
+    add     x9, x20, #1
+    cmp     x0, x9
+    b.ne    9f
+    mrs     x10, cntvct_el0
+    cmp     x10, x19
+    b.lo    1b
+    mov     x0, x20
+    mov     x8, #0
+    svc     #0
+9:  mov     x0, #-1
+    mov     x8, #0
+    svc     #0
+    .balign 16
+    .global race_udetour_target
+race_udetour_target:
+    add     x0, x0, #1
+    ret
+"#
+);
+
+unsafe extern "C" {
+    static race_udetour_loop: u32;
+    static race_udetour_target: u32;
+}
+
+/// `race_udetour_loop`'s exit code when a call returned a wrong result.
+const UDETOUR_BAD: u64 = u64::MAX;
+/// How long the unregistering task waits for the first hit (ms, times the patience factor).
+const UDETOUR_WAIT_MS: u64 = 100;
+
+/// Set before a run: the next hit makes the tick pending on its CPU.
+static UDETOUR_ARM: AtomicBool = AtomicBool::new(false);
+/// Set by that hit: the unregistering task may go.
+static UDETOUR_RELEASED: AtomicBool = AtomicBool::new(false);
+static UDETOUR_HITS: AtomicU64 = AtomicU64::new(0);
+/// What the unregistering task did: `PENDING`, `UNREGISTERED`, `FAILED` or `TIMED_OUT`.
+static UDETOUR_UNREGISTER: AtomicUsize = AtomicUsize::new(PENDING);
+const PENDING: usize = 0;
+const UNREGISTERED: usize = 1;
+const FAILED: usize = 2;
+const TIMED_OUT: usize = 3;
+
+/// The detour's handler (in the task's `SVC #0x5550` exception, IRQs masked). On the armed hit
+/// it brings this CPU's tick forward to now: pending until the `eret` to trampoline + 4 unmasks
+/// IRQs, taken there, and the tick asks for a reschedule (`need_resched`) at that IRQ's exit.
+/// (Not the wake-up SGI: a uniprocessor GICv2 has no target list to send one to itself.)
+fn preempt_after_svc(_: &mut Registers) {
+    UDETOUR_HITS.fetch_add(1, Ordering::Relaxed);
+    if UDETOUR_ARM.swap(false, Ordering::Relaxed) {
+        crate::drivers::timer::fire_in(0);
+        UDETOUR_RELEASED.store(true, Ordering::Release);
+    }
+}
+
+/// The kernel task on the user task's CPU: yields until the armed hit released it, then
+/// unregisters the probe at `target` (IRQs masked, so no tick moves the user task on before the
+/// trampoline is poisoned).
+extern "C" fn unregister_when_released(target: u64) {
+    let deadline = virtual_count() + cpu::patience_ms(UDETOUR_WAIT_MS) * crate::drivers::timer::frequency() / 1000;
+    while !UDETOUR_RELEASED.load(Ordering::Acquire) {
+        if virtual_count() > deadline {
+            UDETOUR_UNREGISTER.store(TIMED_OUT, Ordering::Release);
+            return;
+        }
+        crate::task::yield_now();
+    }
+    let masked = cpu::mask_interrupts();
+    let unregistered = uprobes::unregister(target).is_ok();
+    cpu::restore_interrupts(masked);
+    UDETOUR_UNREGISTER.store(if unregistered { UNREGISTERED } else { FAILED }, Ordering::Release);
+}
+
+/// What one preempted run did.
+struct PreemptedRun {
+    trampoline: u64,
+    ended: State,
+    exit_code: Option<u64>,
+    fault: Option<UserFault>,
+    hits: u64,
+    unregister: usize,
+    trampoline_irq_exits: u64,
+    rescheduled_before_hit: u64,
+}
+
+/// One run: the detour registered, the user task and the unregistering task pinned to this
+/// CPU, the first hit makes an IRQ pending at trampoline + 4 and releases the unregistering
+/// task; both are waited for.
+fn preempted_run(spin: u64) -> Result<PreemptedRun, crate::tests::Failure> {
+    let target = user_address(&raw const race_udetour_target);
+    let entry = user_address(&raw const race_udetour_loop);
+    UDETOUR_HITS.store(0, Ordering::Relaxed);
+    UDETOUR_RELEASED.store(false, Ordering::Relaxed);
+    UDETOUR_UNREGISTER.store(PENDING, Ordering::Relaxed);
+    UDETOUR_ARM.store(true, Ordering::Relaxed);
+    if uprobes::register(target, Method::Detour, preempt_after_svc, None).is_err() {
+        return Err(crate::tests::fail("detour uprobe registration"));
+    }
+    let trampoline = uprobes::detour_trampoline(target).unwrap_or(0);
+    let exits_before = uprobes::trampoline_irq_exits();
+    let rescheduled_before = uprobes::rescheduled_before_hit();
+    let spawned = {
+        // Masked from the first spawn to the second, so both start on this CPU.
+        let _masked = IrqMask::new();
+        let cpu = percpu::this_cpu_index();
+        user::spawn("udetour-user", entry, [spin, 0, 0], user::Options::DEFAULT).and_then(|user| {
+            crate::task::spawn_on(CpuMask::one(cpu), "udetour-unregister", unregister_when_released, target)
+                .map(|kernel| (user, kernel))
+        })
+    };
+    let Ok((user_task, kernel_task)) = spawned else {
+        let _ = uprobes::unregister(target);
+        return Err(crate::tests::fail("free task slots for the user task and the unregistering task"));
+    };
+    let ended = crate::task::join(user_task);
+    crate::task::join(kernel_task);
+    let unregister = UDETOUR_UNREGISTER.load(Ordering::Acquire);
+    if unregister != UNREGISTERED {
+        let _ = uprobes::unregister(target);
+    }
+    Ok(PreemptedRun {
+        trampoline,
+        ended,
+        exit_code: user::exit_code(user_task),
+        fault: user::fault(user_task),
+        hits: UDETOUR_HITS.load(Ordering::Relaxed),
+        unregister,
+        trampoline_irq_exits: uprobes::trampoline_irq_exits() - exits_before,
+        rescheduled_before_hit: uprobes::rescheduled_before_hit() - rescheduled_before,
+    })
+}
+
+fn log_run(name: &str, run: &PreemptedRun) {
+    defmt::info!(
+        "  {=str}: trampoline {=u64:#x}, task {}, exit {=?}, fault {=?}, {=u64} hits, unregister {=usize}, {=u64} IRQ exits deferred in a trampoline, {=u64} detour SVCs rescheduled before the hit",
+        name,
+        run.trampoline,
+        run.ended,
+        run.exit_code,
+        run.fault,
+        run.hits,
+        run.unregister,
+        run.trampoline_irq_exits,
+        run.rescheduled_before_hit
+    );
+}
+
+/// A user task whose detour hit is followed by an IRQ at trampoline + 4 (the tick its handler
+/// brings forward) while a kernel task on the same CPU waits to unregister the probe. With the
+/// bug put back (`WrongRemoval::PreemptibleTrampoline`) the task is switched away at + 4, the
+/// unregistration (its grace period passes: the task is switched away) poisons the trampoline,
+/// and the task resumes into `BRK #0x120` filler: killed with its fault at trampoline + 4. With
+/// the fix, the IRQ exit at + 4 switches nothing (counted); the task is switched away at its
+/// next detour SVC, before the hit, at the probed address (outside the trampoline), the
+/// unregistration runs then, and the task finishes with every result right. Then the index
+/// is reused: a new detour at the same trampoline is hit by every call. One CPU: every
+/// configuration.
+pub(super) fn race_uprobe_detour_preempted_in_trampoline(context: &Context) -> Outcome {
+    let target = user_address(&raw const race_udetour_target);
+    let entry = user_address(&raw const race_udetour_loop);
+    let spin = 4 * crate::drivers::timer::frequency() / crate::drivers::timer::hz();
+    uprobes::set_wrong_removal(WrongRemoval::PreemptibleTrampoline);
+    let wrong = preempted_run(spin);
+    uprobes::set_wrong_removal(WrongRemoval::None);
+    let wrong = wrong?;
+    log_run("preemptible trampoline (the bug)", &wrong);
+    check!(wrong.trampoline != 0);
+    check_eq!(wrong.unregister, UNREGISTERED);
+    check!(wrong.ended == State::Killed(KillReason::UserFault));
+    let Some(fault) = wrong.fault else { return Err(crate::tests::fail("the preempted task's fault")) };
+    // Switched away at + 4 (the displaced instruction), resumed there into the filler.
+    check_eq!(fault.pc, wrong.trampoline + 4);
+    check!(ExceptionClass::of(fault.esr) == ExceptionClass::Brk);
+    check_eq!(fault.esr & 0xffff, u64::from(uprobes::BRK_UPROBE_STEP));
+    check_eq!(wrong.hits, 1);
+    check_eq!(wrong.trampoline_irq_exits, 0);
+
+    let right = preempted_run(spin)?;
+    log_run("fixed", &right);
+    check_eq!(right.unregister, UNREGISTERED);
+    check!(right.ended == State::Exited);
+    check!(right.fault.is_none());
+    let calls = right.exit_code.unwrap_or(UDETOUR_BAD);
+    check!(calls != UDETOUR_BAD);
+    // The IRQ at + 4 was taken and deferred; the task was switched away before its second hit
+    // (at its next detour SVC, `reschedule_before_hit`: without icount a tick may do it first,
+    // in the few instructions outside the trampoline), the unregistering task ran then, and
+    // every later call ran the restored instruction.
+    check!(right.trampoline_irq_exits >= 1);
+    check_eq!(right.hits, 1);
+    check!(calls > 1);
+    check!(right.rescheduled_before_hit >= u64::from(context.icount));
+    check!(uprobes::counts(target).is_none());
+
+    // The index is free again and its trampoline rewritten: every call is a hit.
+    UDETOUR_HITS.store(0, Ordering::Relaxed);
+    UDETOUR_ARM.store(false, Ordering::Relaxed);
+    check!(uprobes::register(target, Method::Detour, preempt_after_svc, None).is_ok());
+    let reused = uprobes::detour_trampoline(target);
+    let cpu = crate::task::this_cpu();
+    let again = user::run_on(cpu, entry, [crate::drivers::timer::frequency() / 1000, 0, 0], user::Options::DEFAULT);
+    check!(uprobes::unregister(target).is_ok());
+    check_eq!(reused.unwrap_or(0), wrong.trampoline);
+    let Ok(calls) = again else { return Err(crate::tests::fail("the run on the reused index faulted")) };
+    check!(calls != UDETOUR_BAD);
+    check_eq!(UDETOUR_HITS.load(Ordering::Relaxed), calls);
+    Ok(Verdict::Passed)
 }
