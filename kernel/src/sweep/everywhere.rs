@@ -57,6 +57,94 @@ fn default_watchdog_ms() -> u64 {
     crate::arch::cpu::patience_ms(PASS_TIMEOUT_MS) + 5000
 }
 
+/// How long CPU 0 waits for another CPU to finish a pass before it names that CPU as hung.
+pub const PASS_TIMEOUT_MS: u64 = 2000;
+
+/// The other CPUs' loops, while they run.
+pub struct Background {
+    tasks: [Option<TaskId>; CPUS],
+}
+
+fn stop_tick(_: u64) -> u64 {
+    crate::drivers::timer::fire_in(1 << 60);
+    0
+}
+
+fn restart_tick(_: u64) -> u64 {
+    crate::drivers::timer::start_this_cpu();
+    0
+}
+
+/// The CPUs other than the caller's that are online.
+fn others() -> impl Iterator<Item = usize> {
+    let me = task::this_cpu();
+    (0..CPUS).filter(move |&cpu| cpu != me && task::cpus::is_online(cpu))
+}
+
+extern "C" fn background_loop(cpu: u64) {
+    let cpu = cpu as usize;
+    // Warm-up (the depot inserts this CPU's traces), then the reference.
+    let _ = workload::background_pass();
+    let reference = workload::background_pass();
+    READY[cpu].store(true, Ordering::Release);
+    crate::arch::cpu::send_event();
+    let mut seen = (u64::MAX, 0);
+    while RUNNING.load(Ordering::Acquire) {
+        watch_cpu0(cpu, &mut seen);
+        let epoch = EPOCH.load(Ordering::Acquire);
+        let pass_started = crate::drivers::timer::counter();
+        let results = workload::background_pass();
+        let pass_took = crate::drivers::timer::counter().wrapping_sub(pass_started);
+        if results != reference {
+            MISMATCH_EPOCH[cpu].store(epoch, Ordering::Relaxed);
+            MISMATCHES[cpu].fetch_add(1, Ordering::Release);
+        }
+        PASSES[cpu].fetch_add(1, Ordering::Relaxed);
+        COMPLETED_IN[cpu].store(epoch, Ordering::Release);
+        crate::arch::cpu::send_event();
+        // A breath with IRQs unmasked between passes, as long as the pass (at least 1 ms):
+        // four CPUs allocating back to back keep the heap's lock contended, a CPU spinning for
+        // it has IRQs masked, and on a host with fewer cores than QEMU has CPUs the holder's
+        // thread is preempted by the spinners' (a grace period then waited over 100 ms).
+        let breath_started = crate::drivers::timer::counter();
+        let breath = pass_took.max(crate::drivers::timer::frequency() / 1000);
+        let _ = crate::arch::cpu::wait_until(BREATH_LIMIT_MS, || {
+            crate::drivers::timer::counter().wrapping_sub(breath_started) >= breath
+        });
+    }
+    READY[cpu].store(false, Ordering::Release);
+    crate::arch::cpu::send_event();
+}
+
+/// Starts a looping task on every other online CPU (none on one CPU); returns when each has
+/// its reference, or names the CPU that did not get there.
+pub fn start() -> Result<Background, &'static str> {
+    let mut background = Background { tasks: [None; CPUS] };
+    heartbeat();
+    RUNNING.store(true, Ordering::Release);
+    for cpu in others() {
+        // Not the default 100 ms: under QEMU with more CPUs than host cores a CPU answered later.
+        if let Err(error) = task::cross_call::run_on_within(cpu, stop_tick, 0, PASS_TIMEOUT_MS) {
+            defmt::error!("sweep: stopping the tick: {}", error);
+            return Err("sweep: a CPU did not take the cross call");
+        }
+        let id = task::spawn_on(CpuMask::one(cpu), "sweep-cpu", background_loop, cpu as u64)
+            .map_err(|_| "sweep: no task slot for a background loop")?;
+        background.tasks[cpu] = Some(id);
+    }
+    let ready = || others().all(|cpu| READY[cpu].load(Ordering::Acquire));
+    if !crate::arch::cpu::wait_until(PASS_TIMEOUT_MS, ready) {
+        return Err("sweep: a background loop did not finish its reference pass");
+    }
+    Ok(background)
+}
+
+/// CPUs running a background loop.
+pub fn count(background: &Background) -> usize {
+    background.tasks.iter().flatten().count()
+}
+
+/// CPU 0 made progress (a batch started or ended).
 pub fn heartbeat() {
     HEARTBEAT_AT.store(crate::drivers::timer::counter(), Ordering::Relaxed);
     HEARTBEAT.fetch_add(1, Ordering::Release);
