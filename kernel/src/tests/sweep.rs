@@ -11,6 +11,7 @@ use probes::{Classification, Insn, Simulated, classify};
 pub const TESTS: &[Test] = &[
     Test { name: "probe_sweep_refuses_sanitizer_check_thunks", run: refuses_check_thunks },
     Test { name: "probe_sweep_refuses_the_simulator", run: refuses_the_simulator },
+    Test { name: "probe_sweep_refuses_the_irq_exit", run: refuses_the_irq_exit },
     Test { name: "probe_simulator_calls_only_noprobe_text", run: simulator_calls_only_noprobe_text },
     Test { name: "probe_sweep_exempts_the_heap_locks_callees", run: exempts_the_heap_locks_callees },
 ];
@@ -132,6 +133,31 @@ fn refuses_the_simulator(_: &Context) -> Outcome {
             let _ = kprobes::unregister(simulator);
         }
         check!(matches!(refused, Err(ProbeError::NoProbe(_))));
+    }
+    Ok(Verdict::Passed)
+}
+
+/// The IRQ exit reads this CPU's probe status to decide whether it may switch tasks: a probe
+/// stepped on that load reads its own hit's status, so while it is armed no IRQ exit on any CPU
+/// reschedules and no grace period ends (found by the whole prod sweep on 4 CPUs:
+/// `trap_irq_exit+0x44:single-step` hung it). Every word of it is refused, with every method.
+fn refuses_the_irq_exit(_: &Context) -> Outcome {
+    let Some(symbols) = Symbols::get() else {
+        return Err(Failure { expression: "the embedded symbol table (xtask fills it)", file: file!(), line: line!() });
+    };
+    let start = crate::trap::irq_exit_text();
+    check!(symbols.name_at(start) == Some("trap_irq_exit"));
+    let Some(end) = function_end(&symbols, start) else {
+        return Err(Failure { expression: "the end of trap_irq_exit", file: file!(), line: line!() });
+    };
+    for at in (start..end).step_by(4) {
+        for method in Method::ALL {
+            let refused = kprobes::register(at, method, ignore, None);
+            if refused.is_ok() {
+                let _ = kprobes::unregister(at);
+            }
+            check!(matches!(refused, Err(ProbeError::NoProbe(_))));
+        }
     }
     Ok(Verdict::Passed)
 }

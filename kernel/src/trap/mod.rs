@@ -181,8 +181,13 @@ extern "C" fn trap_irq(frame: &mut ExceptionFrame) {
     crate::drivers::interrupts::handle_irq();
 }
 
-/// After the IRQ, back on the interrupted stack with IRQs masked (context.S).
+/// After the IRQ, back on the interrupted stack with IRQs masked (context.S). No-probe text: it
+/// reads this CPU's probe status (`must_not_preempt`, inlined here), and a probe stepped here
+/// reads its own hit's status, not IDLE, so no IRQ exit on any CPU reschedules while it is
+/// armed and no grace period ends (the whole 4-CPU prod sweep hung on
+/// `trap_irq_exit+0x44:single-step`, the status load). `task::irq_exit` stays probeable.
 #[unsafe(no_mangle)]
+#[unsafe(link_section = ".text.noprobe")]
 extern "C" fn trap_irq_exit(frame: *mut ExceptionFrame) {
     // SAFETY: context.S passes the interrupted context's frame, live until it resumes.
     let pc = unsafe { (*frame).elr };
@@ -198,6 +203,11 @@ extern "C" fn trap_irq_exit(frame: *mut ExceptionFrame) {
         return;
     }
     task::irq_exit();
+}
+
+/// Where the IRQ exit's text starts (a test checks that no probe can be placed in it).
+pub fn irq_exit_text() -> u64 {
+    trap_irq_exit as *const () as u64
 }
 
 /// Whether the heap's tags are MTE's (build variant `mte`): only then can a tag check fault
