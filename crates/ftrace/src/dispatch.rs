@@ -6,6 +6,8 @@
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
+use crate::Error;
+
 /// An acquire load for the per-call path. With the `kernel` feature it is
 /// the `atomic_load` intrinsic itself: `AtomicU64::load` is a function that
 /// LLVM will not inline into a function built with the sanitizer off, so it
@@ -181,6 +183,13 @@ pub struct DispatchTable<const SITES: usize, const TRACER_WORDS: usize, const VE
     /// Entries `E` of the initialised table, sorted, written once by
     /// `Registry::initialise` before any site calls the trampoline.
     pub(crate) entries: [AtomicU64; SITES],
+    /// The site index: an open-addressing hash table of `4 * SITES` slots,
+    /// four 16-bit slots per word (slot `s` is bits `16 * (s % 4)..` of word
+    /// `s / 4`), each `site + 1` or 0 for empty. Written with `entries`
+    /// (see [`DispatchTable::site_index`]).
+    pub(crate) index: [AtomicU64; SITES],
+    /// The longest probe sequence of an entry in `index` (1: at its home).
+    pub(crate) longest_probe: AtomicU64,
     pub(crate) site_count: AtomicU64,
     /// For each site, the tracers whose filter contains it. A tracer's bits
     /// are set before it is published in `registered` and cleared only after
@@ -207,10 +216,21 @@ impl<const SITES: usize, const TRACER_WORDS: usize, const VECTORS: usize> Dispat
     /// Number of tracers the table holds.
     pub const TRACERS: usize = 64 * TRACER_WORDS;
 
+    /// Slots of the site index: 4 per site, so it is at most a quarter full.
+    pub const INDEX_SLOTS: usize = 4 * SITES;
+
+    /// The most slots a lookup probes: `initialise` refuses entries that
+    /// would be further from their home slot, so this bounds every lookup,
+    /// of an entry or not.
+    pub const MAX_PROBES: usize = 16;
+
     /// An empty table, for a static.
     pub const fn new() -> Self {
+        const { assert!(SITES < 1 << 16, "a site index slot holds site + 1 in 16 bits") };
         Self {
             entries: [const { AtomicU64::new(0) }; SITES],
+            index: [const { AtomicU64::new(0) }; SITES],
+            longest_probe: AtomicU64::new(0),
             site_count: AtomicU64::new(0),
             site_tracers: [const { [const { AtomicU64::new(0) }; TRACER_WORDS] }; SITES],
             registered: [const { AtomicU64::new(0) }; TRACER_WORDS],
@@ -232,27 +252,97 @@ impl<const SITES: usize, const TRACER_WORDS: usize, const VECTORS: usize> Dispat
         if site < self.site_count() { Some(self.entries[site].load(Ordering::Relaxed)) } else { None }
     }
 
-    /// The index of the site whose entry is `entry` (binary search: about
-    /// 12 loads for 4096 sites). The list function's ip-to-site step; the
-    /// trampoline's `x30` gives the entry through
-    /// [`CallSite::from_return_address`](crate::CallSite::from_return_address).
+    /// The index of the site whose entry is `entry`: the list function's
+    /// ip-to-site step (the trampoline's `x30` gives the entry through
+    /// [`CallSite::from_return_address`](crate::CallSite::from_return_address)).
+    ///
+    /// Constant time, whatever the number of sites: a probe of the site index
+    /// from the entry's home slot ([`DispatchTable::home_slot`]), one
+    /// index load and one entry load per slot, until the entry, an empty slot,
+    /// or [`Self::MAX_PROBES`] slots (`initialise` refuses a table in which an
+    /// entry is further from its home). With at most `SITES` entries in
+    /// `4 * SITES` slots, most entries are at their home: one probe.
     #[inline]
     #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     pub fn site_index(&self, entry: u64) -> Option<usize> {
-        let (mut low, mut high) = (0, self.site_count());
-        while low < high {
-            let middle = low + (high - low) / 2;
-            let found = load_relaxed(&self.entries[middle]);
-            if found == entry {
-                return Some(middle);
+        let count = self.site_count();
+        if count == 0 {
+            return None;
+        }
+        let mut slot = Self::home_slot(entry);
+        let mut probes = 0;
+        while probes < Self::MAX_PROBES {
+            let value = (load_relaxed(&self.index[slot / 4]) >> (slot % 4 * 16)) as u16 as usize;
+            if value == 0 {
+                return None;
             }
-            if found < entry {
-                low = middle + 1;
-            } else {
-                high = middle;
+            let site = value - 1;
+            if site < count && load_relaxed(&self.entries[site]) == entry {
+                return Some(site);
             }
+            slot = if slot + 1 < Self::INDEX_SLOTS { slot + 1 } else { 0 };
+            probes += 1;
         }
         None
+    }
+
+    /// The longest probe sequence of an entry in the site index, in slots
+    /// (1: every entry is at its home slot; 0 before initialisation).
+    pub fn longest_probe(&self) -> usize {
+        self.longest_probe.load(Ordering::Relaxed) as usize
+    }
+
+    /// Where the probe for `entry` starts in the site index: a multiplicative
+    /// (Fibonacci) hash of `entry >> 3` (entries are 8-aligned), scaled to
+    /// `4 * SITES` slots by its high half (`umulh`, a shift when `SITES` is a
+    /// power of two).
+    #[inline(always)]
+    pub fn home_slot(entry: u64) -> usize {
+        let hash = (entry >> 3).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        ((hash as u128 * Self::INDEX_SLOTS as u128) >> 64) as usize
+    }
+
+    /// Writes `entries` (sorted) as sites `0..` and builds the site index over
+    /// them; nothing is published (`site_count` is the caller's). Fails with
+    /// [`Error::SiteIndexProbe`] at the first entry that would be more than
+    /// [`Self::MAX_PROBES`] slots from its home. Returns the longest probe.
+    pub(crate) fn write_entries(&self, entries: impl IntoIterator<Item = u64>) -> Result<usize, Error> {
+        for word in &self.index {
+            word.store(0, Ordering::Relaxed);
+        }
+        let mut longest = 0;
+        for (site, entry) in entries.into_iter().enumerate() {
+            self.entries[site].store(entry, Ordering::Relaxed);
+            let mut slot = Self::home_slot(entry);
+            let mut probes = 1;
+            while self.index_slot(slot) != 0 {
+                if probes == Self::MAX_PROBES {
+                    return Err(Error::SiteIndexProbe { entry, limit: Self::MAX_PROBES });
+                }
+                slot = (slot + 1) % Self::INDEX_SLOTS;
+                probes += 1;
+            }
+            let word = &self.index[slot / 4];
+            let value = (site as u64 + 1) << (slot % 4 * 16);
+            word.store(word.load(Ordering::Relaxed) | value, Ordering::Relaxed);
+            longest = longest.max(probes);
+        }
+        self.longest_probe.store(longest as u64, Ordering::Relaxed);
+        Ok(longest)
+    }
+
+    /// Slot `slot` of the site index: `site + 1`, or 0 if empty.
+    fn index_slot(&self, slot: usize) -> u16 {
+        (self.index[slot / 4].load(Ordering::Relaxed) >> (slot % 4 * 16)) as u16
+    }
+
+    /// Test-only: empties slot `slot` of the site index, so that a test can
+    /// show the lookup depends on the index (the entry stored there is no
+    /// longer found, and a probe through it stops there).
+    pub fn clear_index_slot(&self, slot: usize) {
+        if let Some(word) = self.index.get(slot / 4) {
+            word.fetch_and(!(0xffff << (slot % 4 * 16)), Ordering::Relaxed);
+        }
     }
 
     /// The published tracers: what the seed's list function walks.
