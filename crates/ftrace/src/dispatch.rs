@@ -171,18 +171,47 @@ impl<const TRACER_WORDS: usize> Iterator for TracerSetIter<TRACER_WORDS> {
     }
 }
 
+/// What one slot of a site index probe holds.
+enum Probe {
+    /// The entry's site.
+    Found(usize),
+    /// An empty slot: the entry is not in the table.
+    Empty,
+    /// Another entry's site: the probe goes on.
+    Other,
+}
+
 /// What the per-call path reads, shared between CPUs without a lock.
 ///
 /// `SITES` is the capacity of the callsite table, `64 * TRACER_WORDS` the
 /// number of tracers, `VECTORS` the number of vector slots of
 /// [`Scheme::Vector`](crate::Scheme::Vector). The kernel keeps one in a
 /// static next to the locked [`Registry`](crate::Registry) that fills it:
-/// about `8 * (SITES * (1 + TRACER_WORDS) + TRACER_WORDS * (65 + VECTORS))`
-/// bytes (98 KiB for 4096 sites, 128 tracers and 64 vectors).
+/// about `8 * (SITES * (2 + TRACER_WORDS) + TRACER_WORDS * (65 + VECTORS))`
+/// bytes (130 KiB for 4096 sites, 128 tracers and 64 vectors; the site
+/// index is 8 of the 32 bytes per site).
+///
+/// `repr(C)` in the order rustc chose for the fields before the site index
+/// was added, the index last: the list and vector functions address the
+/// table's fields by constant offsets, and their icount rows stay as they
+/// were.
+#[repr(C)]
 pub struct DispatchTable<const SITES: usize, const TRACER_WORDS: usize, const VECTORS: usize> {
+    /// For each site, the tracers whose filter contains it. A tracer's bits
+    /// are set before it is published in `registered` and cleared only after
+    /// a grace period following its unregistration.
+    pub(crate) site_tracers: [[AtomicU64; TRACER_WORDS]; SITES],
     /// Entries `E` of the initialised table, sorted, written once by
     /// `Registry::initialise` before any site calls the trampoline.
     pub(crate) entries: [AtomicU64; SITES],
+    /// Each tracer's ops address, written before it is published.
+    pub(crate) ops: [[AtomicU64; 64]; TRACER_WORDS],
+    /// Each vector slot's tracers, written before a literal points at the
+    /// slot and not changed until a grace period after none does.
+    pub(crate) vectors: [[AtomicU64; TRACER_WORDS]; VECTORS],
+    /// The published tracers.
+    pub(crate) registered: [AtomicU64; TRACER_WORDS],
+    pub(crate) site_count: AtomicU64,
     /// The site index: an open-addressing hash table of `4 * SITES` slots,
     /// four 16-bit slots per word (slot `s` is bits `16 * (s % 4)..` of word
     /// `s / 4`), each `site + 1` or 0 for empty. Written with `entries`
@@ -190,18 +219,6 @@ pub struct DispatchTable<const SITES: usize, const TRACER_WORDS: usize, const VE
     pub(crate) index: [AtomicU64; SITES],
     /// The longest probe sequence of an entry in `index` (1: at its home).
     pub(crate) longest_probe: AtomicU64,
-    pub(crate) site_count: AtomicU64,
-    /// For each site, the tracers whose filter contains it. A tracer's bits
-    /// are set before it is published in `registered` and cleared only after
-    /// a grace period following its unregistration.
-    pub(crate) site_tracers: [[AtomicU64; TRACER_WORDS]; SITES],
-    /// The published tracers.
-    pub(crate) registered: [AtomicU64; TRACER_WORDS],
-    /// Each tracer's ops address, written before it is published.
-    pub(crate) ops: [[AtomicU64; 64]; TRACER_WORDS],
-    /// Each vector slot's tracers, written before a literal points at the
-    /// slot and not changed until a grace period after none does.
-    pub(crate) vectors: [[AtomicU64; TRACER_WORDS]; VECTORS],
 }
 
 impl<const SITES: usize, const TRACER_WORDS: usize, const VECTORS: usize> Default
@@ -229,13 +246,13 @@ impl<const SITES: usize, const TRACER_WORDS: usize, const VECTORS: usize> Dispat
         const { assert!(SITES < 1 << 16, "a site index slot holds site + 1 in 16 bits") };
         Self {
             entries: [const { AtomicU64::new(0) }; SITES],
-            index: [const { AtomicU64::new(0) }; SITES],
-            longest_probe: AtomicU64::new(0),
             site_count: AtomicU64::new(0),
             site_tracers: [const { [const { AtomicU64::new(0) }; TRACER_WORDS] }; SITES],
             registered: [const { AtomicU64::new(0) }; TRACER_WORDS],
             ops: [const { [const { AtomicU64::new(0) }; 64] }; TRACER_WORDS],
             vectors: [const { [const { AtomicU64::new(0) }; TRACER_WORDS] }; VECTORS],
+            index: [const { AtomicU64::new(0) }; SITES],
+            longest_probe: AtomicU64::new(0),
         }
     }
 
@@ -269,19 +286,44 @@ impl<const SITES: usize, const TRACER_WORDS: usize, const VECTORS: usize> Dispat
         if count == 0 {
             return None;
         }
-        let mut slot = Self::home_slot(entry);
-        let mut probes = 0;
-        while probes < Self::MAX_PROBES {
-            let value = (load_relaxed(&self.index[slot / 4]) >> (slot % 4 * 16)) as u16 as usize;
-            if value == 0 {
-                return None;
-            }
-            let site = value - 1;
-            if site < count && load_relaxed(&self.entries[site]) == entry {
-                return Some(site);
-            }
+        // The home slot inline (where nearly every entry is), the rest of
+        // the probe out of line: the caller's own loop keeps its registers.
+        let home = Self::home_slot(entry);
+        match self.probe(home, entry, count) {
+            Probe::Found(site) => Some(site),
+            Probe::Empty => None,
+            Probe::Other => self.probe_beyond_home(home, entry, count),
+        }
+    }
+
+    /// Slot `slot` of the probe for `entry` (in a table of `count` sites).
+    #[inline(always)]
+    fn probe(&self, slot: usize, entry: u64, count: usize) -> Probe {
+        let value = (load_relaxed(&self.index[slot / 4]) >> (slot % 4 * 16)) as u16 as usize;
+        if value == 0 {
+            return Probe::Empty;
+        }
+        let site = value - 1;
+        if site < count && load_relaxed(&self.entries[site]) == entry { Probe::Found(site) } else { Probe::Other }
+    }
+
+    /// The probe after the home slot: at most `longest_probe - 1` more slots
+    /// (every entry is within `longest_probe` of its home; written before
+    /// `site_count`), never more than [`Self::MAX_PROBES`] in all.
+    #[inline(never)]
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    fn probe_beyond_home(&self, home: usize, entry: u64, count: usize) -> Option<usize> {
+        let longest = load_relaxed(&self.longest_probe);
+        let limit = if longest < Self::MAX_PROBES as u64 { longest as usize } else { Self::MAX_PROBES };
+        let mut slot = home;
+        let mut probes = 1;
+        while probes < limit {
             slot = if slot + 1 < Self::INDEX_SLOTS { slot + 1 } else { 0 };
-            probes += 1;
+            match self.probe(slot, entry, count) {
+                Probe::Found(site) => return Some(site),
+                Probe::Empty => return None,
+                Probe::Other => probes += 1,
+            }
         }
         None
     }
