@@ -124,8 +124,8 @@
 //! # Errors
 //!
 //! [`Error`]: configuration and table errors (`initialise` twice, misaligned
-//! or duplicate entries, too many sites, `bl` out of range, text that is
-//! not four NOPs) are found before the first write; registration errors
+//! or duplicate entries, too many sites, an entry too far from its home slot
+//! in the site index, `bl` out of range, text that is not four NOPs) are found before the first write; registration errors
 //! (registry full, unknown or uninitialised site, null ops) before the
 //! tracer is published; text that changed behind the registry's back stops
 //! `apply` at that site.
