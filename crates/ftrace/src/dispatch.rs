@@ -6,6 +6,8 @@
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
+use crate::Error;
+
 /// An acquire load for the per-call path. With the `kernel` feature it is
 /// the `atomic_load` intrinsic itself: `AtomicU64::load` is a function that
 /// LLVM will not inline into a function built with the sanitizer off, so it
@@ -169,30 +171,54 @@ impl<const TRACER_WORDS: usize> Iterator for TracerSetIter<TRACER_WORDS> {
     }
 }
 
+/// What one slot of a site index probe holds.
+enum Probe {
+    /// The entry's site.
+    Found(usize),
+    /// An empty slot: the entry is not in the table.
+    Empty,
+    /// Another entry's site: the probe goes on.
+    Other,
+}
+
 /// What the per-call path reads, shared between CPUs without a lock.
 ///
 /// `SITES` is the capacity of the callsite table, `64 * TRACER_WORDS` the
 /// number of tracers, `VECTORS` the number of vector slots of
 /// [`Scheme::Vector`](crate::Scheme::Vector). The kernel keeps one in a
 /// static next to the locked [`Registry`](crate::Registry) that fills it:
-/// about `8 * (SITES * (1 + TRACER_WORDS) + TRACER_WORDS * (65 + VECTORS))`
-/// bytes (98 KiB for 4096 sites, 128 tracers and 64 vectors).
+/// about `8 * (SITES * (2 + TRACER_WORDS) + TRACER_WORDS * (65 + VECTORS))`
+/// bytes (130 KiB for 4096 sites, 128 tracers and 64 vectors; the site
+/// index is 8 of the 32 bytes per site).
+///
+/// `repr(C)` in the order rustc chose for the fields before the site index
+/// was added, the index last: the list and vector functions address the
+/// table's fields by constant offsets, and their icount rows stay as they
+/// were.
+#[repr(C)]
 pub struct DispatchTable<const SITES: usize, const TRACER_WORDS: usize, const VECTORS: usize> {
-    /// Entries `E` of the initialised table, sorted, written once by
-    /// `Registry::initialise` before any site calls the trampoline.
-    pub(crate) entries: [AtomicU64; SITES],
-    pub(crate) site_count: AtomicU64,
     /// For each site, the tracers whose filter contains it. A tracer's bits
     /// are set before it is published in `registered` and cleared only after
     /// a grace period following its unregistration.
     pub(crate) site_tracers: [[AtomicU64; TRACER_WORDS]; SITES],
-    /// The published tracers.
-    pub(crate) registered: [AtomicU64; TRACER_WORDS],
+    /// Entries `E` of the initialised table, sorted, written once by
+    /// `Registry::initialise` before any site calls the trampoline.
+    pub(crate) entries: [AtomicU64; SITES],
     /// Each tracer's ops address, written before it is published.
     pub(crate) ops: [[AtomicU64; 64]; TRACER_WORDS],
     /// Each vector slot's tracers, written before a literal points at the
     /// slot and not changed until a grace period after none does.
     pub(crate) vectors: [[AtomicU64; TRACER_WORDS]; VECTORS],
+    /// The published tracers.
+    pub(crate) registered: [AtomicU64; TRACER_WORDS],
+    pub(crate) site_count: AtomicU64,
+    /// The site index: an open-addressing hash table of `4 * SITES` slots,
+    /// four 16-bit slots per word (slot `s` is bits `16 * (s % 4)..` of word
+    /// `s / 4`), each `site + 1` or 0 for empty. Written with `entries`
+    /// (see [`DispatchTable::site_index`]).
+    pub(crate) index: [AtomicU64; SITES],
+    /// The longest probe sequence of an entry in `index` (1: at its home).
+    pub(crate) longest_probe: AtomicU64,
 }
 
 impl<const SITES: usize, const TRACER_WORDS: usize, const VECTORS: usize> Default
@@ -207,8 +233,17 @@ impl<const SITES: usize, const TRACER_WORDS: usize, const VECTORS: usize> Dispat
     /// Number of tracers the table holds.
     pub const TRACERS: usize = 64 * TRACER_WORDS;
 
+    /// Slots of the site index: 4 per site, so it is at most a quarter full.
+    pub const INDEX_SLOTS: usize = 4 * SITES;
+
+    /// The most slots a lookup probes: `initialise` refuses entries that
+    /// would be further from their home slot, so this bounds every lookup,
+    /// of an entry or not.
+    pub const MAX_PROBES: usize = 16;
+
     /// An empty table, for a static.
     pub const fn new() -> Self {
+        const { assert!(SITES < 1 << 16, "a site index slot holds site + 1 in 16 bits") };
         Self {
             entries: [const { AtomicU64::new(0) }; SITES],
             site_count: AtomicU64::new(0),
@@ -216,6 +251,8 @@ impl<const SITES: usize, const TRACER_WORDS: usize, const VECTORS: usize> Dispat
             registered: [const { AtomicU64::new(0) }; TRACER_WORDS],
             ops: [const { [const { AtomicU64::new(0) }; 64] }; TRACER_WORDS],
             vectors: [const { [const { AtomicU64::new(0) }; TRACER_WORDS] }; VECTORS],
+            index: [const { AtomicU64::new(0) }; SITES],
+            longest_probe: AtomicU64::new(0),
         }
     }
 
@@ -232,27 +269,124 @@ impl<const SITES: usize, const TRACER_WORDS: usize, const VECTORS: usize> Dispat
         if site < self.site_count() { Some(self.entries[site].load(Ordering::Relaxed)) } else { None }
     }
 
-    /// The index of the site whose entry is `entry` (binary search: about
-    /// 12 loads for 4096 sites). The list function's ip-to-site step; the
-    /// trampoline's `x30` gives the entry through
-    /// [`CallSite::from_return_address`](crate::CallSite::from_return_address).
+    /// The index of the site whose entry is `entry`: the list function's
+    /// ip-to-site step (the trampoline's `x30` gives the entry through
+    /// [`CallSite::from_return_address`](crate::CallSite::from_return_address)).
+    ///
+    /// Constant time, whatever the number of sites: a linear probe of the
+    /// site index from the entry's home slot ([`DispatchTable::home_slot`]),
+    /// one index load and one entry load per slot, until the entry, an empty
+    /// slot, or the table's longest probe (at most [`Self::MAX_PROBES`]:
+    /// `initialise` refuses entries further from their home). With at most
+    /// `SITES` entries in `4 * SITES` slots nearly every entry is at its home
+    /// (744 of the `prod` kernel's 759): that slot is checked inline, the
+    /// rest of the probe out of line.
     #[inline]
     #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     pub fn site_index(&self, entry: u64) -> Option<usize> {
-        let (mut low, mut high) = (0, self.site_count());
-        while low < high {
-            let middle = low + (high - low) / 2;
-            let found = load_relaxed(&self.entries[middle]);
-            if found == entry {
-                return Some(middle);
-            }
-            if found < entry {
-                low = middle + 1;
-            } else {
-                high = middle;
+        let count = self.site_count();
+        if count == 0 {
+            return None;
+        }
+        // The home slot inline (where nearly every entry is), the rest of
+        // the probe out of line: the caller's own loop keeps its registers.
+        let home = Self::home_slot(entry);
+        match self.probe(home, entry, count) {
+            Probe::Found(site) => Some(site),
+            Probe::Empty => None,
+            Probe::Other => self.probe_beyond_home(home, entry, count),
+        }
+    }
+
+    /// Slot `slot` of the probe for `entry` (in a table of `count` sites).
+    #[inline(always)]
+    fn probe(&self, slot: usize, entry: u64, count: usize) -> Probe {
+        let value = (load_relaxed(&self.index[slot / 4]) >> (slot % 4 * 16)) as u16 as usize;
+        if value == 0 {
+            return Probe::Empty;
+        }
+        let site = value - 1;
+        if site < count && load_relaxed(&self.entries[site]) == entry { Probe::Found(site) } else { Probe::Other }
+    }
+
+    /// The probe after the home slot: at most `longest_probe - 1` more slots
+    /// (every entry is within `longest_probe` of its home; written before
+    /// `site_count`), never more than [`Self::MAX_PROBES`] in all.
+    #[inline(never)]
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    fn probe_beyond_home(&self, home: usize, entry: u64, count: usize) -> Option<usize> {
+        let longest = load_relaxed(&self.longest_probe);
+        let limit = if longest < Self::MAX_PROBES as u64 { longest as usize } else { Self::MAX_PROBES };
+        let mut slot = home;
+        let mut probes = 1;
+        while probes < limit {
+            slot = if slot + 1 < Self::INDEX_SLOTS { slot + 1 } else { 0 };
+            match self.probe(slot, entry, count) {
+                Probe::Found(site) => return Some(site),
+                Probe::Empty => return None,
+                Probe::Other => probes += 1,
             }
         }
         None
+    }
+
+    /// The longest probe sequence of an entry in the site index, in slots
+    /// (1: every entry is at its home slot; 0 before initialisation).
+    pub fn longest_probe(&self) -> usize {
+        self.longest_probe.load(Ordering::Relaxed) as usize
+    }
+
+    /// Where the probe for `entry` starts in the site index: a multiplicative
+    /// (Fibonacci) hash of `entry >> 3` (entries are 8-aligned), scaled to
+    /// `4 * SITES` slots by its high half (`umulh`, a shift when `SITES` is a
+    /// power of two).
+    #[inline(always)]
+    pub fn home_slot(entry: u64) -> usize {
+        let hash = (entry >> 3).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        ((hash as u128 * Self::INDEX_SLOTS as u128) >> 64) as usize
+    }
+
+    /// Writes `entries` (sorted) as sites `0..` and builds the site index over
+    /// them; nothing is published (`site_count` is the caller's). Fails with
+    /// [`Error::SiteIndexProbe`] at the first entry that would be more than
+    /// [`Self::MAX_PROBES`] slots from its home. Returns the longest probe.
+    pub(crate) fn write_entries(&self, entries: impl IntoIterator<Item = u64>) -> Result<usize, Error> {
+        for word in &self.index {
+            word.store(0, Ordering::Relaxed);
+        }
+        let mut longest = 0;
+        for (site, entry) in entries.into_iter().enumerate() {
+            self.entries[site].store(entry, Ordering::Relaxed);
+            let mut slot = Self::home_slot(entry);
+            let mut probes = 1;
+            while self.index_slot(slot) != 0 {
+                if probes == Self::MAX_PROBES {
+                    return Err(Error::SiteIndexProbe { entry, limit: Self::MAX_PROBES });
+                }
+                slot = (slot + 1) % Self::INDEX_SLOTS;
+                probes += 1;
+            }
+            let word = &self.index[slot / 4];
+            let value = (site as u64 + 1) << (slot % 4 * 16);
+            word.store(word.load(Ordering::Relaxed) | value, Ordering::Relaxed);
+            longest = longest.max(probes);
+        }
+        self.longest_probe.store(longest as u64, Ordering::Relaxed);
+        Ok(longest)
+    }
+
+    /// Slot `slot` of the site index: `site + 1`, or 0 if empty.
+    fn index_slot(&self, slot: usize) -> u16 {
+        (self.index[slot / 4].load(Ordering::Relaxed) >> (slot % 4 * 16)) as u16
+    }
+
+    /// Test-only: empties slot `slot` of the site index, so that a test can
+    /// show the lookup depends on the index (the entry stored there is no
+    /// longer found, and a probe through it stops there).
+    pub fn clear_index_slot(&self, slot: usize) {
+        if let Some(word) = self.index.get(slot / 4) {
+            word.fetch_and(!(0xffff << (slot % 4 * 16)), Ordering::Relaxed);
+        }
     }
 
     /// The published tracers: what the seed's list function walks.

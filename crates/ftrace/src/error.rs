@@ -27,6 +27,10 @@ pub enum Error {
     MisalignedEntry { entry: u64 },
     /// The same entry twice.
     DuplicateEntry { entry: u64 },
+    /// `entry` would be more than `limit` slots from its home slot in the
+    /// site index (entries that collide in its hash): the lookup's bound
+    /// would not find it.
+    SiteIndexProbe { entry: u64, limit: usize },
     /// `bl trampoline` cannot be encoded at a site (checked for every
     /// traceable site at `initialise`).
     Branch(BranchError),
@@ -61,6 +65,9 @@ impl fmt::Display for Error {
             Self::TooManySites { capacity } => write!(f, "more than {capacity} patchable entries"),
             Self::MisalignedEntry { entry } => write!(f, "patchable entry {entry:#x} is not 8-aligned"),
             Self::DuplicateEntry { entry } => write!(f, "patchable entry {entry:#x} listed twice"),
+            Self::SiteIndexProbe { entry, limit } => {
+                write!(f, "patchable entry {entry:#x} is more than {limit} slots from its home in the site index")
+            }
             Self::Branch(error) => error.fmt(f),
             Self::UnexpectedInstruction { address, expected, found } => {
                 write!(f, "text at {address:#x} is {found:#010x}, expected {expected:#010x}")

@@ -65,8 +65,9 @@
 //! # Schemes
 //!
 //! - [`Scheme::List`]: every traced site's literal is the list ops. The
-//!   kernel's list function maps the site ([`DispatchTable::site_index`],
-//!   a binary search) and tests each registered tracer with
+//!   kernel's list function maps the site ([`DispatchTable::site_index`]:
+//!   a hash index built by `initialise`, constant time, one probe for most
+//!   sites, at most [`DispatchTable::MAX_PROBES`]) and tests each registered tracer with
 //!   [`DispatchTable::traces`] (O(1): two loads), or walks only the relevant
 //!   ones with [`DispatchTable::relevant`].
 //! - [`Scheme::CallOps`] (the seed): a site traced by exactly one tracer
@@ -98,7 +99,9 @@
 //! through it. What the per-call path reads is the [`DispatchTable`], in a
 //! static, read without a lock: every field is an atomic that the registry
 //! changes with single stores, so a reader sees each word old or new:
-//! - entries are written once by `initialise`, before any `bl` exists;
+//! - entries and the site index are written once by `initialise`, before
+//!   any `bl` exists and before `site_count` is stored with release (the
+//!   lookup loads it with acquire first and finds nothing while it is 0);
 //! - a tracer's site bits and ops address are written before its bit in
 //!   `registered` is set with a release store; readers load `registered`
 //!   with acquire first. `unregister` clears that bit at once, so the list
@@ -121,8 +124,8 @@
 //! # Errors
 //!
 //! [`Error`]: configuration and table errors (`initialise` twice, misaligned
-//! or duplicate entries, too many sites, `bl` out of range, text that is
-//! not four NOPs) are found before the first write; registration errors
+//! or duplicate entries, too many sites, an entry too far from its home slot
+//! in the site index, `bl` out of range, text that is not four NOPs) are found before the first write; registration errors
 //! (registry full, unknown or uninitialised site, null ops) before the
 //! tracer is published; text that changed behind the registry's back stops
 //! `apply` at that site.
@@ -131,7 +134,7 @@
 //!
 //! No allocation: capacities are const generics. The kernel's likely
 //! `DispatchTable<4096, 2, 64>` (4096 sites, 128 tracers, 64 vectors) is
-//! about 98 KiB, its `Registry` about 160 KiB (40 bytes per site), both
+//! about 130 KiB, its `Registry` about 160 KiB (40 bytes per site), both
 //! zero-initialised statics (`const fn new`).
 //!
 //! # Cargo feature `kernel`

@@ -212,9 +212,11 @@ impl<'table, const SITES: usize, const TRACER_WORDS: usize, const VECTORS: usize
     ///
     /// This is the only place that writes `mov x9, x30`, so it runs once, at
     /// boot, while no other CPU runs the patched functions; a second call
-    /// fails with [`Error::AlreadyInitialised`]. Every entry is checked
-    /// (alignment, duplicates, four NOPs, `bl` in range) before the first
-    /// write, so on error the text is untouched.
+    /// fails with [`Error::AlreadyInitialised`]. It also writes the entries
+    /// and the site index that [`DispatchTable::site_index`] reads. Every
+    /// entry is checked (alignment, duplicates, distance from its home slot
+    /// in the site index, four NOPs, `bl` in range) before the first write
+    /// to the text, so on error the text is untouched.
     pub fn initialise(
         &mut self,
         entries: impl IntoIterator<Item = u64>,
@@ -240,6 +242,8 @@ impl<'table, const SITES: usize, const TRACER_WORDS: usize, const VECTORS: usize
         if let Some(pair) = sites.windows(2).find(|pair| pair[0].entry == pair[1].entry) {
             return Err(Error::DuplicateEntry { entry: pair[0].entry });
         }
+        // Unpublished until `site_count` below: no reader looks at them yet.
+        self.table.write_entries(sites.iter().map(|site| site.entry))?;
         // Check everything first: an error leaves the text as it was.
         let mut initialised = 0;
         for site in sites.iter_mut() {
@@ -255,8 +259,7 @@ impl<'table, const SITES: usize, const TRACER_WORDS: usize, const VECTORS: usize
             site.state = SiteState::Disabled { literal: config.nop_ops };
             initialised += 1;
         }
-        for (index, site) in sites.iter().enumerate() {
-            self.table.entries[index].store(site.entry, Ordering::Relaxed);
+        for site in sites.iter() {
             if let SiteState::Disabled { literal } = site.state {
                 let call_site = CallSite { entry: site.entry };
                 // The call slot is still a NOP, so nothing reads the literal

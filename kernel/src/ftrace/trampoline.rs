@@ -167,7 +167,7 @@ pub static VECTOR_OPS: [Ops; VECTORS] = {
 #[sanitize(kernel_hwaddress = "off")]
 unsafe extern "C" fn nop_func(_: u64, _: u64, _: &Ops, _: &mut Regs) {}
 
-/// The seed's `ftrace_ops_list_func`: the site's index (a binary search over the callsites),
+/// The seed's `ftrace_ops_list_func`: the site's index (the table's hash index: constant time),
 /// then every registered tracer, each tested against the site (two loads).
 #[sanitize(kernel_hwaddress = "off")]
 unsafe extern "C" fn list_func(ip: u64, parent_ip: u64, _: &Ops, regs: &mut Regs) {
