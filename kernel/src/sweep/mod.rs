@@ -629,15 +629,23 @@ fn rerun_reference(sweep: &mut Sweep) -> bool {
     }
 }
 
-/// The functions a run sweeps: all, or a sample of `functions` of them drawn by `rng`.
+/// The longest function a sample draws, in words: a sample checks the rules on many functions,
+/// and one decoder of thousands of words (`disarm64::decoder_full::decode_index`) made the 4-CPU
+/// CI sample in `full` run over its 300 s (about 50 batches of 48 words per method). The whole
+/// sweep takes every function.
+const SAMPLE_MAX_WORDS: u64 = 512;
+
+/// The functions a run sweeps: all, or a sample of `functions` of them drawn by `rng` among
+/// those of at most [`SAMPLE_MAX_WORDS`].
 fn choose(all: &[Function], functions: usize, rng: &mut Rng) -> Vec<Function> {
-    if functions == 0 || functions >= all.len() {
+    let drawable = all.iter().filter(|function| (function.end - function.start) / 4 <= SAMPLE_MAX_WORDS).count();
+    if functions == 0 || functions >= drawable {
         return all.to_vec();
     }
     let mut picked: Vec<usize> = Vec::new();
     while picked.len() < functions {
         let index = rng.below(all.len());
-        if !picked.contains(&index) {
+        if !picked.contains(&index) && (all[index].end - all[index].start) / 4 <= SAMPLE_MAX_WORDS {
             picked.push(index);
         }
     }
