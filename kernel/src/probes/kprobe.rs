@@ -70,21 +70,25 @@ const TABLE_SIZE: usize = 256;
 static TABLE: [AtomicPtr<Probe>; TABLE_SIZE] = [const { AtomicPtr::new(core::ptr::null_mut()) }; TABLE_SIZE];
 const TOMBSTONE: *mut Probe = core::ptr::dangling_mut::<Probe>();
 
-/// The probe being unregistered between its unpublish and the end of the hold that restores
-/// its word: lookups no longer find it, but a CPU that fetched its BRK before the restore may
-/// still take it and must perform it (`retiring`). Written under [`REGISTRY`].
-static RETIRING: AtomicPtr<Probe> = AtomicPtr::new(core::ptr::null_mut());
+/// The records of the probes being unregistered, between their unpublish and the end of the
+/// hold that restores their words (one bit per record): lookups no longer find them, but a CPU
+/// that fetched a BRK before the restore may still take it and must perform it (`retiring`).
+/// Written under [`REGISTRY`].
+static RETIRING: AtomicU64 = AtomicU64::new(0);
 
-/// The probe at `address` if it is being unregistered and its word may still hold its BRK.
-#[inline(always)]
+/// The probe at `address` if it is being unregistered and its word may still hold its BRK (a
+/// BRK no published probe owns: the hit path's cold side).
 pub(super) fn retiring(address: u64) -> Option<&'static Probe> {
-    // SAFETY: non-null only while it names a live record (cleared before the record is freed).
-    let probe = unsafe { RETIRING.load(Ordering::Acquire).as_ref() }?;
-    (probe.address == address).then_some(probe)
-}
-
-fn record_pointer_of(probe: &Probe) -> *mut Probe {
-    probe as *const Probe as *mut Probe
+    let mut retiring = RETIRING.load(Ordering::Acquire);
+    while retiring != 0 {
+        // SAFETY: a set bit names a live record (cleared before the record is freed).
+        let probe = unsafe { &*record_pointer(retiring.trailing_zeros() as usize) };
+        if probe.address == address {
+            return Some(probe);
+        }
+        retiring &= retiring - 1;
+    }
+    None
 }
 
 /// Registration state: which records and slot chunks are taken.
@@ -154,11 +158,51 @@ pub(super) fn lookup(address: u64) -> Option<&'static Probe> {
 /// Registers a probe at kernel text `address`. `post` runs after the displaced instruction
 /// (not with `Detour`).
 pub fn register(address: u64, method: Method, pre: Handler, post: Option<Handler>) -> Result<(), ProbeError> {
+    let mut result = [Ok(())];
+    register_all(&[(address, method)], pre, post, &mut result);
+    result[0]
+}
+
+/// Registers a probe at each `(address, method)` of `probes`, with the same handlers, and puts
+/// each one's outcome in `results` (Linux's `register_kprobes`, though a refusal does not undo
+/// the others): every probe is prepared and published first, then all the words are armed in
+/// one hold of the other CPUs. A hold is an SGI round trip through every CPU; the probe sweep
+/// arms 48 words a batch.
+pub fn register_all(
+    probes: &[(u64, Method)],
+    pre: Handler,
+    post: Option<Handler>,
+    results: &mut [Result<(), ProbeError>],
+) {
+    let mut registry = REGISTRY.lock();
+    let mut words = [(0u64, 0u32); MAX_PROBES];
+    let mut count = 0;
+    for (&(address, method), result) in probes.iter().zip(results.iter_mut()) {
+        *result = prepare(&mut registry, address, method, pre, post).map(|patched| {
+            // `None`: a test-only wrong order already wrote the branch.
+            if let Some(patched) = patched {
+                words[count] = (address, patched);
+                count += 1;
+            }
+        });
+    }
+    write_probed_words(&words[..count]);
+}
+
+/// Register's first half, under the registry lock: the probe refused or its record, slot or
+/// trampoline written and the probe published; returns the word that arms it (its BRK or its
+/// branch), still to be written.
+fn prepare(
+    registry: &mut Registry,
+    address: u64,
+    method: Method,
+    pre: Handler,
+    post: Option<Handler>,
+) -> Result<Option<u32>, ProbeError> {
     if address & 3 != 0 {
         return Err(ProbeError::Misaligned);
     }
     refuse::check_address(address)?;
-    let mut registry = REGISTRY.lock();
     if lookup(address).is_some() {
         return Err(ProbeError::AlreadyRegistered);
     }
@@ -219,56 +263,80 @@ pub fn register(address: u64, method: Method, pre: Handler, post: Option<Handler
             Ok(branch) => branch.word(),
             Err(_) => {
                 unpublish(address);
-                release(&mut registry, record, chunk);
+                release(registry, record, chunk);
                 return Err(ProbeError::OutOfBranchRange);
             }
         },
         _ => encode_brk(BRK_KPROBE).word(),
     };
-    if !early_branch {
-        write_probed_word(address, patched);
-    }
-    Ok(())
+    Ok((!early_branch).then_some(patched))
 }
 
 /// Unregisters the probe at `address`, restoring the original instruction, and returns once no
-/// CPU can still be inside its handler, XOL slot or detour trampoline: under the registry lock
-/// the probe is unpublished (kept as `RETIRING`) and the word restored with every other CPU held
-/// (`write_probed_word`); BRK hits run with IRQs masked from the BRK to the end of the slot, so
-/// once every other CPU took the hold's SGI none is inside such a probe. A detour's hits run
-/// with the IRQs of the probed code, so for a detour the lock is dropped for a grace period
-/// (`task::cpus::synchronize`: a CPU spinning on the lock would never pass a quiescent point).
-/// Then the slot or trampoline is poisoned (refilled with `BRK #0x006`, which no CPU that is
-/// not stepping that slot may execute: a late executor faults) and the record and chunk are
-/// freed. Call it with no lock held that another CPU may spin on with IRQs masked.
+/// CPU can still be inside its handler, XOL slot or detour trampoline ([`unregister_all`] with
+/// one address).
 pub fn unregister(address: u64) -> Result<(), ProbeError> {
-    let retired = retire(address)?;
-    if retired.needs_grace_period {
-        crate::task::cpus::synchronize();
-    }
-    finish(retired);
-    Ok(())
+    unregister_all(&[address])
 }
 
-/// Unregisters the probes at every address of `addresses` with one grace period for them all
-/// (Linux's `unregister_kprobes`): each is disarmed and unpublished in turn, then, once no CPU
-/// can be inside any of them, their trampolines and records are freed. An address that holds no
-/// probe is skipped, the others are unregistered, and the first such error is returned.
+/// Unregisters the probes at every address of `addresses` with one hold and one grace period
+/// for them all (Linux's `unregister_kprobes`), and returns once no CPU can still be inside any
+/// of their handlers, XOL slots or detour trampolines:
+/// - Under the registry lock each probe is unpublished (and marked `RETIRING`), then all their
+///   words are restored in one hold of the other CPUs (`write_probed_words`). A CPU that
+///   fetched a BRK before its restore may take it meanwhile and finds the probe as retiring.
+///   BRK hits run with IRQs masked from the BRK to the end of the slot, so once every other CPU
+///   took the hold's SGI none is inside such a probe.
+/// - A detour's hits run with the IRQs of the probed code, so if the batch has a detour the lock
+///   is dropped for a grace period (`task::cpus::synchronize`: a CPU spinning on the lock would
+///   never pass a quiescent point).
+/// - Then each slot or trampoline is poisoned (refilled with `BRK #0x006`, which no CPU that is
+///   not stepping that slot may execute: a late executor faults) and the record and chunk freed.
+///
+/// An address that holds no probe is skipped, the others are unregistered, and the first such
+/// error is returned. Call it with no lock held that another CPU may spin on with IRQs masked.
 pub fn unregister_all(addresses: &[u64]) -> Result<(), ProbeError> {
     let mut retired = [None::<Retired>; MAX_PROBES];
     let mut first_error = Ok(());
+    let registry = REGISTRY.lock();
+    let mut words = [(0u64, 0u32); MAX_PROBES];
     let mut count = 0;
     let mut needs_grace_period = false;
+    let no_grace_period = wrong_order(WrongOrder::NoGracePeriod);
     for &address in addresses {
-        match retire(address) {
-            Ok(probe) => {
-                needs_grace_period |= probe.needs_grace_period;
-                retired[count] = Some(probe);
-                count += 1;
-            }
-            Err(error) => first_error = first_error.and(Err(error)),
+        // An address given twice is not found the second time: it is unpublished already.
+        let Some(probe) = lookup(address) else {
+            first_error = first_error.and(Err(ProbeError::NotRegistered));
+            continue;
+        };
+        let record = (0..MAX_PROBES).find(|&record| core::ptr::eq(record_pointer(record), probe));
+        let cleared = wrong_order(WrongOrder::TrampolineClearedFirst);
+        if cleared && let Some(chunk) = probe.chunk {
+            slots::clear(slots::chunk_address(chunk));
         }
+        if let Some(record) = record {
+            RETIRING.fetch_or(1 << record, Ordering::Release);
+        }
+        unpublish(address);
+        needs_grace_period |= matches!(probe.action, Action::Detour { .. }) && !no_grace_period;
+        retired[count] = Some(Retired { record, chunk: probe.chunk, cleared });
+        words[count] = (address, probe.original);
+        count += 1;
     }
+    if no_grace_period {
+        for &(address, original) in &words[..count] {
+            // SAFETY: as in `write_probed_words` (deliberately not holding the other CPUs
+            // either: nothing waits for a CPU inside the probe; a test-only switch).
+            unsafe { patch::write_instruction(address, original) };
+        }
+    } else {
+        write_probed_words(&words[..count]);
+    }
+    // Every other CPU took the hold's SGI after the restores: none can take these BRKs any more.
+    // (Only this lock's holder sets bits.)
+    RETIRING.store(0, Ordering::Release);
+    // The records and chunks stay taken (their bits set) until the grace period has elapsed.
+    drop(registry);
     if needs_grace_period {
         crate::task::cpus::synchronize();
     }
@@ -283,41 +351,6 @@ struct Retired {
     chunk: Option<usize>,
     /// Its trampoline was cleared before the restore (test-only wrong order).
     cleared: bool,
-    /// A detour: its trampoline and handler run with the probed code's IRQs, so it is free only
-    /// after a grace period. (BRK methods run theirs with IRQs masked: the hold that restored the
-    /// word, every other CPU taking its SGI, is their grace period.)
-    needs_grace_period: bool,
-}
-
-/// Unregister's first half: the probed word restored (the other CPUs held) and the probe
-/// unpublished; a BRK taken meanwhile is a missed hit.
-fn retire(address: u64) -> Result<Retired, ProbeError> {
-    let registry = REGISTRY.lock();
-    let Some(probe) = lookup(address) else {
-        return Err(ProbeError::NotRegistered);
-    };
-    let (original, chunk) = (probe.original, probe.chunk);
-    let detour = matches!(probe.action, Action::Detour { .. });
-    let record = (0..MAX_PROBES).find(|&record| core::ptr::eq(record_pointer(record), probe));
-    let cleared = wrong_order(WrongOrder::TrampolineClearedFirst);
-    if cleared && let Some(chunk) = chunk {
-        slots::clear(slots::chunk_address(chunk));
-    }
-    RETIRING.store(record_pointer_of(probe), Ordering::Release);
-    unpublish(address);
-    let no_grace_period = wrong_order(WrongOrder::NoGracePeriod);
-    if no_grace_period {
-        // SAFETY: as in `write_probed_word` (deliberately not holding the other CPUs either:
-        // nothing waits for a CPU inside the probe; a test-only switch).
-        unsafe { patch::write_instruction(address, original) };
-    } else {
-        write_probed_word(address, original);
-    }
-    // Every other CPU took the hold's SGI after the restore: none can take this BRK any more.
-    RETIRING.store(core::ptr::null_mut(), Ordering::Release);
-    // The record and chunk stay taken (their bits set) until the grace period has elapsed.
-    drop(registry);
-    Ok(Retired { record, chunk, cleared, needs_grace_period: detour && !no_grace_period })
 }
 
 /// Unregister's second half, after the grace period: the trampoline cleared (poisoned) and the
@@ -334,23 +367,28 @@ fn finish(retired: Retired) {
     }
 }
 
-/// Arms (BRK or B) or disarms (the original) the probed word at kernel text `address` with every
-/// other CPU held (`task::cpus::with_others_held`): an arbitrary instruction <-> BRK or B is not
-/// a change ARM ARM B2.2.5 allows concurrently with execution, and a CPU that executed or
-/// fetched the old word meanwhile could keep running it after a later grace period (seen as a
-/// stale translated block under multi-threaded TCG: docs/design/smp.md).
-fn write_probed_word(address: u64, word: u32) {
-    if wrong_order(WrongOrder::Unheld) {
-        // SAFETY: address is a probed kernel text word (4-aligned, checked at registration);
-        // deliberately written while the other CPUs run (a test-only switch).
-        unsafe { patch::write_instruction(address, word) };
+/// Arms (BRK or B) or disarms (the original) the probed words, `(address, word)`, at kernel text
+/// addresses, in one hold of every other CPU (`task::cpus::with_others_held`): an arbitrary
+/// instruction <-> BRK or B is not a change ARM ARM B2.2.5 allows concurrently with execution,
+/// and a CPU that executed or fetched the old word meanwhile could keep running it after a later
+/// grace period (seen as a stale translated block under multi-threaded TCG: docs/design/smp.md).
+/// One hold for the batch: a hold is an SGI round trip through every CPU.
+fn write_probed_words(words: &[(u64, u32)]) {
+    let write_all = || {
+        for &(address, word) in words {
+            // SAFETY: address is a probed kernel text word (4-aligned, checked at registration),
+            // and no other CPU runs meanwhile (but under the test-only `WrongOrder::Unheld`).
+            unsafe { patch::write_instruction(address, word) }
+        }
+    };
+    if words.is_empty() {
         return;
     }
-    crate::task::cpus::with_others_held(|| {
-        // SAFETY: address is a probed kernel text word (4-aligned, checked at registration), and
-        // no other CPU runs meanwhile.
-        unsafe { patch::write_instruction(address, word) }
-    });
+    if wrong_order(WrongOrder::Unheld) {
+        write_all();
+    } else {
+        crate::task::cpus::with_others_held(write_all);
+    }
 }
 
 fn release(registry: &mut Registry, record: usize, chunk: Option<usize>) {

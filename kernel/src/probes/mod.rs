@@ -34,7 +34,8 @@ pub use hit::{
     simulator_functions, simulator_text,
 };
 pub use kprobe::{
-    SLOT_AREA_SIZE, counts, first_patchable_entry, register, slot_area_address, unregister, unregister_all,
+    SLOT_AREA_SIZE, counts, first_patchable_entry, register, register_all, slot_area_address, unregister,
+    unregister_all,
 };
 pub use probes::{Method, Registers, Text};
 pub use refuse::is_noprobe;

@@ -348,10 +348,12 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits 
         HITS_ELSEWHERE[index].store(0, Ordering::Relaxed);
     }
     ARMED_COUNT.store(probes.len(), Ordering::Relaxed);
-    for (index, &(address, method)) in probes.iter().enumerate() {
-        // Progress for the watchdog: a batch on several CPUs waits a grace period per probe.
-        everywhere::heartbeat();
-        match kprobes::register(address, method, count_hit, None) {
+    // The whole batch is armed in one hold of the other CPUs (`register_all`), not one per
+    // probe: on 4 CPUs under TCG a hold is milliseconds, and 96 of them were most of a batch.
+    let mut registered = [Ok(()); BATCH];
+    kprobes::register_all(probes, count_hit, None, &mut registered);
+    for (index, (&(_, method), result)) in probes.iter().zip(registered).enumerate() {
+        match result {
             Ok(()) => {
                 armed[index] = true;
                 sweep.tally.armed[method_index(method)] += 1;
@@ -359,6 +361,7 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits 
             Err(error) => sweep.tally.refuse(error),
         }
     }
+    everywhere::heartbeat();
     sweep.tally.batches += 1;
     let armed_any = armed.iter().any(|&armed| armed);
     let mut new_traces = 0;
@@ -389,9 +392,9 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits 
     } else {
         Some(sweep.reference)
     };
-    // The whole batch is disarmed with one grace period (`unregister_all`), not one per probe: on
-    // 4 CPUs a 48-detour batch spent seconds in grace periods. Once it returns no CPU is inside a
-    // removed probe's slot or handler, and the next batch may reuse them.
+    // The whole batch is disarmed with one hold and one grace period (`unregister_all`), not one
+    // per probe: on 4 CPUs a 48-detour batch spent seconds in grace periods. Once it returns no
+    // CPU is inside a removed probe's slot or handler, and the next batch may reuse them.
     let mut disarmed = [0u64; BATCH];
     let mut count = 0;
     for &(address, method) in probes.iter().zip(&armed).filter(|&(_, &armed)| armed).map(|(probe, _)| probe) {

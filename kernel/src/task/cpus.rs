@@ -236,6 +236,11 @@ pub fn others_held() -> bool {
     HOLDER.load(Ordering::Relaxed) == crate::arch::percpu::this_cpu_index() + 1
 }
 
+/// How many holds (`with_others_held`) have begun since boot: the tests count a batch's.
+pub fn holds() -> u64 {
+    HOLD_GENERATION.load(Ordering::Relaxed)
+}
+
 /// The CPU (index + 1) whose change runs with the others held; 0: none.
 static HOLDER: AtomicUsize = AtomicUsize::new(0);
 

@@ -653,9 +653,10 @@ fn slot_area_sum() -> u64 {
         .fold(0u64, |sum, word| sum.rotate_left(5) ^ word)
 }
 
-/// `unregister_all` (one grace period for a batch, as the probe sweep disarms): every probe of
-/// the batch is gone, its word restored and its slot or trampoline poisoned again; an address
-/// that holds no probe is reported and does not stop the others.
+/// `register_all` and `unregister_all` (as the probe sweep arms and disarms a batch): each takes
+/// one hold of the other CPUs for the whole batch; every probe of the batch is hit, then gone,
+/// its word restored and its slot or trampoline poisoned again; an address that holds no probe,
+/// or one given twice, is reported and does not stop the others.
 fn probe_unregister_all_frees_every_probe(_: &Context) -> Outcome {
     let targets = [
         (probe_target_add as *const () as u64, Method::Detour),
@@ -665,15 +666,18 @@ fn probe_unregister_all_frees_every_probe(_: &Context) -> Outcome {
     // SAFETY: kernel text, readable.
     let originals = targets.map(|(address, _)| unsafe { core::ptr::read_volatile(address as *const u32) });
     let area = slot_area_sum();
-    for (address, method) in targets {
-        check!(kprobes::register(address, method, ignore, None).is_ok());
-    }
+    let holds = crate::task::cpus::holds();
+    let mut registered = [Err(ProbeError::NotRegistered); 3];
+    kprobes::register_all(&targets, ignore, None, &mut registered);
+    check!(registered == [Ok(()); 3]);
+    check_eq!(crate::task::cpus::holds(), holds + 1);
     // SAFETY: the targets compute from their arguments only.
     check!(unsafe { (probe_target_add(5, 7), probe_target_mov(5, 7), probe_target_increment(5)) } == (12, 7, 6));
     check!(targets.iter().all(|&(address, _)| kprobes::counts(address) == Some((1, 0))));
     let not_registered = scratch_instruction();
-    let batch = [targets[0].0, not_registered, targets[1].0, targets[2].0];
+    let batch = [targets[0].0, not_registered, targets[1].0, targets[0].0, targets[2].0];
     check!(kprobes::unregister_all(&batch) == Err(ProbeError::NotRegistered));
+    check_eq!(crate::task::cpus::holds(), holds + 2);
     for ((address, _), original) in targets.iter().zip(originals) {
         check!(kprobes::counts(*address).is_none());
         // SAFETY: as above.
