@@ -326,8 +326,11 @@ struct Count {
 }
 
 impl Count {
-    fn agrees(self, other: Count) -> bool {
-        self.cpu0 == other.cpu0 && (self.elsewhere > 0) == (other.elsewhere > 0)
+    /// Whether two counts of one probe agree: CPU 0's exactly, the other CPUs' as zero or not
+    /// (not in the code `paced_by_cpu0` names, on several CPUs).
+    fn agrees(self, other: Count, function: &str) -> bool {
+        let elsewhere = !(SEVERAL_CPUS.load(Ordering::Relaxed) && paced_by_cpu0(function));
+        self.cpu0 == other.cpu0 && (!elsewhere || (self.elsewhere > 0) == (other.elsewhere > 0))
     }
 }
 
@@ -530,6 +533,19 @@ pub fn contended(name: &str) -> bool {
         || name == "kernel::task::cpus::synchronize"
 }
 
+/// Code the other CPUs run at an IRQ's exit whose path there depends on what CPU 0's tasks are
+/// doing at that instant: the scheduler's pick (`pick_next`, inlined into `switch_locked`)
+/// checks each task slot's state and affinity, and CPU 0's workload tasks become runnable and
+/// exit while the SGIs of its holds and grace periods land on the other CPUs. The whole prod
+/// sweep on 4 CPUs, once a batch took two holds rather than 96 (so the other CPUs' IRQ exits
+/// became rare), counted `switch_locked+0x144` (`b.eq`, the affinity check of one slot) once on
+/// the other CPUs under simulate and never under detour. CPU 0's counts there stay compared
+/// (its pick sees the other CPUs' pinned tasks, always runnable); the kernel test
+/// `probe_sweep_exemptions_name_functions` checks the name is a function.
+pub fn paced_by_cpu0(name: &str) -> bool {
+    name == "kernel::task::switch_locked"
+}
+
 /// The function holding `address` and the offset in it.
 fn place(symbols: &Symbols, address: u64) -> (&'static str, u64) {
     match crate::symbols::callsites::function_containing(address) {
@@ -555,7 +571,7 @@ fn compare_methods(sweep: &mut Sweep, function: Function, per_method: &[Vec<Opti
             let Some(hits) = per_method[method_index(method)].get(index).copied().flatten() else { continue };
             match seen {
                 None => seen = Some((method, hits)),
-                Some((first, first_hits)) if !first_hits.agrees(hits) => {
+                Some((first, first_hits)) if !first_hits.agrees(hits, function.name) => {
                     defmt::error!(
                         "sweep: hit counts differ: {=str} {=u64} (other CPUs {=u64}), {=str} {=u64} (other CPUs {=u64})",
                         first.name(),
@@ -940,7 +956,8 @@ pub fn run(bootargs: &'static str) -> bool {
             for ((&(address, method), expected), hits) in set.iter().zip(expected).zip(hits) {
                 // Refused among its function's words (not compared), accepted alone.
                 let Some(expected) = *expected else { continue };
-                if !hits.is_some_and(|hits| hits.agrees(expected)) && !count_exempt(name_of(&sweep.symbols, address)) {
+                let name = name_of(&sweep.symbols, address);
+                if !hits.is_some_and(|hits| hits.agrees(expected, name)) && !count_exempt(name) {
                     report(&mut sweep, address, method, "hit count differs in a random set");
                 }
             }
@@ -949,7 +966,8 @@ pub fn run(bootargs: &'static str) -> bool {
             let (address, method, expected) = accepted[rng.below(accepted.len())];
             defmt::info!("sweep batch: single {=u64:#x} method {=str}", address, method.name());
             let hits = batch(&mut sweep, &[(address, method)], "single");
-            if !hits[0].is_some_and(|hits| hits.agrees(expected)) && !count_exempt(name_of(&sweep.symbols, address)) {
+            let name = name_of(&sweep.symbols, address);
+            if !hits[0].is_some_and(|hits| hits.agrees(expected, name)) && !count_exempt(name) {
                 report(&mut sweep, address, method, "hit count differs when probed alone");
             }
         }
