@@ -21,10 +21,14 @@ pub const TESTS: &[Test] = &[
 /// make them, so the sweep does not compare hit counts there (`sweep::contended`). In `full` the
 /// core atomics they call are out of line: the 4-CPU sample found `atomic_load::<u64>` (the
 /// contended acquire's per-CPU count) hit on the other CPUs in some methods' batches and not in
-/// others'. The rule: every call out of the heap's locked sections to a core atomic (the lock's
-/// retry loop and contended path) lands in a function the sweep exempts. Other callees (the
-/// guard's `deref`) run once per acquire and stay compared. Both builds have a locked section
-/// out of line; in `full` (core instrumented, its atomics out of line) the scan must find some.
+/// others'. The buddy allocator's free walks and merges the free lists the other CPUs' passes
+/// change: in `full` its `dealloc` is out of line, and the whole 4-CPU sweep counted every word
+/// of `<buddy_system_allocator::Heap<28>>::dealloc` differently by method on CPU 0 (74
+/// failures, e.g. `+0xc8`: single-step 35, brk-step 30). The rule: every call out of the heap's
+/// locked sections to a core atomic (the lock's retry loop and contended path) or to the buddy
+/// allocator lands in a function the sweep exempts. Other callees (the guard's `deref`) run once
+/// per acquire and stay compared. Both builds have a locked section out of line; in `full`
+/// (core instrumented, its atomics out of line) the scan must find some.
 fn exempts_the_heap_locks_callees(_: &Context) -> Outcome {
     let Some(symbols) = Symbols::get() else {
         return Err(Failure { expression: "the embedded symbol table (xtask fills it)", file: file!(), line: line!() });
@@ -34,7 +38,7 @@ fn exempts_the_heap_locks_callees(_: &Context) -> Outcome {
         return Ok(Verdict::Skipped("no patchable entries to find the functions by (variant plain)"));
     }
     let mut sections = 0;
-    let mut atomics = 0;
+    let mut callees = 0;
     for start in crate::symbols::callsites::entries().iter().map(|entry| entry + 8) {
         let Some(name) = symbols.name_at(start) else { continue };
         // The locked sections, out of line or inlined into the heap's entries.
@@ -51,17 +55,17 @@ fn exempts_the_heap_locks_callees(_: &Context) -> Outcome {
                 continue;
             }
             let callee = symbols.name_at(target).unwrap_or("?");
-            if !callee.starts_with("core::sync::atomic::") {
+            if !callee.starts_with("core::sync::atomic::") && !callee.starts_with("<buddy_system_allocator::") {
                 continue;
             }
-            atomics += 1;
+            callees += 1;
             if !crate::sweep::contended(callee) {
                 defmt::error!("{=str}+{=u64:#x} calls {=str}: counts compared", name, at - start, callee);
                 check!(false);
             }
         }
     }
-    check!(sections > 0 && (atomics > 0 || !CHECKS_COMPILED_IN));
+    check!(sections > 0 && (callees > 0 || !CHECKS_COMPILED_IN));
     // The grace period's wait loop runs as long as the other CPUs take to answer (the whole prod
     // sweep on 4 CPUs: `synchronize+0x240` counted 520, 535 and 115 times by three methods).
     check!(crate::sweep::contended("kernel::task::cpus::synchronize"));
