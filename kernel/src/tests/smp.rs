@@ -10,7 +10,7 @@ use crate::stacktrace::{self, IrqCapture};
 use crate::sync::IrqMask;
 use crate::task::user;
 use crate::task::{self, CpuMask, State, cpus, stacks};
-use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use unwind::Trace;
 
 pub const TESTS: &[Test] = &[
@@ -25,6 +25,7 @@ pub const TESTS: &[Test] = &[
     Test { name: "smp_traces_agree_in_irqs_every_cpu", run: smp_traces_agree_in_irqs_every_cpu },
     Test { name: "smp_ftrace_unregister_waits_for_other_cpus", run: smp_ftrace_unregister_waits_for_other_cpus },
     Test { name: "smp_kretprobe_irq_context_per_cpu", run: smp_kretprobe_irq_context_per_cpu },
+    Test { name: "smp_kretprobe_hits_while_another_cpu_returns", run: smp_kretprobe_hits_while_another_cpu_returns },
     Test { name: "smp_heap_use_after_free_reported", run: smp_heap_use_after_free_reported },
     Test { name: "smp_uprobe_hits_every_cpu_at_once", run: smp_uprobe_hits_every_cpu_at_once },
     Test { name: "smp_uprobe_shared_step_state_is_caught", run: smp_uprobe_shared_step_state_is_caught },
@@ -888,6 +889,79 @@ fn smp_kretprobe_irq_context_per_cpu(_: &Context) -> Outcome {
         check_eq!(IRQ_RETURNS.load(Ordering::Relaxed), 2);
         check!(counts == Some((2, 0)));
         check!(most >= 2);
+    }
+    check!(methods_run >= 2);
+    Ok(Verdict::Passed)
+}
+
+/// Set while the first return handler holds its CPU; `RETURN_RELEASE` lets it go.
+static RETURN_HOLDING: AtomicBool = AtomicBool::new(false);
+static RETURN_RELEASE: AtomicBool = AtomicBool::new(false);
+/// The next return handler to run holds its CPU (one shot).
+static HOLD_NEXT_RETURN: AtomicBool = AtomicBool::new(false);
+
+/// The kretprobe'd function of `smp_kretprobe_hits_while_another_cpu_returns`.
+#[inline(never)]
+fn returned_while_held(value: u64) -> u64 {
+    core::hint::black_box(value) + 1
+}
+
+/// Its return handler: the first one holds its CPU (IRQs masked, inside the handler) until
+/// released.
+fn hold_in_return_handler(_: &mut Registers, _: u64) {
+    if HOLD_NEXT_RETURN.swap(false, Ordering::Relaxed) {
+        RETURN_HOLDING.store(true, Ordering::Release);
+        cpu::send_event();
+        cpu::wait_until(IRQ_WAIT_MS, || RETURN_RELEASE.load(Ordering::Acquire));
+    }
+}
+
+/// A kretprobe hit on one CPU while another CPU runs the same kretprobe's return handler is a
+/// hit, not a miss: the in-return-handler flag is per context. One flag for all made every CPU
+/// miss its hits while any CPU ran a return handler (the probe sweep on 4 CPUs: returns counted
+/// on CPU 0 differed by method). Another CPU calls the function in a cross call and is held in
+/// its return handler while this one calls it; per method. With the flag read for all contexts
+/// this fails (counts (1, 1)).
+fn smp_kretprobe_hits_while_another_cpu_returns(_: &Context) -> Outcome {
+    if cpus::wanted() < 2 {
+        return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
+    }
+    let target = returned_while_held as *const () as u64;
+    let mut methods_run = 0;
+    for method in Method::ALL {
+        match kretprobe::register(target, method, None, hold_in_return_handler, 4) {
+            Ok(()) => {}
+            Err(ProbeError::NotSimulated | ProbeError::NeedsOriginalPc(Text::Kernel)) => continue,
+            Err(error) => {
+                defmt::error!("  {}: {}", method, error);
+                return Err(fail("kretprobe registered"));
+            }
+        }
+        methods_run += 1;
+        RETURN_HOLDING.store(false, Ordering::Relaxed);
+        RETURN_RELEASE.store(false, Ordering::Relaxed);
+        HOLD_NEXT_RETURN.store(true, Ordering::Relaxed);
+        let (held, result) = {
+            // On this CPU throughout; the other CPU runs the call in its IRQ context.
+            let _mask = IrqMask::new();
+            let other = (task::this_cpu() + 1) % cpus::wanted();
+            // Posted without waiting (a 0 ms timeout): the other CPU is held in the handler.
+            let _ = task::cross_call::run_on_within(other, returned_while_held, 1, 0);
+            let held = cpu::wait_until(IRQ_WAIT_MS, || RETURN_HOLDING.load(Ordering::Acquire));
+            let result = returned_while_held(41);
+            RETURN_RELEASE.store(true, Ordering::Release);
+            cpu::send_event();
+            cpu::wait_until(IRQ_WAIT_MS, || task::cross_call::is_idle(other));
+            (held, result)
+        };
+        let counts = kretprobe::counts(target);
+        check!(kretprobe::unregister(target).is_ok());
+        if counts != Some((2, 0)) {
+            defmt::error!("  {}: counts {}", method, counts);
+        }
+        check!(held);
+        check_eq!(result, 42);
+        check!(counts == Some((2, 0)));
     }
     check!(methods_run >= 2);
     Ok(Verdict::Passed)
