@@ -286,9 +286,9 @@ fn report_callees(symbols: &Symbols, callees: &[ProbeableCallee]) {
 /// found `kasan::abi::untag` out of line in probeable text, called by them; it is always
 /// inlined now. The rule: every branch out of them, and out of the no-probe functions they
 /// reach, lands in no-probe text (the scan and its control are the simulator test's), but for
-/// the primitives they wrap (`memcpy`, `memmove`, `memset`: probeable, as Linux's are; a probe
-/// there is re-entered from a hit and counted missed) and the tag-mismatch report
-/// (`abi::record`: once per finding, which ends the run). With `untag` out of line
+/// the primitives they wrap (`memcpy`, `memmove`, `memset`: probeable, as Linux's are, and swept
+/// like any function; a probe there that a hit reaches is re-entered and counted missed) and the
+/// tag-mismatch report (`abi::record`: once per finding, which ends the run). With `untag` out of line
 /// (`#[inline(never)]`) this fails in `full`.
 fn sanitizer_helpers_call_only_noprobe_text(_: &Context) -> Outcome {
     let Some(symbols) = Symbols::get() else {
