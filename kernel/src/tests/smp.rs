@@ -30,6 +30,7 @@ pub const TESTS: &[Test] = &[
     Test { name: "smp_uprobe_hits_every_cpu_at_once", run: smp_uprobe_hits_every_cpu_at_once },
     Test { name: "smp_uprobe_shared_step_state_is_caught", run: smp_uprobe_shared_step_state_is_caught },
     Test { name: "smp_uprobe_cpu_slots_every_cpu_at_once", run: smp_uprobe_cpu_slots_every_cpu_at_once },
+    Test { name: "smp_run_queue_retries_count_waits", run: smp_run_queue_retries_count_waits },
     // Last: on a branch without kprobe unregistration's grace period (race2) it ends the run.
     Test { name: "smp_probe_and_tracer_churn", run: smp_probe_and_tracer_churn },
 ];
@@ -1568,5 +1569,58 @@ fn smp_uprobe_cpu_slots_every_cpu_at_once(_: &Context) -> Outcome {
         }
     }
     check!(witness >= 2);
+    Ok(Verdict::Passed)
+}
+
+/// The CPU whose waits `run_queue_holder` waits to see, its retries before, and whether the
+/// holder has the lock.
+static WAITER: AtomicUsize = AtomicUsize::new(0);
+static WAITER_RETRIES: AtomicU64 = AtomicU64::new(0);
+static RUN_QUEUE_HELD: AtomicBool = AtomicBool::new(false);
+
+/// Holds the run queue's lock until the waiting CPU's retry count moves (at most 1 s).
+extern "C" fn run_queue_holder(_: u64) {
+    task::with_run_queue_locked(|| {
+        RUN_QUEUE_HELD.store(true, Ordering::Release);
+        let waiter = WAITER.load(Ordering::Relaxed);
+        let before = WAITER_RETRIES.load(Ordering::Relaxed);
+        cpu::wait_until(1000, || task::run_queue_retries(waiter) != before);
+    });
+}
+
+/// A CPU that finds the run queue's lock held counts its failed attempts
+/// (`task::run_queue_retries`): the probe sweep compares a pass's hit counts only when CPU 0's
+/// count did not move, since the lock's retry loop is inlined into every user of the task table
+/// (the whole 4-CPU `full` sweep with a list tracer: `task::join+0x70..0x7c`, the retry's
+/// `clrex`, `isb` and `ldrb`, counted 13 on CPU 0 with single-step and 0 with brk-step and
+/// detour). Another CPU holds the lock until this CPU's count moves; without the count it lets
+/// go after 1 s and the check fails.
+fn smp_run_queue_retries_count_waits(_: &Context) -> Outcome {
+    if cpus::online() < 2 {
+        return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
+    }
+    // Masked: this test stays on this CPU from the count to the lock.
+    let _masked = IrqMask::new();
+    let me = percpu::this_cpu_index();
+    WAITER.store(me, Ordering::Relaxed);
+    WAITER_RETRIES.store(task::run_queue_retries(me), Ordering::Relaxed);
+    RUN_QUEUE_HELD.store(false, Ordering::Relaxed);
+    let holder_cpu = (me + 1) % cpus::online();
+    let holder =
+        task::spawn_on(CpuMask::one(holder_cpu), "run-queue-holder", run_queue_holder, 0).map_err(|_| fail("spawn"))?;
+    check!(cpu::wait_until(1000, || RUN_QUEUE_HELD.load(Ordering::Acquire)));
+    let before = WAITER_RETRIES.load(Ordering::Relaxed);
+    // Takes the lock the holder has.
+    let _ = task::state(holder);
+    let retries = task::run_queue_retries(me) - before;
+    defmt::info!(
+        "  cpu {=usize} retried the run queue's lock {=u64} times while cpu {=usize} held it",
+        me,
+        retries,
+        holder_cpu
+    );
+    check!(retries > 0);
+    drop(_masked);
+    check!(task::join(holder) == State::Exited);
     Ok(Verdict::Passed)
 }
