@@ -22,7 +22,7 @@ pub mod user;
 use crate::arch::cpu;
 use crate::arch::percpu::{self, CPUS};
 use crate::sync::{Hooks, IrqMask};
-use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, Ordering};
 use stacks::{SHADOW_STACK_SIZE, Slot, TASK_SLOTS};
 
 /// Entries of the task table: the task slots, then one idle task per secondary CPU.
@@ -114,15 +114,12 @@ static mut SCHEDULER: Scheduler = Scheduler {
 /// The run queue's lock: taken with IRQs masked, held across `switch_to`.
 static RUN_QUEUE: AtomicBool = AtomicBool::new(false);
 
-/// Per CPU: attempts to take the run queue's lock that failed (another CPU held it). Counted on
-/// the failure path only: an uncontended acquire runs the same instructions as without it.
-static RUN_QUEUE_RETRIES: [AtomicU64; CPUS] = [const { AtomicU64::new(0) }; CPUS];
-
-/// Failed attempts of CPU `cpu` to take the run queue's lock so far. The retry loop is inlined
-/// into every user of the task table, so whether a stretch of code ran it depends on the other
-/// CPUs: the probe sweep compares the hit counts of a pass only if this did not move.
+/// Failed attempts of CPU `cpu` to take the run queue's lock so far (another CPU held it),
+/// counted on the failure path only, in the per-CPU data. The retry loop is inlined into every
+/// user of the task table, so whether a stretch of code ran it depends on the other CPUs: the
+/// probe sweep compares the hit counts of a pass only if this did not move.
 pub fn run_queue_retries(cpu: usize) -> u64 {
-    RUN_QUEUE_RETRIES[cpu].load(Ordering::Relaxed)
+    percpu::cpu_data(cpu).run_queue_retries.load(Ordering::Relaxed)
 }
 
 /// Runs `f` holding the run queue's lock, IRQs masked (a test makes another CPU wait for it).
@@ -134,7 +131,7 @@ pub fn with_run_queue_locked<R>(f: impl FnOnce() -> R) -> R {
 #[inline(always)]
 fn lock_run_queue() {
     while RUN_QUEUE.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
-        RUN_QUEUE_RETRIES[percpu::this_cpu_index()].fetch_add(1, Ordering::Relaxed);
+        percpu::this_cpu().run_queue_retries.fetch_add(1, Ordering::Relaxed);
         while RUN_QUEUE.load(Ordering::Relaxed) {
             core::hint::spin_loop();
         }

@@ -51,6 +51,9 @@ pub struct PerCpu {
     /// Bumped each time this CPU passes a quiescent point (a task switch, an idle pass): a
     /// grace period waits until every other online CPU's count moved.
     pub quiescent: AtomicU64,
+    /// Failed attempts to take the run queue's lock (owned by `task`; here so that the retry
+    /// path reaches it from TPIDR_EL1 and the uncontended path needs no address of its own).
+    pub run_queue_retries: AtomicU64,
     /// This CPU's ftrace recursion guard.
     pub tracer: TracerGuard,
     /// This CPU's kernel-probe state, owned by `probes::hit` (here so that the hit path reaches
@@ -104,6 +107,7 @@ static PER_CPU: [PerCpu; CPUS] = [const {
         context_switches: AtomicU64::new(0),
         ticks: AtomicU64::new(0),
         quiescent: AtomicU64::new(0),
+        run_queue_retries: AtomicU64::new(0),
         tracer: TracerGuard { guard: AtomicU64::new(0), recursions: AtomicU64::new(0) },
         probe: ProbeControl {
             status: AtomicU32::new(0),
