@@ -16,6 +16,7 @@ mod demo;
 mod drivers;
 mod dt;
 mod ftrace;
+mod inject;
 mod log;
 mod mm;
 mod probes;
