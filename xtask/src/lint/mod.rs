@@ -1,10 +1,41 @@
-//! `cargo xtask lint`: rustfmt and clippy (`-D warnings`) on the host crates, xtask, and the
-//! kernel for each board, built as the `full` variant (the one with every attribute in use), and
-//! as `mte` on virt (the code only that variant compiles).
+//! `cargo xtask lint`: the tree's own checks first (the greps of `docs/architecture.md`, the
+//! words of the project's making), then rustfmt and clippy (`-D warnings`) on the host crates,
+//! xtask, and the kernel for each board, built as the `full` variant (the one with every
+//! attribute in use), and as `mte` on virt (the code only that variant compiles).
+
+mod claims;
+mod words;
 
 use crate::Failure;
 use crate::build::{self, Board, BuildVariant, KERNEL_TARGET};
 use std::process::Command;
+
+/// The greps of `docs/architecture.md`: `Ok` when every claim holds, else each failing claim
+/// with the lines that contradict it.
+fn architecture_claims() -> Result<(), String> {
+    eprintln!("xtask: the claims of {}", claims::DOCUMENT);
+    let violations = claims::check_document(&build::workspace_root(), claims::DOCUMENT)?;
+    if violations.is_empty() {
+        return Ok(());
+    }
+    for violation in &violations {
+        eprint!("{}", claims::describe(claims::DOCUMENT, violation));
+    }
+    Err(format!("{} claim(s) of {} do not hold", violations.len(), claims::DOCUMENT))
+}
+
+/// The words of the project's making, in every tracked file.
+fn project_words() -> Result<(), String> {
+    eprintln!("xtask: words about how the project was made, in tracked files");
+    let hits = words::scan_tracked(&build::workspace_root())?;
+    if hits.is_empty() {
+        return Ok(());
+    }
+    for hit in &hits {
+        eprintln!("{}:{}: {}: {}", hit.path, hit.line, hit.reason, hit.text);
+    }
+    Err(format!("{} line(s) speak of how the project was made (patterns in xtask/src/lint/words.rs)", hits.len()))
+}
 
 fn cargo(what: &str, configure: impl FnOnce(&mut Command)) -> Result<(), Failure> {
     eprintln!("xtask: {what}");
@@ -16,6 +47,9 @@ fn cargo(what: &str, configure: impl FnOnce(&mut Command)) -> Result<(), Failure
 }
 
 pub fn run() -> Result<u8, Failure> {
+    // The tree's own checks take seconds: run both and report both before the slow toolchain
+    // ones, and fail at the end so one finding does not hide the other.
+    let findings: Vec<String> = [architecture_claims(), project_words()].into_iter().filter_map(Result::err).collect();
     cargo("rustfmt --check", |command| {
         command.args(["fmt", "--all", "--", "--check"]);
     })?;
@@ -43,6 +77,9 @@ pub fn run() -> Result<u8, Failure> {
                 .env("TRACELAB_VARIANT", variant.name())
                 .args(["--", "-D", "warnings"]);
         })?;
+    }
+    if !findings.is_empty() {
+        return Err(Failure { status: 1, message: findings.join("; ") });
     }
     println!("lint: clean");
     Ok(0)
