@@ -16,6 +16,8 @@ pub const DOCUMENT: &str = "docs/architecture.md";
 pub struct Check {
     /// The claim, from the `#` lines above the command (joined by spaces).
     pub claim: String,
+    /// The command as the document spells it, for the failure message.
+    pub command: String,
     /// The command's words, as a shell would split them; the first two are `git` and `grep`.
     pub words: Vec<String>,
     /// The command's line in the document (1-based), for the failure message.
@@ -62,7 +64,7 @@ pub fn extract(text: &str) -> Result<Vec<Check>, String> {
             if claim.is_empty() {
                 return Err(format!("line {number}: a grep without a claim (`# ...` line above it)"));
             }
-            checks.push(Check { claim: claim.join(" "), words, line: number });
+            checks.push(Check { claim: claim.join(" "), command: trimmed.to_owned(), words, line: number });
         }
     }
     if in_block {
@@ -169,9 +171,7 @@ pub fn check_document(root: &Path, document: &str) -> Result<Vec<Violation>, Str
 pub fn describe(document: &str, violation: &Violation) -> String {
     let mut text = format!(
         "{document}:{}: claim does not hold: {}\n  $ {}\n",
-        violation.check.line,
-        violation.check.claim,
-        violation.check.words.join(" ")
+        violation.check.line, violation.check.claim, violation.check.command
     );
     for line in &violation.output {
         text.push_str("  ");
