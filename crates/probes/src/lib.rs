@@ -16,8 +16,9 @@
 //! # What is simulated, stepped and rejected
 //!
 //! The policy is Linux's (`arch/arm64/kernel/probes/decode-insn.c`), plus
-//! the STP simulation of the 2024 uprobes series (seed 001), LDP, MOV and
-//! ADD/SUB, and the newer instructions listed below.
+//! the STP simulation of the 2024 uprobes series (Liao Chang, "arm64: uprobes:
+//! Simulate STP for pushing fp/lr into user stack", docs/threads.md), LDP, MOV
+//! and ADD/SUB, and the newer instructions listed below.
 //!
 //! **Simulated** (exactly as the Arm ARM C6.2 pseudocode):
 //! - `NOP`, `YIELD`, `BTI` (all four), `PRFM (literal)`: no architectural
@@ -28,7 +29,7 @@
 //!   they read PC.
 //! - `STP`/`LDP` of X registers in pre-index, post-index and signed-offset
 //!   forms, including `stp x29, x30, [sp, #-16]!`: simulated for speed
-//!   (seed 001: 0.415 -> 1.411 M hits/s for a stepped vs. simulated push).
+//!   (the uprobes STP thread: 0.415 -> 1.411 M hits/s for a stepped vs. simulated push).
 //! - `MOV (register)` (`ORR Rd, ZR, Rm`), `ADD`, `SUB`, `ADDS`, `SUBS`
 //!   (immediate), including every use of SP and the flags.
 //!
