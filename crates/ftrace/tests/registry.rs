@@ -8,8 +8,8 @@ use common::{
     tracer_ops,
 };
 use ftrace::{
-    BranchError, CallSite, EnableOrder, Error, MOV_X9_X30, NOP, NOP_LITERAL, PACIASP, Scheme, SiteState, Target, TextPatcher,
-    TracerId, TracerState, decode_bl,
+    BranchError, CallSite, EnableOrder, Error, MOV_X9_X30, NOP, NOP_LITERAL, PACIASP, Scheme, SiteState, Target,
+    TextPatcher, TracerId, TracerState, decode_bl,
 };
 
 fn bl(site: CallSite) -> u32 {

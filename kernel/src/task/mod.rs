@@ -504,9 +504,9 @@ pub fn shadow_high_water_now() -> usize {
 /// it was read on agree). A task that moves to another CPU finds itself there too.
 #[inline(always)]
 pub fn current() -> TaskId {
-    let daif = cpu::mask_interrupts();
+    let masked = IrqMask::new();
     let index = percpu::this_cpu().current_task.load(Ordering::Relaxed);
-    cpu::restore_interrupts(daif);
+    drop(masked);
     TaskId(index)
 }
 

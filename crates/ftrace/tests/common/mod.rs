@@ -1,7 +1,9 @@
 //! A fake kernel text for the host tests: a word buffer that logs writes.
 #![allow(dead_code, reason = "each test file uses a different part")]
 
-use ftrace::{CallSite, Config, DispatchTable, EnableOrder, NOP, PACIASP, Registry, SCS_PUSH, Scheme, TextPatcher, VectorOps};
+use ftrace::{
+    CallSite, Config, DispatchTable, EnableOrder, NOP, PACIASP, Registry, SCS_PUSH, Scheme, TextPatcher, VectorOps,
+};
 
 /// Where the fake text starts.
 pub const BASE: u64 = 0x4008_0000;
