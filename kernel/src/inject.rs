@@ -83,6 +83,13 @@ pub fn on(fault: Fault) -> bool {
     ON[fault as usize].load(Ordering::Relaxed)
 }
 
+/// `fault`'s flag, for a site that loads it itself: a sanitizer-exempt path in `full`, where
+/// core's atomic load would be an instrumented out-of-line call.
+#[inline(always)]
+pub fn flag(fault: Fault) -> &'static AtomicBool {
+    &ON[fault as usize]
+}
+
 /// Turns `fault` on or off (tests, and test-only command-line words at boot).
 pub fn set(fault: Fault, on: bool) {
     ON[fault as usize].store(on, Ordering::Relaxed);

@@ -15,11 +15,11 @@ use crate::arch::exception::ExceptionFrame;
 use crate::arch::percpu;
 use crate::inject::{self, Fault};
 use crate::probes::kretprobe::{self, Repair};
-use crate::sync::{IrqMask, IrqSpinLock, StaticBlocks};
+use crate::sync::{IrqSpinLock, StaticBlocks};
 use crate::task::stacks::{self, SLOT_SIZE, Slot};
 use core::cell::UnsafeCell;
 use core::mem::MaybeUninit;
-use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use stackdepot::{DepotError, DepotHandle, StackDepot};
 use unwind::{
     AddressLayout, FrameStart, FrameWalker, ReturnRepair, ShadowSegment, ShadowStack, ShadowWalker, StackKind,
@@ -521,6 +521,18 @@ fn relaxed_load_u32(atomic: &AtomicU32) -> u32 {
     value
 }
 
+/// A relaxed atomic load of a flag, as one `ldrb` (see `relaxed_load_u32`).
+#[inline(always)]
+fn relaxed_load_bool(atomic: &AtomicBool) -> bool {
+    let value: u32;
+    // SAFETY: a byte load of an atomic's own memory (an `AtomicBool` holds 0 or 1): a relaxed
+    // atomic load.
+    unsafe {
+        core::arch::asm!("ldrb {v:w}, [{a}]", a = in(reg) atomic as *const AtomicBool, v = lateout(reg) value, options(nostack, readonly, preserves_flags))
+    };
+    value != 0
+}
+
 /// A relaxed atomic load, as one `ldr` (see `relaxed_load_u32`).
 #[inline(always)]
 fn relaxed_load_u64(atomic: &AtomicU64) -> u64 {
@@ -611,15 +623,17 @@ pub fn sample_allocation() -> bool {
     if every <= 1 {
         return true;
     }
-    let masked = IrqMask::new();
-    let state = if inject::on(Fault::StackSampleStateShared) {
+    // Not an `IrqMask`, not `inject::on`: in `full` their drop glue and core's atomic load are
+    // instrumented out-of-line calls, which this sanitizer-exempt path cannot inline.
+    let daif = cpu::mask_interrupts();
+    let state = if relaxed_load_bool(inject::flag(Fault::StackSampleStateShared)) {
         &percpu::cpu_data(0).allocation_sample
     } else {
         &percpu::this_cpu().allocation_sample
     };
     let x = next_sample_state(relaxed_load_u64(state));
     relaxed_store_u64(state, x);
-    drop(masked);
+    cpu::restore_interrupts(daif);
     sampled(x, every)
 }
 
