@@ -44,6 +44,8 @@ pub struct CommandLine {
     pub bench_suites: &'static str,
     pub bench_reps: u32,
     pub bench_clock: crate::bench::Clock,
+    /// `bench.host-cpus=N`: the host's cores (xtask passes it in wall mode).
+    pub bench_host_cpus: Option<usize>,
     /// QEMU runs with `-icount` (xtask says so): instruction-exact time.
     pub icount: bool,
     /// `ftrace=PATTERN`: the function tracer on every function matching PATTERN from boot to
@@ -89,6 +91,7 @@ impl CommandLine {
             bench_suites: "",
             bench_reps: 1,
             bench_clock: crate::bench::Clock::Cycles,
+            bench_host_cpus: None,
             icount: false,
             ftrace: None,
             ftrace_scheme: crate::ftrace::Scheme::CallOps,
@@ -119,6 +122,10 @@ impl CommandLine {
                 (key::CLOCK, "cycles") => line.bench_clock = crate::bench::Clock::Cycles,
                 (key::CLOCK, "ns") => line.bench_clock = crate::bench::Clock::Nanoseconds,
                 (key::ICOUNT, flag) => line.icount = flag == "1",
+                (key::BENCH_HOST_CPUS, cpus) => match cpus.parse::<usize>() {
+                    Ok(cpus) if cpus >= 1 => line.bench_host_cpus = Some(cpus),
+                    _ => defmt::warn!("cmdline: bench.host-cpus={=str} is not a positive number", cpus),
+                },
                 (key::RUN, "panic") => line.run = Run::Panic,
                 (key::RUN, "fault") => line.run = Run::Fault,
                 (key::RUN, "unowned-brk") => line.run = Run::UnownedBrk,

@@ -64,6 +64,13 @@ faults! {
     CrossCallWaitWithoutServing = "cross-call-no-serving",
     /// TLB invalidations after a mapping change stay on this CPU (`tlbi` + `dsb nsh`).
     LocalTlbi = "local-tlbi",
+    /// Allocation-stack sampling: every CPU draws from CPU 0's state (one state shared by all).
+    StackSampleStateShared = "stack-sample-state-shared",
+    /// The profiler's frame-pointer walks keep only the interrupted PC (`profile.break=fp`): an
+    /// unwinder that stops at the exception boundary.
+    ProfileBrokenFramePointer = "profile-broken-fp",
+    /// The profiler's shadow-call-stack walks keep only the interrupted PC (`profile.break=scs`).
+    ProfileBrokenShadowCallStack = "profile-broken-scs",
 }
 
 const COUNT: usize = Fault::ALL.len();
@@ -74,6 +81,13 @@ static ON: [AtomicBool; COUNT] = [const { AtomicBool::new(false) }; COUNT];
 #[inline(always)]
 pub fn on(fault: Fault) -> bool {
     ON[fault as usize].load(Ordering::Relaxed)
+}
+
+/// `fault`'s flag, for a site that loads it itself: a sanitizer-exempt path in `full`, where
+/// core's atomic load would be an instrumented out-of-line call.
+#[inline(always)]
+pub fn flag(fault: Fault) -> &'static AtomicBool {
+    &ON[fault as usize]
 }
 
 /// Turns `fault` on or off (tests, and test-only command-line words at boot).

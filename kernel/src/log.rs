@@ -14,6 +14,9 @@ use crate::arch::{cpu, percpu};
 use crate::drivers::pl011::Pl011;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+/// A raw `spin::Mutex`, not an `IrqSpinLock`: only the console's owner CPU takes it, inside a
+/// record (IRQs already masked by `acquire`), and a nested record must be able to force it
+/// (`write_console`), which an `IrqSpinLock` does not offer.
 static CONSOLE: spin::Mutex<Option<Pl011>> = spin::Mutex::new(None);
 /// The CPU writing a record (its index + 1; 0: none).
 static OWNER: AtomicU32 = AtomicU32::new(0);
@@ -119,6 +122,8 @@ fn take_console(me: u32) {
 unsafe impl defmt::Logger for Logger {
     #[unsafe(link_section = ".text.noprobe")]
     fn acquire() {
+        // Not an `IrqMask`: the record ends in `release`, another of defmt's calls, so the
+        // outermost record's DAIF waits in `SAVED_DAIF`.
         let daif = cpu::mask_interrupts();
         let me = percpu::this_cpu_index() as u32 + 1;
         if OWNER.load(Ordering::Relaxed) == me {

@@ -63,7 +63,7 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
         Ok(layout) => layout,
         Err(error) => panic!("memory init: {:?}", defmt::Debug2Format(&error)),
     };
-    arch::mmu::use_local_tlbi(cmdline.smp_local_tlbi);
+    inject::set(inject::Fault::LocalTlbi, cmdline.smp_local_tlbi);
     stacktrace::init_depot();
     // Tag checks on before the heap hands out the first tagged pointer (and tags its memory).
     arch::mte::choose_mode(cmdline.kasan_mode);
@@ -175,7 +175,12 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
             exit(ExitStatus::Success)
         }
         cmdline::Run::Bench => {
-            let plan = bench::Plan { clock: cmdline.bench_clock, icount: cmdline.icount, reps: cmdline.bench_reps };
+            let plan = bench::Plan {
+                clock: cmdline.bench_clock,
+                icount: cmdline.icount,
+                reps: cmdline.bench_reps,
+                host_cpus: cmdline.bench_host_cpus,
+            };
             let result = bench::run(cmdline.bench_suites, &plan);
             demo::boot_probes::report(cmdline.icount);
             match result {

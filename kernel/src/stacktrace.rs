@@ -12,12 +12,14 @@
 
 use crate::arch::cpu;
 use crate::arch::exception::ExceptionFrame;
+use crate::arch::percpu;
+use crate::inject::{self, Fault};
 use crate::probes::kretprobe::{self, Repair};
 use crate::sync::{IrqSpinLock, StaticBlocks};
 use crate::task::stacks::{self, SLOT_SIZE, Slot};
 use core::cell::UnsafeCell;
 use core::mem::MaybeUninit;
-use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use stackdepot::{DepotError, DepotHandle, StackDepot};
 use unwind::{
     AddressLayout, FrameStart, FrameWalker, ReturnRepair, ShadowSegment, ShadowStack, ShadowWalker, StackKind,
@@ -519,6 +521,18 @@ fn relaxed_load_u32(atomic: &AtomicU32) -> u32 {
     value
 }
 
+/// A relaxed atomic load of a flag, as one `ldrb` (see `relaxed_load_u32`).
+#[inline(always)]
+fn relaxed_load_bool(atomic: &AtomicBool) -> bool {
+    let value: u32;
+    // SAFETY: a byte load of an atomic's own memory (an `AtomicBool` holds 0 or 1): a relaxed
+    // atomic load.
+    unsafe {
+        core::arch::asm!("ldrb {v:w}, [{a}]", a = in(reg) atomic as *const AtomicBool, v = lateout(reg) value, options(nostack, readonly, preserves_flags))
+    };
+    value != 0
+}
+
 /// A relaxed atomic load, as one `ldr` (see `relaxed_load_u32`).
 #[inline(always)]
 fn relaxed_load_u64(atomic: &AtomicU64) -> u64 {
@@ -553,20 +567,42 @@ fn relaxed_store_u64(atomic: &AtomicU64, value: u64) {
 
 /// `kasan.stack_sample=N`: one allocation stack in N is collected (free stacks always).
 static STACK_SAMPLE: AtomicU32 = AtomicU32::new(1);
-/// The per-CPU draw (xorshift64), seeded from `tag-seed` (one CPU runs today).
-static SAMPLE_STATE: [AtomicU64; stacks::CPUS] = [const { AtomicU64::new(0x9e37_79b9_7f4a_7c15) }; stacks::CPUS];
 
 /// Collects 1 in `every` allocation stacks from now on (`every` >= 1; 0 counts as 1).
 pub fn set_stack_sample(every: u32) {
     STACK_SAMPLE.store(every.max(1), Ordering::Relaxed);
 }
 
-/// Seeds the sampling draw with the heap's `tag-seed`, so a run's choices are reproducible.
+/// CPU `cpu`'s first sampling state for `tag-seed` `seed`: the seed in the high half and its
+/// complement in the low half, XORed with (cpu + 1) times the golden-ratio constant, low bit set
+/// (never 0, xorshift's fixed point). Each CPU its own stream, each stream fixed by the seed and
+/// the CPU number alone.
+pub const fn sample_seed(seed: u32, cpu: usize) -> u64 {
+    let mixed = ((seed as u64) << 32 | (!seed) as u64) ^ (cpu as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    mixed | 1
+}
+
+/// The sampling draw's next state (xorshift64).
+#[inline(always)]
+pub const fn next_sample_state(mut x: u64) -> u64 {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    x
+}
+
+/// Whether a draw that produced state `x` collects the stack at period `every`: the high 32
+/// bits scaled to 0..every, 0 with probability 1/every.
+#[inline(always)]
+pub const fn sampled(x: u64, every: u32) -> bool {
+    ((x >> 32) * every as u64) >> 32 == 0
+}
+
+/// Seeds every CPU's sampling draw from the heap's `tag-seed` ([`sample_seed`]), so that a
+/// run's choices on each CPU are reproducible.
 pub fn seed_stack_sample(seed: u32) {
-    for (cpu, state) in SAMPLE_STATE.iter().enumerate() {
-        // Never 0 (xorshift's fixed point); each CPU its own stream.
-        let mixed = (u64::from(seed) << 32 | u64::from(!seed)) ^ (cpu as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        state.store(mixed | 1, Ordering::Relaxed);
+    for cpu in 0..percpu::CPUS {
+        percpu::cpu_data(cpu).allocation_sample.store(sample_seed(seed, cpu), Ordering::Relaxed);
     }
 }
 
@@ -576,26 +612,29 @@ pub fn stack_sample() -> u32 {
 }
 
 /// Whether this allocation's stack is collected: always with N = 1, else a pseudo-random draw
-/// of probability 1/N. Not a counter: a counter aliases with call sites that allocate
-/// periodically (every Nth allocation of a loop would always be the same site). Callers run in
-/// task context with IRQs unmasked, so the draw is made with IRQs masked (the per-CPU state's
-/// load and store must not interleave with an IRQ on this CPU).
+/// of probability 1/N from this CPU's state (in the per-CPU data). Not a counter: a counter
+/// aliases with call sites that allocate periodically (every Nth allocation of a loop would
+/// always be the same site). Callers run in task context with IRQs unmasked, so the draw is
+/// made with IRQs masked (the state's load and store must not interleave with an IRQ on this
+/// CPU, and the task must not move to another CPU between them).
 #[inline(always)]
 pub fn sample_allocation() -> bool {
     let every = relaxed_load_u32(&STACK_SAMPLE);
     if every <= 1 {
         return true;
     }
+    // Not an `IrqMask`, not `inject::on`: in `full` their drop glue and core's atomic load are
+    // instrumented out-of-line calls, which this sanitizer-exempt path cannot inline.
     let daif = cpu::mask_interrupts();
-    let state = &SAMPLE_STATE[0];
-    let mut x = relaxed_load_u64(state);
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
+    let state = if relaxed_load_bool(inject::flag(Fault::StackSampleStateShared)) {
+        &percpu::cpu_data(0).allocation_sample
+    } else {
+        &percpu::this_cpu().allocation_sample
+    };
+    let x = next_sample_state(relaxed_load_u64(state));
     relaxed_store_u64(state, x);
     cpu::restore_interrupts(daif);
-    // The high 32 bits scaled to 0..every: 0 with probability 1/every.
-    ((x >> 32) * u64::from(every)) >> 32 == 0
+    sampled(x, every)
 }
 
 /// A capture taken by the timer tick in IRQ context (the stack-trace tests arm it).

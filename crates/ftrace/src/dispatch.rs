@@ -380,9 +380,10 @@ impl<const SITES: usize, const TRACER_WORDS: usize, const VECTORS: usize> Dispat
         (self.index[slot / 4].load(Ordering::Relaxed) >> (slot % 4 * 16)) as u16
     }
 
-    /// Test-only: empties slot `slot` of the site index, so that a test can
-    /// show the lookup depends on the index (the entry stored there is no
-    /// longer found, and a probe through it stops there).
+    /// Empties slot `slot` of the site index: the host tests use it to show
+    /// that the lookup depends on the index (the entry stored there is no
+    /// longer found, and a probe through it stops there). Not a fault switch:
+    /// no production path asks for it.
     pub fn clear_index_slot(&self, slot: usize) {
         if let Some(word) = self.index.get(slot / 4) {
             word.fetch_and(!(0xffff << (slot % 4 * 16)), Ordering::Relaxed);

@@ -175,5 +175,5 @@ pub use callsite::{
 pub use dispatch::{DispatchTable, TracerId, TracerSet, TracerSetIter};
 pub use error::Error;
 pub use glob::glob_match;
-pub use patcher::TextPatcher;
+pub use patcher::{EnableOrder, TextPatcher};
 pub use registry::{Applied, Config, Reclaimed, Registry, Scheme, SiteState, Target, TracerState, VectorOps};

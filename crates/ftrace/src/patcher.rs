@@ -20,6 +20,13 @@
 ///   (`dc cvau; dsb ish; ic ivau; dsb ish`), or that maintenance is done for
 ///   all writes in [`synchronize`](Self::synchronize).
 pub trait TextPatcher {
+    /// The order in which enabling a site writes its literal and its `bl`:
+    /// [`EnableOrder::LiteralFirst`] unless the implementation asks for the
+    /// wrong one.
+    fn enable_order(&self) -> EnableOrder {
+        EnableOrder::LiteralFirst
+    }
+
     /// The instruction word at `address` (4-aligned).
     fn read_u32(&self, address: u64) -> u32;
 
@@ -41,4 +48,16 @@ pub trait TextPatcher {
     /// (an IPI running `isb`), so that all instruction writes so far are what
     /// every CPU executes from now on.
     fn synchronize(&mut self) {}
+}
+
+/// The order of the two stores that enable a site.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum EnableOrder {
+    /// The literal, then the `bl`: a CPU that executes the new `bl` finds the
+    /// literal it loads. The correct order.
+    LiteralFirst,
+    /// The `bl` before the literal: a known-wrong order, which the kernel
+    /// asks for only when its fault switch `FtraceBlBeforeLiteral` is on, so
+    /// that its race tests show they catch it.
+    BlFirst,
 }

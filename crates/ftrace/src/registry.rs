@@ -8,7 +8,7 @@ use core::sync::atomic::Ordering;
 use crate::callsite::{CallSite, MOV_X9_X30, NOP};
 use crate::dispatch::{DispatchTable, TracerId, TracerSet};
 use crate::error::Error;
-use crate::patcher::TextPatcher;
+use crate::patcher::{EnableOrder, TextPatcher};
 
 /// How a site traced by some tracers dispatches to them.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -171,9 +171,6 @@ pub struct Registry<'table, const SITES: usize, const TRACER_WORDS: usize, const
     tracers: [[TracerSlot; 64]; TRACER_WORDS],
     vectors: [VectorSlot<TRACER_WORDS>; VECTORS],
     generation: u64,
-    /// Test-only wrong sequence: enable a site's BL before writing its literal (the race tests
-    /// must catch it).
-    bl_before_literal: bool,
 }
 
 impl<'table, const SITES: usize, const TRACER_WORDS: usize, const VECTORS: usize>
@@ -189,14 +186,7 @@ impl<'table, const SITES: usize, const TRACER_WORDS: usize, const VECTORS: usize
             tracers: [[TracerSlot::Free; 64]; TRACER_WORDS],
             vectors: [VectorSlot::Free; VECTORS],
             generation: 0,
-            bl_before_literal: false,
         }
-    }
-
-    /// Test-only: enables (`true`) the wrong order "BL before the literal" when a site is
-    /// enabled, so that a race test can show it catches it. Off by default.
-    pub fn set_bl_before_literal(&mut self, wrong: bool) {
-        self.bl_before_literal = wrong;
     }
 
     /// The table this registry publishes to.
@@ -557,15 +547,17 @@ impl<'table, const SITES: usize, const TRACER_WORDS: usize, const VECTORS: usize
         }
         let new_state = match (record.state, literal) {
             (SiteState::Disabled { literal: old }, Some(new)) => {
-                // The literal first: a CPU that executes the new BL must find it.
-                if self.bl_before_literal {
+                // The literal first: a CPU that executes the new BL must find it (the
+                // patcher may ask for the wrong order, `EnableOrder::BlFirst`).
+                let bl_first = patcher.enable_order() == EnableOrder::BlFirst;
+                if bl_first {
                     patcher.write_u32(call_site.call(), bl);
                 }
                 if old != new {
                     patcher.write_u64(call_site.literal(), new);
                     applied.literal_writes += 1;
                 }
-                if !self.bl_before_literal {
+                if !bl_first {
                     patcher.write_u32(call_site.call(), bl);
                 }
                 applied.instruction_writes += 1;

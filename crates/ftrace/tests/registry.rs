@@ -8,8 +8,8 @@ use common::{
     tracer_ops,
 };
 use ftrace::{
-    BranchError, CallSite, Error, MOV_X9_X30, NOP, NOP_LITERAL, PACIASP, Scheme, SiteState, Target, TextPatcher,
-    TracerId, TracerState, decode_bl,
+    BranchError, CallSite, EnableOrder, Error, MOV_X9_X30, NOP, NOP_LITERAL, PACIASP, Scheme, SiteState, Target,
+    TextPatcher, TracerId, TracerState, decode_bl,
 };
 
 fn bl(site: CallSite) -> u32 {
@@ -210,14 +210,14 @@ fn enable_writes_literal_then_bl_and_disable_the_reverse() {
     assert_eq!(registry.site_state(3), Some(SiteState::Disabled { literal: NOP_OPS }));
 }
 
-/// The test-only wrong order (the kernel's race tests must catch it) swaps exactly the two
-/// enabling stores, and nothing else.
+/// The wrong order a patcher may ask for (the kernel's race tests must catch it) swaps exactly
+/// the two enabling stores, and nothing else.
 #[test]
 fn wrong_order_switch_enables_the_bl_before_the_literal() {
     let table = Table::new();
     let (mut text, mut registry) = setup(&table, Scheme::CallOps);
     let site = text.site(3);
-    registry.set_bl_before_literal(true);
+    text.enable_order = EnableOrder::BlFirst;
     registry.register(tracer_ops(1), [3]).unwrap();
     registry.apply(&mut text).unwrap();
     assert_eq!(

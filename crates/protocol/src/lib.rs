@@ -77,6 +77,10 @@ pub mod cmdline {
     pub const REPS: &str = "reps";
     pub const CLOCK: &str = "clock";
     pub const ICOUNT: &str = "icount";
+    /// The host's cores (`bench.host-cpus=N`, wall mode): the `cpus` suites measure at most
+    /// this many CPUs at once, since more vCPUs than host cores would time the host's
+    /// scheduler, not the kernel.
+    pub const BENCH_HOST_CPUS: &str = "bench.host-cpus";
     pub const FTRACE: &str = "ftrace";
     pub const FTRACE_SCHEME: &str = "ftrace-scheme";
     pub const TAG_SEED: &str = "tag-seed";

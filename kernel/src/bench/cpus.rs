@@ -1,4 +1,4 @@
-//! Suites `cpus` and `cpus-heap` (issues 22, 23): one operation loop on 1, 2, ... CPUs at once.
+//! Suites `cpus` and `cpus-heap`: one operation loop on 1, 2, ... CPUs at once.
 //!
 //! Each measured window runs the same loop on `cpus` CPUs: this CPU and one task pinned to each
 //! other CPU (pinned tasks rather than cross-CPU calls: calls are served in the wake-up IRQ,
@@ -8,7 +8,8 @@
 //! counter counts every vCPU's instructions (docs/design/smp.md), so a window's count is
 //! system-wide: `per_op` is (window - the same window with an empty loop) / all CPUs'
 //! operations. In wall mode (multi-threaded TCG) it is the window's virtual ns per operation,
-//! `cpus` <= 2 on QEMU (this host has 2 cores); a board (mode hardware) runs every online CPU.
+//! `cpus` <= the host's cores on QEMU (`bench.host-cpus`, from xtask); a board (mode hardware)
+//! runs every online CPU.
 //!
 //! Contention is counted, not guessed from time: per operation, the depot's failed CASes, lock
 //! spins and read-gate retries (`stackdepot::contention`), the kernel's spin-lock retries
@@ -19,8 +20,8 @@
 //! the evicting depot's save takes a reference and the loop drops it with `put`); `traced-call`
 //! (call-ops; `tracer` none|per-cpu|shared); `kprobe-push` per `method`; `uprobe-push` per
 //! `method` (each CPU's calls from an EL0 task on it, against the same window unprobed);
-//! `uprobe-xol` per stepping `method` and XOL `slots` strategy (per-probe|per-cpu|per-cpu-skip,
-//! issue 23), with the slot waits per hit. `cpus-heap`:
+//! `uprobe-xol` per stepping `method` and XOL `slots` strategy (per-probe|per-cpu|per-cpu-skip),
+//! with the slot waits per hit. `cpus-heap`:
 //! `heap-alloc-free` (64-byte objects, stacks collected from the shadow call stack).
 
 use core::hint::black_box;
@@ -126,10 +127,16 @@ fn together(plan: &Plan, cpus: usize, operation: Operation, iterations: u64) -> 
     cost
 }
 
-/// The CPU counts to measure: 1, 2 and every online CPU, at most 2 in wall mode on QEMU.
+/// The CPU counts to measure: 1, 2 and every online CPU (the board's CPUs), in wall mode at most
+/// the host's cores (`bench.host-cpus`, which xtask passes): a window with more vCPUs than host
+/// cores would time the host's scheduler. Icount windows count instructions, so they run every
+/// online CPU whatever the host.
 fn cpu_counts(plan: &Plan) -> impl Iterator<Item = usize> {
     let online = online_cpus::online();
-    let limit = if plan.clock == Clock::Nanoseconds { online.min(2) } else { online };
+    let limit = match (plan.clock, plan.host_cpus) {
+        (Clock::Nanoseconds, Some(host)) => online.min(host),
+        _ => online,
+    };
     [1, 2, online]
         .into_iter()
         .enumerate()
@@ -456,7 +463,7 @@ fn uprobe_rows(plan: &Plan, cpus: usize, iterations: u64) {
         let params = Label::new(format_args!("cpus={cpus},method={}", method.name()));
         rows("cpus", "uprobe-push", params.as_str(), "per_hit", plan, cost, unprobed, calls, before);
     }
-    // Issue 23's XOL slot strategies, for the methods that step the instruction out of line.
+    // The XOL slot strategies, for the methods that step the instruction out of line.
     let strategies = [
         ("per-probe", XolSlots::PerProbe),
         ("per-cpu", XolSlots::PerCpu { skip_unchanged: false }),

@@ -1,4 +1,4 @@
-//! Suite `kasan-boot` (seed 000): what collecting alloc/free stacks costs a tag-based sanitizer
+//! Suite `kasan-boot`: what collecting alloc/free stacks costs a tag-based sanitizer
 //! kernel that allocates the way a booting kernel does.
 //!
 //! The workload: 24 distinct "subsystem init" functions, each reached through a recursion of
@@ -257,11 +257,11 @@ pub fn run(plan: &Plan) {
         heap::set_stacks(Stacks::None);
         // Timed on the cycle counter in every mode, as the calls inside are.
         let mut workload = Workload::new(true);
-        let daif = crate::arch::cpu::mask_interrupts();
+        let masked = crate::sync::IrqMask::new();
         let start = counters::cycles();
         boot(&mut workload);
         let total = (counters::cycles() - start) as f64;
-        crate::arch::cpu::restore_interrupts(daif);
+        drop(masked);
         let share = if total > 0.0 { workload.allocator as f64 * 100.0 / total } else { 0.0 };
         row("kasan-boot", "no-stacks", "-", "allocator_pct", "percent", share);
         for (metric, (cost, calls)) in [("alloc_per_call", workload.alloc), ("free_per_call", workload.free)] {

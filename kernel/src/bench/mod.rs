@@ -41,6 +41,9 @@ pub struct Plan {
     pub clock: Clock,
     pub icount: bool,
     pub reps: u32,
+    /// `bench.host-cpus=N`: the cores of the host that runs the vCPUs (wall mode), which caps
+    /// the CPUs a wall-mode window runs at once; `None`: not given, no cap beyond the board's.
+    pub host_cpus: Option<usize>,
 }
 
 impl Plan {

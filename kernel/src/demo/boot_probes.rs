@@ -62,7 +62,8 @@ struct Registered {
     address: u64,
 }
 
-static REGISTERED: spin::Mutex<[Option<Registered>; MAX_REQUESTS]> = spin::Mutex::new([None; MAX_REQUESTS]);
+static REGISTERED: crate::sync::IrqSpinLock<[Option<Registered>; MAX_REQUESTS]> =
+    crate::sync::IrqSpinLock::new([None; MAX_REQUESTS]);
 
 /// The pre-handler of every boot kprobe: the subsystem counts the hits.
 fn on_hit(_: &mut Registers) {}
@@ -159,6 +160,7 @@ pub fn report(icount: bool) {
         clock: if icount { crate::bench::Clock::Cycles } else { crate::bench::Clock::Nanoseconds },
         icount,
         reps: 1,
+        host_cpus: None,
     };
     crate::arch::counters::start_cycle_counter();
     for probe in registered.iter().flatten() {

@@ -33,6 +33,7 @@ pub fn run(options: &Options) {
         clock: if options.icount { Clock::Cycles } else { Clock::Nanoseconds },
         icount: options.icount,
         reps: 1,
+        host_cpus: None,
     };
     if options.icount {
         defmt::info!("demo: costs in instructions (QEMU -icount: one per instruction, deterministic)");

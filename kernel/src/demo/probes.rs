@@ -17,7 +17,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 /// The arguments of the single call: what the handler must see in x0..x2.
 const ARGUMENTS: [u64; 3] = [0x1111, 0x2222, 0x3333];
 
-static SEEN: spin::Mutex<Option<Registers>> = spin::Mutex::new(None);
+static SEEN: crate::sync::IrqSpinLock<Option<Registers>> = crate::sync::IrqSpinLock::new(None);
 static HITS: AtomicU64 = AtomicU64::new(0);
 
 fn keep_registers(registers: &mut Registers) {
@@ -33,7 +33,7 @@ fn count_return(_: &mut Registers, _: u64) {
     HITS.fetch_add(1, Ordering::Relaxed);
 }
 
-static RETURNED: spin::Mutex<Option<(u64, u64)>> = spin::Mutex::new(None);
+static RETURNED: crate::sync::IrqSpinLock<Option<(u64, u64)>> = crate::sync::IrqSpinLock::new(None);
 
 fn keep_return(registers: &mut Registers, _: u64) {
     *RETURNED.lock() = Some((registers.x[0], registers.pc));
@@ -185,7 +185,7 @@ unsafe extern "C" {
     static demo_user_add: u32;
 }
 
-static USER_SEEN: spin::Mutex<Option<Registers>> = spin::Mutex::new(None);
+static USER_SEEN: crate::sync::IrqSpinLock<Option<Registers>> = crate::sync::IrqSpinLock::new(None);
 
 fn keep_user_registers(registers: &mut Registers) {
     *USER_SEEN.lock() = Some(*registers);

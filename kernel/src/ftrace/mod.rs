@@ -36,10 +36,11 @@ use core::fmt;
 
 pub use crate::symbols::Symbols;
 pub use ftrace::{Applied, Scheme};
-use ftrace::{Config, DispatchTable, Registry, TextPatcher, TracerId, VectorOps, glob_match};
+use ftrace::{Config, DispatchTable, EnableOrder, Registry, TextPatcher, TracerId, VectorOps, glob_match};
 pub use trampoline::{Ops, Regs};
 
 use crate::arch::patch;
+use crate::inject::{self, Fault};
 use crate::symbols::callsites;
 use crate::sync::IrqSpinLock;
 
@@ -122,6 +123,12 @@ impl defmt::Format for Error {
 struct KernelPatcher;
 
 impl TextPatcher for KernelPatcher {
+    /// The wrong order only under `inject::Fault::FtraceBlBeforeLiteral` (the race tests show
+    /// they catch it).
+    fn enable_order(&self) -> EnableOrder {
+        if inject::on(Fault::FtraceBlBeforeLiteral) { EnableOrder::BlFirst } else { EnableOrder::LiteralFirst }
+    }
+
     fn read_u32(&self, address: u64) -> u32 {
         // SAFETY: the registry only reads callsite words: 4-aligned kernel text, mapped readable.
         unsafe { core::ptr::read_volatile(address as *const u32) }
@@ -227,12 +234,6 @@ pub fn set_scheme(scheme: Scheme) -> Result<Applied, Error> {
     .map(|applied| after_grace_period(applied.generation, applied))
 }
 
-/// Test-only wrong sequence (the race tests show they catch it): enabling a site writes its BL
-/// before its literal.
-pub fn set_bl_before_literal(wrong: bool) {
-    with_registry(|registry| registry.set_bl_before_literal(wrong));
-}
-
 /// Waits for a grace period, outside the registry lock (a CPU spinning on that lock with IRQs
 /// masked could not pass a quiescent point), then frees what applies up to `generation`
 /// retired (a later generation's grace period, which began after ours, covers ours too).
@@ -242,21 +243,13 @@ fn after_grace_period<T>(generation: u64, result: T) -> T {
     result
 }
 
-/// Test-only: grace periods end at once (the test that shows `unregister` waits for the other
-/// CPUs sets it, to prove it would see the difference).
-static SKIP_GRACE_PERIOD: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
-
-/// Test-only: makes every grace period end at once (`true`) or wait again (`false`).
-pub fn skip_grace_periods_for_test(skip: bool) {
-    SKIP_GRACE_PERIOD.store(skip, core::sync::atomic::Ordering::Relaxed);
-}
-
 /// Waits until no CPU can still run a tracer through the ops or vectors an apply retired: the
 /// caller is not inside a tracer (checked; and after the apply this CPU's own calls load the new
-/// literals), and every other online CPU passed a quiescent point.
+/// literals), and every other online CPU passed a quiescent point. `inject::Fault::FtraceNoGracePeriod`
+/// ends it at once (the test that shows `unregister` waits for the other CPUs).
 fn grace_period() {
     debug_assert!(!trampoline::this_cpu().inside_tracer());
-    if SKIP_GRACE_PERIOD.load(core::sync::atomic::Ordering::Relaxed) {
+    if inject::on(Fault::FtraceNoGracePeriod) {
         return;
     }
     crate::task::cpus::synchronize();

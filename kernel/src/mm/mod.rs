@@ -7,6 +7,7 @@ use crate::arch::mmu::{self, Attributes, KernelSpace, MapError, PAGE_SIZE, TEXT_
 use crate::board::{GicRegions, Platform, Region};
 use crate::drivers::gic::GicConfig;
 use crate::task::stacks::{SHADOW_STACK_SIZE, STACK_SIZE};
+use core::sync::atomic::AtomicU64;
 
 const BLOCK_SIZE: u64 = 2 << 20;
 
@@ -64,11 +65,14 @@ fn overlaps(a: Region, b: Region) -> bool {
     a.base < b.end() && b.base < a.end()
 }
 
-/// The two physical pages `mmu::TLB_TEST_PAGE` is switched between (test `smp_tlb_shootdown`).
+/// The two physical pages `mmu::TLB_TEST_PAGE` is switched between (test `smp_tlb_shootdown`),
+/// owned here because `init` maps the page onto them. Atomics, not a `static mut`: the test
+/// writes them through their linear-map alias and reads them through the test page, so their
+/// contents change behind any reference to the static.
 #[repr(C, align(4096))]
-pub struct TlbTestFrames(pub [[u64; 512]; 2]);
+struct TlbTestFrames([[AtomicU64; 512]; 2]);
 
-pub static mut TLB_TEST_FRAMES: TlbTestFrames = TlbTestFrames([[0; 512]; 2]);
+static TLB_TEST_FRAMES: TlbTestFrames = TlbTestFrames([const { [const { AtomicU64::new(0) }; 512] }; 2]);
 
 /// Physical address of test frame `index` (0 or 1).
 pub fn tlb_test_frame(index: usize) -> u64 {

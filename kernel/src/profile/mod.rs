@@ -40,8 +40,9 @@ pub struct Request {
     pub workload: &'static str,
     pub unwinders: Unwinders,
     pub clock: Clock,
-    /// `profile.break=fp|scs`: the test-only broken unwinder (keeps only the interrupted PC of
-    /// that unwinder's walks, as an unwinder that stops at the exception boundary would).
+    /// `profile.break=fp|scs`: turns on `inject::Fault::ProfileBrokenFramePointer` or
+    /// `ProfileBrokenShadowCallStack` for the run (that unwinder's walks keep only the
+    /// interrupted PC, as an unwinder that stops at the exception boundary would).
     pub broken: Option<Mode>,
 }
 

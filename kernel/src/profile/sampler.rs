@@ -4,6 +4,7 @@
 use super::{Clock, Request, SHARE_CHECK_AFTER, SHARE_LIMIT_PERCENT};
 use crate::arch::counters;
 use crate::drivers::pmu;
+use crate::inject::{self, Fault};
 use crate::stacktrace::{self, DEPOT, Mode};
 use crate::sync::IrqSpinLock;
 use crate::task::stacks::{self, CPUS};
@@ -53,8 +54,6 @@ const TIMER: u8 = 4;
 
 /// What the sample path runs: the unwinder bits and TIMER when the tick is the clock; 0 = off.
 static ACTIVE: AtomicU8 = AtomicU8::new(0);
-/// The test-only broken unwinder's bit (0: none).
-static BROKEN: AtomicU8 = AtomicU8::new(0);
 static REFUSED: AtomicBool = AtomicBool::new(false);
 static STARTED_AT: AtomicU64 = AtomicU64::new(0);
 static STOPPED_AT: AtomicU64 = AtomicU64::new(0);
@@ -159,12 +158,9 @@ pub(super) fn start(request: &Request, event: Option<pmu::Event>) -> Result<(), 
     }
     COUNTERS.entry_min.store(u64::MAX, Ordering::Relaxed);
     REFUSED.store(false, Ordering::Relaxed);
-    let broken = match request.broken {
-        Some(Mode::FramePointer) => FP,
-        Some(Mode::ShadowCallStack) => SCS,
-        None => 0,
-    };
-    BROKEN.store(broken, Ordering::Relaxed);
+    // `profile.break=fp|scs` turns on that unwinder's fault (`inject`).
+    inject::set(Fault::ProfileBrokenFramePointer, request.broken == Some(Mode::FramePointer));
+    inject::set(Fault::ProfileBrokenShadowCallStack, request.broken == Some(Mode::ShadowCallStack));
     let timer = if request.clock == Clock::Timer { TIMER } else { 0 };
     let unwinders = if crate::SHADOW_CALL_STACK { request.unwinders.bits() } else { request.unwinders.bits() & FP };
     if unwinders == 0 {
@@ -272,13 +268,17 @@ fn sample(active: u8) {
         // M[3:0] = 0: EL0t. A user context's stacks are not the kernel walkers' to read: its
         // PC alone is counted (the host shows it as user code).
         let user = frame.spsr & 0xf == 0;
-        let broken = BROKEN.load(Ordering::Relaxed);
         let walk = |bit: u8, mode: Mode, cost: &AtomicU64| -> Result<u32, Lost> {
             if active & bit == 0 {
                 return Ok(0);
             }
+            let broken = inject::on(if mode == Mode::FramePointer {
+                Fault::ProfileBrokenFramePointer
+            } else {
+                Fault::ProfileBrokenShadowCallStack
+            });
             let start = counters::virtual_count();
-            let saved = save_interrupted(mode, frame.elr, user, broken & bit != 0);
+            let saved = save_interrupted(mode, frame.elr, user, broken);
             add(cost, counters::virtual_count() - start);
             saved.map(DepotHandle::to_raw)
         };

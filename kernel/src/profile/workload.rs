@@ -45,7 +45,8 @@ fn ftrace_bench(context: &Context) -> bool {
 }
 
 fn bench(suite: &str, context: &Context) -> bool {
-    let plan = crate::bench::Plan { clock: crate::bench::Clock::Cycles, icount: context.icount, reps: 1 };
+    let plan =
+        crate::bench::Plan { clock: crate::bench::Clock::Cycles, icount: context.icount, reps: 1, host_cpus: None };
     crate::bench::run(suite, &plan).is_ok()
 }
 

@@ -6,6 +6,7 @@ use crate::arch::exception::ExceptionFrame;
 use crate::arch::park;
 use crate::arch::smp::{self, Release, StartError};
 use crate::board::{CpuList, PsciConduit};
+use crate::sync::IrqMask;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 /// CPUs `bring_up` tried to run, the boot CPU included (0 before it ran).
@@ -190,7 +191,7 @@ pub fn synchronize() {
 /// Returns `change`'s result. Panics naming a CPU that was not held within `HOLD_MS` (times the
 /// patience factor).
 pub fn with_others_held<R>(change: impl FnOnce() -> R) -> R {
-    let daif = take_hold_lock();
+    let masked = take_hold_lock();
     let me = crate::arch::percpu::this_cpu_index();
     let others = smp::online_mask() & !(1 << me) & !STOPPED.load(Ordering::Acquire);
     let generation = HOLD_GENERATION.load(Ordering::Relaxed) + 1;
@@ -211,21 +212,21 @@ pub fn with_others_held<R>(change: impl FnOnce() -> R) -> R {
     HOLD_RELEASED.store(generation, Ordering::Release);
     crate::arch::cpu::send_event();
     HOLD_LOCK.store(false, Ordering::Release);
-    crate::arch::cpu::restore_interrupts(daif);
+    drop(masked);
     result
 }
 
-/// Takes `HOLD_LOCK` and returns with IRQs masked (the DAIF to restore). While another CPU holds
-/// it, this one serves that CPU's hold: it may be spinning with IRQs masked.
+/// Takes `HOLD_LOCK` and returns with IRQs masked until the mask it returns is dropped. While
+/// another CPU holds it, this one serves that CPU's hold: it may be spinning with IRQs masked.
 #[unsafe(link_section = ".text.noprobe")]
-fn take_hold_lock() -> u64 {
+fn take_hold_lock() -> IrqMask {
     loop {
-        let daif = crate::arch::cpu::mask_interrupts();
+        let masked = IrqMask::new();
         if HOLD_LOCK.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
-            return daif;
+            return masked;
         }
         serve_hold();
-        crate::arch::cpu::restore_interrupts(daif);
+        drop(masked);
         core::hint::spin_loop();
     }
 }

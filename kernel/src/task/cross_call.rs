@@ -18,6 +18,7 @@
 
 use super::stacks::CPUS;
 use crate::arch::{percpu, smp};
+use crate::inject::{self, Fault};
 use core::fmt;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
@@ -162,22 +163,13 @@ fn post_and_wait(
 }
 
 /// A sender waiting with IRQs masked answers the calls posted to its own CPU (it would take no
-/// wake-up SGI until it returns). Test-only: `WAIT_WITHOUT_SERVING` turns this off, and two CPUs
-/// calling each other with IRQs masked time out (the test shows it).
+/// wake-up SGI until it returns). `inject::Fault::CrossCallWaitWithoutServing` turns this off,
+/// and two CPUs calling each other with IRQs masked time out (the test shows it).
 #[inline(always)]
 fn serve_while_masked(masked: bool) {
-    if masked && !WAIT_WITHOUT_SERVING.load(Ordering::Relaxed) {
+    if masked && !inject::on(Fault::CrossCallWaitWithoutServing) {
         serve();
     }
-}
-
-/// Test-only: waits with IRQs masked do not serve this CPU's mailbox (the deadlock the serving
-/// prevents comes back as timeouts).
-static WAIT_WITHOUT_SERVING: AtomicBool = AtomicBool::new(false);
-
-/// Test-only: see [`WAIT_WITHOUT_SERVING`].
-pub fn set_wait_without_serving(on: bool) {
-    WAIT_WITHOUT_SERVING.store(on, Ordering::Relaxed);
 }
 
 /// Whether CPU `cpu` has no call pending (an earlier timed-out call has finished).

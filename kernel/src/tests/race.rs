@@ -1,4 +1,4 @@
-//! Cross-CPU calls, and patch races found deterministically (issue 23, direction (a)).
+//! Cross-CPU calls, and patch races found deterministically.
 //!
 //! The patcher is stepped one store at a time: `arch::patch`'s test-only step hook runs after
 //! every single instruction or literal store, on the patching CPU (CPU 0), inside the patcher's
@@ -762,9 +762,9 @@ fn race_wrong_sequences_are_caught(_: &Context) -> Outcome {
     check_eq!(removed as u64, Finding::WrongBehaviour as u64);
 
     if ftrace::site_state(race_traced as *const () as u64).is_some() {
-        ftrace::set_bl_before_literal(true);
+        crate::inject::set(crate::inject::Fault::FtraceBlBeforeLiteral, true);
         let (enabled, disabled) = race_tracer(Scheme::CallOps, ["ftrace BL before literal", "ftrace disable"]);
-        ftrace::set_bl_before_literal(false);
+        crate::inject::set(crate::inject::Fault::FtraceBlBeforeLiteral, false);
         check_eq!(enabled as u64, Finding::WrongBehaviour as u64);
         check_eq!(disabled as u64, Finding::Correct as u64);
     }

@@ -31,7 +31,8 @@ pub const TESTS: &[Test] = &[
     Test { name: "smp_uprobe_shared_step_state_is_caught", run: smp_uprobe_shared_step_state_is_caught },
     Test { name: "smp_uprobe_cpu_slots_every_cpu_at_once", run: smp_uprobe_cpu_slots_every_cpu_at_once },
     Test { name: "smp_run_queue_retries_count_waits", run: smp_run_queue_retries_count_waits },
-    // Last: on a branch without kprobe unregistration's grace period (race2) it ends the run.
+    Test { name: "smp_stack_sample_draws_per_cpu", run: smp_stack_sample_draws_per_cpu },
+    // Last: without kprobe unregistration's grace period it would end the run.
     Test { name: "smp_probe_and_tracer_churn", run: smp_probe_and_tracer_churn },
 ];
 
@@ -758,7 +759,7 @@ fn unregister_while_inside() -> Result<bool, Failure> {
 
 /// `ftrace::unregister` returns only when no other CPU can still be inside the tracer: with
 /// another CPU inside it (IRQs masked), unregister waits for that CPU's quiescent point, so the
-/// tracer has been left by then. With grace periods skipped (test-only switch) the same round
+/// tracer has been left by then. With grace periods skipped (`inject::Fault::FtraceNoGracePeriod`) the same round
 /// must see the other CPU still inside: the check can fail.
 fn smp_ftrace_unregister_waits_for_other_cpus(_: &Context) -> Outcome {
     if cpus::wanted() == 1 {
@@ -767,9 +768,9 @@ fn smp_ftrace_unregister_waits_for_other_cpus(_: &Context) -> Outcome {
     if crate::symbols::callsites::entries().is_empty() {
         return Ok(Verdict::Skipped("variant plain has no patchable entries"));
     }
-    crate::ftrace::skip_grace_periods_for_test(true);
+    crate::inject::set(crate::inject::Fault::FtraceNoGracePeriod, true);
     let without = unregister_while_inside();
-    crate::ftrace::skip_grace_periods_for_test(false);
+    crate::inject::set(crate::inject::Fault::FtraceNoGracePeriod, false);
     check!(without?);
     check!(!unregister_while_inside()?);
     Ok(Verdict::Passed)
@@ -982,10 +983,10 @@ const TRACER_CHURN_ROUNDS: usize = 100;
 /// unregistration waits for a grace period too: 10 to 60 ms a round on this loaded 2-core host.
 /// Before the hold, 1,000 rounds failed 4 runs of 4 (docs/design/smp.md).
 const KPROBE_CHURN_ROUNDS: usize = 200;
-/// Other CPUs calling the target: one. With three spinning through the ftrace trampoline on
-/// this 2-core host (shared with other QEMUs), a caller's vCPU thread was starved past the grace
+/// Other CPUs calling the target: one. With three spinning through the ftrace trampoline on a
+/// 2-core host shared with other QEMUs, a caller's vCPU thread was starved past the grace
 /// period's 100 ms of wall-clock time (its panic names the CPU) in three runs of three; kprobe
-/// unregistration waits for a grace period too (branch race2).
+/// unregistration waits for a grace period too.
 const CHURN_CALLING_CPUS: usize = 1;
 static CHURN_STOP: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
 static CHURN_CALLS: AtomicU64 = AtomicU64::new(0);
@@ -1537,7 +1538,7 @@ fn smp_uprobe_shared_step_state_is_caught(context: &Context) -> Outcome {
     Ok(Verdict::Passed)
 }
 
-/// Issue 23's second XOL slot strategy on every CPU at once: an EL0 task on every CPU calls a
+/// The per-CPU XOL slot strategy on every CPU at once: an EL0 task on every CPU calls a
 /// stepped uprobe whose instruction runs in that CPU's slot, rewritten at each hit (with and
 /// without skipping an unchanged slot), per stepping method: every result right, no task
 /// faulted, handler runs and the probe's count exactly the calls, and no hit waited for a slot.
@@ -1622,5 +1623,97 @@ fn smp_run_queue_retries_count_waits(_: &Context) -> Outcome {
     check!(retries > 0);
     drop(_masked);
     check!(task::join(holder) == State::Exited);
+    Ok(Verdict::Passed)
+}
+
+/// Draws per CPU in `smp_stack_sample_draws_per_cpu`, at period `SAMPLE_EVERY`.
+const SAMPLE_DRAWS: usize = 4096;
+const SAMPLE_EVERY: u32 = 2;
+/// The seed the sampling test draws from (any value: each CPU's stream follows from it).
+const SAMPLE_TEST_SEED: u32 = 0x5a3c_0f17;
+/// CPUs ready to draw; the drawing CPUs start together once all are.
+static SAMPLE_READY: AtomicUsize = AtomicUsize::new(0);
+/// Per CPU: the fingerprint of its draws' decisions (plus one: 0 means it did not draw).
+static SAMPLE_SEEN: [AtomicU64; stacks::CPUS] = [const { AtomicU64::new(0) }; stacks::CPUS];
+
+/// A fold of `SAMPLE_DRAWS` decisions in order: any reordering, loss or foreign draw changes it.
+fn sample_fingerprint(decisions: impl Iterator<Item = bool>) -> u64 {
+    decisions
+        .fold(0xcbf2_9ce4_8422_2325, |hash, sampled| (hash ^ u64::from(sampled) ^ 0x100).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// What CPU `cpu` draws after `seed_stack_sample(SAMPLE_TEST_SEED)` when it alone uses its state.
+fn expected_sample_fingerprint(cpu: usize) -> u64 {
+    let mut state = stacktrace::sample_seed(SAMPLE_TEST_SEED, cpu);
+    sample_fingerprint((0..SAMPLE_DRAWS).map(|_| {
+        state = stacktrace::next_sample_state(state);
+        stacktrace::sampled(state, SAMPLE_EVERY)
+    }))
+}
+
+/// A task pinned to one CPU: waits for the others, then draws with IRQs masked (nothing else on
+/// its CPU draws in between) and records the fingerprint.
+extern "C" fn sample_drawer(participants: u64) {
+    let _masked = IrqMask::new();
+    SAMPLE_READY.fetch_add(1, Ordering::AcqRel);
+    let together = cpu::wait_until(1000, || SAMPLE_READY.load(Ordering::Acquire) >= participants as usize);
+    let fingerprint = sample_fingerprint((0..SAMPLE_DRAWS).map(|_| stacktrace::sample_allocation()));
+    if together {
+        SAMPLE_SEEN[percpu::this_cpu_index()].store(fingerprint.wrapping_add(1), Ordering::Release);
+    }
+}
+
+/// Every CPU's draws at once; how many CPUs drew exactly their own stream.
+fn draw_on_every_cpu(cpus: usize) -> Result<usize, Failure> {
+    stacktrace::seed_stack_sample(SAMPLE_TEST_SEED);
+    SAMPLE_READY.store(0, Ordering::Relaxed);
+    let mut ids = [None; stacks::CPUS];
+    for (cpu, id) in ids.iter_mut().enumerate().take(cpus) {
+        SAMPLE_SEEN[cpu].store(0, Ordering::Relaxed);
+        *id = Some(
+            task::spawn_on(CpuMask::one(cpu), "sample-drawer", sample_drawer, cpus as u64)
+                .map_err(|_| fail("spawn"))?,
+        );
+    }
+    let mut own_streams = 0;
+    for (cpu, id) in ids.iter().enumerate().take(cpus) {
+        check!(task::join(id.expect("spawned above")) == State::Exited);
+        let seen = SAMPLE_SEEN[cpu].load(Ordering::Acquire);
+        check!(seen != 0);
+        if seen - 1 == expected_sample_fingerprint(cpu) {
+            own_streams += 1;
+        }
+    }
+    Ok(own_streams)
+}
+
+/// Allocation-stack sampling keeps its draw per CPU: with every CPU drawing at once, each CPU's
+/// decisions are exactly the single-CPU stream for its seed and CPU number
+/// (`stacktrace::sample_seed`). With the fault that points every CPU at CPU 0's state (the one
+/// shared state the draw once had), the CPUs other than 0 draw CPU 0's stream and the check sees
+/// it: the detector can fail.
+fn smp_stack_sample_draws_per_cpu(_: &Context) -> Outcome {
+    let cpus = cpus::online();
+    if cpus < 2 {
+        return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
+    }
+    // The run's own draws continue where they were once the test is done.
+    let saved: [u64; stacks::CPUS] =
+        core::array::from_fn(|cpu| percpu::cpu_data(cpu).allocation_sample.load(Ordering::Relaxed));
+    let every = stacktrace::stack_sample();
+    stacktrace::set_stack_sample(SAMPLE_EVERY);
+    let per_cpu = draw_on_every_cpu(cpus);
+    let shared = {
+        let _fault = crate::inject::Injected::new(crate::inject::Fault::StackSampleStateShared);
+        draw_on_every_cpu(cpus)
+    };
+    stacktrace::set_stack_sample(every);
+    for (cpu, state) in saved.iter().enumerate() {
+        percpu::cpu_data(cpu).allocation_sample.store(*state, Ordering::Relaxed);
+    }
+    let (per_cpu, shared) = (per_cpu?, shared?);
+    defmt::info!("  {=usize} CPUs drew their own stream; with one shared state, {=usize}", per_cpu, shared);
+    check_eq!(per_cpu, cpus);
+    check!(shared < cpus);
     Ok(Verdict::Passed)
 }

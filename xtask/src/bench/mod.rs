@@ -379,11 +379,16 @@ pub fn measure(plan: &RunPlan) -> Result<Vec<Sample>, Failure> {
     };
     let reps = if plan.mode == Mode::Icount { 1 } else { plan.reps };
     let clock = if plan.mode == Mode::Wall { "ns" } else { "cycles" };
-    let bootargs = format!(
+    let mut bootargs = format!(
         "run=bench bench={} reps={reps} clock={clock} icount={} exit=semihosting",
         plan.suites.join(","),
         u8::from(plan.mode == Mode::Icount)
     );
+    if plan.mode == Mode::Wall {
+        // The wall-mode `cpus` windows run at most one vCPU per host core.
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        bootargs.push_str(&format!(" {}={cores}", protocol::cmdline::BENCH_HOST_CPUS));
+    }
     let (status, log) = match (plan.board, plan.serial) {
         (Board::Virt, _) => {
             let result = qemu::run(&machine, plan.image, &bootargs, Some(plan.timeout), false)?;

@@ -1,7 +1,9 @@
 //! A fake kernel text for the host tests: a word buffer that logs writes.
 #![allow(dead_code, reason = "each test file uses a different part")]
 
-use ftrace::{CallSite, Config, DispatchTable, NOP, PACIASP, Registry, SCS_PUSH, Scheme, TextPatcher, VectorOps};
+use ftrace::{
+    CallSite, Config, DispatchTable, EnableOrder, NOP, PACIASP, Registry, SCS_PUSH, Scheme, TextPatcher, VectorOps,
+};
 
 /// Where the fake text starts.
 pub const BASE: u64 = 0x4008_0000;
@@ -38,6 +40,8 @@ pub struct Text {
     pub base: u64,
     pub words: Vec<u32>,
     pub log: Vec<Write>,
+    /// The order the registry is asked to enable sites in.
+    pub enable_order: EnableOrder,
 }
 
 impl Text {
@@ -47,7 +51,7 @@ impl Text {
         for _ in 0..functions {
             words.extend_from_slice(&[NOP, NOP, NOP, NOP, PACIASP, SCS_PUSH, 0xd503_23bf, 0xd65f_03c0]);
         }
-        Self { base: BASE, words, log: Vec::new() }
+        Self { base: BASE, words, log: Vec::new(), enable_order: EnableOrder::LiteralFirst }
     }
 
     /// The entries `E` of the functions, in reverse (the registry sorts).
@@ -104,6 +108,10 @@ impl Text {
 }
 
 impl TextPatcher for Text {
+    fn enable_order(&self) -> EnableOrder {
+        self.enable_order
+    }
+
     fn read_u32(&self, address: u64) -> u32 {
         self.word(address)
     }

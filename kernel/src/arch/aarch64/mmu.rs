@@ -12,6 +12,7 @@
 //! The kernel image is mapped W^X per page: text read-only executable, rodata read-only, data and
 //! stacks read-write non-executable, guard pages not mapped at all.
 
+use crate::inject::{self, Fault};
 use core::ptr::addr_of_mut;
 
 /// Kernel VA = PA + this (the base of the 39-bit TTBR1 range).
@@ -57,20 +58,13 @@ pub const TLB_TEST_PAGE: u64 = VA_OFFSET + (15 << 30);
 /// The live descriptor of `TLB_TEST_PAGE` (its address; 0 before `mm::init`).
 static TLB_TEST_ENTRY: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
 
-/// Test-only (`smp.tlbi=local`): invalidate TLB entries on this CPU only, not every CPU.
-static LOCAL_TLBI: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
-
-/// Makes the invalidations after a mapping change local (test-only: the shootdown test must then
-/// fail). At init.
-pub fn use_local_tlbi(local: bool) {
-    LOCAL_TLBI.store(local, core::sync::atomic::Ordering::Relaxed);
-}
-
 /// Drops every CPU's TLB entries for ASID `asid` (a user address space rebuilt for a new task:
-/// the slot's last task may have run on another CPU), after the new tables are published.
+/// the slot's last task may have run on another CPU), after the new tables are published. Only
+/// this CPU's under `inject::Fault::LocalTlbi` (`smp.tlbi=local`: the shootdown test must then
+/// fail).
 pub fn invalidate_asid(asid: u64) {
     let operand = asid << 48;
-    if LOCAL_TLBI.load(core::sync::atomic::Ordering::Relaxed) {
+    if inject::on(Fault::LocalTlbi) {
         // SAFETY: TLB maintenance only; the barriers order it after the table writes.
         unsafe {
             core::arch::asm!("dsb ishst", "tlbi aside1, {}", "dsb nsh", "isb", in(reg) operand, options(nostack, preserves_flags))
@@ -84,10 +78,10 @@ pub fn invalidate_asid(asid: u64) {
 }
 
 /// Drops every CPU's TLB entries for the kernel page at `va` (all ASIDs), after its descriptor
-/// changed.
+/// changed. Only this CPU's under `inject::Fault::LocalTlbi`, as for `invalidate_asid`.
 pub fn invalidate_kernel_page(va: u64) {
     let operand = (va >> 12) & ((1 << 44) - 1);
-    if LOCAL_TLBI.load(core::sync::atomic::Ordering::Relaxed) {
+    if inject::on(Fault::LocalTlbi) {
         // SAFETY: TLB maintenance only; the barriers order it after the descriptor write.
         unsafe {
             core::arch::asm!("dsb ishst", "tlbi vaae1, {}", "dsb nsh", "isb", in(reg) operand, options(nostack, preserves_flags))
@@ -101,7 +95,7 @@ pub fn invalidate_kernel_page(va: u64) {
 }
 
 /// Points `TLB_TEST_PAGE` at the physical page `pa` (kernel read-write) and invalidates the old
-/// translation (broadcast, or local under `smp.tlbi=local`). Test-only.
+/// translation (broadcast, or local under `smp.tlbi=local`). Only the shootdown test calls it.
 pub fn retarget_test_page(pa: u64) {
     let entry = TLB_TEST_ENTRY.load(core::sync::atomic::Ordering::Acquire) as *mut u64;
     assert!(!entry.is_null() && pa.is_multiple_of(PAGE_SIZE), "mm::init maps the TLB test page");
@@ -202,7 +196,10 @@ unsafe extern "C" {
 
 /// Tables for the final kernel address space. Enough for the image's pages, devices, the shadow
 /// and private copies of the shared shadow tables; `MapError::OutOfTables` says when not. The
-/// one `KernelSpace` takes the lock for good (the tables live as long as the kernel).
+/// one `KernelSpace` takes the lock for good (the tables live as long as the kernel). A raw
+/// `spin::Mutex`, not an `IrqSpinLock`: it is a once-only claim (`try_lock`, then the guard is
+/// leaked), never waited on, so no IRQ can find it held; an `IrqSpinLock`'s guard would keep IRQs
+/// masked for good.
 const TABLE_POOL_SIZE: usize = 48;
 static TABLE_POOL: spin::Mutex<[Table; TABLE_POOL_SIZE]> =
     spin::Mutex::new([const { Table([0; ENTRIES]) }; TABLE_POOL_SIZE]);

@@ -64,6 +64,10 @@ pub struct PerCpu {
     /// every CPU at one CPU's, the single shared state of before SMP.
     pub user_step: AtomicPtr<UserStepControl>,
     pub user_step_own: UserStepControl,
+    /// This CPU's allocation-stack sampling draw (xorshift64 state, owned by `stacktrace`):
+    /// per CPU so that two CPUs drawing at once neither race nor steal each other's draws, and a
+    /// run's choices on each CPU follow from `tag-seed` alone.
+    pub allocation_sample: AtomicU64,
 }
 
 /// A CPU's kernel-probe state (Linux's per-CPU `kprobe_ctlblk`): what the hit path is doing and
@@ -121,6 +125,7 @@ static PER_CPU: [PerCpu; CPUS] = [const {
             spsr: AtomicU64::new(0),
             hardware_step: AtomicBool::new(false),
         },
+        allocation_sample: AtomicU64::new(0x9e37_79b9_7f4a_7c15),
     }
 }; CPUS];
 

@@ -108,16 +108,16 @@ fn run_ring(all_masked: bool, milliseconds: u64) -> Result<(u64, u64, usize), Fa
 /// IRQs masked: every call returns its right value, none times out. Each sender's own CPU has a
 /// call posted while it waits: a masked sender serves it from its wait (with a lock held across
 /// the wait and IRQs masked, every masked round deadlocked until the calls timed out). The
-/// test-only switch that stops the serving brings that back and must make a masked round's calls
+/// fault that stops the serving brings that back and must make a masked round's calls
 /// time out. Overlap witness: the most CPUs waiting for a call at once, at least 2 (a masked
 /// round holds every CPU in its wait until the ring completes).
 pub(super) fn smp_cross_calls_to_each_other_at_once(_: &Context) -> Outcome {
     if cpus::online() < 2 {
         return Ok(Verdict::Skipped(ONE_CPU));
     }
-    cross_call::set_wait_without_serving(true);
+    crate::inject::set(crate::inject::Fault::CrossCallWaitWithoutServing, true);
     let wrong_way = run_ring(true, WRONG_MS);
-    cross_call::set_wait_without_serving(false);
+    crate::inject::set(crate::inject::Fault::CrossCallWaitWithoutServing, false);
     let (wrong, timeouts, _) = wrong_way?;
     defmt::info!("  without serving while masked: {=u64} of {=usize} calls timed out", timeouts, cpus::online());
     check_eq!(timeouts, cpus::online() as u64);

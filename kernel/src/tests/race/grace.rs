@@ -659,9 +659,9 @@ pub fn race_unregister_without_grace_period_is_caught(context: &Context) -> Outc
     // ftrace: the tracers here are statics, so nothing is poisoned; the unregistration returning
     // while a CPU is still inside the tracer is what shows.
     if ftrace::site_state(race_traced as *const () as u64).is_some() {
-        ftrace::skip_grace_periods_for_test(true);
+        crate::inject::set(crate::inject::Fault::FtraceNoGracePeriod, true);
         let wrong = race_unregister(Target::Ftrace, "ftrace unregister without grace period (b)");
-        ftrace::skip_grace_periods_for_test(false);
+        crate::inject::set(crate::inject::Fault::FtraceNoGracePeriod, false);
         check_eq!(wrong as u64, Finding::NotWaited as u64);
         check_eq!(race_unregister(Target::Ftrace, "ftrace unregister (b)") as u64, Finding::Correct as u64);
     }
