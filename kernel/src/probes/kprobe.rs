@@ -203,7 +203,8 @@ fn prepare(
             }
             slots::write_detour(trampoline, address, original, &classification, probe_pointer)?;
         }
-        Action::Simulate(_) | Action::SimulateFramePush | Action::CpuSlot { .. } => {}
+        Action::Simulate(_) | Action::SimulateFramePush => {}
+        Action::CpuSlot(never) => match never {},
     }
     let probe =
         Probe { address, original, action, pre, post, chunk, hits: AtomicU64::new(0), missed: AtomicU64::new(0) };

@@ -194,7 +194,8 @@ fn handle(frame: &mut ExceptionFrame, probe: &Probe, cpu: &ProbeControl) -> bool
             enter_slot(frame, spsr, slot, hardware_step);
             return true;
         }
-        Action::Detour { .. } | Action::CpuSlot { .. } => return false,
+        Action::Detour { .. } => return false,
+        Action::CpuSlot(never) => match never {},
     }
     cpu.status.store(IDLE, Ordering::Relaxed);
     true
@@ -253,7 +254,8 @@ fn perform_missed(frame: &mut ExceptionFrame, probe: &Probe, cpu: &ProbeControl,
             enter_slot(frame, spsr, slot, hardware_step);
             return true;
         }
-        Action::Detour { .. } | Action::CpuSlot { .. } => false,
+        Action::Detour { .. } => false,
+        Action::CpuSlot(never) => match never {},
     };
     if performed {
         cpu.current.store(current, Ordering::Relaxed);

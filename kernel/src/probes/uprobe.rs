@@ -27,7 +27,7 @@
 
 use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
-use super::action::Action;
+use super::action::{Action, CpuSlot};
 use super::cells::Records;
 use super::uprobe_xol::{FILLER, SVC_DETOUR, detour_offset, slot_offset, write_xol};
 use super::{Handler, ProbeError, uretprobe};
@@ -57,13 +57,11 @@ pub enum XolSlots {
     PerCpu { skip_unchanged: bool },
 }
 
-#[derive(Clone, Copy)]
-
 pub(super) struct Uprobe {
     pub(super) address: u64,
     kernel_address: u64,
     pub(super) original: u32,
-    pub(super) action: Action,
+    pub(super) action: Action<CpuSlot>,
     pub(super) handler: Handler,
     pub(super) return_handler: Option<Handler>,
 }
@@ -130,7 +128,7 @@ fn xol_words(index: usize, probe: &Uprobe) -> Result<(u64, [u32; 3]), ProbeError
             let back = encode_b(trampoline + 8, probe.address + 4).map_err(|_| ProbeError::OutOfBranchRange)?;
             Ok((detour_offset(index), [SVC_DETOUR, probe.original, back.0]))
         }
-        Action::Simulate(_) | Action::SimulateFramePush | Action::CpuSlot { .. } => {
+        Action::Simulate(_) | Action::SimulateFramePush | Action::CpuSlot(_) => {
             Ok((slot_offset(index), [encode_brk(BRK_UPROBE_STEP).0; 3]))
         }
     }

@@ -10,7 +10,7 @@
 
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use super::action::Action;
+use super::action::{Action, CpuSlot};
 use super::frame::{FrameRegisters, registers};
 use super::uprobe::{BRK_UPROBE, HITS, NO_STEP, Uprobe, lookup, published, record, retiring};
 use super::uprobe_xol::{
@@ -184,7 +184,7 @@ fn on_brk(frame: &mut ExceptionFrame) -> bool {
                 set_mdscr(MDSCR_SS, true);
             }
         }
-        &Action::CpuSlot { hardware_step, skip_unchanged } => {
+        &Action::CpuSlot(CpuSlot { hardware_step, skip_unchanged }) => {
             frame.elr = fill_cpu_slot(probe.original, skip_unchanged);
             let step = step_state();
             step.index.store(index, Ordering::Relaxed);
@@ -219,7 +219,7 @@ fn finish_cpu_slot_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool
     // stays as it is until the grace period after its unpublish, which this step holds off.
     // SAFETY: as above.
     let probe = unsafe { record(index) };
-    if !matches!(probe.action, Action::CpuSlot { .. }) {
+    if !matches!(probe.action, Action::CpuSlot(_)) {
         return false;
     }
     return_from_step(frame, step, probe, hardware_step);
