@@ -510,7 +510,7 @@ fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Fa
             1,
             "run=sweep sweep.inject=reenter-twice exit=semihosting",
             Some(ExitStatus::Panic.code()),
-            "panicked at kernel/src/probes/hit.rs:*: kprobe re-entered twice: the probe at kernel::sweep::reentry::third+0x\
+            "panicked at kernel/src/probes/kprobe_hit.rs:*: kprobe re-entered twice: the probe at kernel::sweep::reentry::third+0x\
              *was hit while the probe at kernel::sweep::reentry::second+0x\
              *inside the handling of the probe at kernel::sweep::reentry::first+0x",
         ),

@@ -77,7 +77,7 @@
 //! knows (SVE2, SME2, MOPS, LSUI, CMPBR, ...) and gives each word an instruction class, feature set and
 //! operand kinds, from which [`Description`] derives "branch", "load/store"
 //! and "PC-relative". It only matches opcode/mask pairs, so `reserved.rs`
-//! adds the Arm ARM's UNDEFINED cases it misses, and `insn.rs` adds the four
+//! adds the Arm ARM's UNDEFINED cases it misses, and `decode.rs` adds the four
 //! FEAT_PAuth_LR PC-relative forms its tables lack. The simulated forms'
 //! fields are then read from the bits exactly as C6.2 lays them out.
 //! The decoder costs about 20 s of release build and a large static table
@@ -175,6 +175,7 @@
 #![deny(unsafe_code)]
 
 mod classify;
+mod decode;
 mod encode;
 mod insn;
 mod plan;

@@ -13,34 +13,20 @@
 //!   saves the registers, calls the pre-handler, restores, performs the displaced instruction
 //!   (relocated by `crates/probes`) and branches back; no exception at all.
 //!
-//! Slots and trampolines are generated once, at registration (`slots.rs`); the hit path
-//! (`hit.rs`) finds a probe by PC in a lock-free table and never allocates or decodes. What a
+//! Slots and trampolines are generated once, at registration (`kprobe_slots.rs`); the hit path
+//! (`kprobe_hit.rs`) finds a probe by PC in a lock-free table and never allocates or decodes. What a
 //! probe may not be placed on, and why, is in `refuse.rs`, `probes::plan` and [`ProbeError`].
 
-use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
+use super::action::Action;
 use super::cells::Records;
-use super::{Handler, ProbeError, refuse, slots};
+use super::kprobe_slots as slots;
+use super::{Handler, ProbeError, refuse};
 use crate::arch::exception::{BRK_KPROBE, STACK_GAP};
 use crate::arch::patch;
-use probes::{Insn, Method, Plan, Rules, Simulated, Text, classify, encode_brk};
-
-/// What a hit does after the pre-handler.
-#[derive(Clone, Copy)]
-pub(super) enum Action {
-    Simulate(Simulated),
-    /// `stp x29, x30, [sp, #-16]!` performed directly.
-    SimulateFramePush,
-    /// Run `[insn, BRK #0x006]` at `slot`, with hardware single-step if `hardware_step`.
-    OutOfLine {
-        slot: u64,
-        hardware_step: bool,
-    },
-    /// The probed word is `B trampoline`; hits never trap.
-    Detour {
-        trampoline: u64,
-    },
-}
+use crate::inject::{self, Fault};
+use probes::{Insn, Method, Plan, Rules, Text, classify, encode_brk};
 
 /// One registered probe. Written only under [`REGISTRY`] while unpublished; read lock-free by
 /// the hit path once published in [`TABLE`].
@@ -97,35 +83,10 @@ struct Registry {
     chunks_used: u64,
 }
 
+/// A raw spin lock, not an `IrqSpinLock`: its holder holds the other CPUs
+/// (`task::cpus::with_others_held`, a wake SGI each must take), so a CPU waiting for it must
+/// wait with IRQs unmasked, or neither would ever go on.
 static REGISTRY: spin::Mutex<Registry> = spin::Mutex::new(Registry { records_used: 0, chunks_used: 0 });
-
-/// Test-only wrong sequences for detours and slot freeing, which the race tests must catch (never set otherwise).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum WrongOrder {
-    /// The correct sequences.
-    None = 0,
-    /// Register: the branch to the trampoline before the trampoline is written.
-    BranchBeforeTrampoline = 1,
-    /// Unregister: the trampoline cleared before the original instruction is back.
-    TrampolineClearedFirst = 2,
-    /// Unregister: the slot or trampoline freed (poisoned) without waiting for the CPUs inside
-    /// the probe (no hold while the word is restored, no grace period).
-    NoGracePeriod = 3,
-    /// Register and unregister: the probed word written while the other CPUs run (not held).
-    Unheld = 4,
-}
-
-static WRONG_ORDER: AtomicU8 = AtomicU8::new(WrongOrder::None as u8);
-
-/// Test-only: makes detour registration or removal use a wrong sequence (`WrongOrder::None`
-/// restores the correct ones).
-pub fn set_wrong_order(order: WrongOrder) {
-    WRONG_ORDER.store(order as u8, Ordering::Relaxed);
-}
-
-fn wrong_order(order: WrongOrder) -> bool {
-    WRONG_ORDER.load(Ordering::Relaxed) == order as u8
-}
 
 const _: () = assert!(MAX_PROBES <= 64 && slots::CHUNKS <= 64, "one u64 bitmap each");
 
@@ -179,7 +140,7 @@ pub fn register_all(
     let mut count = 0;
     for (&(address, method), result) in probes.iter().zip(results.iter_mut()) {
         *result = prepare(&mut registry, address, method, pre, post).map(|patched| {
-            // `None`: a test-only wrong order already wrote the branch.
+            // `None`: a test-only fault already wrote the branch.
             if let Some(patched) = patched {
                 words[count] = (address, patched);
                 count += 1;
@@ -226,29 +187,25 @@ fn prepare(
     } else {
         None
     };
+    let place = chunk.map_or(0, slots::chunk_address);
+    let action = Action::planned(plan, place, place);
     let mut early_branch = false;
-    let action = match plan {
-        Plan::Simulate(simulated) => Action::Simulate(simulated),
-        Plan::SimulateFramePush => Action::SimulateFramePush,
-        Plan::OutOfLine { hardware_step } => {
-            let slot = slots::chunk_address(chunk.unwrap_or(0));
-            slots::write_out_of_line(slot, original);
-            Action::OutOfLine { slot, hardware_step }
-        }
-        Plan::Detour => {
-            let trampoline = slots::chunk_address(chunk.unwrap_or(0));
+    match action {
+        Action::OutOfLine { slot, .. } => slots::write_out_of_line(slot, original),
+        Action::Detour { trampoline } => {
             let probe_pointer = record_pointer(record) as u64;
-            if wrong_order(WrongOrder::BranchBeforeTrampoline)
+            if inject::on(Fault::DetourBranchBeforeTrampoline)
                 && let Ok(branch) = probes::encode_b(address, trampoline)
             {
-                // SAFETY: as the final write below (deliberately too early: a test-only switch).
+                // SAFETY: as the final write below (deliberately too early: a test-only fault).
                 unsafe { patch::write_instruction(address, branch.word()) };
                 early_branch = true;
             }
             slots::write_detour(trampoline, address, original, &classification, probe_pointer)?;
-            Action::Detour { trampoline }
         }
-    };
+        Action::Simulate(_) | Action::SimulateFramePush => {}
+        Action::CpuSlot(never) => match never {},
+    }
     let probe =
         Probe { address, original, action, pre, post, chunk, hits: AtomicU64::new(0), missed: AtomicU64::new(0) };
     // SAFETY: the record is free (its bit is clear) and unpublished; we hold the lock.
@@ -302,7 +259,7 @@ pub fn unregister_all(addresses: &[u64]) -> Result<(), ProbeError> {
     let mut words = [(0u64, 0u32); MAX_PROBES];
     let mut count = 0;
     let mut needs_grace_period = false;
-    let no_grace_period = wrong_order(WrongOrder::NoGracePeriod);
+    let no_grace_period = inject::on(Fault::KprobeFreedWithoutGracePeriod);
     for &address in addresses {
         // An address given twice is not found the second time: it is unpublished already.
         let Some(probe) = lookup(address) else {
@@ -310,7 +267,7 @@ pub fn unregister_all(addresses: &[u64]) -> Result<(), ProbeError> {
             continue;
         };
         let record = (0..MAX_PROBES).find(|&record| core::ptr::eq(record_pointer(record), probe));
-        let cleared = wrong_order(WrongOrder::TrampolineClearedFirst);
+        let cleared = inject::on(Fault::DetourTrampolineClearedFirst);
         if cleared && let Some(chunk) = probe.chunk {
             slots::clear(slots::chunk_address(chunk));
         }
@@ -326,7 +283,7 @@ pub fn unregister_all(addresses: &[u64]) -> Result<(), ProbeError> {
     if no_grace_period {
         for &(address, original) in &words[..count] {
             // SAFETY: as in `write_probed_words` (deliberately not holding the other CPUs
-            // either: nothing waits for a CPU inside the probe; a test-only switch).
+            // either: nothing waits for a CPU inside the probe; a test-only fault).
             unsafe { patch::write_instruction(address, original) };
         }
     } else {
@@ -349,7 +306,7 @@ pub fn unregister_all(addresses: &[u64]) -> Result<(), ProbeError> {
 struct Retired {
     record: Option<usize>,
     chunk: Option<usize>,
-    /// Its trampoline was cleared before the restore (test-only wrong order).
+    /// Its trampoline was cleared before the restore (the test-only `Fault::DetourTrampolineClearedFirst`).
     cleared: bool,
 }
 
@@ -377,14 +334,14 @@ fn write_probed_words(words: &[(u64, u32)]) {
     let write_all = || {
         for &(address, word) in words {
             // SAFETY: address is a probed kernel text word (4-aligned, checked at registration),
-            // and no other CPU runs meanwhile (but under the test-only `WrongOrder::Unheld`).
+            // and no other CPU runs meanwhile (but under the test-only `Fault::KprobePatchedUnheld`).
             unsafe { patch::write_instruction(address, word) }
         }
     };
     if words.is_empty() {
         return;
     }
-    if wrong_order(WrongOrder::Unheld) {
+    if inject::on(Fault::KprobePatchedUnheld) {
         write_all();
     } else {
         crate::task::cpus::with_others_held(write_all);

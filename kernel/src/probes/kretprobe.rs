@@ -95,6 +95,10 @@ static RECORDS: [Kretprobe; MAX_KRETPROBES] = [const {
     }
 }; MAX_KRETPROBES];
 
+/// Serialises kretprobe registration. A raw spin lock, not an `IrqSpinLock`: its holder
+/// registers or unregisters the entry kprobe, which holds the other CPUs
+/// (`task::cpus::with_others_held`, a wake SGI each must take) and may wait for a grace period,
+/// so a CPU waiting for it must wait with IRQs unmasked, or neither would ever go on.
 static REGISTER: spin::Mutex<()> = spin::Mutex::new(());
 
 /// The return-instance stacks, one per context (`CONTEXT_COUNT`). A context's stack

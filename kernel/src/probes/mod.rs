@@ -5,38 +5,45 @@
 //! - the method rules and refusals, and the detour relocator, in `crates/probes` (`probes::plan`,
 //!   `probes::detour_trampoline`), tested on the host;
 //! - one error type, [`ProbeError`], whose text-dependent refusals name the [`Text`];
+//! - one vocabulary of what a hit does, [`Action`](action::Action), built from the method's
+//!   `probes::Plan` (`action.rs`);
 //! - one register-file adapter over the exception frame (`frame.rs`);
 //! - the step bits (`arch::step`) and text/XOL writes (`arch::patch`);
 //! - the two cells that need `unsafe impl Sync` (`cells.rs`).
 //!
-//! Files: `kprobe.rs` (registration) and `hit.rs` (its hit path, `.text.noprobe`), `slots.rs`
-//! (XOL slots and detour trampolines in kernel text), `refuse.rs` (where a kernel probe may not
-//! go), `kretprobe.rs`, `uprobe.rs` (EL0 probes and their trap entry) and `uretprobe.rs`.
+//! The two halves have one shape, a registry, its hit path (`.text.noprobe`) and the place the
+//! displaced instructions run:
+//! - kernel: `kprobe.rs`, `kprobe_hit.rs`, `kprobe_slots.rs` (XOL slots and detour trampolines
+//!   in kernel text), with `refuse.rs` (where a kernel probe may not go) and `kretprobe.rs`;
+//! - user: `uprobe.rs`, `uprobe_hit.rs` (the EL0 trap entry), `uprobe_xol.rs` (the XOL page),
+//!   with `uretprobe.rs`.
+//!
+//! Each hit path depends on its registry, each registry on its code area; nothing points back.
 //!
 //! Adding a method: its `Method` variant and rule in `crates/probes/src/plan.rs`, its `Action`
-//! and hit arm in `kprobe.rs`/`hit.rs` and in `uprobe.rs` (and a trampoline shape in
-//! `crates/probes/src/relocate.rs` if it needs code).
+//! in `action.rs`, and its hit arm in `kprobe_hit.rs` and `uprobe_hit.rs` (and a trampoline
+//! shape in `crates/probes/src/relocate.rs` if it needs code).
 
+mod action;
 mod cells;
 mod error;
 mod frame;
-mod hit;
 pub mod kprobe;
+mod kprobe_hit;
+mod kprobe_slots;
 pub mod kretprobe;
 mod refuse;
-mod slots;
 pub mod uprobe;
+pub mod uprobe_hit;
+mod uprobe_xol;
 pub mod uretprobe;
 
 pub use error::ProbeError;
-pub use hit::{
-    must_not_preempt, on_brk, on_software_step, on_step_brk, set_reentered_runs_handler, set_reentry_handling,
-    simulator_functions, simulator_text,
-};
 pub use kprobe::{
     SLOT_AREA_SIZE, counts, first_patchable_entry, register, register_all, slot_area_address, unregister,
     unregister_all,
 };
+pub use kprobe_hit::{on_brk, on_software_step, on_step_brk, simulator_functions, simulator_text};
 pub use probes::{Method, Registers, Text};
 pub use refuse::is_noprobe;
 
@@ -45,6 +52,18 @@ pub use refuse::is_noprobe;
 /// probed address (for a return handler, the real return address, with x0 the return value).
 /// Changing `pc` or `sp` is not supported.
 pub type Handler = fn(&mut Registers);
+
+/// Whether a task interrupted at `pc` on this CPU must not be switched away (the trap layer
+/// then keeps the reschedule for the first IRQ exit outside): it is inside kernel-probe code,
+/// a detour trampoline or XOL slot, or a probe's handler, or at EL0 inside a uprobe's detour
+/// trampoline. A task preempted there would pass a quiescent point (the switch) while still
+/// inside memory that `unregister` poisons and reuses after its grace period (Linux's optprobes
+/// need `synchronize_rcu_tasks` for this; here preemption simply waits: the code inside is
+/// short and never blocks).
+#[unsafe(link_section = ".text.noprobe")]
+pub fn must_not_preempt(pc: u64) -> bool {
+    kprobe_hit::must_not_preempt(pc) || uprobe_hit::in_detour_trampoline(pc)
+}
 
 /// Makes debug exceptions (software step) possible at EL1 and hooks the probes into task
 /// lifecycle: called once at boot.

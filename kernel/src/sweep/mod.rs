@@ -56,7 +56,7 @@ use workload::{Checksum, Results};
 /// Probes armed at once: the registry has 64 records and slot chunks; the workload's own probe
 /// needs one.
 const BATCH: usize = 48;
-/// Bytes of the probe slot area (`probes/slots.rs`: 64 chunks of 512 bytes).
+/// Bytes of the probe slot area (`probes/kprobe_slots.rs`: 64 chunks of 512 bytes).
 const SLOT_AREA_BYTES: u64 = 64 * 512;
 /// Longest function the sweep walks (instructions); longer ones are cut (and say so).
 const MAX_FUNCTION_WORDS: u64 = 4096;

@@ -1,7 +1,7 @@
 //! `sweep.inject=reenter-twice`: reaches the probe hit path's "re-entered twice" panic, which
 //! the no-probe rules keep the sweep from reaching (it needs probed code inside the performance of
 //! a re-entered hit). Three probes: `first`'s handler calls `second`, whose hit is re-entered
-//! (performed as a missed hit); a test-only switch (`probes::set_reentered_runs_handler`) makes
+//! (performed as a missed hit); a test-only fault (`inject::Fault::ReenteredRunsHandler`) makes
 //! that performance run `second`'s handler, which calls `third`: its hit must panic naming the
 //! three probes. xtask's failure path (`reenter-twice`) expects that panic and exit status 3.
 
@@ -57,9 +57,9 @@ pub fn run() {
         second_at,
         third_at
     );
-    kprobes::set_reentered_runs_handler(true);
+    crate::inject::set(crate::inject::Fault::ReenteredRunsHandler, true);
     black_box(first(black_box(1)));
-    kprobes::set_reentered_runs_handler(false);
+    crate::inject::set(crate::inject::Fault::ReenteredRunsHandler, false);
     defmt::error!("sweep: reenter-twice: the third hit did not panic");
     for address in [first_at, second_at, third_at] {
         let _ = kprobes::unregister(address);

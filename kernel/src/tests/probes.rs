@@ -830,9 +830,9 @@ fn probe_reentry_every_method_pair(_: &Context) -> Outcome {
         }
     }
     for outer_method in Method::ALL {
-        kprobes::set_reentry_handling(false);
+        crate::inject::set(crate::inject::Fault::ReentryUnhandled, true);
         let unhandled = reentry_round(outer_method, Method::Simulate);
-        kprobes::set_reentry_handling(true);
+        crate::inject::set(crate::inject::Fault::ReentryUnhandled, false);
         let (result, reentered, outer, inner) = unhandled?;
         // The instructions still ran; only the re-entry accounting is gone, and it is caught.
         check!(result == 9 && reentered == 42 && outer == (1, 0));

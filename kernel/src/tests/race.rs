@@ -13,7 +13,8 @@ use super::{Context, Outcome, Test, Verdict, check, check_eq};
 use crate::arch::exception::ExceptionFrame;
 use crate::arch::{patch, percpu, step};
 use crate::ftrace::{self, Scheme, tracers::Counter};
-use crate::probes::{self as kprobes, Method, Registers, kprobe::WrongOrder};
+use crate::inject::{self, Fault};
+use crate::probes::{self as kprobes, Method, Registers};
 use crate::sync::IrqSpinLock;
 use crate::task::cross_call::{self, CrossCallError};
 use crate::task::{cpus, stacks::CPUS};
@@ -749,15 +750,15 @@ fn race_wrong_sequences_are_caught(_: &Context) -> Outcome {
         return Ok(skip);
     }
     check!(unlock_debug_everywhere());
-    kprobes::kprobe::set_wrong_order(WrongOrder::BranchBeforeTrampoline);
+    inject::set(Fault::DetourBranchBeforeTrampoline, true);
     let (installed, removed) = race_probe(Method::Detour);
-    kprobes::kprobe::set_wrong_order(WrongOrder::None);
+    inject::set(Fault::DetourBranchBeforeTrampoline, false);
     check_eq!(installed as u64, Finding::WrongBehaviour as u64);
     check_eq!(removed as u64, Finding::Correct as u64);
 
-    kprobes::kprobe::set_wrong_order(WrongOrder::TrampolineClearedFirst);
+    inject::set(Fault::DetourTrampolineClearedFirst, true);
     let (installed, removed) = race_probe(Method::Detour);
-    kprobes::kprobe::set_wrong_order(WrongOrder::None);
+    inject::set(Fault::DetourTrampolineClearedFirst, false);
     check_eq!(installed as u64, Finding::Correct as u64);
     check_eq!(removed as u64, Finding::WrongBehaviour as u64);
 

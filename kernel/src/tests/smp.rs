@@ -3,7 +3,7 @@
 
 use super::{Context, Failure, Outcome, Test, Verdict, check, check_eq, fail};
 use crate::arch::{cpu, percpu};
-use crate::probes::kprobe::{self, WrongOrder};
+use crate::inject::{self, Fault};
 use crate::probes::kretprobe;
 use crate::probes::{Method, ProbeError, Registers, Text, uprobe as uprobes};
 use crate::stacktrace::{self, IrqCapture};
@@ -1125,7 +1125,7 @@ fn probed_word_stores(target: u64) -> Result<(u64, u64), Failure> {
 /// the patch window at once (the patching one and callers inside a call of the target), >= 2
 /// without icount; without icount the probes and tracers must also have been hit. Then the
 /// probed word's two stores (arm, disarm) must be made with every other CPU held, and the
-/// test-only wrong sequence (`WrongOrder::Unheld`) must be caught by that check.
+/// test-only wrong sequence (`Fault::KprobePatchedUnheld`) must be caught by that check.
 fn smp_probe_and_tracer_churn(context: &Context) -> Outcome {
     if cpus::wanted() == 1 {
         return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
@@ -1188,14 +1188,14 @@ fn smp_probe_and_tracer_churn(context: &Context) -> Outcome {
     }
     // The probed word is armed and disarmed with every other CPU held (the cause of the stale
     // BRK and B without icount, docs/design/smp.md); the wrong sequence must be caught.
-    for (order, held) in [(WrongOrder::None, true), (WrongOrder::Unheld, false)] {
-        kprobe::set_wrong_order(order);
+    for (unheld, held, order) in [(false, true, "None"), (true, false, "Unheld")] {
+        inject::set(Fault::KprobePatchedUnheld, unheld);
         let stores = probed_word_stores(target);
-        kprobe::set_wrong_order(WrongOrder::None);
+        inject::set(Fault::KprobePatchedUnheld, false);
         let (held_stores, unheld_stores) = stores?;
         defmt::info!(
-            "  probed word stores ({}): {=u64} with the other CPUs held, {=u64} not",
-            defmt::Debug2Format(&order),
+            "  probed word stores ({=str}): {=u64} with the other CPUs held, {=u64} not",
+            order,
             held_stores,
             unheld_stores
         );
@@ -1505,7 +1505,7 @@ fn smp_uprobe_hits_every_cpu_at_once(_: &Context) -> Outcome {
 }
 
 /// The previous test's check can fail: with the uprobe step state made one for all CPUs again
-/// (the test-only `uprobe::set_step_state_per_cpu(false)`), the same concurrent hits of the
+/// (the test-only `Fault::UserStepStateShared`, applied at the round's registration), the same concurrent hits of the
 /// stepping methods go wrong (a CPU finishes another's step and clears it, its own step back is
 /// then nobody's: the task is killed; or a hit is lost). Under icount (deterministic; without it
 /// the collisions depend on the host).
@@ -1519,10 +1519,11 @@ fn smp_uprobe_shared_step_state_is_caught(context: &Context) -> Outcome {
     }
     let calls = UPROBE_CALLS_PER_CPU * wanted as u64;
     for method in [Method::SingleStep, Method::BrkStep] {
-        uprobes::set_step_state_per_cpu(false);
+        inject::set(Fault::UserStepStateShared, true);
         let round = uprobe_round(method, uprobes::XolSlots::PerProbe, wanted);
-        // A task killed mid-step leaves no step armed on its CPU (trap's `user_fault`).
-        uprobes::set_step_state_per_cpu(true);
+        // A task killed mid-step leaves no step armed on its CPU (trap's `user_fault`); the next
+        // registration points every CPU at its own state again.
+        inject::set(Fault::UserStepStateShared, false);
         let round = round?;
         defmt::info!(
             "  {} with one shared step state: {=usize} of {=usize} tasks killed, {=u64} wrong results, {=u64} of {=u64} hits handled",

@@ -118,7 +118,7 @@ extern "C" fn trap_el0_sync(frame: &mut ExceptionFrame) {
     match route(Esr(frame.esr), Level::El0) {
         Owner::Syscall => crate::task::user::syscall(frame),
         Owner::Uprobe => {
-            if !crate::probes::uprobe::on_el0_exception(frame, ExceptionClass::of(frame.esr)) {
+            if !crate::probes::uprobe_hit::on_el0_exception(frame, ExceptionClass::of(frame.esr)) {
                 user_fault(frame)
             }
         }
@@ -138,7 +138,7 @@ extern "C" fn trap_el0_sync(frame: &mut ExceptionFrame) {
 /// detour belongs to the probed instruction) and kills the task.
 #[unsafe(link_section = ".text.noprobe")]
 fn user_fault(frame: &ExceptionFrame) -> ! {
-    let pc = crate::probes::uprobe::attributed_pc(frame.elr);
+    let pc = crate::probes::uprobe_hit::attributed_pc(frame.elr);
     // The task dies here: no step of it may stay armed on this CPU (a step exception nobody owns
     // left MDSCR_EL1.SS set, and the next EL0 return on this CPU would take a step at once). No
     // kernel step is in flight on a CPU that takes an EL0 fault.

@@ -14,7 +14,8 @@ use crate::arch::counters::virtual_count;
 use crate::arch::exception::{Esr, ExceptionClass, ExceptionFrame};
 use crate::arch::{cpu, percpu, step};
 use crate::ftrace::{self, Ops, Regs};
-use crate::probes::{self as kprobes, Method, Registers, kprobe::WrongOrder, kretprobe};
+use crate::inject::{self, Fault};
+use crate::probes::{self as kprobes, Method, Registers, kretprobe};
 use crate::task::cross_call;
 use crate::tests::{Context, Outcome, Verdict, check, check_eq};
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -624,7 +625,7 @@ pub fn race_kprobe_unregister_waits(context: &Context) -> Outcome {
 }
 
 /// Freeing a detour trampoline or an XOL slot without the grace period (test-only
-/// `WrongOrder::NoGracePeriod`) is caught: the held CPU resumes into the poisoned trampoline or
+/// `Fault::KprobeFreedWithoutGracePeriod`) is caught: the held CPU resumes into the poisoned trampoline or
 /// slot (a fault). Then the correct sequence passes again.
 pub fn race_unregister_without_grace_period_is_caught(context: &Context) -> Outcome {
     if let Some(skip) = needs_cpus() {
@@ -639,9 +640,9 @@ pub fn race_unregister_without_grace_period_is_caught(context: &Context) -> Outc
         (Method::SingleStep, "kprobe single-step unregister without grace period (b)"),
         (Method::BrkStep, "kprobe brk-step unregister without grace period (b)"),
     ] {
-        kprobes::kprobe::set_wrong_order(WrongOrder::NoGracePeriod);
+        inject::set(Fault::KprobeFreedWithoutGracePeriod, true);
         let wrong = race_unregister(Target::Kprobe(method), name);
-        kprobes::kprobe::set_wrong_order(WrongOrder::None);
+        inject::set(Fault::KprobeFreedWithoutGracePeriod, false);
         check_eq!(wrong as u64, Finding::WrongBehaviour as u64);
         check_eq!(race_unregister(Target::Kprobe(method), unregister_name(method)) as u64, Finding::Correct as u64);
     }
@@ -649,9 +650,9 @@ pub fn race_unregister_without_grace_period_is_caught(context: &Context) -> Outc
     // faults in the poison, also after its entry handler hijacked the return (the return half);
     // the abandoned instance is dropped at the landing, so nothing is left outstanding.
     let name = "kretprobe (detour entry) unregister without grace period (b)";
-    kprobes::kprobe::set_wrong_order(WrongOrder::NoGracePeriod);
+    inject::set(Fault::KprobeFreedWithoutGracePeriod, true);
     let wrong = race_unregister(Target::Kretprobe(Method::Detour), name);
-    kprobes::kprobe::set_wrong_order(WrongOrder::None);
+    inject::set(Fault::KprobeFreedWithoutGracePeriod, false);
     check_eq!(wrong as u64, Finding::WrongBehaviour as u64);
     check_eq!(outstanding_returns_elsewhere(), 0);
     let name = kretprobe_name(Method::Detour);

@@ -7,7 +7,7 @@
 //! `uprobe::unregister` (restore, unpublish, grace period, slot and trampoline poisoned). The
 //! unregistration must return only after the executor resumed, and the call must be the hit
 //! ("before") or the restored instruction ("after"). The step exceptions reach this file through
-//! `uprobe::set_foreign_step_hook` (a step that no uprobe armed). See docs/design/races.md.
+//! `uprobe_hit::set_foreign_step_hook` (a step that no uprobe armed). See docs/design/races.md.
 //!
 //! Also (issue 22): a user task preempted inside a detour trampoline, on one CPU (an IRQ made
 //! pending at the trampoline's displaced instruction by the probe's handler).
@@ -21,7 +21,9 @@ use crate::arch::counters::virtual_count;
 use crate::arch::exception::{ExceptionClass, ExceptionFrame};
 use crate::arch::step::{MDSCR_SS, SPSR_SS, set_mdscr};
 use crate::arch::{cpu, percpu};
-use crate::probes::uprobe::{self as uprobes, WrongRemoval};
+use crate::inject::{self, Fault};
+use crate::probes::uprobe as uprobes;
+use crate::probes::uprobe_hit;
 use crate::probes::{Method, Registers};
 use crate::sync::IrqMask;
 use crate::task::user::{self, USER_XOL, UserFault};
@@ -330,23 +332,24 @@ pub(super) fn race_uprobe_unregister_waits(context: &Context) -> Outcome {
         return Ok(Verdict::Skipped("needs -icount (holds a CPU against 100 ms wall-clock limits)"));
     }
     with_gate(|| {
-        uprobes::set_foreign_step_hook(Some(on_step));
+        uprobe_hit::set_foreign_step_hook(Some(on_step));
         start_executors();
         let mut findings = [Finding::Correct; 7];
         for (index, method) in Method::ALL.into_iter().enumerate() {
             findings[index] = race_unregister(method, name(method, false));
         }
-        uprobes::set_wrong_removal(WrongRemoval::PoisonBeforeRestore);
+        inject::set(Fault::UprobePoisonBeforeRestore, true);
         for (index, method) in [Method::Detour, Method::SingleStep, Method::BrkStep].into_iter().enumerate() {
             findings[4 + index] = race_unregister(method, name(method, true));
         }
-        uprobes::set_wrong_removal(WrongRemoval::NoGracePeriod);
+        inject::set(Fault::UprobePoisonBeforeRestore, false);
+        inject::set(Fault::UprobeFreedWithoutGracePeriod, true);
         // Simulate uses no slot: without the grace period nothing faults, and the unregistration
         // returning while the executor is held is what shows.
         let no_grace = race_unregister(Method::Simulate, "uprobe simulate unregister without grace period (b)");
-        uprobes::set_wrong_removal(WrongRemoval::None);
+        inject::set(Fault::UprobeFreedWithoutGracePeriod, false);
         let exited = stop_executors();
-        uprobes::set_foreign_step_hook(None);
+        uprobe_hit::set_foreign_step_hook(None);
         for finding in &findings[..4] {
             check_eq!(*finding as u64, Finding::Correct as u64);
         }
@@ -475,8 +478,8 @@ fn preempted_run(spin: u64) -> Result<PreemptedRun, crate::tests::Failure> {
         return Err(crate::tests::fail("detour uprobe registration"));
     }
     let trampoline = uprobes::detour_trampoline(target).unwrap_or(0);
-    let exits_before = uprobes::trampoline_irq_exits();
-    let rescheduled_before = uprobes::rescheduled_before_hit();
+    let exits_before = uprobe_hit::trampoline_irq_exits();
+    let rescheduled_before = uprobe_hit::rescheduled_before_hit();
     let spawned = {
         // Masked from the first spawn to the second, so both start on this CPU.
         let _masked = IrqMask::new();
@@ -503,8 +506,8 @@ fn preempted_run(spin: u64) -> Result<PreemptedRun, crate::tests::Failure> {
         fault: user::fault(user_task),
         hits: UDETOUR_HITS.load(Ordering::Relaxed),
         unregister,
-        trampoline_irq_exits: uprobes::trampoline_irq_exits() - exits_before,
-        rescheduled_before_hit: uprobes::rescheduled_before_hit() - rescheduled_before,
+        trampoline_irq_exits: uprobe_hit::trampoline_irq_exits() - exits_before,
+        rescheduled_before_hit: uprobe_hit::rescheduled_before_hit() - rescheduled_before,
     })
 }
 
@@ -525,7 +528,7 @@ fn log_run(name: &str, run: &PreemptedRun) {
 
 /// A user task whose detour hit is followed by an IRQ at trampoline + 4 (the tick its handler
 /// brings forward) while a kernel task on the same CPU waits to unregister the probe. With the
-/// bug put back (`WrongRemoval::PreemptibleTrampoline`) the task is switched away at + 4, the
+/// bug put back (`Fault::UprobePreemptibleTrampoline`) the task is switched away at + 4, the
 /// unregistration (its grace period passes: the task is switched away) poisons the trampoline,
 /// and the task resumes into `BRK #0x120` filler: killed with its fault at trampoline + 4. With
 /// the fix, the IRQ exit at + 4 switches nothing (counted); the task is switched away at its
@@ -537,9 +540,9 @@ pub(super) fn race_uprobe_detour_preempted_in_trampoline(context: &Context) -> O
     let target = user_address(&raw const race_udetour_target);
     let entry = user_address(&raw const race_udetour_loop);
     let spin = 4 * crate::drivers::timer::frequency() / crate::drivers::timer::hz();
-    uprobes::set_wrong_removal(WrongRemoval::PreemptibleTrampoline);
+    inject::set(Fault::UprobePreemptibleTrampoline, true);
     let wrong = preempted_run(spin);
-    uprobes::set_wrong_removal(WrongRemoval::None);
+    inject::set(Fault::UprobePreemptibleTrampoline, false);
     let wrong = wrong?;
     log_run("preemptible trampoline (the bug)", &wrong);
     check!(wrong.trampoline != 0);

@@ -18,7 +18,8 @@
 use super::{Execution, Finding, HIT, NOT_HIT, Sequence, needs_cpus, sweep_with};
 use crate::arch::step::{SPSR_IF, SPSR_SS};
 use crate::arch::{cpu, percpu};
-use crate::probes::uprobe::{self as uprobes, WrongRemoval};
+use crate::inject::{self, Fault};
+use crate::probes::uprobe as uprobes;
 use crate::probes::{Method, Registers};
 use crate::sync::IrqMask;
 use crate::task::stacks::{CPUS, TASK_SLOTS};
@@ -342,7 +343,7 @@ pub(super) fn race_uprobe_insert_remove(context: &Context) -> Outcome {
     })
 }
 
-/// The test-only wrong removal (`uprobe::set_wrong_removal(PoisonBeforeRestore)`: the slot and trampoline
+/// The test-only wrong removal (`inject::Fault::UprobePoisonBeforeRestore`: the slot and trampoline
 /// poisoned before the word is restored, while the BRK or B still leads there) is caught: a
 /// detour or stepped execution between the two runs into the poison (a user fault: wrong), and
 /// a simulated one, which never enters its slot, switches only at the restore, the last store
@@ -355,11 +356,11 @@ pub(super) fn race_uprobe_wrong_sequence_is_caught(context: &Context) -> Outcome
         return Ok(Verdict::Skipped(NEEDS_ICOUNT));
     }
     with_gate(|| {
-        uprobes::set_wrong_removal(WrongRemoval::PoisonBeforeRestore);
+        inject::set(Fault::UprobePoisonBeforeRestore, true);
         let detour = race_uprobe(Method::Detour);
         let single_step = race_uprobe(Method::SingleStep);
         let simulate = race_uprobe(Method::Simulate);
-        uprobes::set_wrong_removal(WrongRemoval::None);
+        inject::set(Fault::UprobePoisonBeforeRestore, false);
         check_eq!(detour.0 as u64, Finding::Correct as u64);
         check_eq!(detour.1 as u64, Finding::WrongBehaviour as u64);
         check_eq!(single_step.1 as u64, Finding::WrongBehaviour as u64);

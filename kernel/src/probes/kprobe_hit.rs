@@ -9,14 +9,17 @@
 //! are no-probe text (the kernel test `probe_simulator_calls_only_noprobe_text` checks every
 //! branch of its instantiations), since a probe there would re-enter on every simulated hit.
 
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::Ordering;
 
 use super::Registers;
+use super::action::Action;
 use super::frame::{FrameRegisters, registers};
-use super::kprobe::{Action, Probe, lookup, retiring};
+use super::kprobe::{Probe, lookup, retiring};
+use super::kprobe_slots::{self as slots, detour_entry_address};
 use crate::arch::exception::{BRK_KPROBE, ExceptionFrame};
 use crate::arch::percpu::{ProbeControl, this_cpu};
 use crate::arch::step::{self, MDSCR_KDE, MDSCR_SS, SPSR_BTYPE, SPSR_D, SPSR_DAIF, SPSR_F, SPSR_I, SPSR_SS};
+use crate::inject;
 use probes::{Fault, Memory, Simulated, SimulationConfig, simulate};
 
 /// What this CPU's probe hit path is doing (`ProbeControl::status`), as Linux's `kprobe_status`.
@@ -31,27 +34,6 @@ const STEPPING: u32 = 2;
 const REENTERED: u32 = 3;
 /// The same while the re-entered probe's slot is being stepped.
 const REENTERED_STEPPING: u32 = 4;
-
-/// Test-only: handle a re-entered hit as a fresh one (its handlers run, it counts as a hit), so
-/// that a test can show its checks catch the missing re-entry handling. Read only off the hot
-/// path (after the per-CPU status said "not idle"); for simulated and detour re-entered probes.
-static REENTRY_UNHANDLED: AtomicBool = AtomicBool::new(false);
-
-/// Test-only switch: `false` makes re-entered hits run as fresh ones (see [`REENTRY_UNHANDLED`]).
-pub fn set_reentry_handling(on: bool) {
-    REENTRY_UNHANDLED.store(!on, Ordering::Relaxed);
-}
-
-/// Test-only: a re-entered hit, while it is performed, runs its pre-handler, which stands in for
-/// what the no-probe rules prevent (the performance of a re-entered hit reaching probed code), so
-/// that a hit then reaches the "re-entered twice" panic (`sweep.inject=reenter-twice`). Read only
-/// in [`reenter`], off the hot path.
-static REENTERED_RUNS_HANDLER: AtomicBool = AtomicBool::new(false);
-
-/// Test-only switch: see [`REENTERED_RUNS_HANDLER`].
-pub fn set_reentered_runs_handler(on: bool) {
-    REENTERED_RUNS_HANDLER.store(on, Ordering::Relaxed);
-}
 
 /// This CPU's probe state (one `mrs` away).
 #[inline(always)]
@@ -213,6 +195,7 @@ fn handle(frame: &mut ExceptionFrame, probe: &Probe, cpu: &ProbeControl) -> bool
             return true;
         }
         Action::Detour { .. } => return false,
+        Action::CpuSlot(never) => match never {},
     }
     cpu.status.store(IDLE, Ordering::Relaxed);
     true
@@ -228,10 +211,10 @@ fn handle(frame: &mut ExceptionFrame, probe: &Probe, cpu: &ProbeControl) -> bool
 fn reenter(frame: &mut ExceptionFrame, probe: &Probe, cpu: &ProbeControl) -> bool {
     let status = cpu.status.load(Ordering::Relaxed);
     let current = cpu.current.load(Ordering::Relaxed);
-    if REENTRY_UNHANDLED.load(Ordering::Relaxed) {
+    if inject::on(inject::Fault::ReentryUnhandled) {
         // The test-only fallback: handled as a fresh hit, then the interrupted probe's state is
         // put back (its handler is still running). Simulated re-entered probes only: a stepped
-        // one would leave this CPU stepping it, which is the state the switch turns off.
+        // one would leave this CPU stepping it, which is the state re-entry handling exists to avoid.
         let handled = handle(frame, probe, cpu);
         cpu.current.store(current, Ordering::Relaxed);
         cpu.status.store(status, Ordering::Relaxed);
@@ -255,7 +238,10 @@ fn perform_missed(frame: &mut ExceptionFrame, probe: &Probe, cpu: &ProbeControl,
     cpu.previous.store(current, Ordering::Relaxed);
     cpu.current.store(as_pointer(probe), Ordering::Relaxed);
     cpu.status.store(REENTERED, Ordering::Relaxed);
-    if REENTERED_RUNS_HANDLER.load(Ordering::Relaxed) {
+    // Test-only (`Fault::ReenteredRunsHandler`): stands in for what the no-probe rules prevent
+    // (the performance of a re-entered hit reaching probed code), so that a hit then reaches the
+    // "re-entered twice" panic (`sweep.inject=reenter-twice`). Off the hot path.
+    if inject::on(inject::Fault::ReenteredRunsHandler) {
         (probe.pre)(registers(frame));
     }
     let performed = match probe.action {
@@ -269,6 +255,7 @@ fn perform_missed(frame: &mut ExceptionFrame, probe: &Probe, cpu: &ProbeControl,
             return true;
         }
         Action::Detour { .. } => false,
+        Action::CpuSlot(never) => match never {},
     };
     if performed {
         cpu.current.store(current, Ordering::Relaxed);
@@ -422,19 +409,15 @@ fn finish_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
     true
 }
 
-/// Whether a task interrupted at `pc` on this CPU must not be switched away (the trap layer
-/// then keeps the reschedule for the first IRQ exit outside): it is inside kernel-probe code,
-/// a detour trampoline or XOL slot, or a probe's handler, or at EL0 inside a uprobe's detour
-/// trampoline. A task preempted there would pass a quiescent point (the switch) while still
-/// inside memory that `unregister` poisons and reuses after its grace period (Linux's optprobes
-/// need `synchronize_rcu_tasks` for this; here preemption simply waits: the code inside is
-/// short and never blocks).
+/// Whether a task interrupted at `pc` on this CPU is inside kernel-probe code (a detour
+/// trampoline or XOL slot, the detour entry stub) or a kernel probe's handler: the kernel half
+/// of [`must_not_preempt`](super::must_not_preempt).
 #[unsafe(link_section = ".text.noprobe")]
+#[inline(always)]
 pub fn must_not_preempt(pc: u64) -> bool {
-    pc.wrapping_sub(super::slots::chunk_address(0)) < super::slots::AREA_SIZE
+    pc.wrapping_sub(slots::chunk_address(0)) < slots::AREA_SIZE
         || control().status.load(Ordering::Relaxed) != IDLE
         || pc.wrapping_sub(detour_entry_address()) < DETOUR_ENTRY_BYTES
-        || super::uprobe::in_detour_trampoline(pc)
 }
 
 // Where detour trampolines call (`blr`, x0 = the probe, x1 = the saved registers): this CPU's
@@ -487,17 +470,6 @@ const PROBE_CONTROL: usize = core::mem::offset_of!(crate::arch::percpu::PerCpu, 
 const DETOUR_ENTRY_BYTES: u64 = 16 * 4;
 const _: () = assert!(IDLE == 0, "probe_detour_entry stores wzr for IDLE");
 
-unsafe extern "C" {
-    static probe_detour_entry: u32;
-}
-
-/// The detour entry stub's address (what trampolines call).
-#[inline(always)]
-pub fn detour_entry_address() -> u64 {
-    // SAFETY: only the address of the asm-defined label is taken.
-    unsafe { &probe_detour_entry as *const u32 as u64 }
-}
-
 /// Called by `probe_detour_entry`, this CPU's status ACTIVE and `current` the probe, with the
 /// probe and the registers the trampoline saved (x0..x30, the SP before the trampoline, pc = the
 /// probed address, pstate = NZCV only). Changes to x0..x30 and NZCV are restored into the
@@ -510,10 +482,10 @@ extern "C" fn detour_hit(probe: &Probe, registers: &mut Registers) {
 
 /// Called by `probe_detour_entry` when this CPU already handles a probe: the hit is missed (the
 /// trampoline still performs the instruction), or, with re-entry handling off (a test-only
-/// switch), handled as a fresh one.
+/// fault `Fault::ReentryUnhandled`), handled as a fresh one.
 #[unsafe(link_section = ".text.noprobe")]
 extern "C" fn detour_reentered(probe: &Probe, registers: &mut Registers) {
-    if !REENTRY_UNHANDLED.load(Ordering::Relaxed) {
+    if !inject::on(inject::Fault::ReentryUnhandled) {
         probe.missed.fetch_add(1, Ordering::Relaxed);
         return;
     }

@@ -32,6 +32,16 @@ probe_slot_area:
 
 unsafe extern "C" {
     static probe_slot_area: u32;
+    /// Where every detour trampoline calls: the hit path's entry stub (`kprobe_hit.rs`), named
+    /// here by its link name so that the trampolines' builder does not depend on the hit path.
+    static probe_detour_entry: u32;
+}
+
+/// The detour entry stub's address (what trampolines call).
+#[inline(always)]
+pub fn detour_entry_address() -> u64 {
+    // SAFETY: only the address of the asm-defined label is taken.
+    unsafe { &probe_detour_entry as *const u32 as u64 }
 }
 
 pub fn chunk_address(chunk: usize) -> u64 {
@@ -79,7 +89,7 @@ pub fn write_detour(
     classification: &Classification,
     probe: u64,
 ) -> Result<(), ProbeError> {
-    let entry = super::hit::detour_entry_address();
+    let entry = detour_entry_address();
     let filler = encode_brk(BRK_KPROBE_STEP).0;
     let trampoline = detour_trampoline(base, filler, address, original, classification, probe, entry).map_err(
         |error| match error {
