@@ -64,6 +64,9 @@ faults! {
     CrossCallWaitWithoutServing = "cross-call-no-serving",
     /// TLB invalidations after a mapping change stay on this CPU (`tlbi` + `dsb nsh`).
     LocalTlbi = "local-tlbi",
+    /// The sanitizer's tag generator: every CPU draws from CPU 0's state (one state shared by
+    /// all CPUs, unsynchronised).
+    TagStateShared = "tag-state-shared",
 }
 
 const COUNT: usize = Fault::ALL.len();

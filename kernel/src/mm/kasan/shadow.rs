@@ -16,10 +16,14 @@
 //! memory tag of an object's partly used last granule is the number of bytes it uses, and the
 //! granule's last byte (never part of the object) holds the object's tag.
 //!
-//! The generator is a 32-bit LCG per CPU (one CPU runs today), seeded from the `tag-seed=` boot
-//! parameter, so a run's tags are reproducible.
+//! The generator is a 32-bit LCG per CPU, seeded from the `tag-seed=` boot parameter, so a run's
+//! tags are reproducible: CPU `n` starts from `tag-seed ^ n * 0x9E37_79B9` ([`seed_of`]; CPU 0
+//! from the seed itself), and each CPU steps only its own state, so the tags a CPU draws depend
+//! on the seed and on what that CPU allocated, never on what the other CPUs do at the same time.
 
-use super::storage::{TagStorage, untagged};
+use super::storage::{self, TagStorage, untagged};
+use crate::arch::percpu::{self, CPUS};
+use crate::inject::{self, Fault};
 use core::sync::atomic::{AtomicU32, Ordering};
 
 /// The default seed when the command line gives none.
@@ -32,15 +36,53 @@ pub const SHORT_GRANULES: bool = match option_env!("TRACELAB_KASAN_SHORT_GRANULE
     None => false,
 };
 
-/// One generator per CPU.
-static STATE: [AtomicU32; 1] = [AtomicU32::new(DEFAULT_SEED)];
+/// One generator per CPU, indexed by the CPU's index. Atomics only so that a static can hold
+/// them: each is read and written by its own CPU alone, with interrupts masked.
+static STATE: [AtomicU32; CPUS] = {
+    let mut states = [const { AtomicU32::new(0) }; CPUS];
+    let mut cpu = 0;
+    while cpu < CPUS {
+        states[cpu] = AtomicU32::new(seed_of(DEFAULT_SEED, cpu));
+        cpu += 1;
+    }
+    states
+};
+
+/// The first state of CPU `cpu`'s generator for `seed`: the seed mixed with the CPU number by
+/// the golden-ratio constant, so the CPUs' sequences differ; CPU 0's is the seed itself.
+pub const fn seed_of(seed: u32, cpu: usize) -> u32 {
+    seed ^ (cpu as u32).wrapping_mul(0x9e37_79b9)
+}
+
+/// The generator's step: the state after `state`.
+pub const fn next_state(state: u32) -> u32 {
+    state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223)
+}
+
+/// The object tag drawn when the generator steps to `state`: the high bits of an LCG are the
+/// random ones.
+pub const fn tag_of_state(state: u32) -> u8 {
+    ShadowTags::FIRST_OBJECT_TAG + ((state >> 24) % OBJECT_TAGS) as u8
+}
+
+/// Every CPU's generator state (tests that reseed put them back afterwards with [`restore`]).
+pub fn states() -> [u32; CPUS] {
+    core::array::from_fn(|cpu| STATE[cpu].load(Ordering::Relaxed))
+}
+
+/// Puts back generator states taken by [`states`].
+pub fn restore(states: [u32; CPUS]) {
+    for (state, value) in STATE.iter().zip(states) {
+        state.store(value, Ordering::Relaxed);
+    }
+}
 
 /// The shadow-memory implementation of [`TagStorage`].
 pub struct ShadowTags;
 
 impl TagStorage for ShadowTags {
-    const GRANULE: u64 = 16;
-    const MATCH_ALL: u8 = 0xff;
+    const GRANULE: u64 = storage::GRANULE;
+    const MATCH_ALL: u8 = storage::MATCH_ALL;
     const INVALID: u8 = 0xfe;
     const FIRST_OBJECT_TAG: u8 = 0x10;
     const LAST_OBJECT_TAG: u8 = 0xfd;
@@ -92,7 +134,7 @@ impl TagStorage for ShadowTags {
 
     fn seed(seed: u32) {
         for (cpu, state) in STATE.iter().enumerate() {
-            state.store(seed ^ (cpu as u32).wrapping_mul(0x9e37_79b9), Ordering::Relaxed);
+            state.store(seed_of(seed, cpu), Ordering::Relaxed);
         }
     }
 }
@@ -100,14 +142,18 @@ impl TagStorage for ShadowTags {
 const OBJECT_TAGS: u32 = (ShadowTags::LAST_OBJECT_TAG - ShadowTags::FIRST_OBJECT_TAG) as u32 + 1;
 
 /// The next object tag of this CPU. Callers run with interrupts masked (the heap does), so the
-/// load and store cannot interleave with another user of the same CPU's state.
+/// load and store cannot interleave with another user of the same CPU's state; no other CPU
+/// touches it. [`Fault::TagStateShared`] gives every CPU CPU 0's state (the race the per-CPU
+/// state removes; a test shows that its check sees it).
 #[sanitize(kernel_hwaddress = "off")]
 fn next() -> u8 {
-    let state = &STATE[0];
-    let next = state.load(Ordering::Relaxed).wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+    let cpu = if inject::on(Fault::TagStateShared) { 0 } else { percpu::this_cpu_index() };
+    // SAFETY: a CPU's index is below CPUS (percpu::init_this_cpu is given one of the CPUS slots);
+    // unchecked so that the hot path pays the index load and nothing more.
+    let state = unsafe { STATE.get_unchecked(cpu) };
+    let next = next_state(state.load(Ordering::Relaxed));
     state.store(next, Ordering::Relaxed);
-    // The high bits of an LCG are the random ones.
-    ShadowTags::FIRST_OBJECT_TAG + ((next >> 24) % OBJECT_TAGS) as u8
+    tag_of_state(next)
 }
 
 /// The tag the shadow holds for the granule of `address`. Always inlined (as is
