@@ -15,9 +15,9 @@
 
 use super::{Context, Failure, Outcome, Test, Verdict, check, check_eq, fail};
 use crate::mm::kasan::heap::{self, Stacks};
-use crate::mm::kasan::report::{BugType, Report};
 use crate::mm::kasan::record;
 use crate::mm::kasan::recording;
+use crate::mm::kasan::report::{BugType, Report};
 use crate::mm::kasan::storage::{TagStorage, tag_of, untagged, with_tag};
 use crate::mm::kasan::{self, CHECKS_COMPILED_IN, HARDWARE_TAGS, Tags};
 use alloc::boxed::Box;

@@ -8,10 +8,10 @@
 
 use super::{Context, Outcome, Test, Verdict, check, check_eq};
 use crate::arch::mte::{self, CheckMode};
-use crate::mm::kasan::heap;
-use crate::mm::kasan::report::{self, BugType};
 use crate::mm::kasan::Tags;
+use crate::mm::kasan::heap;
 use crate::mm::kasan::recording;
+use crate::mm::kasan::report::{self, BugType};
 use crate::mm::kasan::storage::{TagStorage, tag_of, untagged, with_tag};
 use core::hint::black_box;
 

@@ -462,7 +462,13 @@ fn refuse_free(bug: BugType, pointer: u64, function: u64) {
     let in_heap = (start..end).contains(&untagged(pointer));
     let memory_tag = if in_heap { Some(Tags::memory_tag(untagged(pointer))) } else { None };
     let found = if in_heap { find_object(pointer) } else { None };
-    record::bad_free(bug, pointer, memory_tag, function, HeapView { found, range: (start, end), stack_mode: stacks().name() });
+    record::bad_free(
+        bug,
+        pointer,
+        memory_tag,
+        function,
+        HeapView { found, range: (start, end), stack_mode: stacks().name() },
+    );
 }
 
 /// What a reallocation found under the lock.

@@ -7,10 +7,10 @@
 //! What the heap knows about an address comes in as a [`HeapView`], which the heap fills: this
 //! file calls neither the heap nor the MTE fault path, so both can call it.
 
+use super::Tags;
 use super::report::{self, BugType, Evidence, GRANULES_PER_ROW, MEMORY_ROWS, MemoryState, Object, Report, SavedStack};
 use super::ring::{Found, RingEntry};
 use super::storage::{TagStorage, tag_of, untagged};
-use super::Tags;
 use crate::stacktrace;
 use stackdepot::DepotHandle;
 use unwind::TraceOptions;
@@ -150,7 +150,13 @@ fn gather(report: Report, heap: &HeapView) -> Evidence {
         Some(object) => (saved(object.alloc_task, object.alloc_stack), saved(object.free_task, object.free_stack)),
         None => (SavedStack::NONE, SavedStack::NONE),
     };
-    Evidence { report, allocated, freed, memory: memory_state(heap.range, untagged(report.address)), asynchronous: false }
+    Evidence {
+        report,
+        allocated,
+        freed,
+        memory: memory_state(heap.range, untagged(report.address)),
+        asynchronous: false,
+    }
 }
 
 /// The stack of `task`'s allocation or free, from the depot (or why it was not saved).

@@ -69,11 +69,7 @@ impl Ring {
     /// object); else the nearest same-tag object within a page, live ones first. Plus the
     /// allocation entry before it when that entry is a free.
     #[sanitize(kernel_hwaddress = "off")]
-    pub fn find_object(
-        &self,
-        address: u64,
-        is_live: impl Fn(&RingEntry) -> bool,
-    ) -> Found {
+    pub fn find_object(&self, address: u64, is_live: impl Fn(&RingEntry) -> bool) -> Found {
         let tag = tag_of(address);
         let untagged = untagged(address);
         let same_tag = || self.newest_first().filter(|entry| tag_of(entry.pointer) == tag);
