@@ -54,13 +54,15 @@ pub const fn seed_of(seed: u32, cpu: usize) -> u32 {
     seed ^ (cpu as u32).wrapping_mul(0x9e37_79b9)
 }
 
-/// The generator's step: the state after `state`.
+/// The generator's step: the state after `state`. Always inlined, as the body of `next` it was.
+#[inline(always)]
 pub const fn next_state(state: u32) -> u32 {
     state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223)
 }
 
 /// The object tag drawn when the generator steps to `state`: the high bits of an LCG are the
-/// random ones.
+/// random ones. Always inlined, as the body of `next` it was.
+#[inline(always)]
 pub const fn tag_of_state(state: u32) -> u8 {
     ShadowTags::FIRST_OBJECT_TAG + ((state >> 24) % OBJECT_TAGS) as u8
 }
@@ -148,9 +150,9 @@ const OBJECT_TAGS: u32 = (ShadowTags::LAST_OBJECT_TAG - ShadowTags::FIRST_OBJECT
 #[sanitize(kernel_hwaddress = "off")]
 fn next() -> u8 {
     let cpu = if inject::on(Fault::TagStateShared) { 0 } else { percpu::this_cpu_index() };
-    // SAFETY: a CPU's index is below CPUS (percpu::init_this_cpu is given one of the CPUS slots);
-    // unchecked so that the hot path pays the index load and nothing more.
-    let state = unsafe { STATE.get_unchecked(cpu) };
+    // A CPU's index is below CPUS (percpu::init_this_cpu is given one of the CPUS slots); the
+    // remainder (CPUS is a power of two: an `and`) lets the compiler drop the bounds check.
+    let state = &STATE[cpu % CPUS];
     let next = next_state(state.load(Ordering::Relaxed));
     state.store(next, Ordering::Relaxed);
     tag_of_state(next)
