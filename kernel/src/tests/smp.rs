@@ -1665,10 +1665,13 @@ extern "C" fn tag_drawer(cpu: u64) {
     TAG_MISMATCHES[cpu].store(mismatches, Ordering::Relaxed);
 }
 
-/// Runs `tag_drawer` on CPUs 0 and 1 at once; each drawer's mismatches. The generators' states
-/// are put back afterwards, so the run's later tags are what they would have been.
-fn tag_round() -> Result<[u64; TAG_DRAWERS], Failure> {
+/// Runs `tag_drawer` on CPUs 0 and 1 at once, with every CPU drawing from CPU 0's state when
+/// `shared` (`Fault::TagStateShared`, which takes effect when the drawers seed); each drawer's
+/// mismatches. The fault is off again and the generators' states are put back afterwards, so
+/// the run's later tags are what they would have been.
+fn tag_round(shared: bool) -> Result<[u64; TAG_DRAWERS], Failure> {
     let saved = crate::mm::kasan::shadow::states();
+    let injected = shared.then(|| crate::inject::Injected::new(crate::inject::Fault::TagStateShared));
     TAGS_READY.store(0, Ordering::Relaxed);
     TAGS_GO.store(false, Ordering::Relaxed);
     let mut ids = [None; TAG_DRAWERS];
@@ -1680,6 +1683,7 @@ fn tag_round() -> Result<[u64; TAG_DRAWERS], Failure> {
     for id in ids.iter().flatten() {
         exited &= task::join(*id) == State::Exited;
     }
+    drop(injected);
     crate::mm::kasan::shadow::restore(saved);
     check!(exited);
     Ok(core::array::from_fn(|cpu| TAG_MISMATCHES[cpu].load(Ordering::Relaxed)))
@@ -1692,7 +1696,7 @@ fn smp_tag_generator_per_cpu(_: &Context) -> Outcome {
     if cpus::online() < TAG_DRAWERS {
         return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
     }
-    let mismatches = tag_round()?;
+    let mismatches = tag_round(false)?;
     defmt::info!("  tags unlike the single-CPU sequence: cpu 0 {=u64}, cpu 1 {=u64}", mismatches[0], mismatches[1]);
     check_eq!(mismatches[0], 0);
     check_eq!(mismatches[1], 0);
@@ -1705,10 +1709,7 @@ fn smp_tag_generator_shared_state_is_caught(_: &Context) -> Outcome {
     if cpus::online() < TAG_DRAWERS {
         return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
     }
-    let mismatches = {
-        let _shared = crate::inject::Injected::new(crate::inject::Fault::TagStateShared);
-        tag_round()?
-    };
+    let mismatches = tag_round(true)?;
     defmt::info!(
         "  with one shared state, tags unlike the single-CPU sequence: cpu 0 {=u64}, cpu 1 {=u64}",
         mismatches[0],
