@@ -199,13 +199,13 @@ fn memory_state((start, end): (u64, u64), address: u64) -> Option<MemoryState> {
     let mut short_granule_tags = [[None; GRANULES_PER_ROW]; MEMORY_ROWS];
     let mut row = first_row;
     while row <= last_row && memory.rows < MEMORY_ROWS {
-        for granule in 0..GRANULES_PER_ROW {
+        let tags = memory.memory_tags[memory.rows].iter_mut().zip(&mut short_granule_tags[memory.rows]);
+        for (granule, (memory_tag, short_granule_tag)) in tags.enumerate() {
             let granule_address = row + granule as u64 * Tags::GRANULE;
-            let memory_tag = Tags::memory_tag(granule_address);
-            memory.memory_tags[memory.rows][granule] = memory_tag;
+            *memory_tag = Tags::memory_tag(granule_address);
             if Tags::SHORT_GRANULES {
                 let object_tag = Tags::object_tag(granule_address);
-                short_granule_tags[memory.rows][granule] = (object_tag != memory_tag).then_some(object_tag);
+                *short_granule_tag = (object_tag != *memory_tag).then_some(object_tag);
             }
         }
         memory.rows += 1;
