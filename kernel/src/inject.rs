@@ -71,6 +71,9 @@ faults! {
     ProfileBrokenFramePointer = "profile-broken-fp",
     /// The profiler's shadow-call-stack walks keep only the interrupted PC (`profile.break=scs`).
     ProfileBrokenShadowCallStack = "profile-broken-scs",
+    /// The sanitizer's tag generator: every CPU draws from CPU 0's state (one state shared by
+    /// all CPUs, unsynchronised).
+    TagStateShared = "tag-state-shared",
 }
 
 const COUNT: usize = Fault::ALL.len();
@@ -96,6 +99,7 @@ pub fn set(fault: Fault, on: bool) {
 }
 
 /// The fault named `name` (its command-line spelling).
+#[allow(dead_code, reason = "for the test-only `inject=` command-line words, which no parser reads yet")]
 pub fn by_name(name: &str) -> Option<Fault> {
     Fault::ALL.iter().copied().find(|fault| fault.name() == name)
 }

@@ -30,8 +30,9 @@
 
 use super::{Plan, row};
 use crate::arch::counters;
+use crate::mm::kasan::Tags;
 use crate::mm::kasan::heap::{self, Stacks};
-use crate::mm::kasan::storage::{TagStorage, Tags};
+use crate::mm::kasan::storage::TagStorage;
 use crate::stacktrace;
 use core::hint::black_box;
 

@@ -3,7 +3,7 @@
 //! `allocate_object`, `free_object` and `read_object` are the allocation, free and access sites
 //! xtask looks for in the report's stacks (`Allocated by`, `Freed by`, the faulting stack).
 
-use crate::mm::kasan::{self as sanitizer, heap, report as kasan_report};
+use crate::mm::kasan::{self as sanitizer, heap, recording};
 use core::hint::black_box;
 
 /// Not inlined: the report's stacks must name it (xtask's demo check), whatever the caller.
@@ -18,7 +18,7 @@ pub fn show() {
     }
     let object = allocate_object();
     free_object(object);
-    let (reports, report) = kasan_report::recording(|| {
+    let (reports, report) = recording::scope(|| {
         black_box(read_object(object));
     });
     match report {

@@ -67,6 +67,8 @@ const NO_TRACE: &[&str] = &[
     "*kernel::drivers::pl011::*",
     "*kernel::mm::kasan::abi::*",
     "*kernel::mm::kasan::report::*",
+    "*kernel::mm::kasan::record::*",
+    "*kernel::mm::kasan::recording::*",
     "*kernel::mm::kasan::shadow::*",
     "*kernel::mm::kasan::storage::*",
     "*kernel::mm::kasan::ring::*",

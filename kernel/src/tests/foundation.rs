@@ -269,14 +269,14 @@ fn sanitizer_checks_run(_: &Context) -> Outcome {
     let address = TARGET.as_ptr() as u64;
     let tagged = (address & !(0xff << 56)) | (0x42 << 56);
     // Untagged (0xFF) pointers match everything: no report in any variant.
-    let (count, _) = kasan::recording(|| {
+    let (count, _) = kasan::recording::scope(|| {
         core::hint::black_box(instrumented_load(address as *const u64));
     });
     check_eq!(count, 0);
-    let (loads, load) = kasan::recording(|| {
+    let (loads, load) = kasan::recording::scope(|| {
         core::hint::black_box(instrumented_load(tagged as *const u64));
     });
-    let (stores, store) = kasan::recording(|| instrumented_store(tagged as *mut u32, 7));
+    let (stores, store) = kasan::recording::scope(|| instrumented_store(tagged as *mut u32, 7));
     if !kasan::CHECKS_COMPILED_IN {
         check_eq!(loads + stores, 0);
         return Ok(Verdict::Passed);

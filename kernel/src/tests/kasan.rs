@@ -15,9 +15,11 @@
 
 use super::{Context, Failure, Outcome, Test, Verdict, check, check_eq, fail};
 use crate::mm::kasan::heap::{self, Stacks};
-use crate::mm::kasan::report::{self, BugType, Report};
-use crate::mm::kasan::storage::{TagStorage, Tags, tag_of, untagged, with_tag};
-use crate::mm::kasan::{self, CHECKS_COMPILED_IN, HARDWARE_TAGS};
+use crate::mm::kasan::record;
+use crate::mm::kasan::recording;
+use crate::mm::kasan::report::{BugType, Report};
+use crate::mm::kasan::storage::{TagStorage, tag_of, untagged, with_tag};
+use crate::mm::kasan::{self, CHECKS_COMPILED_IN, HARDWARE_TAGS, Tags};
 use alloc::boxed::Box;
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -147,7 +149,7 @@ fn allocate(size: usize) -> u64 {
 /// Whether a saved stack names `function` (one of its frames lies in it).
 fn names(stack: u32, function: u64) -> bool {
     let mut buffer = [0; stackdepot::MAX_FRAMES];
-    report::saved_frames(stack, &mut buffer).iter().any(|&address| {
+    record::saved_frames(stack, &mut buffer).iter().any(|&address| {
         crate::symbols::callsites::function_containing(address).is_some_and(|(start, _)| start == function)
     })
 }
@@ -173,7 +175,7 @@ fn expect_reports(
     count: core::ops::RangeInclusive<u64>,
     bug: impl FnOnce(),
 ) -> Result<Report, Failure> {
-    let (reports, report) = kasan::recording(bug);
+    let (reports, report) = recording::scope(bug);
     check!(count.contains(&reports));
     let Some(report) = report else {
         return Err(fail("no report recorded"));
@@ -277,7 +279,7 @@ fn kasan_heap_tags_objects(_: &Context) -> Outcome {
 }
 
 fn kasan_heap_no_false_positives(_: &Context) -> Outcome {
-    let (count, _) = kasan::recording(|| {
+    let (count, _) = recording::scope(|| {
         let mut numbers: Vec<u64> = Vec::new();
         for value in 0..1000 {
             numbers.push(value * value);
@@ -389,7 +391,7 @@ fn kasan_realloc_grow_oob(_: &Context) -> Outcome {
     let grown = heap::reallocate(object, 16, 192).expect("the heap has room");
     check_eq!(grown, object);
     // The last byte of the new size is fine, the next one (the trailing guard) is not.
-    let (count, _) = kasan::recording(|| write_u8(grown + 191, 1));
+    let (count, _) = recording::scope(|| write_u8(grown + 191, 1));
     check_eq!(count, 0);
     let expect = Expect { bug: BugType::OutOfBounds, size: 1, write: true, site: site(kasan_realloc_grow_oob) };
     expect_report(expect, || write_u8(grown + 192, 1))?;
@@ -403,7 +405,7 @@ fn kasan_realloc_shrink_oob(_: &Context) -> Outcome {
     }
     let object = allocate(240);
     let shrunk = heap::reallocate(object, 16, 192).expect("the heap has room");
-    let (count, _) = kasan::recording(|| {
+    let (count, _) = recording::scope(|| {
         black_box(read_u8(shrunk + 191));
     });
     check_eq!(count, 0);
@@ -489,7 +491,7 @@ fn kasan_uaf_after_reuse(_: &Context) -> Outcome {
 fn kasan_double_free(_: &Context) -> Outcome {
     let object = allocate(48);
     heap::free(object);
-    let (count, report) = kasan::recording(|| heap::free(object));
+    let (count, report) = recording::scope(|| heap::free(object));
     check_eq!(count, 1);
     let Some(report) = report else {
         return Err(fail("no report recorded"));
@@ -522,13 +524,13 @@ fn kasan_invalid_free(_: &Context) -> Outcome {
     let object = allocate(64);
     let other_tag = other_tag(object);
     for bad in [object + 16, with_tag(object, other_tag), &NOT_HEAP as *const u64 as u64, object + 1] {
-        let (count, report) = kasan::recording(|| heap::free(bad));
+        let (count, report) = recording::scope(|| heap::free(bad));
         check_eq!(count, 1);
         check!(report.is_some_and(|report| report.bug == BugType::InvalidFree && report.address == bad));
     }
     // None of them freed the object: it is still live and its real free works.
     check_eq!(Tags::memory_tag(untagged(object)), tag_of(object));
-    let (count, _) = kasan::recording(|| heap::free(object));
+    let (count, _) = recording::scope(|| heap::free(object));
     check_eq!(count, 0);
     Ok(Verdict::Passed)
 }
@@ -676,7 +678,7 @@ fn kasan_not_caught_inside_last_granule(_: &Context) -> Outcome {
         // The granule's memory tag is 13 (bytes used), its last byte the tag: each byte past the
         // end is caught, reads and writes, every byte before it passes. Byte 15 (the tag byte)
         // is only read: a recovered write there would change the tag.
-        let (count, _) = kasan::recording(|| {
+        let (count, _) = recording::scope(|| {
             for offset in 0..13 {
                 black_box(read_u8(object + offset));
             }
@@ -684,7 +686,7 @@ fn kasan_not_caught_inside_last_granule(_: &Context) -> Outcome {
         });
         check_eq!(count, 0);
         for offset in 13..16 {
-            let (count, report) = kasan::recording(|| {
+            let (count, report) = recording::scope(|| {
                 black_box(read_u8(object + offset));
             });
             check_eq!(count, 1);
@@ -693,15 +695,15 @@ fn kasan_not_caught_inside_last_granule(_: &Context) -> Outcome {
                 && report.memory_tag == 13
                 && report.pointer_tag == tag_of(object)));
         }
-        let (count, _) = kasan::recording(|| write_u8(object + 13, 1));
+        let (count, _) = recording::scope(|| write_u8(object + 13, 1));
         check_eq!(count, 1);
         // A 2-byte read that starts inside and ends past the object, and one through the
         // runtime's range check (an odd size, `__hwasan_loadN`'s rule).
-        let (count, _) = kasan::recording(|| {
+        let (count, _) = recording::scope(|| {
             black_box(read_u16(object + 12));
         });
         check_eq!(count, 1);
-        let (count, _) = kasan::recording(|| {
+        let (count, _) = recording::scope(|| {
             let mut copy = [0u8; 13];
             // SAFETY: reads the 13 bytes of the live object (no report expected) through the
             // runtime's memcpy check, then 14 (one past the end).
@@ -714,7 +716,7 @@ fn kasan_not_caught_inside_last_granule(_: &Context) -> Outcome {
         check_eq!(count, 1);
     } else {
         // 13 bytes occupy one granule; bytes 13-15 carry the object's tag too.
-        let (count, _) = kasan::recording(|| {
+        let (count, _) = recording::scope(|| {
             for offset in 13..16 {
                 write_u8(object + offset, 1);
             }
@@ -722,7 +724,7 @@ fn kasan_not_caught_inside_last_granule(_: &Context) -> Outcome {
         check_eq!(count, 0);
     }
     // The next granule is caught.
-    let (count, _) = kasan::recording(|| {
+    let (count, _) = recording::scope(|| {
         black_box(read_u8(object + 16));
     });
     check_eq!(count, 1);
@@ -750,7 +752,7 @@ fn kasan_not_caught_tag_collision(_: &Context) -> Outcome {
     };
     let stray = first.wrapping_add(untagged(twin).wrapping_sub(untagged(first)));
     check_eq!(stray, twin);
-    let (count, _) = kasan::recording(|| write_u64(stray, 1));
+    let (count, _) = recording::scope(|| write_u64(stray, 1));
     check_eq!(count, 0);
     for object in held.into_iter().chain([first, twin]) {
         heap::free(object);
@@ -764,7 +766,7 @@ fn kasan_not_caught_tag_collision(_: &Context) -> Outcome {
 /// corpus runs under `ftrace=*` too).
 fn churn(sizes: &[usize]) -> Outcome {
     let mut overlaps = 0;
-    let (count, _) = kasan::recording(|| {
+    let (count, _) = recording::scope(|| {
         for &size in sizes {
             let mut objects = [0u64; 64];
             for (index, object) in objects.iter_mut().enumerate() {
@@ -811,7 +813,7 @@ fn kasan_sound_memmove_negative_size(_: &Context) -> Outcome {
     for offset in 0..64 {
         check_eq!(read_u8(object + offset), offset as u8);
     }
-    let (count, _) = kasan::recording(|| heap::free(object));
+    let (count, _) = recording::scope(|| heap::free(object));
     check_eq!(count, 0);
     churn(&[48, 64, 80])
 }
@@ -869,7 +871,7 @@ fn kasan_sound_overflow_spares_metadata(_: &Context) -> Outcome {
             })?;
         }
         // Every object is still whole and frees cleanly.
-        let (count, _) = kasan::recording(|| {
+        let (count, _) = recording::scope(|| {
             for &object in &objects {
                 black_box(read_u64(object + size - 8));
                 heap::free(object);
@@ -917,7 +919,7 @@ fn kasan_sound_double_free_after_ring_wrap(_: &Context) -> Outcome {
         heap::free(other);
     }
     check!(heap::newest_entry(object, true).is_none());
-    let (count, report) = kasan::recording(|| heap::free(object));
+    let (count, report) = recording::scope(|| heap::free(object));
     check_eq!(count, 1);
     check!(report.is_some_and(|report| report.bug == BugType::DoubleFree && report.address == object));
     heap::free(neighbour);
@@ -927,12 +929,12 @@ fn kasan_sound_double_free_after_ring_wrap(_: &Context) -> Outcome {
 fn kasan_sound_match_all_free_realloc(_: &Context) -> Outcome {
     // An untagged kernel pointer carries 0xFF, which every access accepts: free and realloc do.
     let object = allocate(40);
-    let (count, _) = kasan::recording(|| heap::free(with_tag(object, Tags::MATCH_ALL)));
+    let (count, _) = recording::scope(|| heap::free(with_tag(object, Tags::MATCH_ALL)));
     check_eq!(count, 0);
     check_eq!(Tags::memory_tag(untagged(object)), Tags::INVALID);
     let again = allocate(40);
     let mut grown = None;
-    let (count, _) = kasan::recording(|| grown = heap::reallocate(with_tag(again, Tags::MATCH_ALL), 16, 64));
+    let (count, _) = recording::scope(|| grown = heap::reallocate(with_tag(again, Tags::MATCH_ALL), 16, 64));
     check_eq!(count, 0);
     let Some(grown) = grown else {
         return Err(fail("realloc of a match-all pointer returned null"));
@@ -940,7 +942,7 @@ fn kasan_sound_match_all_free_realloc(_: &Context) -> Outcome {
     check!(Tags::is_object_tag(tag_of(grown)));
     let moved = heap::reallocate(with_tag(grown, Tags::MATCH_ALL), 16, 4000).expect("the heap has room");
     check_eq!(Tags::memory_tag(untagged(grown)), Tags::INVALID);
-    let (count, _) = kasan::recording(|| heap::free(moved));
+    let (count, _) = recording::scope(|| heap::free(moved));
     check_eq!(count, 0);
     Ok(Verdict::Passed)
 }
@@ -978,7 +980,7 @@ fn kasan_sound_realloc_after_free(_: &Context) -> Outcome {
     // Linux's krealloc_uaf: reallocating a freed object is a use-after-free, and changes nothing.
     let object = allocate(201);
     heap::free(object);
-    let (count, report) = kasan::recording(|| {
+    let (count, report) = recording::scope(|| {
         black_box(heap::reallocate(object, 16, 19));
     });
     check_eq!(count, 1);
@@ -998,9 +1000,9 @@ fn kasan_sound_zero_size(_: &Context) -> Outcome {
             black_box(read_u8(object));
         })?;
     }
-    let (count, _) = kasan::recording(|| heap::free(object));
+    let (count, _) = recording::scope(|| heap::free(object));
     check_eq!(count, 0);
-    let (count, report) = kasan::recording(|| heap::free(object));
+    let (count, report) = recording::scope(|| heap::free(object));
     check_eq!(count, 1);
     check!(report.is_some_and(|report| report.bug == BugType::DoubleFree));
     Ok(Verdict::Passed)
@@ -1028,12 +1030,12 @@ fn kasan_sound_bad_frees(_: &Context) -> Outcome {
         with_tag(object, Tags::INVALID),
     ];
     for pointer in bad {
-        let (count, report) = kasan::recording(|| heap::free(pointer));
+        let (count, report) = recording::scope(|| heap::free(pointer));
         check_eq!(count, 1);
         check!(report.is_some_and(|report| report.bug == BugType::InvalidFree && report.address == pointer));
     }
     check_eq!(Tags::memory_tag(untagged(object)), tag_of(object));
-    let (count, _) = kasan::recording(|| heap::free(object));
+    let (count, _) = recording::scope(|| heap::free(object));
     check_eq!(count, 0);
     churn(&[64, 8000])
 }
@@ -1066,7 +1068,7 @@ mod linux {
     /// Whether the first frame of a saved stack lies in `function`.
     fn first_frame_in(stack: u32, function: u64) -> bool {
         let mut buffer = [0; stackdepot::MAX_FRAMES];
-        report::saved_frames(stack, &mut buffer).first().is_some_and(|&address| {
+        record::saved_frames(stack, &mut buffer).first().is_some_and(|&address| {
             crate::symbols::callsites::function_containing(address).is_some_and(|(start, _)| start == function)
         })
     }
@@ -1245,10 +1247,10 @@ mod linux {
             return Ok(Verdict::Skipped(NO_CHECKS));
         }
         let ptr = allocate(size);
-        let (count, report) = kasan::recording(|| heap::free(ptr + 1));
+        let (count, report) = recording::scope(|| heap::free(ptr + 1));
         check_eq!(count, 1);
         check!(report.is_some_and(|report| report.bug == BugType::InvalidFree && report.address == ptr + 1));
-        let (count, _) = kasan::recording(|| heap::free(ptr));
+        let (count, _) = recording::scope(|| heap::free(ptr));
         check_eq!(count, 0);
         audit(&[size])
     }
@@ -1266,7 +1268,7 @@ mod linux {
             let report = expect(OOB, 1, true, here, Some(used as u8), || write_u8(address, b'x'))?;
             check_eq!(report.address, address);
         } else {
-            let (count, _) = kasan::recording(|| write_u8(address, b'x'));
+            let (count, _) = recording::scope(|| write_u8(address, b'x'));
             check_eq!(count, 0);
         }
         Ok(Verdict::Passed)
@@ -1277,7 +1279,7 @@ mod linux {
     fn krealloc_more(size1: usize, size2: usize, here: u64) -> Outcome {
         let ptr1 = allocate(size1);
         let ptr2 = heap::reallocate(ptr1, 16, size2).expect("the heap has room");
-        let (count, _) = kasan::recording(|| {
+        let (count, _) = recording::scope(|| {
             write_u8(ptr2 + size1 as u64 - 1, b'x');
             write_u8(ptr2 + size1 as u64, b'x');
             write_u8(ptr2 + size2 as u64 - 1, b'x');
@@ -1296,7 +1298,7 @@ mod linux {
     fn krealloc_less(size1: usize, size2: usize, here: u64) -> Outcome {
         let ptr1 = allocate(size1);
         let ptr2 = heap::reallocate(ptr1, 16, size2).expect("the heap has room");
-        let (count, _) = kasan::recording(|| write_u8(ptr2 + size2 as u64 - 1, b'x'));
+        let (count, _) = recording::scope(|| write_u8(ptr2 + size2 as u64 - 1, b'x'));
         check_eq!(count, 0);
         write_inside_last_granule(ptr2 + size2 as u64, size2, here)?;
         write_inside_last_granule(ptr2 + size2 as u64 + 2, size2, here)?;
@@ -1374,7 +1376,7 @@ mod linux {
             let report = expect(OOB, 16, true, here, Some(13), || memcpy(ptr1, ptr2, 16))?;
             check_eq!(report.address, ptr1);
         } else {
-            let (count, _) = kasan::recording(|| memcpy(ptr1, ptr2, 16));
+            let (count, _) = recording::scope(|| memcpy(ptr1, ptr2, 16));
             check_eq!(count, 0);
         }
         heap::free(ptr2);
@@ -1569,7 +1571,7 @@ mod linux {
         // kfree_sensitive: zero, then free.
         memset(ptr, 0, 16);
         heap::free(ptr);
-        let (count, report) = kasan::recording(|| {
+        let (count, report) = recording::scope(|| {
             heap::free(ptr);
         });
         check_eq!(count, 1);
@@ -1775,7 +1777,7 @@ mod linux {
         let ptr = allocate(128);
         let tag = tag_of(ptr);
         // The match-all pointer tag accesses anything.
-        let (count, _) = kasan::recording(|| {
+        let (count, _) = recording::scope(|| {
             write_u8(with_tag(ptr, Tags::MATCH_ALL), 0);
             black_box(read_u8(with_tag(ptr, Tags::MATCH_ALL)));
         });
@@ -1785,7 +1787,7 @@ mod linux {
             if other == tag {
                 continue;
             }
-            let (count, report) = kasan::recording(|| write_u8(with_tag(ptr, other), 0));
+            let (count, report) = recording::scope(|| write_u8(with_tag(ptr, other), 0));
             check_eq!(count, 1);
             check!(report.is_some_and(|report| report.pointer_tag == other && report.memory_tag == tag));
         }
@@ -1801,7 +1803,7 @@ mod linux {
         let ptr = allocate(128);
         let tag = tag_of(ptr);
         Tags::set_range_tag(ptr, 16, Tags::MATCH_ALL);
-        let (count, report) = kasan::recording(|| write_u8(ptr, 0));
+        let (count, report) = recording::scope(|| write_u8(ptr, 0));
         Tags::set_range_tag(ptr, 16, tag);
         check_eq!(count, 1);
         check!(report.is_some_and(|report| report.pointer_tag == tag && report.memory_tag == Tags::MATCH_ALL));

@@ -8,9 +8,11 @@
 
 use super::{Context, Outcome, Test, Verdict, check, check_eq};
 use crate::arch::mte::{self, CheckMode};
+use crate::mm::kasan::Tags;
 use crate::mm::kasan::heap;
+use crate::mm::kasan::recording;
 use crate::mm::kasan::report::{self, BugType};
-use crate::mm::kasan::storage::{TagStorage, Tags, tag_of, untagged, with_tag};
+use crate::mm::kasan::storage::{TagStorage, tag_of, untagged, with_tag};
 use core::hint::black_box;
 
 pub const TESTS: &[Test] = &[
@@ -73,7 +75,7 @@ fn mte_sync_fault_reported_at_access(_: &Context) -> Outcome {
     heap::free(object);
     let (mut at_access, mut suppressed) = (0, false);
     let (count, last) = in_mode(CheckMode::Sync, || {
-        report::recording(|| {
+        recording::scope(|| {
             let before = report::count();
             black_box(read_u64(object + 8));
             // Reported before the next instruction: a synchronous data abort, after which the
@@ -109,7 +111,7 @@ fn mte_async_fault_reported_at_check_point(_: &Context) -> Outcome {
     heap::free(object);
     let (mut at_access, mut after_check_point) = (u64::MAX, u64::MAX);
     let (count, last) = in_mode(CheckMode::Async, || {
-        report::recording(|| {
+        recording::scope(|| {
             let before = report::count();
             black_box(read_u64(object));
             // No abort: the fault only set TFSR_EL1.TF1.
@@ -135,12 +137,12 @@ fn mte_checks_off_no_fault(_: &Context) -> Outcome {
     let object = heap::allocate(64, 16).expect("the heap has room");
     heap::free(object);
     let (count, _) = in_mode(CheckMode::None, || {
-        report::recording(|| {
+        recording::scope(|| {
             black_box(read_u64(object));
         })
     });
     check_eq!(count, 0);
-    let (count, _) = report::recording(|| {
+    let (count, _) = recording::scope(|| {
         black_box(read_u64(object));
     });
     check_eq!(count, 1);
@@ -157,7 +159,7 @@ fn mte_match_all_pointer_accesses_anything(_: &Context) -> Outcome {
     // A freed granule (0xE), the header granule (0xE) and a live object's (its tag): a pointer
     // with the match-all tag 0xF reads them all without a report (TCR_EL1.TCMA1).
     let other = heap::allocate(64, 16).expect("the heap has room");
-    let (count, _) = report::recording(|| {
+    let (count, _) = recording::scope(|| {
         for address in [object, object - 32, other, other + 48] {
             black_box(read_u64(with_tag(address, Tags::MATCH_ALL)));
         }
@@ -165,7 +167,7 @@ fn mte_match_all_pointer_accesses_anything(_: &Context) -> Outcome {
     check_eq!(count, 0);
     // The same freed granule through its old tag is reported (the check is on).
     check!(live_tag != Tags::INVALID);
-    let (count, _) = report::recording(|| {
+    let (count, _) = recording::scope(|| {
         black_box(read_u64(object));
     });
     check_eq!(count, 1);

@@ -32,6 +32,8 @@ pub const TESTS: &[Test] = &[
     Test { name: "smp_uprobe_cpu_slots_every_cpu_at_once", run: smp_uprobe_cpu_slots_every_cpu_at_once },
     Test { name: "smp_run_queue_retries_count_waits", run: smp_run_queue_retries_count_waits },
     Test { name: "smp_stack_sample_draws_per_cpu", run: smp_stack_sample_draws_per_cpu },
+    Test { name: "smp_tag_generator_per_cpu", run: smp_tag_generator_per_cpu },
+    Test { name: "smp_tag_generator_shared_state_is_caught", run: smp_tag_generator_shared_state_is_caught },
     // Last: without kprobe unregistration's grace period it would end the run.
     Test { name: "smp_probe_and_tracer_churn", run: smp_probe_and_tracer_churn },
 ];
@@ -1258,7 +1260,7 @@ extern "C" fn uaf_task(_: u64) {
             return;
         };
         uaf_free(object);
-        let (reports, report) = crate::mm::kasan::report::recording(|| {
+        let (reports, report) = crate::mm::kasan::recording::scope(|| {
             core::hint::black_box(uaf_read(object + 8));
         });
         UAF_WINDOW.store(false, Ordering::Release);
@@ -1284,7 +1286,7 @@ const UAF_ATTEMPTS: usize = 8;
 /// Whether the saved stack `handle` has a frame in `function`.
 fn stack_names(handle: u32, function: u64) -> bool {
     let mut buffer = [0; stackdepot::MAX_FRAMES];
-    crate::mm::kasan::report::saved_frames(handle, &mut buffer).iter().any(|&address| {
+    crate::mm::kasan::record::saved_frames(handle, &mut buffer).iter().any(|&address| {
         crate::symbols::callsites::function_containing(address).is_some_and(|(start, _)| start == function)
     })
 }
@@ -1716,5 +1718,94 @@ fn smp_stack_sample_draws_per_cpu(_: &Context) -> Outcome {
     defmt::info!("  {=usize} CPUs drew their own stream; with one shared state, {=usize}", per_cpu, shared);
     check_eq!(per_cpu, cpus);
     check!(shared < cpus);
+/// Tags each CPU draws in the tag generator tests.
+const TAG_DRAWS: usize = 512;
+/// The seed the tag generator tests draw from.
+const TAG_TEST_SEED: u32 = 0x5eed_7a65;
+/// CPUs drawing tags (the first `TAG_DRAWERS` CPUs), and those ready with IRQs masked.
+const TAG_DRAWERS: usize = 2;
+static TAGS_READY: AtomicUsize = AtomicUsize::new(0);
+static TAGS_GO: AtomicBool = AtomicBool::new(false);
+/// Per drawing CPU: draws that differed from the single-CPU sequence for its seed.
+static TAG_MISMATCHES: [AtomicU64; TAG_DRAWERS] = [const { AtomicU64::new(0) }; TAG_DRAWERS];
+
+/// One CPU's draws: with IRQs masked (as the heap draws), it waits for the other drawer, the
+/// last to arrive seeds every CPU's generator, then both draw at once and compare each tag with
+/// the sequence a single CPU draws from its seed (`shadow::seed_of`).
+extern "C" fn tag_drawer(cpu: u64) {
+    use crate::mm::kasan::shadow::{self, ShadowTags};
+    use crate::mm::kasan::storage::TagStorage;
+    let _masked = IrqMask::new();
+    let cpu = cpu as usize;
+    if TAGS_READY.fetch_add(1, Ordering::AcqRel) + 1 == TAG_DRAWERS {
+        ShadowTags::seed(TAG_TEST_SEED);
+        TAGS_GO.store(true, Ordering::Release);
+        cpu::send_event();
+    }
+    while !TAGS_GO.load(Ordering::Acquire) {
+        cpu::wait_for_event();
+    }
+    let mut state = shadow::seed_of(TAG_TEST_SEED, percpu::this_cpu_index());
+    let mut mismatches = 0;
+    for _ in 0..TAG_DRAWS {
+        state = shadow::next_state(state);
+        if ShadowTags::random_tag() != shadow::tag_of_state(state) {
+            mismatches += 1;
+        }
+    }
+    TAG_MISMATCHES[cpu].store(mismatches, Ordering::Relaxed);
+}
+
+/// Runs `tag_drawer` on CPUs 0 and 1 at once, with every CPU drawing from CPU 0's state when
+/// `shared` (`Fault::TagStateShared`, which takes effect when the drawers seed); each drawer's
+/// mismatches. The fault is off again and the generators' states are put back afterwards, so
+/// the run's later tags are what they would have been.
+fn tag_round(shared: bool) -> Result<[u64; TAG_DRAWERS], Failure> {
+    let saved = crate::mm::kasan::shadow::states();
+    let injected = shared.then(|| crate::inject::Injected::new(crate::inject::Fault::TagStateShared));
+    TAGS_READY.store(0, Ordering::Relaxed);
+    TAGS_GO.store(false, Ordering::Relaxed);
+    let mut ids = [None; TAG_DRAWERS];
+    for (cpu, id) in ids.iter_mut().enumerate() {
+        TAG_MISMATCHES[cpu].store(u64::MAX, Ordering::Relaxed);
+        *id = Some(task::spawn_on(CpuMask::one(cpu), "tag-drawer", tag_drawer, cpu as u64).map_err(|_| fail("spawn"))?);
+    }
+    let mut exited = true;
+    for id in ids.iter().flatten() {
+        exited &= task::join(*id) == State::Exited;
+    }
+    drop(injected);
+    crate::mm::kasan::shadow::restore(saved);
+    check!(exited);
+    Ok(core::array::from_fn(|cpu| TAG_MISMATCHES[cpu].load(Ordering::Relaxed)))
+}
+
+/// The sanitizer's tag generator is per CPU: two CPUs drawing at once each draw exactly the
+/// sequence one CPU draws alone from its seed (`tag-seed` mixed with its number), so a run's
+/// tags stay reproducible on several CPUs.
+fn smp_tag_generator_per_cpu(_: &Context) -> Outcome {
+    if cpus::online() < TAG_DRAWERS {
+        return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
+    }
+    let mismatches = tag_round(false)?;
+    defmt::info!("  tags unlike the single-CPU sequence: cpu 0 {=u64}, cpu 1 {=u64}", mismatches[0], mismatches[1]);
+    check_eq!(mismatches[0], 0);
+    check_eq!(mismatches[1], 0);
+    Ok(Verdict::Passed)
+}
+
+/// The previous test's check can fail: with every CPU drawing from CPU 0's state
+/// (`Fault::TagStateShared`), CPU 1's tags are not its own sequence's.
+fn smp_tag_generator_shared_state_is_caught(_: &Context) -> Outcome {
+    if cpus::online() < TAG_DRAWERS {
+        return Ok(Verdict::Skipped("one CPU (run with --smp N)"));
+    }
+    let mismatches = tag_round(true)?;
+    defmt::info!(
+        "  with one shared state, tags unlike the single-CPU sequence: cpu 0 {=u64}, cpu 1 {=u64}",
+        mismatches[0],
+        mismatches[1]
+    );
+    check!(mismatches[1] > 0);
     Ok(Verdict::Passed)
 }

@@ -7,12 +7,14 @@
 //! compares the pointer's top byte with the shadow byte of its granule. Untagged kernel pointers
 //! carry 0xFF, the match-all tag, and the shadow of everything but future heap objects holds 0xFF.
 //! This runtime decodes each mismatch (address, size, read/write, tags), looks up the object in
-//! the heap's stack ring and hands both to the KASAN-style report (report.rs), which counts it
-//! and lets tests provoke it. Memory intrinsics
+//! the heap's stack ring and hands both to the record step (record.rs), which gathers the rest of
+//! the KASAN-style report (report.rs). Memory intrinsics
 //! and odd-sized accesses are checked over their whole range here (`check_range`).
 
-use super::report::Mismatch;
-use super::storage::{TagStorage, Tags};
+use super::Tags;
+use super::heap;
+use super::record::{self, Mismatch};
+use super::storage::TagStorage;
 
 // The thunk's calling convention (LLVM's HWASan outlined checks, same as Linux's
 // kasan_sw_tags.S): x0 = address, x1 = access info; the thunk has already reserved 256 bytes of
@@ -195,14 +197,13 @@ extern "C" fn sanitizer_tag_mismatch(address: u64, info: u64, return_address: u6
     });
 }
 
-/// Hands a mismatch and the object the ring attributes it to to the report (report.rs), which
-/// returns to the access when a test records reports or the kernel runs in recover mode, else
-/// stops the kernel. Out of line: the range checks inline around it stay small.
+/// Hands a mismatch and what the heap knows about its address to the record step (record.rs),
+/// which returns to the access when a test records reports or the kernel runs in recover mode,
+/// else stops the kernel. Out of line: the range checks inline around it stay small.
 #[cold]
 #[inline(never)]
 #[sanitize(kernel_hwaddress = "off")]
 #[unsafe(link_section = ".text.sanitizer")]
 fn record(mismatch: Mismatch) {
-    let found = super::heap::find_object(mismatch.address);
-    super::report::report_mismatch(&mismatch, found, super::heap::stacks().name());
+    record::mismatch(&mismatch, heap::view(mismatch.address));
 }

@@ -49,7 +49,7 @@
 //! The stack of each alloc and free is collected outside the lock (`collect_stack`: a frame
 //! record walk or a shadow-call-stack copy through `stacktrace::collect`, as Linux's SW_TAGS
 //! saves them), in the mode chosen at run time ([`set_stacks`]: none, fp, scs, each with or without the depot; `-no-depot` collects the
-//! trace and drops it, which is the seed's "saving to stack depot commented out"). With
+//! trace and drops it: the walk's cost without the depot's). With
 //! `kasan.stack_sample=N` one allocation stack in N is collected (free stacks always). The lock
 //! covers the backing allocator, the header and the ring, and is taken with IRQs masked, so an
 //! interrupt can never spin on a lock its own CPU holds. The heap refuses IRQ context (panics):
@@ -76,9 +76,11 @@
 //! (double free, invalid free) need them. Only `full` has compiler-inserted access checks; in
 //! `prod` and `plain` the tags in pointers are ignored by the MMU (TBI) and by everything else.
 
-use super::report::{self, BadFree as BadFreeReport, BugType};
-use super::ring::{Ring, RingEntry};
-use super::storage::{TagStorage, Tags, tag_of, untagged, with_tag};
+use super::Tags;
+use super::record::{self, HeapView};
+use super::report::BugType;
+use super::ring::{Found, Ring, RingEntry};
+use super::storage::{TagStorage, tag_of, untagged, with_tag};
 use crate::stacktrace::{self, Mode};
 use crate::sync::IrqMask;
 use buddy_system_allocator::Heap;
@@ -133,6 +135,10 @@ struct State {
     ring: Ring,
 }
 
+/// The heap's state. A raw spin mutex (counted like `IrqSpinLock`'s) rather than an
+/// `IrqSpinLock`: a report raised inside the heap's own critical section must see the lock held
+/// (`find_object`'s `try_lock`), which `IrqSpinLock` does not offer; `locked` masks IRQs around
+/// every `lock`, as `IrqSpinLock` would.
 static STATE: spin::mutex::Mutex<State, crate::sync::CountedSpin> =
     spin::mutex::Mutex::new(State { backing: Heap::new(), ring: Ring::new() });
 static HEAP_START: AtomicU64 = AtomicU64::new(0);
@@ -454,14 +460,15 @@ pub fn free(pointer: u64) {
 fn refuse_free(bug: BugType, pointer: u64, function: u64) {
     let (start, end) = range();
     let in_heap = (start..end).contains(&untagged(pointer));
-    report::report_bad_free(BadFreeReport {
+    let memory_tag = if in_heap { Some(Tags::memory_tag(untagged(pointer))) } else { None };
+    let found = if in_heap { find_object(pointer) } else { None };
+    record::bad_free(
         bug,
         pointer,
-        memory_tag: if in_heap { Some(Tags::memory_tag(untagged(pointer))) } else { None },
-        found: if in_heap { find_object(pointer) } else { None },
-        free_function: function,
-        stack_mode: stacks().name(),
-    });
+        memory_tag,
+        function,
+        HeapView { found, range: (start, end), stack_mode: stacks().name() },
+    );
 }
 
 /// What a reallocation found under the lock.
@@ -559,11 +566,18 @@ fn is_live(entry: &RingEntry) -> bool {
 /// What the stack ring knows about the object a faulting pointer meant (ring.rs); None when
 /// the heap is locked (a report from inside the heap's own critical section).
 #[sanitize(kernel_hwaddress = "off")]
-pub fn find_object(address: u64) -> report::Found {
+pub fn find_object(address: u64) -> Found {
     // Live with the entry's size too: with MTE's 14 tags a stale entry often has the tag of the
     // object live at its address now.
     let live_now = |entry: &RingEntry| is_live(entry) && header_of(untagged(entry.pointer)).size == entry.size;
     STATE.try_lock()?.ring.find_object(address, live_now)
+}
+
+/// What the heap knows about a faulting address, for the record step: the object the ring
+/// attributes it to, the heap's range and its stack-collection mode.
+#[sanitize(kernel_hwaddress = "off")]
+pub fn view(address: u64) -> HeapView {
+    HeapView { found: find_object(address), range: range(), stack_mode: stacks().name() }
 }
 
 /// The heap audit the corpus runs after each case: every live object the stack ring remembers

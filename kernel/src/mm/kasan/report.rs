@@ -1,13 +1,13 @@
 //! KASAN-style reports of the sanitizer heap: what went wrong, on which object, and the stacks
 //! that allocated and freed it.
 //!
-//! Two sources: tag mismatches from the compiler's checks (abi.rs, after it decoded address,
-//! size and direction) and the heap's free path (double and invalid free). Both callers pass
-//! the object the stack ring (ring.rs) attributes the address to, so this module depends on
-//! neither the heap nor the runtime. A mismatch is classified from that entry: the newest with
-//! the pointer's tag whose
-//! block holds the address; a free entry makes it a use-after-free, an allocation an
-//! out-of-bounds; no entry, an invalid access (a wild or foreign-tagged pointer). The report:
+//! A report is handed everything it prints ([`Evidence`]): the sanitizer's record step
+//! (record.rs) gathers it from a tag mismatch of the compiler's checks (abi.rs), an MTE tag check
+//! fault (mte.rs) or the heap's free path (double and invalid free): the bug, the access, the
+//! object the stack ring attributes the address to, its allocation and free stacks and the
+//! memory state around the address. This module reads no heap, tag storage or hardware state;
+//! it applies the policy, counts, keeps the last report for the recording scope
+//! (recording.rs) and prints. The report:
 //!
 //! ```text
 //! ==================================================================
@@ -47,14 +47,13 @@
 //!
 //! Policy, as Linux's: `kasan.fault=report` (the default) continues after a report,
 //! `kasan.fault=panic` stops the kernel; without `kasan.multi_shot` only the first report is
-//! printed (later ones are counted). [`recording`], the one scope in which tests provoke reports,
-//! is multi-shot and never stops the kernel.
+//! printed (later ones are counted). The recording scope, in which tests provoke reports, is
+//! multi-shot and never stops the kernel.
 
-use super::ring::RingEntry;
-use super::storage::{TagStorage, Tags, tag_of, untagged};
+use super::storage::untagged;
 use crate::stacktrace;
+use crate::sync::IrqSpinLock;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use stackdepot::DepotHandle;
 use unwind::TraceOptions;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, defmt::Format)]
@@ -92,22 +91,6 @@ pub struct Object {
     pub free_task: Option<u16>,
 }
 
-/// One tag mismatch, as the compiler's check reported it.
-#[derive(Clone, Copy, Debug, defmt::Format)]
-pub struct Mismatch {
-    pub address: u64,
-    pub size: u64,
-    pub write: bool,
-    pub pointer_tag: u8,
-    pub memory_tag: u8,
-    /// Where the instrumented code resumes after the check.
-    pub return_address: u64,
-}
-
-/// What the ring knows about a faulting address's object: the entry, and the allocation entry
-/// before it when that entry is a free.
-pub type Found = Option<(RingEntry, Option<RingEntry>)>;
-
 /// One report, as recorded for tests.
 #[derive(Clone, Copy, Debug)]
 pub struct Report {
@@ -125,11 +108,86 @@ pub struct Report {
     pub stack_mode: &'static str,
 }
 
+/// A stack the depot saved for the object (its allocation or its free), as the report prints it.
+#[derive(Clone, Copy)]
+pub struct SavedStack {
+    /// The task that allocated or freed; None when the ring has no such entry (nothing printed).
+    pub task: Option<u16>,
+    /// The saved frames, innermost first: `frames[..depth]`; None when the depot has no stack.
+    pub depth: Option<usize>,
+    pub frames: [u64; stackdepot::MAX_FRAMES],
+    /// Why no stack was saved (`stacktrace::unsaved_reason`), when the handle says; else the
+    /// report names the heap's stack mode.
+    pub unsaved_reason: Option<&'static str>,
+}
+
+impl SavedStack {
+    /// No ring entry: nothing to print.
+    pub const NONE: Self = Self { task: None, depth: None, frames: [0; stackdepot::MAX_FRAMES], unsaved_reason: None };
+}
+
+/// Granules per row of the memory state, and rows above and below the buggy one (Linux's).
+pub const GRANULES_PER_ROW: usize = 16;
+pub const ROWS_AROUND: u64 = 2;
+/// Rows the memory state can hold: the buggy one and `ROWS_AROUND` on each side.
+pub const MEMORY_ROWS: usize = 2 * ROWS_AROUND as usize + 1;
+
+/// The memory tags around a buggy address in the heap, read when the report was recorded.
+#[derive(Clone, Copy)]
+pub struct MemoryState {
+    /// The buggy address (untagged).
+    pub address: u64,
+    /// Bytes per row (`GRANULES_PER_ROW` granules), the first row shown and the number shown.
+    pub row_bytes: u64,
+    pub first_row: u64,
+    pub rows: usize,
+    /// The memory tag of each granule of each row.
+    pub memory_tags: [[u8; GRANULES_PER_ROW]; MEMORY_ROWS],
+    /// With short granules: each granule's object tag where it differs from its memory tag (a
+    /// short granule's tag byte), None where they agree (HWASan's second table).
+    pub short_granule_tags: Option<[[Option<u8>; GRANULES_PER_ROW]; MEMORY_ROWS]>,
+}
+
+impl MemoryState {
+    /// The address of the row `row` (0: the first shown).
+    fn row(&self, row: usize) -> u64 {
+        self.first_row + row as u64 * self.row_bytes
+    }
+
+    /// The row holding the buggy address.
+    fn buggy_row(&self) -> u64 {
+        self.address & !(self.row_bytes - 1)
+    }
+
+    /// The column of the `^` under the buggy granule: past `>`, 16 digits, `:` and three
+    /// characters per granule before it.
+    fn marker_column(&self) -> usize {
+        let granule = self.row_bytes / GRANULES_PER_ROW as u64;
+        1 + 16 + 1 + 3 * ((self.address - self.buggy_row()) / granule) as usize
+    }
+}
+
+/// Everything one report prints, gathered by the record step (record.rs).
+#[derive(Clone, Copy)]
+pub struct Evidence {
+    pub report: Report,
+    /// The object's allocation and free stacks (task None when the ring has no such entry).
+    pub allocated: SavedStack,
+    pub freed: SavedStack,
+    /// The memory tags around the buggy address; None when it is not in the heap.
+    pub memory: Option<MemoryState>,
+    /// An asynchronous MTE tag check fault: the hardware kept no address, so the report has
+    /// only the check point's stack, in Linux's format for it.
+    pub asynchronous: bool,
+}
+
 static PANIC_ON_FAULT: AtomicBool = AtomicBool::new(false);
 static MULTI_SHOT: AtomicBool = AtomicBool::new(false);
 static RECORDING: AtomicBool = AtomicBool::new(false);
 static REPORTS: AtomicU64 = AtomicU64::new(0);
-static LAST: spin::Mutex<Option<Report>> = spin::Mutex::new(None);
+/// The last report while recording: written by the reporting path (a task, or an exception
+/// taken on it), read by the recording scope.
+static LAST: IrqSpinLock<Option<Report>> = IrqSpinLock::new(None);
 
 /// The report policy: stop the kernel after a report (`kasan.fault=panic`), print every report
 /// rather than the first (`kasan.multi_shot`).
@@ -143,153 +201,57 @@ pub fn count() -> u64 {
     REPORTS.load(Ordering::SeqCst)
 }
 
-/// Runs `f` multi-shot without stopping the kernel; how many reports it caused (mismatches and bad frees) and the last.
-pub fn recording(f: impl FnOnce()) -> (u64, Option<Report>) {
+/// Starts recording (the recording scope, recording.rs): every report is printed and kept,
+/// none stops the kernel. The report count so far, for [`stop_recording`].
+pub fn start_recording() -> u64 {
     let before = REPORTS.load(Ordering::SeqCst);
     *LAST.lock() = None;
     RECORDING.store(true, Ordering::SeqCst);
-    f();
-    #[cfg(feature = "mte")]
-    {
-        // A synchronous tag check fault resumed its context with checks suppressed (mte.rs); an
-        // asynchronous one is reported at this check point.
-        crate::arch::mte::resume_checks();
-        super::mte::check_async(0);
-    }
+    before
+}
+
+/// Stops recording: the reports since [`start_recording`] returned `before`, and the last.
+pub fn stop_recording(before: u64) -> (u64, Option<Report>) {
     RECORDING.store(false, Ordering::SeqCst);
     (REPORTS.load(Ordering::SeqCst) - before, LAST.lock().take())
 }
 
-/// Reports a tag mismatch from the compiler's checks, attributed to `found`. Returns when
-/// recovering or recording.
-#[sanitize(kernel_hwaddress = "off")]
-pub fn report_mismatch(mismatch: &Mismatch, found: Found, stack_mode: &'static str) {
-    let bug = match found {
-        Some((entry, _)) if entry.freed => BugType::UseAfterFree,
-        Some(_) => BugType::OutOfBounds,
-        None => BugType::InvalidAccess,
-    };
-    let report = Report {
-        bug,
-        address: mismatch.address,
-        size: mismatch.size,
-        write: mismatch.write,
-        pointer_tag: mismatch.pointer_tag,
-        memory_tag: mismatch.memory_tag,
-        pc: mismatch.return_address,
-        object: found.map(|(entry, allocation)| object_of(entry, allocation)),
-        stack_mode,
-    };
-    publish(&report);
-}
-
-/// What the heap's free path knows about a refused free.
-pub struct BadFree {
-    pub bug: BugType,
-    pub pointer: u64,
-    /// The memory tag at the pointer, or None when it is not heap memory.
-    pub memory_tag: Option<u8>,
-    pub found: Found,
-    /// The start of the heap's free function: the report names the frame after it.
-    pub free_function: u64,
-    pub stack_mode: &'static str,
-}
-
-/// Reports a double or invalid free, found by the heap's free path.
+/// Counts a report, prints it when the policy says so, keeps it when recording, and stops the
+/// kernel under `kasan.fault=panic`. Returns when recovering or recording.
 #[inline(never)]
 #[sanitize(kernel_hwaddress = "off")]
-pub fn report_bad_free(bad: BadFree) {
-    let BadFree { bug, pointer, memory_tag, found, free_function, stack_mode } = bad;
-    // Where the free was called: the frame after the heap's free.
-    let trace = stacktrace::capture(stacktrace::Mode::FramePointer, TraceOptions::ALL);
-    let mut entries = trace.entries().map(|entry| entry.address);
-    let pc = entries
-        .by_ref()
-        .find(|&address| {
-            crate::symbols::callsites::function_containing(address).is_some_and(|(start, _)| start == free_function)
-        })
-        .and_then(|_| entries.next())
-        .unwrap_or(0);
-    let report = Report {
-        bug,
-        address: pointer,
-        // A reallocation of a freed object reads it (Linux's krealloc checks one byte).
-        size: if bug == BugType::UseAfterFree { 1 } else { 0 },
-        write: bug != BugType::UseAfterFree,
-        pointer_tag: tag_of(pointer),
-        memory_tag: memory_tag.unwrap_or(Tags::MATCH_ALL),
-        pc,
-        object: found.map(|(entry, allocation)| object_of(entry, allocation)),
-        stack_mode,
-    };
-    publish(&report);
-}
-
-/// Reports an asynchronous tag check fault (MTE, `kasan.mode=async|asymm`), seen at a check
-/// point after the access: the hardware kept no address, so the report has only the check
-/// point's stack, in Linux's format for it.
-#[cfg(feature = "mte")]
-#[inline(never)]
-#[sanitize(kernel_hwaddress = "off")]
-pub fn report_async(pc: u64) {
+pub fn publish(evidence: &Evidence) {
     let first = REPORTS.fetch_add(1, Ordering::SeqCst) == 0;
     let recording = RECORDING.load(Ordering::SeqCst);
     if recording || first || MULTI_SHOT.load(Ordering::Relaxed) {
-        defmt::error!("{=str}", RULE);
-        defmt::error!("BUG: KASAN: invalid-access");
-        defmt::error!("Asynchronous fault: no details available");
-        defmt::error!("");
-        defmt::error!("Call trace:");
-        let trace = stacktrace::capture(stacktrace::Mode::FramePointer, TraceOptions::ALL);
-        for (index, entry) in trace.entries().enumerate() {
-            defmt::error!("  fp #{=usize} {=u64:#x}", index, entry.address);
+        if evidence.asynchronous {
+            print_asynchronous();
+        } else {
+            print(evidence);
         }
-        defmt::error!("{=str}", RULE);
     }
-    let report = Report {
-        bug: BugType::InvalidAccess,
-        address: 0,
-        size: 0,
-        write: false,
-        pointer_tag: Tags::MATCH_ALL,
-        memory_tag: Tags::MATCH_ALL,
-        pc,
-        object: None,
-        stack_mode: "",
-    };
     if recording {
-        *LAST.lock() = Some(report);
+        *LAST.lock() = Some(evidence.report);
     } else if PANIC_ON_FAULT.load(Ordering::Relaxed) {
         defmt::error!("Kernel panic - not syncing: kasan.fault=panic set ...");
         crate::exit(crate::ExitStatus::Panic);
     }
 }
 
-fn object_of(entry: RingEntry, allocation: Option<RingEntry>) -> Object {
-    let (alloc, free) = if entry.freed { (allocation, Some(entry)) } else { (Some(entry), None) };
-    Object {
-        address: entry.pointer,
-        size: entry.size,
-        alloc_stack: alloc.map_or(0, |entry| entry.stack),
-        alloc_task: alloc.map(|entry| entry.task),
-        free_stack: free.map_or(0, |entry| entry.stack),
-        free_task: free.map(|entry| entry.task),
-    }
-}
-
+/// An asynchronous tag check fault's report: no address, the check point's stack.
+#[inline(never)]
 #[sanitize(kernel_hwaddress = "off")]
-fn publish(report: &Report) {
-    let first = REPORTS.fetch_add(1, Ordering::SeqCst) == 0;
-    let recording = RECORDING.load(Ordering::SeqCst);
-    if recording || first || MULTI_SHOT.load(Ordering::Relaxed) {
-        print(report);
+fn print_asynchronous() {
+    defmt::error!("{=str}", RULE);
+    defmt::error!("BUG: KASAN: invalid-access");
+    defmt::error!("Asynchronous fault: no details available");
+    defmt::error!("");
+    defmt::error!("Call trace:");
+    let trace = stacktrace::capture(stacktrace::Mode::FramePointer, TraceOptions::ALL);
+    for (index, entry) in trace.entries().enumerate() {
+        defmt::error!("  fp #{=usize} {=u64:#x}", index, entry.address);
     }
-    if recording {
-        *LAST.lock() = Some(*report);
-    } else if PANIC_ON_FAULT.load(Ordering::Relaxed) {
-        defmt::error!("Kernel panic - not syncing: kasan.fault=panic set ...");
-        crate::exit(crate::ExitStatus::Panic);
-    }
+    defmt::error!("{=str}", RULE);
 }
 
 const RULE: &str = "==================================================================";
@@ -331,14 +293,11 @@ fn write_symbol(line: &mut Line, pc: u64) {
     };
 }
 
-/// Granules per row of the memory state, and rows above and below the buggy one (Linux's).
-const GRANULES_PER_ROW: u64 = 16;
-const ROWS_AROUND: u64 = 2;
-
 #[inline(never)]
 #[sanitize(kernel_hwaddress = "off")]
-fn print(report: &Report) {
+fn print(evidence: &Evidence) {
     use core::fmt::Write;
+    let report = &evidence.report;
     let task = crate::task::current().0;
     let task_name = crate::task::current_name();
     defmt::error!("{=str}", RULE);
@@ -378,8 +337,8 @@ fn print(report: &Report) {
         defmt::error!("  fp #{=usize} {=u64:#x}", index, entry.address);
     }
     if let Some(object) = report.object {
-        print_saved("Allocated by", object.alloc_task, object.alloc_stack, report.stack_mode);
-        print_saved("Freed by", object.free_task, object.free_stack, report.stack_mode);
+        print_saved("Allocated by", &evidence.allocated, report.stack_mode);
+        print_saved("Freed by", &evidence.freed, report.stack_mode);
         let start = untagged(object.address);
         let end = start + object.size as u64;
         let address = untagged(report.address);
@@ -398,105 +357,88 @@ fn print(report: &Report) {
         defmt::error!("");
         defmt::error!("The buggy address belongs to no object the stack ring remembers");
     }
-    print_memory_state(untagged(report.address));
+    if let Some(memory) = &evidence.memory {
+        print_memory_state(memory);
+    }
     defmt::error!("{=str}", RULE);
 }
 
 /// The memory tags of the rows around the buggy address, `>` on its row, `^` under its granule.
-fn print_memory_state(address: u64) {
+fn print_memory_state(memory: &MemoryState) {
     use core::fmt::Write;
-    let (start, end) = crate::mm::kasan::heap::range();
-    if !(start..end).contains(&address) {
-        return;
-    }
-    let row_bytes = GRANULES_PER_ROW * Tags::GRANULE;
-    let buggy_row = address & !(row_bytes - 1);
     defmt::error!("");
     defmt::error!("Memory state around the buggy address:");
-    let first = buggy_row.saturating_sub(ROWS_AROUND * row_bytes).max(start);
-    let last = (buggy_row + ROWS_AROUND * row_bytes).min(end - row_bytes);
-    let mut row = first;
-    while row <= last {
+    for (index, tags) in memory.memory_tags.iter().enumerate().take(memory.rows) {
+        let row = memory.row(index);
         let mut line = Line::new();
-        let _ = write!(line, "{}{:016x}:", if row == buggy_row { '>' } else { ' ' }, row);
-        for granule in 0..GRANULES_PER_ROW {
-            let _ = write!(line, " {:02x}", Tags::memory_tag(row + granule * Tags::GRANULE));
+        let _ = write!(line, "{}{:016x}:", if row == memory.buggy_row() { '>' } else { ' ' }, row);
+        for tag in tags {
+            let _ = write!(line, " {tag:02x}");
         }
         defmt::error!("{=str}", line.as_str());
-        if row == buggy_row {
-            let column = 1 + 16 + 1 + 3 * ((address - row) / Tags::GRANULE) as usize;
-            let mut marker = Line::new();
-            for _ in 0..column {
-                let _ = marker.write_str(" ");
-            }
-            let _ = marker.write_str("^");
-            defmt::error!("{=str}", marker.as_str());
+        if row == memory.buggy_row() {
+            print_marker(memory.marker_column());
         }
-        row += row_bytes;
     }
-    if Tags::SHORT_GRANULES {
-        print_short_granule_tags(address, buggy_row, start, end);
+    if let Some(short_granule_tags) = &memory.short_granule_tags {
+        print_short_granule_tags(memory, short_granule_tags);
     }
+}
+
+/// The `^` under the buggy granule.
+fn print_marker(column: usize) {
+    use core::fmt::Write;
+    let mut marker = Line::new();
+    for _ in 0..column {
+        let _ = marker.write_str(" ");
+    }
+    let _ = marker.write_str("^");
+    defmt::error!("{=str}", marker.as_str());
 }
 
 /// HWASan's second table, for kernels with short granules: the tag kept in the last byte of
 /// each short granule (`..` for the others) in the buggy row and its neighbours, since the
 /// memory state shows only the short granules' lengths.
-fn print_short_granule_tags(address: u64, buggy_row: u64, start: u64, end: u64) {
+fn print_short_granule_tags(memory: &MemoryState, tags: &[[Option<u8>; GRANULES_PER_ROW]; MEMORY_ROWS]) {
     use core::fmt::Write;
-    let row_bytes = GRANULES_PER_ROW * Tags::GRANULE;
     defmt::error!("Tags for short granules around the buggy address (one tag corresponds to 16 bytes):");
-    let first = buggy_row.saturating_sub(row_bytes).max(start);
-    let last = (buggy_row + row_bytes).min(end - row_bytes);
-    let mut row = first;
-    while row <= last {
+    let buggy_row = memory.buggy_row();
+    for (index, row_tags) in tags.iter().enumerate().take(memory.rows) {
+        let row = memory.row(index);
+        if row + memory.row_bytes < buggy_row || row > buggy_row + memory.row_bytes {
+            continue;
+        }
         let mut line = Line::new();
         let _ = write!(line, "{}{:016x}:", if row == buggy_row { '>' } else { ' ' }, row);
-        for granule in 0..GRANULES_PER_ROW {
-            let granule = row + granule * Tags::GRANULE;
-            let memory_tag = Tags::memory_tag(granule);
-            if Tags::object_tag(granule) == memory_tag {
-                let _ = line.write_str(" ..");
-            } else {
-                let _ = write!(line, " {:02x}", Tags::object_tag(granule));
-            }
+        for tag in row_tags {
+            let _ = match tag {
+                None => line.write_str(" .."),
+                Some(tag) => write!(line, " {tag:02x}"),
+            };
         }
         defmt::error!("{=str}", line.as_str());
         if row == buggy_row {
-            let column = 1 + 16 + 1 + 3 * ((address - row) / Tags::GRANULE) as usize;
-            let mut marker = Line::new();
-            for _ in 0..column {
-                let _ = marker.write_str(" ");
-            }
-            let _ = marker.write_str("^");
-            defmt::error!("{=str}", marker.as_str());
+            print_marker(memory.marker_column());
         }
-        row += row_bytes;
     }
 }
 
 /// A stack saved in the depot, in the symbolizable `fp #N` format.
-fn print_saved(what: &str, task: Option<u16>, stack: u32, stack_mode: &str) {
-    let Some(task) = task else {
+fn print_saved(what: &str, saved: &SavedStack, stack_mode: &str) {
+    let Some(task) = saved.task else {
         return;
     };
     defmt::error!("");
     defmt::error!("{=str} task {=u16}:", what, task);
-    let mut frames = [0; stackdepot::MAX_FRAMES];
-    match DepotHandle::from_raw(stack).and_then(|handle| stacktrace::DEPOT.fetch(handle, &mut frames)) {
-        Some(frames) => {
-            for (index, address) in frames.iter().enumerate() {
+    match saved.depth {
+        Some(depth) => {
+            for (index, address) in saved.frames[..depth].iter().enumerate() {
                 defmt::error!("  fp #{=usize} {=u64:#x}", index, address);
             }
         }
-        None => match crate::stacktrace::unsaved_reason(stack) {
+        None => match saved.unsaved_reason {
             Some(reason) => defmt::error!("  {=str}", reason),
             None => defmt::error!("  (no stack saved: heap stack mode {=str})", stack_mode),
         },
     }
-}
-
-/// The frames of a saved stack (tests check which functions it names).
-pub fn saved_frames(stack: u32, buffer: &mut [u64; stackdepot::MAX_FRAMES]) -> &[u64] {
-    DepotHandle::from_raw(stack).and_then(|handle| stacktrace::DEPOT.fetch(handle, buffer)).unwrap_or(&[])
 }

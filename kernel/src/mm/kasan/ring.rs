@@ -1,12 +1,16 @@
 //! The stack ring: every allocation and free appends {tagged pointer, size, depot handle,
 //! task, alloc/free} here, as in Linux's tag-based KASAN; a report searches it backward, newest
 //! first, for the object a faulting pointer's tag belongs to. The heap owns the one ring (under
-//! its lock); the report only reads entries the heap hands it.
+//! its lock); the record step only reads entries the heap hands it.
 
 use super::storage::{tag_of, untagged};
 
 /// Entries in the stack ring (each 24 bytes).
 pub const RING_ENTRIES: usize = 8192;
+
+/// What the ring knows about a faulting address's object: the entry, and the allocation entry
+/// before it when that entry is a free.
+pub type Found = Option<(RingEntry, Option<RingEntry>)>;
 
 /// One allocation or free in the stack ring.
 #[derive(Clone, Copy, Default)]
@@ -65,11 +69,7 @@ impl Ring {
     /// object); else the nearest same-tag object within a page, live ones first. Plus the
     /// allocation entry before it when that entry is a free.
     #[sanitize(kernel_hwaddress = "off")]
-    pub fn find_object(
-        &self,
-        address: u64,
-        is_live: impl Fn(&RingEntry) -> bool,
-    ) -> Option<(RingEntry, Option<RingEntry>)> {
+    pub fn find_object(&self, address: u64, is_live: impl Fn(&RingEntry) -> bool) -> Found {
         let tag = tag_of(address);
         let untagged = untagged(address);
         let same_tag = || self.newest_first().filter(|entry| tag_of(entry.pointer) == tag);

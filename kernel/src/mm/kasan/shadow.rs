@@ -16,11 +16,15 @@
 //! memory tag of an object's partly used last granule is the number of bytes it uses, and the
 //! granule's last byte (never part of the object) holds the object's tag.
 //!
-//! The generator is a 32-bit LCG per CPU (one CPU runs today), seeded from the `tag-seed=` boot
-//! parameter, so a run's tags are reproducible.
+//! The generator is a 32-bit LCG per CPU, seeded from the `tag-seed=` boot parameter, so a run's
+//! tags are reproducible: CPU `n` starts from `tag-seed ^ n * 0x9E37_79B9` ([`seed_of`]; CPU 0
+//! from the seed itself), and each CPU steps only its own state, so the tags a CPU draws depend
+//! on the seed and on what that CPU allocated, never on what the other CPUs do at the same time.
 
-use super::storage::{TagStorage, untagged};
-use core::sync::atomic::{AtomicU32, Ordering};
+use super::storage::{self, TagStorage, untagged};
+use crate::arch::percpu::{CPUS, PerCpu};
+use crate::inject::{self, Fault};
+use core::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 
 /// The default seed when the command line gives none.
 pub const DEFAULT_SEED: u32 = 0x7472_6163;
@@ -32,15 +36,80 @@ pub const SHORT_GRANULES: bool = match option_env!("TRACELAB_KASAN_SHORT_GRANULE
     None => false,
 };
 
-/// One generator per CPU.
-static STATE: [AtomicU32; 1] = [AtomicU32::new(DEFAULT_SEED)];
+/// One generator per CPU, indexed by the CPU's index. Atomics only so that a static can hold
+/// them: each is read and written by its own CPU alone, with interrupts masked.
+static STATE: [AtomicU32; CPUS] = {
+    let mut states = [const { AtomicU32::new(0) }; CPUS];
+    let mut cpu = 0;
+    while cpu < CPUS {
+        states[cpu] = AtomicU32::new(seed_of(DEFAULT_SEED, cpu));
+        cpu += 1;
+    }
+    states
+};
+
+/// Per CPU, the generator state it draws from: its own (`STATE[cpu]`), or CPU 0's for every CPU
+/// while [`Fault::TagStateShared`] is on. Chosen when the generators are seeded or restored (a
+/// cold path), so that a draw follows one pointer and asks no fault switch.
+static DRAWS_FROM: [AtomicPtr<AtomicU32>; CPUS] = {
+    let mut pointers = [const { AtomicPtr::new(core::ptr::null_mut()) }; CPUS];
+    let mut cpu = 0;
+    while cpu < CPUS {
+        pointers[cpu] = AtomicPtr::new(core::ptr::from_ref(&STATE[cpu]).cast_mut());
+        cpu += 1;
+    }
+    pointers
+};
+
+/// Points every CPU at the state it draws from (see [`DRAWS_FROM`]). Called with no CPU drawing
+/// (boot, tests).
+fn choose_states() {
+    let shared = inject::on(Fault::TagStateShared);
+    for (cpu, pointer) in DRAWS_FROM.iter().enumerate() {
+        let state = if shared { &STATE[0] } else { &STATE[cpu] };
+        pointer.store(core::ptr::from_ref(state).cast_mut(), Ordering::Relaxed);
+    }
+}
+
+/// The first state of CPU `cpu`'s generator for `seed`: the seed mixed with the CPU number by
+/// the golden-ratio constant, so the CPUs' sequences differ; CPU 0's is the seed itself.
+pub const fn seed_of(seed: u32, cpu: usize) -> u32 {
+    seed ^ (cpu as u32).wrapping_mul(0x9e37_79b9)
+}
+
+/// The generator's step: the state after `state`. Always inlined, as the body of `next` it was.
+#[inline(always)]
+pub const fn next_state(state: u32) -> u32 {
+    state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223)
+}
+
+/// The object tag drawn when the generator steps to `state`: the high bits of an LCG are the
+/// random ones. Always inlined, as the body of `next` it was.
+#[inline(always)]
+pub const fn tag_of_state(state: u32) -> u8 {
+    ShadowTags::FIRST_OBJECT_TAG + ((state >> 24) % OBJECT_TAGS) as u8
+}
+
+/// Every CPU's generator state (tests that reseed put them back afterwards with [`restore`]).
+pub fn states() -> [u32; CPUS] {
+    core::array::from_fn(|cpu| STATE[cpu].load(Ordering::Relaxed))
+}
+
+/// Puts back generator states taken by [`states`], and points each CPU at its own state again
+/// (or at CPU 0's while [`Fault::TagStateShared`] is on).
+pub fn restore(states: [u32; CPUS]) {
+    for (state, value) in STATE.iter().zip(states) {
+        state.store(value, Ordering::Relaxed);
+    }
+    choose_states();
+}
 
 /// The shadow-memory implementation of [`TagStorage`].
 pub struct ShadowTags;
 
 impl TagStorage for ShadowTags {
-    const GRANULE: u64 = 16;
-    const MATCH_ALL: u8 = 0xff;
+    const GRANULE: u64 = storage::GRANULE;
+    const MATCH_ALL: u8 = storage::MATCH_ALL;
     const INVALID: u8 = 0xfe;
     const FIRST_OBJECT_TAG: u8 = 0x10;
     const LAST_OBJECT_TAG: u8 = 0xfd;
@@ -90,24 +159,87 @@ impl TagStorage for ShadowTags {
         next()
     }
 
+    /// Also chooses the state each CPU draws from: [`Fault::TagStateShared`] takes effect at
+    /// the next seeding.
     fn seed(seed: u32) {
         for (cpu, state) in STATE.iter().enumerate() {
-            state.store(seed ^ (cpu as u32).wrapping_mul(0x9e37_79b9), Ordering::Relaxed);
+            state.store(seed_of(seed, cpu), Ordering::Relaxed);
         }
+        choose_states();
     }
 }
 
 const OBJECT_TAGS: u32 = (ShadowTags::LAST_OBJECT_TAG - ShadowTags::FIRST_OBJECT_TAG) as u32 + 1;
 
 /// The next object tag of this CPU. Callers run with interrupts masked (the heap does), so the
-/// load and store cannot interleave with another user of the same CPU's state.
+/// load and store cannot interleave with another user of the same CPU's state; no other CPU
+/// touches it ([`Fault::TagStateShared`] gives every CPU CPU 0's state, the race the per-CPU
+/// state removes; a test shows that its check sees it).
+///
+/// On the allocation path, where every call is costly in the `full` image: this function is
+/// uninstrumented and makes none. Its loads and store are asm (`this_cpu_index`, `load_pointer`,
+/// `load_state`, `store_state`): into an uninstrumented function, LLVM does not inline the
+/// atomics' core methods (they are instrumented), so each would be a call to an instrumented
+/// function with its own shadow check.
 #[sanitize(kernel_hwaddress = "off")]
 fn next() -> u8 {
-    let state = &STATE[0];
-    let next = state.load(Ordering::Relaxed).wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-    state.store(next, Ordering::Relaxed);
-    // The high bits of an LCG are the random ones.
-    ShadowTags::FIRST_OBJECT_TAG + ((next >> 24) % OBJECT_TAGS) as u8
+    // A CPU's index is below CPUS (percpu::init_this_cpu is given one of the CPUS slots); the
+    // remainder (CPUS is a power of two: an `and`) lets the compiler drop the bounds check.
+    let state = load_pointer(&DRAWS_FROM[this_cpu_index() % CPUS]);
+    let next = next_state(load_state(state));
+    store_state(state, next);
+    tag_of_state(next)
+}
+
+/// This CPU's index: TPIDR_EL1 and one load from its per-CPU data, in asm (see [`next`]).
+#[inline(always)]
+fn this_cpu_index() -> usize {
+    let index: usize;
+    // SAFETY: TPIDR_EL1 holds the address of this CPU's `PerCpu` (percpu::init_this_cpu wrote it
+    // before anything ran on this CPU), whose `index` field only init_this_cpu writes.
+    unsafe {
+        core::arch::asm!(
+            "mrs {i}, tpidr_el1",
+            "ldr {i}, [{i}, #{offset}]",
+            i = out(reg) index,
+            offset = const core::mem::offset_of!(PerCpu, index),
+            options(nostack, readonly, preserves_flags),
+        )
+    };
+    index
+}
+
+/// A relaxed load of a CPU's entry of [`DRAWS_FROM`], in asm (see [`next`]).
+#[inline(always)]
+fn load_pointer(pointer: &AtomicPtr<AtomicU32>) -> &'static AtomicU32 {
+    let state: *const AtomicU32;
+    // SAFETY: a single-copy atomic load of an aligned pointer-sized static.
+    unsafe {
+        core::arch::asm!("ldr {s}, [{a}]", a = in(reg) pointer as *const AtomicPtr<AtomicU32>, s = out(reg) state, options(nostack, readonly, preserves_flags))
+    };
+    // SAFETY: DRAWS_FROM's entries only ever point at entries of STATE, a static.
+    unsafe { &*state }
+}
+
+/// A relaxed load of a generator state, in asm (see [`next`]).
+#[inline(always)]
+fn load_state(state: &AtomicU32) -> u32 {
+    let value: u32;
+    // SAFETY: a single-copy atomic load of an aligned 32-bit static.
+    unsafe {
+        core::arch::asm!("ldr {v:w}, [{a}]", a = in(reg) state as *const AtomicU32, v = out(reg) value, options(nostack, readonly, preserves_flags))
+    };
+    value
+}
+
+/// A relaxed store of a generator state, in asm (see [`next`]).
+#[inline(always)]
+fn store_state(state: &AtomicU32, value: u32) {
+    // SAFETY: a single-copy atomic store to an aligned 32-bit static, which this CPU steps with
+    // interrupts masked.
+    unsafe {
+        core::arch::asm!("str {v:w}, [{a}]", a = in(reg) state as *const AtomicU32, v = in(reg) value, options(nostack, preserves_flags))
+    };
 }
 
 /// The tag the shadow holds for the granule of `address`. Always inlined (as is

@@ -1,20 +1,22 @@
 //! The tag-storage seam: where a granule's memory tag lives and how an object's tag is drawn.
 //!
-//! A trait of associated functions and constants, implemented by a zero-sized type and
-//! selected once by the [`Tags`] alias (the software shadow, `shadow.rs`, or in build variant `mte`
-//! the hardware's MTE allocation tags, `mte.rs`). Not `dyn`: every
-//! call is resolved at compile time and inlined as before, so the memory-tag read in the
-//! runtime's range checks and the tag writes on alloc/free cost exactly what the shadow's
+//! A trait of associated functions and constants, implemented by a zero-sized type per kind of
+//! storage (the software shadow, `shadow.rs`; the hardware's MTE allocation tags, `hw_tags.rs`)
+//! and selected once, at the top of the sanitizer, by the `Tags` alias (`mm/kasan/mod.rs`). Not
+//! `dyn`: every call is resolved at compile time and inlined as before, so the memory-tag read
+//! in the runtime's range checks and the tag writes on alloc/free cost exactly what the shadow's
 //! `ldrb`/`str` cost. A trait rather than a cfg-selected module so that the compiler checks
 //! that a second implementation provides the same functions and constants.
 //!
 //! Pointer tags (the top byte, ignored by the MMU with TBI) are the same in every
-//! implementation: they are plain functions here.
+//! implementation: they are plain functions here, and this file names no implementation.
 
-#[cfg(feature = "mte")]
-pub use super::mte::MteTags as Tags;
-#[cfg(not(feature = "mte"))]
-pub use super::shadow::ShadowTags as Tags;
+/// Bytes covered by one memory tag: MTE's granule, which the shadow follows.
+pub const GRANULE: u64 = 16;
+
+/// The tag of untagged kernel pointers (TTBR1 addresses with TBI1 have top byte 0xFF): the
+/// match-all tag of every implementation.
+pub const MATCH_ALL: u8 = 0xff;
 
 /// Tag storage: the granule, the reserved tag values, and the three operations the heap and
 /// the runtime need.
@@ -73,5 +75,5 @@ pub const fn tag_of(address: u64) -> u8 {
 
 /// `address` as an untagged kernel pointer (top byte: the match-all tag).
 pub const fn untagged(address: u64) -> u64 {
-    with_tag(address, Tags::MATCH_ALL)
+    with_tag(address, MATCH_ALL)
 }
