@@ -2,7 +2,7 @@
 //!
 //! A row is one defmt record `bench row: SUITE CASE PARAMS METRIC UNIT VALUE` (PARAMS is `-` or
 //! `key=value,...`), decoded by `cargo xtask bench`, which aggregates reps into
-//! results.json (see ../shared/BENCH.md). Every measured window runs with interrupts masked, so
+//! results.json (the row format is `docs/reference/bench.md`'s). Every measured window runs with interrupts masked, so
 //! neither the tick nor anything else lands in it.
 
 mod baseline;
@@ -14,8 +14,9 @@ pub(crate) mod probes;
 pub(crate) mod stacktrace;
 
 use crate::arch::counters;
+use crate::args::Args;
 use crate::sync::IrqMask;
-use protocol::suite;
+use protocol::{cmdline as key, suite};
 
 /// What a measurement counts, chosen by xtask per mode.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -41,6 +42,33 @@ pub struct Plan {
     pub clock: Clock,
     pub icount: bool,
     pub reps: u32,
+}
+
+/// `run=bench`: the suites to run (`bench=SUITE,...`) and how.
+pub struct Request {
+    pub suites: &'static str,
+    pub plan: Plan,
+}
+
+impl Request {
+    /// `bench=SUITE,... reps=N clock=cycles|ns`; `icount` is whether QEMU counts instructions.
+    pub fn from_args(args: &Args, icount: bool) -> Self {
+        let mut request = Self { suites: "", plan: Plan { clock: Clock::Cycles, icount, reps: 1 } };
+        for (name, value) in args.pairs() {
+            match (name, value) {
+                (key::BENCH, suites) => request.suites = suites,
+                (key::REPS, reps) => match reps.parse::<u32>() {
+                    Ok(reps) if reps >= 1 => request.plan.reps = reps,
+                    _ => defmt::warn!("cmdline: reps={=str} is not a positive number", reps),
+                },
+                (key::CLOCK, "cycles") => request.plan.clock = Clock::Cycles,
+                (key::CLOCK, "ns") => request.plan.clock = Clock::Nanoseconds,
+                (key::CLOCK, other) => Args::ignoring(key::CLOCK, other),
+                _ => {}
+            }
+        }
+        request
+    }
 }
 
 impl Plan {

@@ -166,9 +166,10 @@ pub(super) fn start(request: &Request, event: Option<pmu::Event>) -> Result<(), 
     };
     BROKEN.store(broken, Ordering::Relaxed);
     let timer = if request.clock == Clock::Timer { TIMER } else { 0 };
-    let unwinders = if crate::SHADOW_CALL_STACK { request.unwinders.bits() } else { request.unwinders.bits() & FP };
+    let unwinders =
+        if crate::build_info::SHADOW_CALL_STACK { request.unwinders.bits() } else { request.unwinders.bits() & FP };
     if unwinders == 0 {
-        defmt::error!("profile: this build has no shadow call stack (variant {=str})", crate::BUILD_VARIANT);
+        defmt::error!("profile: this build has no shadow call stack (variant {=str})", crate::build_info::VARIANT);
         return Err("no shadow call stack");
     }
     STARTED_AT.store(counters::virtual_count(), Ordering::Relaxed);

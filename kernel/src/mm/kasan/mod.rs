@@ -16,6 +16,7 @@ pub mod abi;
 pub mod heap;
 #[cfg(feature = "mte")]
 pub mod mte;
+pub mod options;
 pub mod report;
 pub mod ring;
 #[cfg_attr(
@@ -32,7 +33,7 @@ pub use report::recording;
 pub use shadow::SHORT_GRANULES;
 
 /// Whether this kernel was built with the sanitizer's checks (build variant `full`).
-pub const CHECKS_COMPILED_IN: bool = matches!(crate::BUILD_VARIANT.as_bytes(), b"full");
+pub const CHECKS_COMPILED_IN: bool = matches!(crate::build_info::VARIANT.as_bytes(), b"full");
 /// Whether this kernel's heap tags are MTE allocation tags that the hardware checks on every
 /// access (build variant `mte`, KASAN HW_TAGS).
 pub const HARDWARE_TAGS: bool = cfg!(feature = "mte");

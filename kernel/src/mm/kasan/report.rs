@@ -261,7 +261,7 @@ pub fn report_async(pc: u64) {
         *LAST.lock() = Some(report);
     } else if PANIC_ON_FAULT.load(Ordering::Relaxed) {
         defmt::error!("Kernel panic - not syncing: kasan.fault=panic set ...");
-        crate::exit(crate::ExitStatus::Panic);
+        crate::power::exit(crate::power::ExitStatus::Panic);
     }
 }
 
@@ -288,7 +288,7 @@ fn publish(report: &Report) {
         *LAST.lock() = Some(*report);
     } else if PANIC_ON_FAULT.load(Ordering::Relaxed) {
         defmt::error!("Kernel panic - not syncing: kasan.fault=panic set ...");
-        crate::exit(crate::ExitStatus::Panic);
+        crate::power::exit(crate::power::ExitStatus::Panic);
     }
 }
 
