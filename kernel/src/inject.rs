@@ -99,7 +99,6 @@ pub fn set(fault: Fault, on: bool) {
 }
 
 /// The fault named `name` (its command-line spelling).
-#[allow(dead_code, reason = "for the test-only `inject=` command-line words, which no parser reads yet")]
 pub fn by_name(name: &str) -> Option<Fault> {
     Fault::ALL.iter().copied().find(|fault| fault.name() == name)
 }

@@ -423,7 +423,7 @@ pub fn print(label: &str, trace: &Trace) {
 #[inline(never)]
 pub fn print_both() {
     print("fp", &capture(Mode::FramePointer, TraceOptions::ALL));
-    if crate::SHADOW_CALL_STACK {
+    if crate::build_info::SHADOW_CALL_STACK {
         print("scs", &capture(Mode::ShadowCallStack, TraceOptions::ALL));
     }
 }
@@ -431,7 +431,7 @@ pub fn print_both() {
 /// Both backtraces of an interrupted context.
 pub fn print_both_of(frame: &ExceptionFrame, slot: Slot) {
     print("fp", &of_frame(frame, slot, Mode::FramePointer));
-    if crate::SHADOW_CALL_STACK {
+    if crate::build_info::SHADOW_CALL_STACK {
         print("scs", &of_frame(frame, slot, Mode::ShadowCallStack));
     }
 }
@@ -683,4 +683,17 @@ pub fn capture_interrupted() -> IrqCapture {
     let frame_pointer = capture(Mode::FramePointer, TraceOptions::ALL);
     let shadow = capture(Mode::ShadowCallStack, TraceOptions::ALL);
     IrqCapture { frame_pointer, shadow, pc }
+}
+
+/// `kasan.stack_sample=N` (N >= 1, default 1): collect one allocation stack in N, for
+/// `set_stack_sample`.
+pub fn stack_sample_from_args(args: &crate::args::Args) -> u32 {
+    let mut every = 1;
+    for value in args.values(protocol::cmdline::KASAN_STACK_SAMPLE) {
+        match value.parse::<u32>() {
+            Ok(value) if value >= 1 => every = value,
+            _ => defmt::warn!("cmdline: kasan.stack_sample={=str} is not a number >= 1, keeping {=u32}", value, every),
+        }
+    }
+    every
 }

@@ -152,7 +152,7 @@ pub enum KasanOnFault {
 }
 
 impl QemuArgs {
-    /// The kernel command line these flags mean (kernel/src/cmdline.rs), `--append` last.
+    /// The kernel command line these flags mean (kernel/src/args.rs lists who reads each key), `--append` last.
     pub fn bootargs(&self, cpu: CpuVariant) -> String {
         let icount = !self.no_icount;
         let mut words = vec![

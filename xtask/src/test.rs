@@ -445,7 +445,7 @@ fn failure_paths(image: &build::KernelImage, tally: &mut Tally) -> Result<(), Fa
     };
     // (name, CPUs, kernel command line, expected status, expected line)
     let checks: [(&str, u8, &str, Option<i32>, &str); 10] = [
-        ("panic", 1, "run=panic exit=semihosting", Some(ExitStatus::Panic.code()), "panicked at kernel/src/main.rs"),
+        ("panic", 1, "run=panic exit=semihosting", Some(ExitStatus::Panic.code()), "panicked at kernel/src/run.rs"),
         (
             "fault",
             1,

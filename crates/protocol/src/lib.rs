@@ -81,10 +81,16 @@ pub mod cmdline {
     /// this many CPUs at once, since more vCPUs than host cores would time the host's
     /// scheduler, not the kernel.
     pub const BENCH_HOST_CPUS: &str = "bench.host-cpus";
+    /// Test-only: `inject=NAME,...` turns on the kernel's named fault switches (`kernel/src/inject.rs`)
+    /// from boot, for failure paths that must be caught before any test runs.
+    pub const INJECT: &str = "inject";
     pub const FTRACE: &str = "ftrace";
     pub const FTRACE_SCHEME: &str = "ftrace-scheme";
     pub const TAG_SEED: &str = "tag-seed";
     pub const KASAN: &str = "kasan";
+    pub const KASAN_FAULT: &str = "kasan.fault";
+    pub const KASAN_MULTI_SHOT: &str = "kasan.multi_shot";
+    pub const KASAN_MODE: &str = "kasan.mode";
     pub const KASAN_STACK_SAMPLE: &str = "kasan.stack_sample";
     pub const KPROBE: &str = "kprobe";
     pub const KRETPROBE: &str = "kretprobe";
@@ -93,6 +99,41 @@ pub mod cmdline {
     pub const PROFILE_EVERY: &str = "profile.every";
     pub const PROFILE_CLOCK: &str = "profile.clock";
     pub const PROFILE_BREAK: &str = "profile.break";
+    /// Every key above: the kernel warns about a word whose key is none of these (keys with a
+    /// dot or an underscore aside: the `sweep.*` family, and Linux's module parameters that
+    /// firmware adds).
+    pub const ALL: [&str; 30] = [
+        RUN,
+        FILTER,
+        HZ,
+        CPUS,
+        SMP_FAIL_CPU,
+        SMP_LATE_CPU,
+        SMP_TLBI,
+        EXIT,
+        EXPECT_PAUTH,
+        BENCH,
+        REPS,
+        CLOCK,
+        ICOUNT,
+        FTRACE,
+        FTRACE_SCHEME,
+        TAG_SEED,
+        KASAN,
+        KASAN_FAULT,
+        KASAN_MULTI_SHOT,
+        KASAN_MODE,
+        KASAN_STACK_SAMPLE,
+        KPROBE,
+        KRETPROBE,
+        PROFILE_WORKLOAD,
+        PROFILE_UNWINDER,
+        PROFILE_EVERY,
+        PROFILE_CLOCK,
+        PROFILE_BREAK,
+        BENCH_HOST_CPUS,
+        INJECT,
+    ];
 }
 
 /// Where each board's loader puts the raw image (physical); kernel.ld links the image there.
@@ -112,6 +153,13 @@ mod tests {
     fn suite_names_are_distinct() {
         for (index, name) in suite::ALL.iter().enumerate() {
             assert!(!suite::ALL[index + 1..].contains(name), "{name} twice");
+        }
+    }
+
+    #[test]
+    fn command_line_keys_are_distinct() {
+        for (index, key) in cmdline::ALL.iter().enumerate() {
+            assert!(!cmdline::ALL[index + 1..].contains(key), "{key} twice");
         }
     }
 

@@ -524,7 +524,7 @@ fn allocate_free(_: usize, iterations: u64) {
 pub fn run_heap(plan: &Plan) {
     let iterations: u64 = if plan.icount { 1_000 } else { 5_000 };
     let saved = heap::stacks();
-    heap::set_stacks(if crate::SHADOW_CALL_STACK { Stacks::ShadowCallStack } else { Stacks::FramePointer });
+    heap::set_stacks(if crate::build_info::SHADOW_CALL_STACK { Stacks::ShadowCallStack } else { Stacks::FramePointer });
     for _ in 0..plan.reps {
         for cpus in cpu_counts(plan) {
             let Some(alone) = together(plan, cpus, nothing, iterations) else { continue };

@@ -219,7 +219,7 @@ fn boot(workload: &mut Workload) {
 }
 
 pub fn run(plan: &Plan) {
-    if !crate::SHADOW_CALL_STACK {
+    if !crate::build_info::SHADOW_CALL_STACK {
         defmt::warn!("bench kasan-boot: this build has no shadow call stack; run it on `full`");
         return;
     }

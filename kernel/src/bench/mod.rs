@@ -2,7 +2,7 @@
 //!
 //! A row is one defmt record `bench row: SUITE CASE PARAMS METRIC UNIT VALUE` (PARAMS is `-` or
 //! `key=value,...`), decoded by `cargo xtask bench`, which aggregates reps into
-//! results.json (see ../shared/BENCH.md). Every measured window runs with interrupts masked, so
+//! results.json (the row format is `docs/reference/bench.md`'s). Every measured window runs with interrupts masked, so
 //! neither the tick nor anything else lands in it.
 
 mod baseline;
@@ -14,8 +14,9 @@ pub(crate) mod probes;
 pub(crate) mod stacktrace;
 
 use crate::arch::counters;
+use crate::args::Args;
 use crate::sync::IrqMask;
-use protocol::suite;
+use protocol::{cmdline as key, suite};
 
 /// What a measurement counts, chosen by xtask per mode.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -44,6 +45,37 @@ pub struct Plan {
     /// `bench.host-cpus=N`: the cores of the host that runs the vCPUs (wall mode), which caps
     /// the CPUs a wall-mode window runs at once; `None`: not given, no cap beyond the board's.
     pub host_cpus: Option<usize>,
+}
+
+/// `run=bench`: the suites to run (`bench=SUITE,...`) and how.
+pub struct Request {
+    pub suites: &'static str,
+    pub plan: Plan,
+}
+
+impl Request {
+    /// `bench=SUITE,... reps=N clock=cycles|ns bench.host-cpus=N`; `icount` is whether QEMU counts instructions.
+    pub fn from_args(args: &Args, icount: bool) -> Self {
+        let mut request = Self { suites: "", plan: Plan { clock: Clock::Cycles, icount, reps: 1, host_cpus: None } };
+        for (name, value) in args.pairs() {
+            match (name, value) {
+                (key::BENCH, suites) => request.suites = suites,
+                (key::REPS, reps) => match reps.parse::<u32>() {
+                    Ok(reps) if reps >= 1 => request.plan.reps = reps,
+                    _ => defmt::warn!("cmdline: reps={=str} is not a positive number", reps),
+                },
+                (key::CLOCK, "cycles") => request.plan.clock = Clock::Cycles,
+                (key::CLOCK, "ns") => request.plan.clock = Clock::Nanoseconds,
+                (key::CLOCK, other) => Args::ignoring(key::CLOCK, other),
+                (key::BENCH_HOST_CPUS, cpus) => match cpus.parse::<usize>() {
+                    Ok(cpus) if cpus >= 1 => request.plan.host_cpus = Some(cpus),
+                    _ => defmt::warn!("cmdline: bench.host-cpus={=str} is not a positive number", cpus),
+                },
+                _ => {}
+            }
+        }
+        request
+    }
 }
 
 impl Plan {

@@ -81,7 +81,7 @@ pub(crate) fn per_trace(plan: &Plan, mode: Mode, depth: usize, depot: bool) -> f
 }
 
 pub fn run(plan: &Plan) {
-    if !crate::SHADOW_CALL_STACK {
+    if !crate::build_info::SHADOW_CALL_STACK {
         defmt::warn!("bench stacktrace: variant without a shadow call stack, scs cases skipped");
     }
     for _ in 0..plan.reps {
@@ -89,7 +89,7 @@ pub fn run(plan: &Plan) {
             let params = Label::new(format_args!("depth={depth}"));
             let params = params.as_str();
             for (case, mode, depot) in CASES {
-                if mode == Mode::ShadowCallStack && !crate::SHADOW_CALL_STACK {
+                if mode == Mode::ShadowCallStack && !crate::build_info::SHADOW_CALL_STACK {
                     continue;
                 }
                 let mut result = 0.0;

@@ -7,7 +7,9 @@
 //! symbol, offset off an instruction boundary or past the function, refused instruction) gives
 //! one line with the reason; the run goes on.
 
+use crate::args::Args;
 use crate::probes::{self as kprobes, Method, Registers, kretprobe};
+use protocol::cmdline as key;
 
 /// Requests kept from the command line (more are reported and dropped).
 pub const MAX_REQUESTS: usize = 8;
@@ -42,6 +44,19 @@ pub struct Requests {
 impl Requests {
     pub const fn new() -> Self {
         Self { requests: [None; MAX_REQUESTS] }
+    }
+
+    /// The `kprobe=` and `kretprobe=` words, in order.
+    pub fn from_args(args: &Args) -> Self {
+        let mut requests = Self::new();
+        for (name, spec) in args.pairs() {
+            match name {
+                key::KPROBE => requests.push(Kind::Kprobe, spec),
+                key::KRETPROBE => requests.push(Kind::Kretprobe, spec),
+                _ => {}
+            }
+        }
+        requests
     }
 
     pub fn push(&mut self, kind: Kind, spec: &'static str) {

@@ -13,7 +13,7 @@ pub fn show(boot_trace: Option<&str>) {
     if crate::symbols::callsites::entries().is_empty() {
         defmt::info!(
             "demo: skipped: variant {=str} has no patchable function entries to trace (use --variant prod or full)",
-            crate::BUILD_VARIANT
+            crate::build_info::VARIANT
         );
         return;
     }

@@ -12,7 +12,7 @@ pub fn show() {
     if !sanitizer::CHECKS_COMPILED_IN && !sanitizer::HARDWARE_TAGS {
         defmt::info!(
             "demo: skipped: variant {=str} has no sanitizer checks (kernel-hwaddress is in variant full, MTE in mte)",
-            crate::BUILD_VARIANT
+            crate::build_info::VARIANT
         );
         return;
     }

@@ -16,7 +16,7 @@ use unwind::{Trace, TraceOptions};
 const BENCH_DEPTHS: [usize; 5] = [4, 8, 16, 32, 64];
 
 pub fn show(plan: &Plan) {
-    if crate::BUILD_VARIANT == "plain" {
+    if crate::build_info::VARIANT == "plain" {
         defmt::info!(
             "demo: skipped: variant plain has neither frame records in every function nor a shadow call stack (use --variant prod or full)"
         );

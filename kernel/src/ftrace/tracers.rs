@@ -8,7 +8,9 @@ use core::mem::offset_of;
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use super::trampoline::{Ops, Regs};
+use crate::args::Args;
 use crate::task::stacks::CPUS;
+use protocol::cmdline as key;
 
 /// Counts its calls per CPU. Its `ops` is what gets registered.
 #[repr(C)]
@@ -282,6 +284,32 @@ impl FunctionTracer {
             }
         }
         defmt::info!("ftrace ring end");
+    }
+}
+
+/// `ftrace=PATTERN ftrace-scheme=list|call-ops|vector`: the function tracer on every function
+/// matching PATTERN from boot to the end of the run, then its last records dumped.
+#[derive(Clone, Copy)]
+pub struct BootTrace {
+    pub pattern: Option<&'static str>,
+    /// The dispatch scheme (default call-ops).
+    pub scheme: super::Scheme,
+}
+
+impl BootTrace {
+    pub fn from_args(args: &Args) -> Self {
+        let mut trace = Self { pattern: None, scheme: super::Scheme::CallOps };
+        for (name, value) in args.pairs() {
+            match (name, value) {
+                (key::FTRACE, pattern) => trace.pattern = Some(pattern),
+                (key::FTRACE_SCHEME, "list") => trace.scheme = super::Scheme::List,
+                (key::FTRACE_SCHEME, "call-ops") => trace.scheme = super::Scheme::CallOps,
+                (key::FTRACE_SCHEME, "vector") => trace.scheme = super::Scheme::Vector,
+                (key::FTRACE_SCHEME, other) => Args::ignoring(key::FTRACE_SCHEME, other),
+                _ => {}
+            }
+        }
+        trace
     }
 }
 

@@ -137,7 +137,7 @@ ftrace_trampoline:
     b       1b
     .size ftrace_trampoline, . - ftrace_trampoline
 "#,
-    scs = const crate::SHADOW_CALL_STACK as u8,
+    scs = const crate::build_info::SHADOW_CALL_STACK as u8,
     percpu_tracer = const offset_of!(crate::arch::percpu::PerCpu, tracer),
 );
 

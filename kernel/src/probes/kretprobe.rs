@@ -169,7 +169,7 @@ kretprobe_trampoline:
     .endif
     ret
 "#,
-    scs = const crate::SHADOW_CALL_STACK as u8,
+    scs = const crate::build_info::SHADOW_CALL_STACK as u8,
     save = const core::mem::size_of::<Registers>(),
 );
 
@@ -404,7 +404,7 @@ extern "C" fn kretprobe_return(registers: &mut Registers) {
     // SAFETY: the trampoline pushed its frame record {x29, x30} just below the entry SP, on the
     // stack this code runs on.
     unsafe { core::ptr::write_volatile((registers.sp - 8) as *mut u64, instance.real) };
-    if crate::SHADOW_CALL_STACK {
+    if crate::build_info::SHADOW_CALL_STACK {
         // SAFETY: the trampoline pushed x30 at x18 = the slot recorded at entry (SCS builds).
         unsafe { core::ptr::write_volatile(instance.shadow_slot as *mut u64, instance.real) };
     }

@@ -14,8 +14,10 @@ pub mod workload;
 
 pub use sampler::{Unwinders, on_pmu_overflow, on_tick};
 
+use crate::args::Args;
 use crate::drivers::pmu;
 use crate::stacktrace::Mode;
+use protocol::cmdline as key;
 
 /// The profiler's share of the workload (its handler's instructions over the workload's) above
 /// which sampling stops and the run is refused: the period leaves the workload too little room.
@@ -49,6 +51,30 @@ pub struct Request {
 impl Request {
     pub const fn new() -> Self {
         Self { workload: "", unwinders: Unwinders::Both, clock: Clock::Pmu { every: 100_003 }, broken: None }
+    }
+
+    /// `profile.workload=NAME profile.unwinder=fp|scs|both profile.every=N profile.clock=pmu|timer
+    /// profile.break=fp|scs`.
+    pub fn from_args(args: &Args) -> Self {
+        let mut request = Self::new();
+        for (name, value) in args.pairs() {
+            match (name, value) {
+                (key::PROFILE_WORKLOAD, name) => request.workload = name,
+                (key::PROFILE_UNWINDER, name) => match Unwinders::parse(name) {
+                    Some(unwinders) => request.unwinders = unwinders,
+                    None => defmt::warn!("cmdline: profile.unwinder={=str} is not fp|scs|both, keeping both", name),
+                },
+                (key::PROFILE_EVERY, every) => match every.parse::<u64>() {
+                    Ok(every) if every >= 1 => request.clock = Clock::Pmu { every },
+                    _ => defmt::warn!("cmdline: profile.every={=str} is not a number >= 1", every),
+                },
+                (key::PROFILE_CLOCK, "timer") => request.clock = Clock::Timer,
+                (key::PROFILE_BREAK, "fp") => request.broken = Some(Mode::FramePointer),
+                (key::PROFILE_BREAK, "scs") => request.broken = Some(Mode::ShadowCallStack),
+                _ => {}
+            }
+        }
+        request
     }
 }
 

@@ -118,6 +118,13 @@ impl Table {
         Self { keys: [0; TABLE_SIZE], counts: [0; TABLE_SIZE] }
     }
 
+    /// Empties the table in place: a new `Table` assigned through the lock would be built on
+    /// the stack first (24 KiB, most of the boot stack the profiled workload runs on).
+    fn clear(&mut self) {
+        self.keys.fill(0);
+        self.counts.fill(0);
+    }
+
     /// Counts one sample of `key` (never 0); false when the table is full.
     fn count(&mut self, key: u64) -> bool {
         let mut index = (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 53) as usize % TABLE_SIZE;
@@ -139,7 +146,7 @@ static TABLES: [IrqSpinLock<Table>; CPUS] = [const { IrqSpinLock::new(Table::new
 
 pub(super) fn start(request: &Request, event: Option<pmu::Event>) -> Result<(), &'static str> {
     for table in &TABLES {
-        *table.lock() = Table::new();
+        table.lock().clear();
     }
     for counter in [
         &COUNTERS.samples,
@@ -162,9 +169,10 @@ pub(super) fn start(request: &Request, event: Option<pmu::Event>) -> Result<(), 
     inject::set(Fault::ProfileBrokenFramePointer, request.broken == Some(Mode::FramePointer));
     inject::set(Fault::ProfileBrokenShadowCallStack, request.broken == Some(Mode::ShadowCallStack));
     let timer = if request.clock == Clock::Timer { TIMER } else { 0 };
-    let unwinders = if crate::SHADOW_CALL_STACK { request.unwinders.bits() } else { request.unwinders.bits() & FP };
+    let unwinders =
+        if crate::build_info::SHADOW_CALL_STACK { request.unwinders.bits() } else { request.unwinders.bits() & FP };
     if unwinders == 0 {
-        defmt::error!("profile: this build has no shadow call stack (variant {=str})", crate::BUILD_VARIANT);
+        defmt::error!("profile: this build has no shadow call stack (variant {=str})", crate::build_info::VARIANT);
         return Err("no shadow call stack");
     }
     STARTED_AT.store(counters::virtual_count(), Ordering::Relaxed);

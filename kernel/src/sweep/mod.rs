@@ -1,4 +1,4 @@
-//! The probe sweep (issue 19): every instruction of real kernel code that the probe subsystem
+//! The probe sweep: every instruction of real kernel code that the probe subsystem
 //! accepts, probed with every method its plan allows, while a workload runs through that code.
 //!
 //! For each function of the symbol table (`symbols::callsites` starts, `.ksyms` names; a
@@ -49,6 +49,7 @@ mod workload;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
+use crate::args::Args;
 use crate::probes::{self as kprobes, Method, ProbeError, Registers, kretprobe};
 use crate::symbols::Symbols;
 use workload::{Checksum, Results};
@@ -130,7 +131,7 @@ struct Options {
     only: Option<&'static str>,
 }
 
-fn parse(bootargs: &'static str) -> Result<Options, &'static str> {
+fn options_from_args(args: &Args) -> Result<Options, &'static str> {
     let mut options = Options {
         seed: 1,
         functions: 0,
@@ -144,8 +145,7 @@ fn parse(bootargs: &'static str) -> Result<Options, &'static str> {
         members: (0, BATCH),
         only: None,
     };
-    for word in bootargs.split_whitespace() {
-        let Some((key, value)) = word.split_once('=') else { continue };
+    for (key, value) in args.assignments() {
         let number = || value.parse::<u64>().map_err(|_| "sweep: a number was expected");
         match key {
             "sweep.seed" => options.seed = number()?,
@@ -533,7 +533,7 @@ static TRACING_EVERYWHERE: AtomicBool = AtomicBool::new(false);
 /// CPUs' passes change (the whole prod sweep on 4 CPUs: 49 words of this one function, and no
 /// other, differed between methods). The whole heap module: `locked` is generic and may be
 /// inlined into its callers, which then hold the lock's retry and its per-CPU spin count (the
-/// 4-CPU prod sample after session 5's changes: `heap::reallocate+0x45c`, the spin count's
+/// 4-CPU prod sample since the spin count is per CPU: `heap::reallocate+0x45c`, the spin count's
 /// `mrs tpidr_el1`, hit once with brk-step and never with single-step). In `full` the core atomics are out of line, and the lock's
 /// retry and its contended path call them (`atomic_compare_exchange_weak::<u8>`,
 /// `atomic_load::<u8>`, and `atomic_load::<u64>` for the per-CPU contention count, which only a
@@ -768,8 +768,8 @@ impl Rng {
 }
 
 /// Runs the sweep the command line asks for; true if nothing failed.
-pub fn run(bootargs: &'static str) -> bool {
-    let options = match parse(bootargs) {
+pub fn run(args: &Args) -> bool {
+    let options = match options_from_args(args) {
         Ok(options) => options,
         Err(message) => {
             defmt::error!("{=str}", message);

@@ -316,6 +316,45 @@ pub struct BringUp {
     pub failure: Option<(usize, StartError)>,
 }
 
+/// How `bring_up` runs, from the command line: `cpus=N` and the test-only `smp.fail-cpu=N`,
+/// `smp.late-cpu=N` and `smp.tlbi=local|broadcast` (TLB invalidations after a mapping change
+/// stay local, so `smp_tlb_shootdown` must fail).
+pub struct Options {
+    /// CPUs to bring up, the boot CPU included (None: every CPU the machine has, or only the
+    /// boot CPU where the board says so).
+    pub limit: Option<usize>,
+    pub broken: Option<usize>,
+    pub late: Option<usize>,
+    pub local_tlbi: bool,
+}
+
+impl Options {
+    pub fn from_args(args: &crate::args::Args) -> Self {
+        use protocol::cmdline as key;
+        let mut options = Self { limit: None, broken: None, late: None, local_tlbi: false };
+        for (name, value) in args.pairs() {
+            match (name, value) {
+                (key::CPUS, cpus) => match cpus.parse::<usize>() {
+                    Ok(cpus) if (1..=stacks::CPUS).contains(&cpus) => options.limit = Some(cpus),
+                    _ => defmt::warn!("cmdline: cpus={=str} is not in 1..={=usize}, ignored", cpus, stacks::CPUS),
+                },
+                (key::SMP_FAIL_CPU, cpu) => match cpu.parse::<usize>() {
+                    Ok(cpu) => options.broken = Some(cpu),
+                    _ => defmt::warn!("cmdline: smp.fail-cpu={=str} is not a CPU number", cpu),
+                },
+                (key::SMP_LATE_CPU, cpu) => match cpu.parse::<usize>() {
+                    Ok(cpu) => options.late = Some(cpu),
+                    _ => defmt::warn!("cmdline: smp.late-cpu={=str} is not a CPU number", cpu),
+                },
+                (key::SMP_TLBI, "local") => options.local_tlbi = true,
+                (key::SMP_TLBI, "broadcast") => options.local_tlbi = false,
+                _ => {}
+            }
+        }
+        options
+    }
+}
+
 /// MPIDR_EL1's affinity fields (Aff3, Aff2-Aff0), as a device tree's `reg` writes them.
 const AFFINITY_MASK: u64 = 0xff_00ff_ffff;
 

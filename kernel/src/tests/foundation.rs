@@ -132,7 +132,7 @@ fn shadow_stack_view() -> (u64, u64, u64) {
 }
 
 fn shadow_call_stack_is_used(_: &Context) -> Outcome {
-    if crate::BUILD_VARIANT == "plain" {
+    if crate::build_info::VARIANT == "plain" {
         return Ok(Verdict::Skipped("variant plain has no shadow call stack"));
     }
     let outer = cpu::shadow_call_stack_pointer();
@@ -153,7 +153,7 @@ fn pauth_matches_cpu_variant(context: &Context) -> Outcome {
 }
 
 fn saved_lr_carries_pac_iff_pauth(_: &Context) -> Outcome {
-    if crate::BUILD_VARIANT == "plain" {
+    if crate::build_info::VARIANT == "plain" {
         return Ok(Verdict::Skipped("variant plain is built without pac-ret"));
     }
     // A PAC can be all zeros by chance (1 in 2^16): sign at eight different depths (SP is the

@@ -499,7 +499,7 @@ fn kasan_double_free(_: &Context) -> Outcome {
     check!(report.bug == BugType::DoubleFree);
     check_eq!(report.address, object);
     // Stacks need frame pointers and the function table (builds `full` and `prod`).
-    if crate::SHADOW_CALL_STACK {
+    if crate::build_info::SHADOW_CALL_STACK {
         let Some(freed) = report.object else {
             return Err(fail("the report names no object"));
         };
@@ -639,7 +639,7 @@ fn kasan_string_oob_and_uaf(_: &Context) -> Outcome {
 }
 
 fn kasan_stack_modes(_: &Context) -> Outcome {
-    if !crate::SHADOW_CALL_STACK {
+    if !crate::build_info::SHADOW_CALL_STACK {
         return Ok(Verdict::Skipped("stacks need frame pointers and the shadow call stack (builds full, prod)"));
     }
     let site = site(kasan_stack_modes);

@@ -159,7 +159,7 @@ extern "C" fn add_target(a: u64, b: u64) -> u64 {
     // SAFETY: with frame records (full, prod), this non-leaf function has one at x29 when it
     // calls; in `plain` the word read is some other frame's, which is only stored.
     SEEN_LR.store(unsafe { kretprobe_caller_record_lr() }, Ordering::Relaxed);
-    if crate::SHADOW_CALL_STACK {
+    if crate::build_info::SHADOW_CALL_STACK {
         // SAFETY: SCS builds: its prologue pushed x30 at x18 - 8 before it calls.
         SEEN_SLOT.store(unsafe { kretprobe_caller_shadow_top() }, Ordering::Relaxed);
     }
@@ -174,7 +174,7 @@ fn function_address(function: Function) -> u64 {
 
 fn kretprobe_returns_through_pac_and_scs(_: &Context) -> Outcome {
     let target = function_address(add_target);
-    let signs = crate::SHADOW_CALL_STACK && cpu::PointerAuth::detect() != cpu::PointerAuth::None;
+    let signs = crate::build_info::SHADOW_CALL_STACK && cpu::PointerAuth::detect() != cpu::PointerAuth::None;
     let mut methods_run = 0;
     for method in Method::ALL {
         if !register_rust(target, method, Some(remember_x0), log_and_add_1000, 4)? {
@@ -205,14 +205,14 @@ fn kretprobe_returns_through_pac_and_scs(_: &Context) -> Outcome {
             check_eq!(cpu::strip_pac(lr), kretprobe::trampoline());
             check_eq!(lr != kretprobe::trampoline(), signs);
         }
-        if crate::SHADOW_CALL_STACK {
+        if crate::build_info::SHADOW_CALL_STACK {
             check_eq!(cpu::strip_pac(SEEN_SLOT.load(Ordering::Relaxed)), kretprobe::trampoline());
         }
         // Unprobed again: the plain sum.
         check_eq!(call_checked(target, 20, 22).value, 42);
         methods_run += 1;
     }
-    check!(if crate::SHADOW_CALL_STACK { methods_run == 3 } else { methods_run >= 3 });
+    check!(if crate::build_info::SHADOW_CALL_STACK { methods_run == 3 } else { methods_run >= 3 });
     Ok(Verdict::Passed)
 }
 
@@ -282,7 +282,7 @@ fn register_rust(
 }
 
 /// Whether the build keeps frame records (`-Cforce-frame-pointers=non-leaf`: full and prod).
-const FRAME_RECORDS: bool = !matches!(crate::BUILD_VARIANT.as_bytes(), b"plain");
+const FRAME_RECORDS: bool = !matches!(crate::build_info::VARIANT.as_bytes(), b"plain");
 
 fn kretprobe_recursion_returns_in_order(_: &Context) -> Outcome {
     const DEPTH: u64 = 8;
@@ -470,7 +470,7 @@ fn kretprobe_fp_trace_shows_real_callers(_: &Context) -> Outcome {
 }
 
 fn kretprobe_scs_trace_shows_real_callers(_: &Context) -> Outcome {
-    if !crate::SHADOW_CALL_STACK {
+    if !crate::build_info::SHADOW_CALL_STACK {
         return Ok(Verdict::Skipped("no shadow call stack in this build"));
     }
     traces_show_real_callers(Mode::ShadowCallStack)

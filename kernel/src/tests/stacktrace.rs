@@ -32,7 +32,7 @@ pub const TESTS: &[Test] = &[
 ];
 
 fn no_scs() -> Option<Outcome> {
-    (!crate::SHADOW_CALL_STACK).then_some(Ok(Verdict::Skipped("variant plain has no shadow call stack")))
+    (!crate::build_info::SHADOW_CALL_STACK).then_some(Ok(Verdict::Skipped("variant plain has no shadow call stack")))
 }
 
 // --- tasks ---------------------------------------------------------------------------------
@@ -542,7 +542,7 @@ fn corrupted_frame_record_stops_the_walk(_: &Context) -> Outcome {
     // `plain` is built without forced frame pointers: x29 need not hold this function's record,
     // so which word the test corrupts depends on register allocation (it passed by luck before
     // code elsewhere changed).
-    if crate::BUILD_VARIANT == "plain" {
+    if crate::build_info::VARIANT == "plain" {
         return Ok(Verdict::Skipped("variant plain keeps no frame records"));
     }
     let corruption = |reason| match reason {
@@ -617,11 +617,11 @@ fn collect_both_lengths(mode: Mode) -> Result<(), &'static str> {
 }
 
 fn short_buffer_stops_at_its_length(_: &Context) -> Outcome {
-    if crate::BUILD_VARIANT == "plain" {
+    if crate::build_info::VARIANT == "plain" {
         return Ok(Verdict::Skipped("variant plain keeps no frame records"));
     }
     collect_both_lengths(Mode::FramePointer).map_err(super::fail)?;
-    if crate::SHADOW_CALL_STACK {
+    if crate::build_info::SHADOW_CALL_STACK {
         collect_both_lengths(Mode::ShadowCallStack).map_err(super::fail)?;
     }
     Ok(Verdict::Passed)
@@ -688,7 +688,7 @@ fn sampled_allocation_stacks(_: &Context) -> Outcome {
     // The heap: an allocation left out is marked, its free is saved all the same. (One object:
     // the stack ring is shared with the sanitizer's tests.)
     let (mode, mut marked, mut free_saved) = (heap::stacks(), false, false);
-    if crate::SHADOW_CALL_STACK {
+    if crate::build_info::SHADOW_CALL_STACK {
         heap::set_stacks(Stacks::FramePointer);
         // 1 in 2^32: this allocation is not sampled.
         stacktrace::set_stack_sample(u32::MAX);

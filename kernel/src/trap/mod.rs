@@ -254,7 +254,7 @@ fn report_and_exit(what: &str, frame: &ExceptionFrame) -> ! {
     cpu::mask_interrupts();
     exception::report(what, frame);
     crate::stacktrace::print_both_of(frame, slot_of(frame));
-    crate::exit(crate::ExitStatus::Panic)
+    crate::power::exit(crate::power::ExitStatus::Panic)
 }
 
 /// The stack overflowed into its guard page (vectors.S moved to the overflow stack). Reports it

@@ -16,6 +16,7 @@ pub mod mte;
 pub mod park;
 pub mod patch;
 pub mod percpu;
+pub mod semihosting;
 pub mod smp;
 pub mod stack;
 pub mod step;
@@ -71,7 +72,7 @@ core::arch::global_asm!(
 core::arch::global_asm!(
     include_str!("vectors.S"),
     stack_bit = const stack::STACK_BIT,
-    scs_check = const crate::SHADOW_CALL_STACK as u8,
+    scs_check = const crate::build_info::SHADOW_CALL_STACK as u8,
     mte_checks = const mte::ENABLED_IN_BUILD as u8,
     scs_mask = const stack::SHADOW_STACK_MASK,
     percpu_overflow_shadow_stack = const core::mem::offset_of!(percpu::PerCpu, overflow_shadow_stack),

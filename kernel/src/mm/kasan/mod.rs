@@ -21,6 +21,7 @@ pub mod heap;
 pub mod hw_tags;
 #[cfg(feature = "mte")]
 pub mod mte;
+pub mod options;
 pub mod record;
 pub mod recording;
 pub mod report;
@@ -46,7 +47,7 @@ pub type Tags = hw_tags::MteTags;
 pub type Tags = shadow::ShadowTags;
 
 /// Whether this kernel was built with the sanitizer's checks (build variant `full`).
-pub const CHECKS_COMPILED_IN: bool = matches!(crate::BUILD_VARIANT.as_bytes(), b"full");
+pub const CHECKS_COMPILED_IN: bool = matches!(crate::build_info::VARIANT.as_bytes(), b"full");
 /// Whether this kernel's heap tags are MTE allocation tags that the hardware checks on every
 /// access (build variant `mte`, KASAN HW_TAGS).
 pub const HARDWARE_TAGS: bool = cfg!(feature = "mte");

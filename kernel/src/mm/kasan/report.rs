@@ -234,7 +234,7 @@ pub fn publish(evidence: &Evidence) {
         *LAST.lock() = Some(evidence.report);
     } else if PANIC_ON_FAULT.load(Ordering::Relaxed) {
         defmt::error!("Kernel panic - not syncing: kasan.fault=panic set ...");
-        crate::exit(crate::ExitStatus::Panic);
+        crate::power::exit(crate::power::ExitStatus::Panic);
     }
 }
 
