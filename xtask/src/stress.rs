@@ -446,7 +446,7 @@ pub fn sweep(run: &Run, words: &str, timeout: Duration, print: Print) -> Result<
     };
     // A slow tick: the workload must run the same code on every pass (see kernel/src/sweep).
     let bootargs = format!("run=sweep hz=10 exit=semihosting {words}");
-    let result = qemu::run(&machine, image, &bootargs, Some(timeout), false)?;
+    let result = qemu::run(&machine, image, &bootargs, Some(timeout), &mut |_| {})?;
     let mut last_batch = None;
     let mut coverage = Vec::new();
     let mut failures = Vec::new();

@@ -386,7 +386,7 @@ pub fn measure(plan: &RunPlan) -> Result<Vec<Sample>, Failure> {
     );
     let (status, log) = match (plan.board, plan.serial) {
         (Board::Virt, _) => {
-            let result = qemu::run(&machine, plan.image, &bootargs, Some(plan.timeout), false)?;
+            let result = qemu::run(&machine, plan.image, &bootargs, Some(plan.timeout), &mut |_| {})?;
             (result.status, result.log)
         }
         // QEMU raspi4b, read through a pseudo-terminal as a real board's serial line.
@@ -397,7 +397,7 @@ pub fn measure(plan: &RunPlan) -> Result<Vec<Sample>, Failure> {
         // The board runs what its cmdline.txt says (`cargo xtask sdimage --run bench`).
         (Board::Rpi4, Some(path)) => {
             let port = crate::serial::open(path, 115_200)?;
-            let result = crate::serial::read_run(port, &plan.image.elf, Some(plan.timeout), false)?;
+            let result = crate::serial::read_run(port, &plan.image.elf, Some(plan.timeout), &mut |_| {})?;
             (result.status, result.log)
         }
     };

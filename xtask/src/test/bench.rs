@@ -23,7 +23,7 @@ pub fn bench_harness(image: &build::KernelImage, tally: &mut Tally) -> Result<()
     ];
     for (cpu, smp) in machines {
         let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 2, icount: true, dtb: None, mte: false, smp };
-        let result = qemu::run(&machine, image, bootargs, Some(Duration::from_secs(120)), false)?;
+        let result = qemu::run(&machine, image, bootargs, Some(Duration::from_secs(120)), &mut |_| {})?;
         let rows: Vec<String> =
             result.log.iter().filter_map(|line| line.text.strip_prefix("bench row: ").map(str::to_string)).collect();
         runs.push((result.status, rows));

@@ -185,7 +185,7 @@ pub fn run_configuration(
     // Without icount the run is wall time on a shared host (4 vCPUs on 2 cores: the `smp_` set's
     // churn holds every CPU per round; 21 s alone, 62 s beside another QEMU): twice the timeout.
     let timeout = if machine.icount { args.timeout } else { 2 * args.timeout };
-    let result = qemu::run(machine, image, &bootargs, Some(Duration::from_secs(timeout)), false)?;
+    let result = qemu::run(machine, image, &bootargs, Some(Duration::from_secs(timeout)), &mut |_| {})?;
     let configuration = format!(
         "{} variant {}{}{extra_bootargs}",
         machine.describe(),
@@ -213,7 +213,7 @@ pub fn run_configuration(
             running = None;
         } else if text.starts_with("tests done: ") {
             done = true;
-        } else if let Some(status) = qemu::exit_sentinel(text) {
+        } else if let Some(status) = crate::log::exit_sentinel(text) {
             sentinel = Some(status);
         }
     }

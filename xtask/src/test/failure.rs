@@ -171,7 +171,7 @@ fn failure_path(
 ) -> Result<(), Failure> {
     {
         let timeout = Duration::from_secs(if expected_status.is_none() { 3 } else { 60 });
-        let result = qemu::run(machine, image, bootargs, Some(timeout), false)?;
+        let result = qemu::run(machine, image, bootargs, Some(timeout), &mut |_| {})?;
         let logged = result.log.iter().any(|line| matches_pieces(&line.text, expected_line));
         let sentinel_ok = expected_status
             .is_none_or(|status| result.log.iter().any(|line| line.text == format!("tracelab: exit status {status}")));
