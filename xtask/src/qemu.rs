@@ -219,7 +219,7 @@ impl Machine {
         format!("{} -cpu {} EL{} GICv{} smp {}", self.board.name(), self.cpu.name(), self.el, self.gic, self.smp)
     }
 
-    /// The kernel command line words this machine needs: `cpus=N` where the board's CPUs exist
+    /// The kernel command line words this emulated machine needs: `cpus=N` where the board's CPUs exist
     /// whatever QEMU's `-smp` (raspi4b) and the kernel starts only the boot CPU by default.
     pub fn bootargs(&self) -> Option<String> {
         (self.board == Board::Rpi4 || self.smp != 1).then(|| format!("cpus={}", self.smp))

@@ -182,8 +182,9 @@ pub fn run_configuration(
     if !extra_bootargs.is_empty() {
         bootargs.push_str(&format!(" {extra_bootargs}"));
     }
-    // Without icount the run is wall time on a shared host (4 vCPUs on 2 cores: the `smp_` set's
-    // churn holds every CPU per round; 21 s alone, 62 s beside another QEMU): twice the timeout.
+    // Without icount the run is wall time on a shared host: where the host has fewer cores than
+    // the 4 vCPUs, the `smp_` set's churn holds every CPU per round, and another QEMU beside it
+    // about triples the run's time. Twice the timeout.
     let timeout = if machine.icount { args.timeout } else { 2 * args.timeout };
     let result = qemu::run(machine, image, &bootargs, Some(Duration::from_secs(timeout)), &mut |_| {})?;
     let configuration = format!(
