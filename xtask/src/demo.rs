@@ -13,6 +13,7 @@ use crate::build::{self, Board, BuildVariant};
 use crate::log::LogLine;
 use crate::qemu::{self, CpuVariant, Machine};
 use crate::trace::{self, Fed, FunctionTable, RingReader};
+use protocol::bench::Row;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -164,16 +165,16 @@ struct Cost {
 }
 
 impl Cost {
+    /// A bench row's fields, or a `demo cost:` line's (the same fields: `protocol::bench::Row`).
     fn parse(text: &str) -> Option<Self> {
-        let words: Vec<&str> = text.split_whitespace().collect();
-        let [suite, case, params, metric, unit, value] = words.as_slice() else { return None };
+        let row = Row::parse(text)?;
         Some(Self {
-            suite: suite.to_string(),
-            case: case.to_string(),
-            params: params.to_string(),
-            metric: metric.to_string(),
-            unit: unit.to_string(),
-            value: value.parse().ok()?,
+            suite: row.suite.to_string(),
+            case: row.case.to_string(),
+            params: row.params.to_string(),
+            metric: row.metric.to_string(),
+            unit: row.unit.to_string(),
+            value: row.value,
         })
     }
 
@@ -457,7 +458,7 @@ fn boot_probe_checks(machine: &Machine, image: &build::KernelImage, expect: &str
 
 /// The bench rows of a run's log.
 fn bench_rows(log: &[LogLine]) -> Vec<Cost> {
-    log.iter().filter_map(|line| line.text.strip_prefix("bench row: ")).filter_map(Cost::parse).collect()
+    log.iter().filter_map(|line| Row::fields(&line.text)).filter_map(Cost::parse).collect()
 }
 
 /// `cargo xtask test`'s demo checks: per build variant, one demo run and one bench run of the

@@ -5,6 +5,7 @@ use super::matrix::DEFAULT_PAUTH_CPU;
 use crate::Failure;
 use crate::build::{self, Board};
 use crate::qemu::{self, CpuVariant, Machine};
+use protocol::bench::Row;
 use std::time::Duration;
 
 /// The bench harness under icount: two runs of the baseline suite give identical rows, and the
@@ -25,14 +26,11 @@ pub fn bench_harness(image: &build::KernelImage, tally: &mut Tally) -> Result<()
         let machine = Machine { board: Board::Virt, cpu, el: 1, gic: 2, icount: true, dtb: None, mte: false, smp };
         let result = qemu::run(&machine, image, bootargs, Some(Duration::from_secs(120)), &mut |_| {})?;
         let rows: Vec<String> =
-            result.log.iter().filter_map(|line| line.text.strip_prefix("bench row: ").map(str::to_string)).collect();
+            result.log.iter().filter_map(|line| Row::fields(&line.text).map(str::to_string)).collect();
         runs.push((result.status, rows));
     }
     let per_op = |rows: &[String], case: &str| -> Option<f64> {
-        rows.iter().find_map(|row| {
-            let words: Vec<_> = row.split_whitespace().collect();
-            (words.get(1) == Some(&case)).then(|| words.get(5)?.parse().ok()).flatten()
-        })
+        rows.iter().filter_map(|fields| Row::parse(fields)).find(|row| row.case == case).map(|row| row.value)
     };
     let checks = [
         ("icount runs are identical", runs[0].1 == runs[1].1 && !runs[0].1.is_empty()),

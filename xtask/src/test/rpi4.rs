@@ -4,7 +4,15 @@ use super::Tally;
 use crate::Failure;
 use crate::build::{self, Board, BuildVariant};
 use crate::qemu::{self, CpuVariant, Machine};
+use protocol::bench::Row;
 use std::time::Duration;
+
+/// The baseline suite's plain call row (`baseline call - per_op insn N`), when `fields` are it.
+fn call_row(fields: &str) -> Option<Row<'_>> {
+    Row::parse(fields).filter(|row| {
+        (row.suite, row.case, row.params, row.metric, row.unit) == ("baseline", "call", "-", "per_op", "insn")
+    })
+}
 
 /// The Raspberry Pi 4 paths that need no board: the SD card image (written with the real boot
 /// files, then opened and checked), and bench rows read from QEMU `raspi4b` through a
@@ -43,10 +51,10 @@ pub fn rpi4_checks(boot_files: &crate::bootfiles::BootFileArgs, tally: &mut Tall
     // discarding what xtask had not read yet) before the last rows were read: a race seen under load.
     let bootargs = "run=bench bench=baseline reps=1 clock=cycles icount=1 exit=park";
     let run = qemu::run_via_pty(&machine, &image, bootargs, Duration::from_secs(120))?;
-    let rows: Vec<_> = run.log.iter().filter_map(|line| line.text.strip_prefix("bench row: ")).collect();
-    let call = rows.iter().find(|row| row.starts_with("baseline call - per_op insn "));
+    let rows: Vec<_> = run.log.iter().filter_map(|line| Row::fields(&line.text)).collect();
+    let call = rows.iter().find(|fields| call_row(fields).is_some());
     let problem = match (run.status, call) {
-        (Some(0), Some(row)) if row.ends_with(" 2") || row.ends_with(" 2.0") => None,
+        (Some(0), Some(fields)) if call_row(fields).is_some_and(|row| row.value == 2.0) => None,
         (status, row) => Some(format!("status {status:?}, call row {row:?}, {} rows", rows.len())),
     };
     tally.check("rpi4 bench rows through a pseudo-terminal", problem.as_ref());
