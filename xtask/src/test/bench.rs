@@ -1,7 +1,7 @@
 //! The bench harness under icount: identical rows run to run, and instructions counted exactly.
 
-use super::Tally;
 use super::matrix::DEFAULT_PAUTH_CPU;
+use super::tally::Tally;
 use crate::Failure;
 use crate::build::{self, Board};
 use crate::qemu::{self, CpuVariant, Machine};

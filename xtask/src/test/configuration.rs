@@ -1,8 +1,9 @@
 //! One QEMU run of the kernel suite in one configuration, and what makes that run count.
 
+use super::args::TestArgs;
 use super::ktap::Ktap;
 use super::matrix::{DEFAULT_PAUTH_CPU, MTE_CONFIGURATIONS, SMP4_FIRST_VARIANT_LEVELS, SMP4_LEVELS, Selection};
-use super::{Tally, TestArgs};
+use super::tally::Tally;
 use crate::Failure;
 use crate::build::{self, Board, BuildVariant};
 use crate::qemu::{self, CpuVariant, Machine};

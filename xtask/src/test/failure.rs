@@ -1,6 +1,6 @@
 //! Runs that must fail the right way: the status, the report line and the stopped CPUs' traces.
 
-use super::Tally;
+use super::tally::Tally;
 use crate::Failure;
 use crate::build::{self, Board, BuildVariant};
 use crate::qemu::{self, CpuVariant, Machine};

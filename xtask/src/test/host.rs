@@ -1,6 +1,6 @@
 //! The host crates' `cargo test`, whose counts join the tally.
 
-use super::Tally;
+use super::tally::Tally;
 use crate::Failure;
 use crate::build;
 use std::process::Command;

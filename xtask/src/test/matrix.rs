@@ -1,6 +1,6 @@
 //! Which configurations one `cargo xtask test` runs: the default set, `--matrix`, `--filter`.
 
-use super::TestArgs;
+use super::args::TestArgs;
 use crate::build::{Board, BuildVariant};
 use crate::qemu::CpuVariant;
 

@@ -1,6 +1,6 @@
 //! The Raspberry Pi 4 paths checked without a board: the SD card image and the serial line.
 
-use super::Tally;
+use super::tally::Tally;
 use crate::Failure;
 use crate::build::{self, Board, BuildVariant};
 use crate::qemu::{self, CpuVariant, Machine};
