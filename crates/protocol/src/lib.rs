@@ -4,10 +4,12 @@
 //! its exit status and benchmark rows; the kernel reads the same command line and table and
 //! reports through the same status and names. Each constant lives here once, so that the two
 //! cannot drift. Log-line prefixes stay literals where defmt needs them (its format strings
-//! must be literals).
+//! must be literals); where xtask parses such a line, the prefix and the parser live here and
+//! the kernel checks its literal against the prefix with [`same_str`] (`bench::ROW_PREFIX`).
 #![cfg_attr(not(any(test, feature = "writer")), no_std)]
 #![forbid(unsafe_code)]
 
+pub mod bench;
 pub mod ksyms;
 
 /// How a kernel run ends: the semihosting exit code, which QEMU turns into its exit status.
@@ -87,8 +89,6 @@ pub mod suite {
     pub const CPUS: &str = Suite::Cpus.name();
     pub const CPUS_HEAP: &str = Suite::CpusHeap.name();
 }
-
-pub mod bench;
 
 /// Workloads of `run=profile` (`profile.workload=`), as `cargo xtask profile` names them.
 pub mod profile {
