@@ -169,7 +169,7 @@ impl QemuArgs {
         if self.run == RunMode::Bench {
             words.push(format!("clock={}", if icount { "cycles" } else { "ns" }));
         }
-        // Under icount every tick waited for costs its interval in instructions (test.rs).
+        // Under icount every tick waited for costs its interval in instructions (test/configuration.rs).
         if self.run == RunMode::Test && icount {
             words.push("hz=1000".into());
         }
