@@ -91,7 +91,7 @@ fn run(command: &mut Command, what: &str) -> Result<String, Failure> {
 /// Downloads and unpacks both packages into `cache`, keeping only the files tracelab uses.
 fn fetch(cache: &Path) -> Result<(), Failure> {
     // The mirror and keyring the machine already uses for its Debian release.
-    let (source, suite) = crate::setup::machine_debian_source().map_err(Failure::usage)?;
+    let (source, suite) = crate::apt::machine_debian_source().map_err(Failure::usage)?;
     eprintln!(
         "xtask: fetching Raspberry Pi 4 boot files from Debian {suite} ({}) into {}",
         source.uri,
@@ -107,7 +107,7 @@ fn fetch(cache: &Path) -> Result<(), Failure> {
     let write = |path: &Path, text: &str| {
         std::fs::write(path, text).map_err(|error| Failure::usage(format!("{}: {error}", path.display())))
     };
-    write(&sources, &crate::setup::deb822_entry(&source, &suite, &["main", "non-free-firmware"], Some("arm64")))?;
+    write(&sources, &crate::apt::deb822_entry(&source, &suite, &["main", "non-free-firmware"], Some("arm64")))?;
     write(&status, "")?;
     let options: Vec<String> = [
         "Dir::Etc::SourceList=/dev/null".into(),

@@ -13,6 +13,7 @@ use crate::build::{self, Board, BuildVariant};
 use crate::log::LogLine;
 use crate::qemu::{self, CpuVariant, Machine};
 use crate::trace::{self, Fed, FunctionTable, RingReader};
+use protocol::bench::Row;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -22,6 +23,13 @@ const ARGUMENTS: [u64; 3] = [0x1111, 0x2222, 0x3333];
 const COST_TOLERANCE: f64 = 2.0;
 /// Trace lines shown on the console; the file has them all.
 const TRACE_LINES_SHOWN: usize = 24;
+
+/// The console of an interactive run (`cargo xtask qemu`, `cargo xtask monitor`): every line
+/// as the presenter renders it, demo lines symbolized and the function tracer's ring written.
+pub fn console(elf: &[u8]) -> impl FnMut(&LogLine) + use<> {
+    let mut presenter = Presenter::new(elf);
+    move |line| presenter.present(line).iter().for_each(|text| println!("{text}"))
+}
 
 /// Renders demo lines for the console as they arrive.
 pub struct Presenter {
@@ -157,16 +165,16 @@ struct Cost {
 }
 
 impl Cost {
+    /// A bench row's fields, or a `demo cost:` line's (the same fields: `protocol::bench::Row`).
     fn parse(text: &str) -> Option<Self> {
-        let words: Vec<&str> = text.split_whitespace().collect();
-        let [suite, case, params, metric, unit, value] = words.as_slice() else { return None };
+        let row = Row::parse(text)?;
         Some(Self {
-            suite: suite.to_string(),
-            case: case.to_string(),
-            params: params.to_string(),
-            metric: metric.to_string(),
-            unit: unit.to_string(),
-            value: value.parse().ok()?,
+            suite: row.suite.to_string(),
+            case: row.case.to_string(),
+            params: row.params.to_string(),
+            metric: row.metric.to_string(),
+            unit: row.unit.to_string(),
+            value: row.value,
         })
     }
 
@@ -404,7 +412,7 @@ fn boot_probe_checks(machine: &Machine, image: &build::KernelImage, expect: &str
         "run=demo icount=1 exit=semihosting {expect} kprobe={BOOT_PROBED_HEADING}:brk-step \
          kretprobe={BOOT_PROBED}:brk-step kprobe=no::such::function:simulate kprobe={BOOT_PROBED}+2:detour"
     );
-    let run = qemu::run(machine, image, &bootargs, Some(Duration::from_secs(120)), false)?;
+    let run = qemu::run(machine, image, &bootargs, Some(Duration::from_secs(120)), &mut |_| {})?;
     let texts: Vec<&str> = run.log.iter().map(|line| line.text.as_str()).collect();
     let line_for = |prefix: String| texts.iter().find(|text| text.starts_with(&prefix)).copied();
     let counted = |kind: &str, function: &str, method: &str, hits: usize| {
@@ -450,7 +458,7 @@ fn boot_probe_checks(machine: &Machine, image: &build::KernelImage, expect: &str
 
 /// The bench rows of a run's log.
 fn bench_rows(log: &[LogLine]) -> Vec<Cost> {
-    log.iter().filter_map(|line| line.text.strip_prefix("bench row: ")).filter_map(Cost::parse).collect()
+    log.iter().filter_map(|line| Row::fields(&line.text)).filter_map(Cost::parse).collect()
 }
 
 /// `cargo xtask test`'s demo checks: per build variant, one demo run and one bench run of the
@@ -477,10 +485,10 @@ pub fn test(variants: &[BuildVariant], cpus: &[CpuVariant], boards: &[Board]) ->
         let expect = format!("expect-pauth={}", cpu.expected_pauth());
         let timeout = Some(Duration::from_secs(120));
         let demo =
-            qemu::run(&machine, &image, &format!("run=demo icount=1 exit=semihosting {expect}"), timeout, false)?;
+            qemu::run(&machine, &image, &format!("run=demo icount=1 exit=semihosting {expect}"), timeout, &mut |_| {})?;
         let suites = if variant == BuildVariant::Plain { "probes" } else { "stacktrace,probes" };
         let bench_args = format!("run=bench bench={suites} reps=1 clock=cycles icount=1 exit=semihosting {expect}");
-        let bench = qemu::run(&machine, &image, &bench_args, timeout, false)?;
+        let bench = qemu::run(&machine, &image, &bench_args, timeout, &mut |_| {})?;
         println!(
             "demo checks [variant {}]: demo run {:.1} s, bench run ({suites}) {:.1} s",
             variant.name(),

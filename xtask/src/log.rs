@@ -4,6 +4,11 @@ use crate::Failure;
 use defmt_decoder::{DecodeError, Table};
 use std::fmt;
 
+/// The status in the kernel's final line `tracelab: exit status N`.
+pub fn exit_sentinel(line: &str) -> Option<i32> {
+    line.strip_prefix("tracelab: exit status ")?.trim().parse().ok()
+}
+
 #[derive(Clone, Debug)]
 pub struct LogLine {
     pub level: Option<defmt_parser::Level>,

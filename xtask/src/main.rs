@@ -3,6 +3,7 @@
 //! Exit codes: 0 success, 1 test failures, 2 bad usage or missing environment, 124 a QEMU run
 //! killed on timeout.
 
+mod apt;
 mod bench;
 mod bootfiles;
 mod build;
@@ -84,14 +85,14 @@ fn main() -> ExitCode {
     // subcommands) exit 2.
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Qemu(args) => qemu::run_interactive(&args),
+        Command::Qemu(args) => qemu::run_interactive(&args, demo::console),
         Command::Test(args) => test::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Profile(args) => profile::run(&args),
         Command::Sdimage(args) => sdimage::run(&args),
         Command::Flash(args) => flash::run(&args),
         Command::Lint => lint::run(),
-        Command::Monitor(args) => serial::monitor(&args),
+        Command::Monitor(args) => serial::monitor(&args, demo::console),
         Command::Stress(args) => stress::run(&args),
         Command::Setup(args) => setup::run(&args),
     };

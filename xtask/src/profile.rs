@@ -148,7 +148,7 @@ pub fn collect(args: &ProfileArgs) -> Result<Profile, Failure> {
     if let Some(broken) = args.break_unwinder {
         words.push(format!("profile.break={}", if broken == BrokenUnwinder::Fp { "fp" } else { "scs" }));
     }
-    let run = qemu::run(&machine, &image, &words.join(" "), Some(Duration::from_secs(args.timeout)), false)?;
+    let run = qemu::run(&machine, &image, &words.join(" "), Some(Duration::from_secs(args.timeout)), &mut |_| {})?;
     let Some(status) = run.status else {
         return Err(Failure {
             status: 124,

@@ -2,7 +2,7 @@
 
 use crate::Failure;
 use crate::build::{self, Board, BuildVariant};
-use crate::log::{KernelLog, LogLine};
+use crate::log::{KernelLog, LogLine, exit_sentinel};
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -169,7 +169,7 @@ impl QemuArgs {
         if self.run == RunMode::Bench {
             words.push(format!("clock={}", if icount { "cycles" } else { "ns" }));
         }
-        // Under icount every tick waited for costs its interval in instructions (test.rs).
+        // Under icount every tick waited for costs its interval in instructions (test/configuration.rs).
         if self.run == RunMode::Test && icount {
             words.push("hz=1000".into());
         }
@@ -219,7 +219,7 @@ impl Machine {
         format!("{} -cpu {} EL{} GICv{} smp {}", self.board.name(), self.cpu.name(), self.el, self.gic, self.smp)
     }
 
-    /// The kernel command line words this machine needs: `cpus=N` where the board's CPUs exist
+    /// The kernel command line words this emulated machine needs: `cpus=N` where the board's CPUs exist
     /// whatever QEMU's `-smp` (raspi4b) and the kernel starts only the boot CPU by default.
     pub fn bootargs(&self) -> Option<String> {
         (self.board == Board::Rpi4 || self.smp != 1).then(|| format!("cpus={}", self.smp))
@@ -326,13 +326,14 @@ pub struct RunResult {
     pub elapsed: Duration,
 }
 
-/// Boots `image` with `bootargs`, decoding the log as it arrives (`echo` prints each line).
+/// Boots `image` with `bootargs`, decoding the log as it arrives and handing each line to
+/// `on_line` as it is decoded (the caller's console, or nothing).
 pub fn run(
     machine: &Machine,
     image: &build::KernelImage,
     bootargs: &str,
     timeout: Option<Duration>,
-    echo: bool,
+    on_line: &mut dyn FnMut(&LogLine),
 ) -> Result<RunResult, Failure> {
     ensure_installed()?;
     let elf = std::fs::read(&image.elf).map_err(|error| Failure::usage(format!("{}: {error}", image.elf.display())))?;
@@ -360,13 +361,6 @@ pub fn run(
         }
     });
     let mut log = KernelLog::with_symbols(&elf, &image.elf)?;
-    // Demo lines rendered and the function tracer's ring written (kept out of runs not echoed).
-    let mut presenter = echo.then(|| crate::demo::Presenter::new(&elf));
-    let mut show = |line: &LogLine| {
-        if let Some(presenter) = presenter.as_mut() {
-            presenter.present(line).iter().for_each(|text| println!("{text}"));
-        }
-    };
     // The kernel's last line. A kernel that could not use semihosting (a panic before it read
     // its command line on a board without it by default) parks after printing it: then the
     // sentinel's status is the run's, as when reading a real board's serial line.
@@ -374,7 +368,7 @@ pub fn run(
     let status = loop {
         while let Ok(bytes) = receiver.try_recv() {
             for line in log.feed(&bytes) {
-                show(&line);
+                on_line(&line);
                 if let Some(status) = exit_sentinel(&line.text) {
                     sentinel = Some((status, Instant::now()));
                 }
@@ -398,7 +392,7 @@ pub fn run(
     let _ = stdout_reader.join();
     while let Ok(bytes) = receiver.try_recv() {
         for line in log.feed(&bytes) {
-            show(&line);
+            on_line(&line);
         }
     }
     drop(child);
@@ -443,19 +437,18 @@ pub fn run_via_pty(
     let port = crate::serial::open(std::path::Path::new(&pty), 115_200)?;
     let mut monitor = child.0.stdin.take().expect("piped");
     monitor.write_all(b"cont\n").map_err(|error| Failure::usage(format!("QEMU monitor: {error}")))?;
-    let run = crate::serial::read_run(port, &image.elf, Some(timeout), false)?;
+    let run = crate::serial::read_run(port, &image.elf, Some(timeout), &mut |_| {})?;
     let _ = monitor.write_all(b"quit\n");
     drop(child);
     Ok(run)
 }
 
-/// The status in the kernel's final line `tracelab: exit status N`.
-pub fn exit_sentinel(line: &str) -> Option<i32> {
-    line.strip_prefix("tracelab: exit status ")?.trim().parse().ok()
-}
-
-/// `cargo xtask qemu`: build, boot, stream the log, exit with the kernel's status.
-pub fn run_interactive(args: &QemuArgs) -> Result<u8, Failure> {
+/// `cargo xtask qemu`: build, boot, stream the log to the console that `console` makes from the
+/// kernel ELF, exit with the kernel's status.
+pub fn run_interactive<Console: FnMut(&LogLine)>(
+    args: &QemuArgs,
+    console: impl FnOnce(&[u8]) -> Console,
+) -> Result<u8, Failure> {
     let (default_cpu, default_el) = match args.board {
         Board::Virt => (CpuVariant::MaxImpdef, 1),
         Board::Rpi4 => (CpuVariant::CortexA72, 2),
@@ -501,7 +494,8 @@ pub fn run_interactive(args: &QemuArgs) -> Result<u8, Failure> {
         );
     }
     let timeout = (!args.gdb).then(|| Duration::from_secs(args.timeout));
-    let result = run(&machine, &image, &bootargs, timeout, true)?;
+    let elf = std::fs::read(&image.elf).map_err(|error| Failure::usage(format!("{}: {error}", image.elf.display())))?;
+    let result = run(&machine, &image, &bootargs, timeout, &mut console(&elf))?;
     if !result.stderr.trim().is_empty() {
         eprint!("{}", result.stderr);
     }

@@ -3,8 +3,7 @@
 //! A run ends at the kernel's sentinel line `tracelab: exit status N`.
 
 use crate::Failure;
-use crate::log::{KernelLog, LogLine};
-use crate::qemu::exit_sentinel;
+use crate::log::{KernelLog, LogLine, exit_sentinel};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -77,12 +76,15 @@ pub struct SerialRun {
 }
 
 /// Decodes `port` with the kernel ELF (log table and symbols) until the sentinel, end of stream
-/// or `timeout`.
-pub fn read_run(port: Port, elf_path: &Path, timeout: Option<Duration>, echo: bool) -> Result<SerialRun, Failure> {
+/// or `timeout`, handing each line to `on_line` as it is decoded.
+pub fn read_run(
+    port: Port,
+    elf_path: &Path,
+    timeout: Option<Duration>,
+    on_line: &mut dyn FnMut(&LogLine),
+) -> Result<SerialRun, Failure> {
     let elf = std::fs::read(elf_path).map_err(|error| Failure::usage(format!("{}: {error}", elf_path.display())))?;
     let mut log = KernelLog::with_symbols(&elf, elf_path)?;
-    // Demo lines rendered, the function tracer's ring written to target/trace/ (as for QEMU).
-    let mut presenter = echo.then(|| crate::demo::Presenter::new(&elf));
     let (sender, receiver) = std::sync::mpsc::channel::<Vec<u8>>();
     // The reader ends with the stream, or when this run is over (it polls `done`).
     let done = Arc::new(AtomicBool::new(false));
@@ -114,9 +116,7 @@ pub fn read_run(port: Port, elf_path: &Path, timeout: Option<Duration>, echo: bo
         match receiver.recv_timeout(wait.min(Duration::from_millis(200))) {
             Ok(bytes) => {
                 for line in log.feed(&bytes) {
-                    if let Some(presenter) = presenter.as_mut() {
-                        presenter.present(&line).iter().for_each(|text| println!("{text}"));
-                    }
+                    on_line(&line);
                     status = status.or(exit_sentinel(&line.text));
                 }
             }
@@ -145,15 +145,20 @@ pub struct MonitorArgs {
     pub timeout: Option<u64>,
 }
 
-/// `cargo xtask monitor`: decode a board's log until its sentinel; exit with its status.
-pub fn monitor(args: &MonitorArgs) -> Result<u8, Failure> {
+/// `cargo xtask monitor`: decode a board's log until its sentinel, streaming it to the console
+/// that `console` makes from the kernel ELF; exit with its status.
+pub fn monitor<Console: FnMut(&LogLine)>(
+    args: &MonitorArgs,
+    console: impl FnOnce(&[u8]) -> Console,
+) -> Result<u8, Failure> {
     let elf_path = match &args.elf {
         Some(path) => path.clone(),
         None => crate::build::kernel(crate::build::Board::Rpi4, args.variant)?.elf,
     };
     let port = open(&args.serial, args.baud)?;
     eprintln!("xtask: reading {} with {}; power on the board", args.serial.display(), elf_path.display());
-    let run = read_run(port, &elf_path, args.timeout.map(Duration::from_secs), true)?;
+    let elf = std::fs::read(&elf_path).map_err(|error| Failure::usage(format!("{}: {error}", elf_path.display())))?;
+    let run = read_run(port, &elf_path, args.timeout.map(Duration::from_secs), &mut console(&elf))?;
     match run.status {
         Some(status) => Ok(status.clamp(0, 255) as u8),
         None => Err(Failure {

@@ -4,10 +4,12 @@
 //! its exit status and benchmark rows; the kernel reads the same command line and table and
 //! reports through the same status and names. Each constant lives here once, so that the two
 //! cannot drift. Log-line prefixes stay literals where defmt needs them (its format strings
-//! must be literals).
+//! must be literals); where xtask parses such a line, the prefix and the parser live here and
+//! the kernel checks its literal against the prefix with [`same_str`] (`bench::ROW_PREFIX`).
 #![cfg_attr(not(any(test, feature = "writer")), no_std)]
 #![forbid(unsafe_code)]
 
+pub mod bench;
 pub mod ksyms;
 
 /// How a kernel run ends: the semihosting exit code, which QEMU turns into its exit status.
@@ -30,17 +32,62 @@ impl ExitStatus {
     }
 }
 
-/// Benchmark suites, in the order `xtask bench` runs them with none named (BENCH.md).
+/// Benchmark suites: one list, in the order the kernel runs them when none is named. The kernel
+/// maps each to its function and xtask adds each one's help text and default build variant,
+/// both by an exhaustive `match`, so a suite added here does not build until both sides have it.
 pub mod suite {
-    pub const BASELINE: &str = "baseline";
-    pub const STACKTRACE: &str = "stacktrace";
-    pub const DEPOT: &str = "depot";
-    pub const PROBES: &str = "probes";
-    pub const FTRACE: &str = "ftrace";
-    pub const KASAN_BOOT: &str = "kasan-boot";
-    pub const CPUS: &str = "cpus";
-    pub const CPUS_HEAP: &str = "cpus-heap";
-    pub const ALL: [&str; 8] = [BASELINE, STACKTRACE, DEPOT, PROBES, FTRACE, KASAN_BOOT, CPUS, CPUS_HEAP];
+    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+    pub enum Suite {
+        Baseline,
+        Stacktrace,
+        Depot,
+        Probes,
+        Ftrace,
+        KasanBoot,
+        Cpus,
+        CpusHeap,
+    }
+
+    impl Suite {
+        /// Every suite, in run order.
+        pub const ALL: [Suite; 8] = [
+            Self::Baseline,
+            Self::Stacktrace,
+            Self::Depot,
+            Self::Probes,
+            Self::Ftrace,
+            Self::KasanBoot,
+            Self::Cpus,
+            Self::CpusHeap,
+        ];
+
+        /// The name on the command line (`bench=NAME,...`) and in the SUITE field of its rows.
+        pub const fn name(self) -> &'static str {
+            match self {
+                Self::Baseline => "baseline",
+                Self::Stacktrace => "stacktrace",
+                Self::Depot => "depot",
+                Self::Probes => "probes",
+                Self::Ftrace => "ftrace",
+                Self::KasanBoot => "kasan-boot",
+                Self::Cpus => "cpus",
+                Self::CpusHeap => "cpus-heap",
+            }
+        }
+
+        pub fn from_name(name: &str) -> Option<Self> {
+            Self::ALL.into_iter().find(|suite| suite.name() == name)
+        }
+    }
+
+    pub const BASELINE: &str = Suite::Baseline.name();
+    pub const STACKTRACE: &str = Suite::Stacktrace.name();
+    pub const DEPOT: &str = Suite::Depot.name();
+    pub const PROBES: &str = Suite::Probes.name();
+    pub const FTRACE: &str = Suite::Ftrace.name();
+    pub const KASAN_BOOT: &str = Suite::KasanBoot.name();
+    pub const CPUS: &str = Suite::Cpus.name();
+    pub const CPUS_HEAP: &str = Suite::CpusHeap.name();
 }
 
 /// Workloads of `run=profile` (`profile.workload=`), as `cargo xtask profile` names them.
@@ -142,6 +189,23 @@ pub mod load_address {
     pub const RPI4: u64 = 0x0008_0000;
 }
 
+/// Whether two strings are equal, where `==` cannot run: in a `const` assertion (the kernel
+/// ties the literals of its defmt format strings to this crate's constants with it).
+pub const fn same_str(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut index = 0;
+    while index < a.len() {
+        if a[index] != b[index] {
+            return false;
+        }
+        index += 1;
+    }
+    true
+}
+
 /// The kernel's linear map: VA = PA + VA_OFFSET, for RAM, the image and devices (TTBR1, 39-bit).
 pub const VA_OFFSET: u64 = 0xFFFF_FF80_0000_0000;
 
@@ -150,10 +214,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn suite_names_are_distinct() {
-        for (index, name) in suite::ALL.iter().enumerate() {
-            assert!(!suite::ALL[index + 1..].contains(name), "{name} twice");
+    fn suite_names_are_distinct_and_read_back() {
+        use suite::Suite;
+        for (index, suite) in Suite::ALL.iter().enumerate() {
+            assert!(!Suite::ALL[index + 1..].iter().any(|other| other.name() == suite.name()), "{suite:?} twice");
+            assert_eq!(Suite::from_name(suite.name()), Some(*suite));
         }
+        assert_eq!(Suite::from_name("baselin"), None);
+    }
+
+    #[test]
+    fn const_str_equality() {
+        assert!(same_str("bench row: ", "bench row: "));
+        assert!(!same_str("bench row: ", "bench row:"));
+        assert!(!same_str("abc", "abd"));
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! Benchmarks: each suite measures its cases and emits one row per case, metric and rep.
 //!
 //! A row is one defmt record `bench row: SUITE CASE PARAMS METRIC UNIT VALUE` (PARAMS is `-` or
-//! `key=value,...`), decoded by `cargo xtask bench`, which aggregates reps into
-//! results.json (the row format is `docs/reference/bench.md`'s). Every measured window runs with interrupts masked, so
-//! neither the tick nor anything else lands in it.
+//! `key=value,...`; `protocol::bench` reads it back), decoded by `cargo xtask bench`, which
+//! aggregates reps into results.json (the contract is docs/reference/bench.md). Every measured
+//! window runs with interrupts masked, so neither the tick nor anything else lands in it.
 
 mod baseline;
 mod cpus;
@@ -16,7 +16,8 @@ pub(crate) mod stacktrace;
 use crate::arch::counters;
 use crate::args::Args;
 use crate::sync::IrqMask;
-use protocol::{cmdline as key, suite};
+use protocol::cmdline as key;
+use protocol::suite::Suite;
 
 /// What a measurement counts, chosen by xtask per mode.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -132,41 +133,42 @@ impl core::fmt::Write for Label {
     }
 }
 
-/// Emits one result row.
+/// Emits one result row. defmt wants a literal format string: its prefix is
+/// `protocol::bench::ROW_PREFIX`, which xtask's one reader parses (checked below).
 pub fn row(suite: &str, case: &str, params: &str, metric: &str, unit: &str, value: f64) {
     defmt::info!("bench row: {=str} {=str} {=str} {=str} {=str} {=f64}", suite, case, params, metric, unit, value);
 }
 
-/// A benchmark suite: its name on the command line and in result rows, and its cases.
-pub struct Suite {
-    pub name: &'static str,
-    pub run: fn(&Plan),
+const _: () = assert!(protocol::same_str(protocol::bench::ROW_PREFIX, "bench row: "), "the row's literal above");
+
+/// The function that runs each suite of `protocol::suite`'s list: an exhaustive match, so a
+/// suite added to the list does not build until it has its function here.
+fn runner(suite: Suite) -> fn(&Plan) {
+    match suite {
+        Suite::Baseline => baseline::run,
+        Suite::Stacktrace => stacktrace::run,
+        Suite::Depot => depot::run,
+        Suite::Probes => probes::run,
+        Suite::Ftrace => ftrace::run,
+        Suite::KasanBoot => kasan_boot::run,
+        Suite::Cpus => cpus::run,
+        Suite::CpusHeap => cpus::run_heap,
+    }
 }
 
-pub const SUITES: &[Suite] = &[
-    Suite { name: suite::BASELINE, run: baseline::run },
-    Suite { name: suite::STACKTRACE, run: stacktrace::run },
-    Suite { name: suite::DEPOT, run: depot::run },
-    Suite { name: suite::PROBES, run: probes::run },
-    Suite { name: suite::FTRACE, run: ftrace::run },
-    Suite { name: suite::KASAN_BOOT, run: kasan_boot::run },
-    Suite { name: suite::CPUS, run: cpus::run },
-    Suite { name: suite::CPUS_HEAP, run: cpus::run_heap },
-];
-
-/// Runs the named suites (comma-separated; empty = all).
+/// Runs the named suites (comma-separated; empty = all), in the list's order.
 pub fn run(names: &str, plan: &Plan) -> Result<(), &'static str> {
     counters::start_cycle_counter();
     for name in names.split(',').filter(|name| !name.is_empty()) {
-        if !SUITES.iter().any(|suite| suite.name == name) {
+        if Suite::from_name(name).is_none() {
             defmt::error!("bench: unknown suite {=str}", name);
             return Err("unknown suite");
         }
     }
-    for suite in SUITES {
-        if names.is_empty() || names.split(',').any(|name| name == suite.name) {
-            defmt::info!("bench suite: {=str}", suite.name);
-            (suite.run)(plan);
+    for suite in Suite::ALL {
+        if names.is_empty() || names.split(',').any(|name| name == suite.name()) {
+            defmt::info!("bench suite: {=str}", suite.name());
+            runner(suite)(plan);
         }
     }
     defmt::info!("bench done");

@@ -1719,6 +1719,9 @@ fn smp_stack_sample_draws_per_cpu(_: &Context) -> Outcome {
     defmt::info!("  {=usize} CPUs drew their own stream; with one shared state, {=usize}", per_cpu, shared);
     check_eq!(per_cpu, cpus);
     check!(shared < cpus);
+    Ok(Verdict::Passed)
+}
+
 /// Tags each CPU draws in the tag generator tests.
 const TAG_DRAWS: usize = 512;
 /// The seed the tag generator tests draw from.

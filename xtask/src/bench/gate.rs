@@ -11,11 +11,12 @@ use super::{Mode, RunPlan};
 use crate::Failure;
 use crate::build::{self, Board, BuildVariant, KernelImage};
 use crate::qemu::CpuVariant;
+use protocol::suite;
 use std::path::PathBuf;
 use std::time::Duration;
 
 /// The suites the gate runs: one QEMU run of about 16 s under icount on the prod kernel.
-pub const SUITES: [&str; 5] = ["baseline", "probes", "ftrace", "stacktrace", "depot"];
+pub const SUITES: [&str; 5] = [suite::BASELINE, suite::PROBES, suite::FTRACE, suite::STACKTRACE, suite::DEPOT];
 /// Under icount every PAuth setting counts the same instructions; `pauth=off` is the cheapest to
 /// emulate.
 pub const CPU: CpuVariant = CpuVariant::MaxNoPauth;

@@ -18,7 +18,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-/// A suite the kernel can run, and the build variant it runs on unless `--variant` says.
+/// A suite the kernel can run (`protocol::suite`'s list), and what xtask adds to it: the build
+/// variant it runs on unless `--variant` says, and its line of help.
+#[derive(Clone, Copy)]
 pub struct Suite {
     pub name: &'static str,
     pub default_variant: BuildVariant,
@@ -26,48 +28,56 @@ pub struct Suite {
     pub about: &'static str,
 }
 
-pub const SUITES: &[Suite] = &[
-    Suite {
-        name: suite::BASELINE,
-        default_variant: BuildVariant::Prod,
-        about: "the measuring loop alone, a plain call, a PAC-signed call, an SCS call, a BRK round trip",
-    },
-    Suite {
-        name: suite::STACKTRACE,
-        default_variant: BuildVariant::Prod,
-        about: "one stack trace by frame records or shadow call stack, with and without the depot, depth 4..64",
-    },
-    Suite {
-        name: suite::DEPOT,
-        default_variant: BuildVariant::Prod,
-        about: "stack depot insert and lookup per op, and its size and hit rate when saturated",
-    },
-    Suite {
-        name: suite::PROBES,
-        default_variant: BuildVariant::Prod,
-        about: "k/u(ret)probe cost per hit for each method on nop, push and ret targets; unprobed calls",
-    },
-    Suite {
-        name: suite::FTRACE,
-        default_variant: BuildVariant::Prod,
-        about: "a traced call's cost with list and call-ops schemes, 0..100 relevant/irrelevant tracers",
-    },
-    Suite {
-        name: suite::KASAN_BOOT,
-        default_variant: BuildVariant::Full,
-        about: "an allocation-heavy workload on the sanitizer heap with each way of collecting stacks",
-    },
-    Suite {
-        name: suite::CPUS,
-        default_variant: BuildVariant::Prod,
-        about: "depot hits, traced calls and kprobe hits on 1, 2.. CPUs at once (--smp N), with contention counters",
-    },
-    Suite {
-        name: suite::CPUS_HEAP,
-        default_variant: BuildVariant::Full,
-        about: "the sanitizer heap's alloc+free with stack collection on 1, 2.. CPUs at once (--smp N)",
-    },
-];
+impl Suite {
+    const fn of(suite: suite::Suite) -> Self {
+        use suite::Suite::*;
+        let (default_variant, about) = match suite {
+            Baseline => (
+                BuildVariant::Prod,
+                "the measuring loop alone, a plain call, a PAC-signed call, an SCS call, a BRK round trip",
+            ),
+            Stacktrace => (
+                BuildVariant::Prod,
+                "one stack trace by frame records or shadow call stack, with and without the depot, depth 4..64",
+            ),
+            Depot => {
+                (BuildVariant::Prod, "stack depot insert and lookup per op, and its size and hit rate when saturated")
+            }
+            Probes => (
+                BuildVariant::Prod,
+                "k/u(ret)probe cost per hit for each method on nop, push and ret targets; unprobed calls",
+            ),
+            Ftrace => (
+                BuildVariant::Prod,
+                "a traced call's cost with list and call-ops schemes, 0..100 relevant/irrelevant tracers",
+            ),
+            KasanBoot => (
+                BuildVariant::Full,
+                "an allocation-heavy workload on the sanitizer heap with each way of collecting stacks",
+            ),
+            Cpus => (
+                BuildVariant::Prod,
+                "depot hits, traced calls and kprobe hits on 1, 2.. CPUs at once (--smp N), with contention counters",
+            ),
+            CpusHeap => (
+                BuildVariant::Full,
+                "the sanitizer heap's alloc+free with stack collection on 1, 2.. CPUs at once (--smp N)",
+            ),
+        };
+        Self { name: suite.name(), default_variant, about }
+    }
+}
+
+/// Every suite in `protocol::suite`'s order.
+pub const SUITES: [Suite; suite::Suite::ALL.len()] = {
+    let mut suites = [Suite::of(suite::Suite::ALL[0]); suite::Suite::ALL.len()];
+    let mut index = 1;
+    while index < suites.len() {
+        suites[index] = Suite::of(suite::Suite::ALL[index]);
+        index += 1;
+    }
+    suites
+};
 
 /// The suites' names as clap's possible values, each with its line of help, so `bench --help`
 /// lists them and a typo gets clap's "did you mean".
@@ -391,7 +401,7 @@ pub fn measure(plan: &RunPlan) -> Result<Vec<Sample>, Failure> {
     }
     let (status, log) = match (plan.board, plan.serial) {
         (Board::Virt, _) => {
-            let result = qemu::run(&machine, plan.image, &bootargs, Some(plan.timeout), false)?;
+            let result = qemu::run(&machine, plan.image, &bootargs, Some(plan.timeout), &mut |_| {})?;
             (result.status, result.log)
         }
         // QEMU raspi4b, read through a pseudo-terminal as a real board's serial line.
@@ -402,7 +412,7 @@ pub fn measure(plan: &RunPlan) -> Result<Vec<Sample>, Failure> {
         // The board runs what its cmdline.txt says (`cargo xtask sdimage --run bench`).
         (Board::Rpi4, Some(path)) => {
             let port = crate::serial::open(path, 115_200)?;
-            let result = crate::serial::read_run(port, &plan.image.elf, Some(plan.timeout), false)?;
+            let result = crate::serial::read_run(port, &plan.image.elf, Some(plan.timeout), &mut |_| {})?;
             (result.status, result.log)
         }
     };
@@ -427,10 +437,10 @@ pub fn measure(plan: &RunPlan) -> Result<Vec<Sample>, Failure> {
     }
     let mut samples = Vec::new();
     for line in &log {
-        if let Some(fields) = line.text.strip_prefix("bench row: ") {
-            let sample = Sample::parse(fields, plan.cpu, plan.variant, plan.mode)
-                .ok_or_else(|| Failure { status: 1, message: format!("malformed bench row: {}", line.text) })?;
-            samples.push(sample);
+        if let Some(row) = protocol::bench::Row::from_line(&line.text) {
+            let row =
+                row.ok_or_else(|| Failure { status: 1, message: format!("malformed bench row: {}", line.text) })?;
+            samples.push(Sample::from_row(&row, plan.cpu, plan.variant, plan.mode));
         }
     }
     Ok(samples)

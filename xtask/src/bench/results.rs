@@ -4,6 +4,7 @@
 use super::Mode;
 use crate::build::BuildVariant;
 use crate::qemu::CpuVariant;
+use protocol::bench;
 use serde_json::{Map, Value, json};
 
 /// The schema this xtask writes. Schema 2 extends schema 1 (every row keeps its fields) with
@@ -24,30 +25,25 @@ pub struct Sample {
 }
 
 impl Sample {
-    /// Parses `SUITE CASE PARAMS METRIC UNIT VALUE` (PARAMS: `-` or `key=value,...`).
+    /// Parses a row's fields, `SUITE CASE PARAMS METRIC UNIT VALUE` (`protocol::bench::Row`).
+    #[cfg(test)]
     pub fn parse(fields: &str, cpu: CpuVariant, variant: BuildVariant, mode: Mode) -> Option<Self> {
-        let mut words = fields.split_whitespace();
-        let (suite, case, params, metric, unit, value) =
-            (words.next()?, words.next()?, words.next()?, words.next()?, words.next()?, words.next()?);
-        let params = if params == "-" {
-            Vec::new()
-        } else {
-            params
-                .split(',')
-                .map(|pair| pair.split_once('=').map(|(key, value)| (key.to_string(), value.to_string())))
-                .collect::<Option<Vec<_>>>()?
-        };
-        Some(Self {
-            suite: suite.into(),
-            case: case.into(),
-            params,
-            metric: metric.into(),
-            unit: unit.into(),
-            value: value.parse().ok()?,
+        bench::Row::parse(fields).map(|row| Self::from_row(&row, cpu, variant, mode))
+    }
+
+    /// The sample a row measured in this configuration.
+    pub fn from_row(row: &bench::Row, cpu: CpuVariant, variant: BuildVariant, mode: Mode) -> Self {
+        Self {
+            suite: row.suite.into(),
+            case: row.case.into(),
+            params: row.params().map(|(key, value)| (key.to_string(), value.to_string())).collect(),
+            metric: row.metric.into(),
+            unit: row.unit.into(),
+            value: row.value,
             cpu,
             variant,
             mode,
-        })
+        }
     }
 }
 

@@ -1,0 +1,94 @@
+//! Benchmark result rows: the kernel writes one log line per case, metric and rep, and xtask
+//! reads them back with the one parser here.
+//!
+//! A row is `bench row: SUITE CASE PARAMS METRIC UNIT VALUE`: six fields separated by spaces,
+//! PARAMS `-` or `key=value,...`, VALUE a number. The kernel writes it with defmt, whose format
+//! strings must be literals: its writer spells the prefix itself and checks it against
+//! [`ROW_PREFIX`] with a `const` assertion.
+
+/// What starts every row's line in the kernel's log.
+pub const ROW_PREFIX: &str = "bench row: ";
+
+/// One row's fields, borrowed from its line.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Row<'a> {
+    pub suite: &'a str,
+    pub case: &'a str,
+    /// `-` (none) or `key=value,...`; [`Row::params`] splits it.
+    pub params: &'a str,
+    pub metric: &'a str,
+    pub unit: &'a str,
+    pub value: f64,
+}
+
+impl<'a> Row<'a> {
+    /// The fields of a log line that is a row (after [`ROW_PREFIX`]), or None when it is not one.
+    pub fn fields(line: &'a str) -> Option<&'a str> {
+        line.strip_prefix(ROW_PREFIX)
+    }
+
+    /// A log line's row: None when the line is not a row, `Some(None)` when it is one but its
+    /// fields are malformed.
+    pub fn from_line(line: &'a str) -> Option<Option<Self>> {
+        Self::fields(line).map(Self::parse)
+    }
+
+    /// Parses a row's six fields (the text after [`ROW_PREFIX`]); None when a field is missing,
+    /// one is left over, PARAMS is not `-` or `key=value,...`, or VALUE is not a number.
+    pub fn parse(fields: &'a str) -> Option<Self> {
+        let mut words = fields.split_whitespace();
+        let mut next = || words.next();
+        let row = Self {
+            suite: next()?,
+            case: next()?,
+            params: next()?,
+            metric: next()?,
+            unit: next()?,
+            value: next()?.parse().ok()?,
+        };
+        let well_formed =
+            next().is_none() && (row.params == "-" || row.params.split(',').all(|pair| pair.split_once('=').is_some()));
+        well_formed.then_some(row)
+    }
+
+    /// The params as (key, value) pairs, none for `-`.
+    pub fn params(&self) -> impl Iterator<Item = (&'a str, &'a str)> + use<'a> {
+        let params = if self.params == "-" { "" } else { self.params };
+        params.split(',').filter(|pair| !pair.is_empty()).filter_map(|pair| pair.split_once('='))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_is_read_back_field_by_field() {
+        let row = Row::from_line("bench row: probes kprobe-push method=simulate,depth=4 per_hit insn 300")
+            .expect("a row")
+            .expect("well formed");
+        assert_eq!(
+            (row.suite, row.case, row.metric, row.unit, row.value),
+            ("probes", "kprobe-push", "per_hit", "insn", 300.0)
+        );
+        assert_eq!(row.params().collect::<Vec<_>>(), [("method", "simulate"), ("depth", "4")]);
+        let plain = Row::parse("baseline call - per_op insn 2.0").expect("a row");
+        assert_eq!((plain.params, plain.value), ("-", 2.0));
+        assert_eq!(plain.params().count(), 0);
+    }
+
+    #[test]
+    fn other_lines_are_not_rows_and_malformed_rows_are_said_so() {
+        assert_eq!(Row::from_line("bench suite: baseline"), None);
+        assert_eq!(Row::from_line("INFO bench row: baseline call - per_op insn 2"), None);
+        for malformed in [
+            "baseline call - per_op insn",
+            "baseline call - per_op insn two",
+            "baseline call - per_op insn 2 extra",
+            "baseline call method per_op insn 2",
+        ] {
+            assert_eq!(Row::parse(malformed), None, "{malformed}");
+            assert_eq!(Row::from_line(&format!("{ROW_PREFIX}{malformed}")), Some(None), "{malformed}");
+        }
+    }
+}
