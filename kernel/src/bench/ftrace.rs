@@ -1,4 +1,4 @@
-//! Suite `ftrace` (seed 002): 100,000 calls to a trivial traced function with R relevant and I
+//! Suite `ftrace` (the call-ops thread, docs/threads.md): 100,000 calls to a trivial traced function with R relevant and I
 //! irrelevant counting tracers, for the seed's (R, I) pairs, under each dispatch scheme.
 //!
 //! A relevant tracer traces the target; an irrelevant one traces another function that the

@@ -2,7 +2,7 @@
 //! `nop`, `push` and `ret` targets, every method that applies.
 //!
 //! The targets are assembly functions whose first instruction is exactly `nop`,
-//! `stp x29, x30, [sp, #-16]!` or `ret` (seed 001's bpf bench targets); a Rust function would
+//! `stp x29, x30, [sp, #-16]!` or `ret` (the uprobes STP thread's bpf bench targets); a Rust function would
 //! start with the patchable NOPs and `paciasp`. One loop calls the target indirectly (`blr`) N
 //! times; the same loop without the call is the yardstick for `per_call`, and the unprobed call
 //! loop is the yardstick for `per_hit`. Handlers count hits (as a bpf program would). The kernel

@@ -9,7 +9,7 @@
 //! ("before") or the restored instruction ("after"). The step exceptions reach this file through
 //! `uprobe_hit::set_foreign_step_hook` (a step that no uprobe armed). See docs/design/races.md.
 //!
-//! Also (issue 22): a user task preempted inside a detour trampoline, on one CPU (an IRQ made
+//! Also: a user task preempted inside a detour trampoline, on one CPU (an IRQ made
 //! pending at the trampoline's displaced instruction by the probe's handler).
 
 use super::uprobe::{
@@ -362,7 +362,7 @@ pub(super) fn race_uprobe_unregister_waits(context: &Context) -> Outcome {
     })
 }
 
-// A user task preempted inside a detour trampoline (issue 22). `race_udetour_loop(spin)` calls
+// A user task preempted inside a detour trampoline. `race_udetour_loop(spin)` calls
 // `race_udetour_target(i)` (`add x0, x0, #1; ret`, probed on its `add` with a detour) for
 // i = 1, 2, ... until `spin` counter units have passed, checking each result; exit(calls), or
 // exit(UDETOUR_BAD) at the first wrong result.
