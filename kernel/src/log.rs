@@ -151,7 +151,7 @@ unsafe impl defmt::Logger for Logger {
             // SAFETY: wakes CPUs waiting in `take_console`; `dsb` makes the release store visible
             // before the event.
             unsafe { core::arch::asm!("dsb ish", "sev", options(nostack, preserves_flags)) };
-            cpu::restore_interrupts(daif);
+            cpu::restore_interrupts(daif); // raw mask pair: see above
         }
     }
 

@@ -51,7 +51,7 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     let smp = task::cpus::Options::from_args(&args);
     let kasan = mm::kasan::options::Options::from_args(&args);
     let stack_sample = stacktrace::stack_sample_from_args(&args);
-    let hz = drivers::timer::hz_from_args(&args);
+    let hz = task::tick_hz_from_args(&args);
     let boot_probes = demo::boot_probes::Requests::from_args(&args);
     let boot_trace = ftrace::tracers::BootTrace::from_args(&args);
     let bench = bench::Request::from_args(&args, options.icount);

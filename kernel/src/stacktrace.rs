@@ -633,7 +633,7 @@ pub fn sample_allocation() -> bool {
     };
     let x = next_sample_state(relaxed_load_u64(state));
     relaxed_store_u64(state, x);
-    cpu::restore_interrupts(daif);
+    cpu::restore_interrupts(daif); // raw mask pair: see above
     sampled(x, every)
 }
 

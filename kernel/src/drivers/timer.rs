@@ -27,18 +27,6 @@ pub fn start(hz: u64) {
     start_this_cpu();
 }
 
-/// The tick rate `hz=N` asks for (1..=10000; default 100), for `start`.
-pub fn hz_from_args(args: &crate::args::Args) -> u64 {
-    let mut hz = 100;
-    for value in args.values(protocol::cmdline::HZ) {
-        match value.parse::<u64>() {
-            Ok(value) if (1..=10_000).contains(&value) => hz = value,
-            _ => defmt::warn!("cmdline: hz={=str} is not in 1..=10000, keeping {=u64}", value, hz),
-        }
-    }
-    hz
-}
-
 /// Starts this CPU's tick at the rate `start` set (a secondary, after the boot CPU's `start`).
 pub fn start_this_cpu() {
     CNTV_CVAL_EL0.set(counter() + INTERVAL.load(Ordering::Relaxed));

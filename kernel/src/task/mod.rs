@@ -508,7 +508,7 @@ pub fn current() -> TaskId {
     // glue would be an instrumented out-of-line call there.
     let daif = cpu::mask_interrupts();
     let index = percpu::this_cpu().current_task.load(Ordering::Relaxed);
-    cpu::restore_interrupts(daif);
+    cpu::restore_interrupts(daif); // raw mask pair: see above
     TaskId(index)
 }
 
@@ -545,4 +545,16 @@ pub fn join(id: TaskId) -> State {
             ended => return ended,
         }
     }
+}
+
+/// The tick rate `hz=N` asks for (1..=10000; default 100), for `drivers::timer::start`.
+pub fn tick_hz_from_args(args: &crate::args::Args) -> u64 {
+    let mut hz = 100;
+    for value in args.values(protocol::cmdline::HZ) {
+        match value.parse::<u64>() {
+            Ok(value) if (1..=10_000).contains(&value) => hz = value,
+            _ => defmt::warn!("cmdline: hz={=str} is not in 1..=10000, keeping {=u64}", value, hz),
+        }
+    }
+    hz
 }

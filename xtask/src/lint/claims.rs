@@ -140,6 +140,12 @@ pub fn split_words(line: &str) -> Result<Vec<String>, String> {
 /// the printed lines when it found something, and a line saying why when it could not run.
 pub fn run(check: &Check, root: &Path) -> Result<(), Violation> {
     let violation = |output: Vec<String>| Violation { check: check.clone(), output };
+    let missing = missing_paths(check, root);
+    if !missing.is_empty() {
+        return Err(violation(
+            missing.iter().map(|path| format!("{path}: no such path (a grep over nothing holds vacuously)")).collect(),
+        ));
+    }
     let output = Command::new(&check.words[0])
         .args(&check.words[1..])
         .current_dir(root)
@@ -154,6 +160,18 @@ pub fn run(check: &Check, root: &Path) -> Result<(), Violation> {
             Err(violation(vec![format!("the grep itself failed ({}): {}", output.status, stderr.trim())]))
         }
     }
+}
+
+/// The plain paths after the grep's `--` that do not exist in `root` (exclusions and globs
+/// aside): a claim about a file that was renamed would otherwise pass forever.
+fn missing_paths(check: &Check, root: &Path) -> Vec<String> {
+    let Some(separator) = check.words.iter().position(|word| word == "--") else { return Vec::new() };
+    check.words[separator + 1..]
+        .iter()
+        .filter(|path| !path.starts_with(':') && !path.contains(['*', '?', '[']))
+        .filter(|path| !root.join(path).exists())
+        .cloned()
+        .collect()
 }
 
 /// Every check of `document` (relative to `root`) run in `root`: the violations, or why the
@@ -270,6 +288,16 @@ git grep -n zzz -- ':!docs'
         let text = describe("doc.md", &violations[0]);
         assert!(text.starts_with("doc.md:3: claim does not hold: Nothing calls up."), "{text}");
         assert!(text.contains("src/low.rs:1:"), "{text}");
+    }
+
+    #[test]
+    fn a_grep_over_a_path_that_does_not_exist_is_reported() {
+        let scratch = Scratch::new("missing", "low.rs", "fn f() {}\n");
+        let document = "```sh lint\n# Nothing calls up.\ngit grep -n -F 'crate::tests' -- src/renamed.rs\n```\n";
+        std::fs::write(scratch.0.join("architecture.md"), document).unwrap();
+        let violations = check_document(&scratch.0, "architecture.md").unwrap();
+        assert_eq!(violations.len(), 1);
+        assert!(violations[0].output[0].starts_with("src/renamed.rs: no such path"), "{:?}", violations[0].output);
     }
 
     #[test]

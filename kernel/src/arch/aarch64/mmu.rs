@@ -98,7 +98,7 @@ pub fn invalidate_kernel_page(va: u64) {
 /// translation (broadcast, or local under `smp.tlbi=local`). Only the shootdown test calls it.
 pub fn retarget_test_page(pa: u64) {
     let entry = TLB_TEST_ENTRY.load(core::sync::atomic::Ordering::Acquire) as *mut u64;
-    assert!(!entry.is_null() && pa.is_multiple_of(PAGE_SIZE), "mm::init maps the TLB test page");
+    assert!(!entry.is_null() && pa.is_multiple_of(PAGE_SIZE), "the TLB test page is mapped at memory init");
     // SAFETY: `entry` is the live level-3 descriptor of TLB_TEST_PAGE (recorded by `mm::init`),
     // which only this function changes; the old translation is invalidated right after.
     unsafe { core::ptr::write_volatile(entry, pa | Descriptor::PAGE | Attributes::ReadWrite.bits()) };
