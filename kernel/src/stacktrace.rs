@@ -13,13 +13,14 @@
 use crate::arch::cpu;
 use crate::arch::exception::ExceptionFrame;
 use crate::arch::percpu;
+use crate::arch::uninstrumented;
 use crate::inject::{self, Fault};
 use crate::probes::kretprobe::{self, Repair};
 use crate::sync::{IrqSpinLock, StaticBlocks};
 use crate::task::stacks::{self, SLOT_SIZE, Slot};
 use core::cell::UnsafeCell;
 use core::mem::MaybeUninit;
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 use stackdepot::{DepotError, DepotHandle, StackDepot};
 use unwind::{
     AddressLayout, FrameStart, FrameWalker, ReturnRepair, ShadowSegment, ShadowStack, ShadowWalker, StackKind,
@@ -341,8 +342,8 @@ fn collect_shadow_chained(x18: u64, options: TraceOptions, buffer: &mut [MaybeUn
     let mut segments = [ShadowSegment::current(shadow_stack(here), x18); 2];
     let mut count = 1;
     let cpu = stacks::this_cpu();
-    if relaxed_load_u64(&cpu.irq_shadow_stack) == here.0 {
-        let frame = relaxed_load_pointer(&cpu.irq_frame);
+    if uninstrumented::load_u64(&cpu.irq_shadow_stack) == here.0 {
+        let frame = uninstrumented::load_pointer(&cpu.irq_frame);
         if !frame.is_null() {
             // SAFETY: irq_frame points to the interrupted context's saved frame while the IRQ
             // runs (context.S), and this code runs inside that IRQ (x18 is on this CPU's IRQ
@@ -509,62 +510,6 @@ pub fn unsaved_reason(word: u32) -> Option<&'static str> {
     }
 }
 
-/// A relaxed atomic load, as one `ldr`: the heap's sanitizer-exempt path cannot inline core's
-/// atomic methods in `full` (each would be an instrumented call).
-#[inline(always)]
-fn relaxed_load_u32(atomic: &AtomicU32) -> u32 {
-    let value: u32;
-    // SAFETY: an aligned 32-bit load of an atomic's own memory: a relaxed atomic load.
-    unsafe {
-        core::arch::asm!("ldr {v:w}, [{a}]", a = in(reg) atomic as *const AtomicU32, v = lateout(reg) value, options(nostack, readonly, preserves_flags))
-    };
-    value
-}
-
-/// A relaxed atomic load of a flag, as one `ldrb` (see `relaxed_load_u32`).
-#[inline(always)]
-fn relaxed_load_bool(atomic: &AtomicBool) -> bool {
-    let value: u32;
-    // SAFETY: a byte load of an atomic's own memory (an `AtomicBool` holds 0 or 1): a relaxed
-    // atomic load.
-    unsafe {
-        core::arch::asm!("ldrb {v:w}, [{a}]", a = in(reg) atomic as *const AtomicBool, v = lateout(reg) value, options(nostack, readonly, preserves_flags))
-    };
-    value != 0
-}
-
-/// A relaxed atomic load, as one `ldr` (see `relaxed_load_u32`).
-#[inline(always)]
-fn relaxed_load_u64(atomic: &AtomicU64) -> u64 {
-    let value: u64;
-    // SAFETY: an aligned 64-bit load of an atomic's own memory: a relaxed atomic load.
-    unsafe {
-        core::arch::asm!("ldr {v}, [{a}]", a = in(reg) atomic as *const AtomicU64, v = lateout(reg) value, options(nostack, readonly, preserves_flags))
-    };
-    value
-}
-
-/// A relaxed atomic load of a pointer, as one `ldr` (see `relaxed_load_u32`).
-#[inline(always)]
-fn relaxed_load_pointer<T>(atomic: &AtomicPtr<T>) -> *mut T {
-    let value: *mut T;
-    // SAFETY: an aligned 64-bit load of an atomic's own memory: a relaxed atomic load.
-    unsafe {
-        core::arch::asm!("ldr {v}, [{a}]", a = in(reg) atomic as *const AtomicPtr<T>, v = lateout(reg) value, options(nostack, readonly, preserves_flags))
-    };
-    value
-}
-
-/// A relaxed atomic store, as one `str` (see `relaxed_load_u32`).
-#[inline(always)]
-fn relaxed_store_u64(atomic: &AtomicU64, value: u64) {
-    // SAFETY: an aligned 64-bit store to an atomic's own memory (interior mutability): a
-    // relaxed atomic store.
-    unsafe {
-        core::arch::asm!("str {v}, [{a}]", a = in(reg) atomic as *const AtomicU64, v = in(reg) value, options(nostack, preserves_flags))
-    };
-}
-
 /// `kasan.stack_sample=N`: one allocation stack in N is collected (free stacks always).
 static STACK_SAMPLE: AtomicU32 = AtomicU32::new(1);
 
@@ -619,20 +564,20 @@ pub fn stack_sample() -> u32 {
 /// CPU, and the task must not move to another CPU between them).
 #[inline(always)]
 pub fn sample_allocation() -> bool {
-    let every = relaxed_load_u32(&STACK_SAMPLE);
+    let every = uninstrumented::load_u32(&STACK_SAMPLE);
     if every <= 1 {
         return true;
     }
     // Not an `IrqMask`, not `inject::on`: in `full` their drop glue and core's atomic load are
     // instrumented out-of-line calls, which this sanitizer-exempt path cannot inline.
     let daif = cpu::mask_interrupts();
-    let state = if relaxed_load_bool(inject::flag(Fault::StackSampleStateShared)) {
+    let state = if uninstrumented::load_bool(inject::flag(Fault::StackSampleStateShared)) {
         &percpu::cpu_data(0).allocation_sample
     } else {
         &percpu::this_cpu().allocation_sample
     };
-    let x = next_sample_state(relaxed_load_u64(state));
-    relaxed_store_u64(state, x);
+    let x = next_sample_state(uninstrumented::load_u64(state));
+    uninstrumented::store_u64(state, x);
     cpu::restore_interrupts(daif); // raw mask pair: see above
     sampled(x, every)
 }

@@ -20,6 +20,7 @@ pub mod semihosting;
 pub mod smp;
 pub mod stack;
 pub mod step;
+pub mod uninstrumented;
 
 use mmu::{Descriptor, VA_OFFSET};
 

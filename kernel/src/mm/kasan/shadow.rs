@@ -22,7 +22,8 @@
 //! on the seed and on what that CPU allocated, never on what the other CPUs do at the same time.
 
 use super::storage::{self, TagStorage, untagged};
-use crate::arch::percpu::{CPUS, PerCpu};
+use crate::arch::percpu::CPUS;
+use crate::arch::uninstrumented;
 use crate::inject::{self, Fault};
 use core::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 
@@ -177,69 +178,18 @@ const OBJECT_TAGS: u32 = (ShadowTags::LAST_OBJECT_TAG - ShadowTags::FIRST_OBJECT
 /// state removes; a test shows that its check sees it).
 ///
 /// On the allocation path, where every call is costly in the `full` image: this function is
-/// uninstrumented and makes none. Its loads and store are asm (`this_cpu_index`, `load_pointer`,
-/// `load_state`, `store_state`): into an uninstrumented function, LLVM does not inline the
-/// atomics' core methods (they are instrumented), so each would be a call to an instrumented
-/// function with its own shadow check.
+/// uninstrumented and makes none: its loads and store are `arch::uninstrumented`'s single
+/// instructions, where core's atomic methods would each be a call to an instrumented function.
 #[sanitize(kernel_hwaddress = "off")]
 fn next() -> u8 {
     // A CPU's index is below CPUS (percpu::init_this_cpu is given one of the CPUS slots); the
     // remainder (CPUS is a power of two: an `and`) lets the compiler drop the bounds check.
-    let state = load_pointer(&DRAWS_FROM[this_cpu_index() % CPUS]);
-    let next = next_state(load_state(state));
-    store_state(state, next);
-    tag_of_state(next)
-}
-
-/// This CPU's index: TPIDR_EL1 and one load from its per-CPU data, in asm (see [`next`]).
-#[inline(always)]
-fn this_cpu_index() -> usize {
-    let index: usize;
-    // SAFETY: TPIDR_EL1 holds the address of this CPU's `PerCpu` (percpu::init_this_cpu wrote it
-    // before anything ran on this CPU), whose `index` field only init_this_cpu writes.
-    unsafe {
-        core::arch::asm!(
-            "mrs {i}, tpidr_el1",
-            "ldr {i}, [{i}, #{offset}]",
-            i = out(reg) index,
-            offset = const core::mem::offset_of!(PerCpu, index),
-            options(nostack, readonly, preserves_flags),
-        )
-    };
-    index
-}
-
-/// A relaxed load of a CPU's entry of [`DRAWS_FROM`], in asm (see [`next`]).
-#[inline(always)]
-fn load_pointer(pointer: &AtomicPtr<AtomicU32>) -> &'static AtomicU32 {
-    let state: *const AtomicU32;
-    // SAFETY: a single-copy atomic load of an aligned pointer-sized static.
-    unsafe {
-        core::arch::asm!("ldr {s}, [{a}]", a = in(reg) pointer as *const AtomicPtr<AtomicU32>, s = out(reg) state, options(nostack, readonly, preserves_flags))
-    };
+    let state = uninstrumented::load_pointer(&DRAWS_FROM[uninstrumented::this_cpu_index() % CPUS]);
     // SAFETY: DRAWS_FROM's entries only ever point at entries of STATE, a static.
-    unsafe { &*state }
-}
-
-/// A relaxed load of a generator state, in asm (see [`next`]).
-#[inline(always)]
-fn load_state(state: &AtomicU32) -> u32 {
-    let value: u32;
-    // SAFETY: a single-copy atomic load of an aligned 32-bit static.
-    unsafe {
-        core::arch::asm!("ldr {v:w}, [{a}]", a = in(reg) state as *const AtomicU32, v = out(reg) value, options(nostack, readonly, preserves_flags))
-    };
-    value
-}
-
-/// A relaxed store of a generator state, in asm (see [`next`]).
-#[inline(always)]
-fn store_state(state: &AtomicU32, value: u32) {
-    // SAFETY: a single-copy atomic store to an aligned 32-bit static, which this CPU steps with
-    // interrupts masked.
-    unsafe {
-        core::arch::asm!("str {v:w}, [{a}]", a = in(reg) state as *const AtomicU32, v = in(reg) value, options(nostack, preserves_flags))
-    };
+    let state = unsafe { &*state };
+    let next = next_state(uninstrumented::load_u32(state));
+    uninstrumented::store_u32(state, next);
+    tag_of_state(next)
 }
 
 /// The tag the shadow holds for the granule of `address`. Always inlined (as is
