@@ -1672,6 +1672,9 @@ fn draw_on_every_cpu(cpus: usize) -> Result<usize, Failure> {
     stacktrace::seed_stack_sample(SAMPLE_TEST_SEED);
     SAMPLE_READY.store(0, Ordering::Relaxed);
     let mut ids = [None; stacks::CPUS];
+    // Every drawer spawned before this task can be preempted: the drawer on this CPU, run at a
+    // tick between the spawns, would mask IRQs and wait for drawers not spawned yet.
+    let spawning = IrqMask::new();
     for (cpu, id) in ids.iter_mut().enumerate().take(cpus) {
         SAMPLE_SEEN[cpu].store(0, Ordering::Relaxed);
         *id = Some(
@@ -1679,6 +1682,7 @@ fn draw_on_every_cpu(cpus: usize) -> Result<usize, Failure> {
                 .map_err(|_| fail("spawn"))?,
         );
     }
+    drop(spawning);
     let mut own_streams = 0;
     for (cpu, id) in ids.iter().enumerate().take(cpus) {
         check!(task::join(id.expect("spawned above")) == State::Exited);
@@ -1770,10 +1774,14 @@ fn tag_round(shared: bool) -> Result<[u64; TAG_DRAWERS], Failure> {
     TAGS_READY.store(0, Ordering::Relaxed);
     TAGS_GO.store(false, Ordering::Relaxed);
     let mut ids = [None; TAG_DRAWERS];
+    // Both drawers spawned before this task can be preempted: the drawer on this CPU, run at a
+    // tick between the spawns, would mask IRQs and wait for a drawer not spawned yet.
+    let spawning = IrqMask::new();
     for (cpu, id) in ids.iter_mut().enumerate() {
         TAG_MISMATCHES[cpu].store(u64::MAX, Ordering::Relaxed);
         *id = Some(task::spawn_on(CpuMask::one(cpu), "tag-drawer", tag_drawer, cpu as u64).map_err(|_| fail("spawn"))?);
     }
+    drop(spawning);
     let mut exited = true;
     for id in ids.iter().flatten() {
         exited &= task::join(*id) == State::Exited;
