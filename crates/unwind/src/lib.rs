@@ -148,9 +148,9 @@ mod frame;
 mod pac;
 mod prologue;
 mod repair;
-mod shadow;
 pub mod sframe;
 mod sframe_walk;
+mod shadow;
 mod stack;
 mod trace;
 

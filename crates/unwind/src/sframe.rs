@@ -234,7 +234,15 @@ impl<'a> SFrameTable<'a> {
         if fdes_end > bytes.len() || fres_end > bytes.len() {
             return Err(TableError::Truncated);
         }
-        Ok(Self { bytes, address, pc_relative: flags & FLAG_FDE_FUNC_START_PCREL != 0, fdes, functions, fres, fres_end })
+        Ok(Self {
+            bytes,
+            address,
+            pc_relative: flags & FLAG_FDE_FUNC_START_PCREL != 0,
+            fdes,
+            functions,
+            fres,
+            fres_end,
+        })
     }
 
     /// Number of functions.
@@ -257,9 +265,10 @@ impl<'a> SFrameTable<'a> {
     fn start_of(&self, index: usize) -> u64 {
         let at = self.fdes + index * FDE_SIZE;
         let bytes = self.bytes;
-        let relative =
-            (bytes[at] as u32 | (bytes[at + 1] as u32) << 8 | (bytes[at + 2] as u32) << 16 | (bytes[at + 3] as u32) << 24)
-                as i32 as i64 as u64;
+        let relative = (bytes[at] as u32
+            | (bytes[at + 1] as u32) << 8
+            | (bytes[at + 2] as u32) << 16
+            | (bytes[at + 3] as u32) << 24) as i32 as i64 as u64;
         let base = if self.pc_relative { self.address.wrapping_add(at as u64) } else { self.address };
         base.wrapping_add(relative)
     }
@@ -412,7 +421,8 @@ impl<'a> SFrameTable<'a> {
             if index > 0 && function.start < previous_end {
                 return Err(TableError::Unordered { index });
             }
-            previous_end = function.start.checked_add(u64::from(function.size)).ok_or(TableError::BadFunction { index })?;
+            previous_end =
+                function.start.checked_add(u64::from(function.size)).ok_or(TableError::BadFunction { index })?;
             let mut expected = 0u64;
             for (position, entry) in self.rows(index)?.enumerate() {
                 let (start, row) = entry?;
