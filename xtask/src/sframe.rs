@@ -398,7 +398,7 @@ mod tests {
         let cie = [1, b'z', b'R', 0, 1, 0x7c, 30, 1, 0x1b, 0x0c, 31, 0];
         let mut body = vec![0, 0, 0, 0];
         body.extend_from_slice(&cie);
-        while body.len() % 4 != 0 {
+        while !body.len().is_multiple_of(4) {
             body.push(0);
         }
         section.extend_from_slice(&(body.len() as u32).to_le_bytes());
@@ -411,7 +411,7 @@ mod tests {
             body.extend_from_slice(&size.to_le_bytes());
             body.push(0);
             body.extend_from_slice(instructions);
-            while body.len() % 4 != 0 {
+            while !body.len().is_multiple_of(4) {
                 body.push(0);
             }
             section.extend_from_slice(&(body.len() as u32).to_le_bytes());
