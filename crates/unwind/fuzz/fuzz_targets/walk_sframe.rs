@@ -115,8 +115,10 @@ fuzz_target!(|input: &[u8]| {
         })
         .collect();
     let pc = TEXT + u64::from_le_bytes(take::<8>(&mut data)) % 0x400;
-    let sp = BASE + u64::from_le_bytes(take::<8>(&mut data)) % (WINDOW + 0x100);
-    let fp = BASE + u64::from_le_bytes(take::<8>(&mut data)) % (WINDOW + 0x100);
+    // SP and x29 near the first stack (a little past either end too), so most walks start.
+    let near = |word: u64| stacks[0].low.wrapping_sub(0x20) + word % (stacks[0].high - stacks[0].low + 0x40);
+    let sp = near(u64::from_le_bytes(take::<8>(&mut data)));
+    let fp = near(u64::from_le_bytes(take::<8>(&mut data)));
     let lr = u64::from_le_bytes(take::<8>(&mut data));
     let layout = AddressLayout::new(39);
     // Per frame at most two slot reads; the CFA rises by 16 at least; a marker is 3 more.
