@@ -1,11 +1,12 @@
 //! Fuzz target: on any table and memory image the SFrame walker ends and stays in bounds.
 //!
 //! The input is read as: one byte of mode (even: the table is raw bytes from the input; odd: a
-//! valid table of three functions with up to eight bytes overwritten by the input), a 16-bit
+//! valid table of three functions with up to seven bytes overwritten by the input), a 16-bit
 //! table length and the table's bytes (raw mode), one byte for how many stacks (1-3), per stack
-//! a 16-bit offset and a 16-bit size inside a 64 KiB window, the start's PC, SP, x29 and x30,
-//! then the window's contents. Memory outside the stacks is readable too, so only the walker's
-//! own checks keep it in bounds; a read counter catches loops.
+//! a 16-bit offset and a 16-bit size inside a 64 KiB window, the start's PC, SP and x29 (both
+//! near the first stack) and x30, then the memory from the lowest stack up. Memory outside the
+//! stacks is readable too, so only the walker's own checks keep it in bounds; a read counter
+//! catches loops.
 #![no_main]
 
 use std::cell::Cell;
@@ -24,6 +25,8 @@ const TEXT: u64 = 0xffff_ff80_4008_0000;
 const SECTION: u64 = TEXT + 0x10_0000;
 
 struct Image<'a> {
+    /// The memory from `origin` up (0xa5 past its end).
+    origin: u64,
     bytes: &'a [u8],
     allowed: &'a [StackRange],
     reads: Cell<usize>,
@@ -39,7 +42,7 @@ impl StackMemory for Image<'_> {
         );
         self.reads.set(self.reads.get() + 1);
         assert!(self.reads.get() <= self.max_reads, "more reads than the termination bound");
-        let offset = address.wrapping_sub(BASE) as usize;
+        let offset = address.wrapping_sub(self.origin) as usize;
         let mut word = [0u8; 8];
         for (index, byte) in word.iter_mut().enumerate() {
             *byte = self.bytes.get(offset + index).copied().unwrap_or(0xa5);
@@ -123,7 +126,9 @@ fuzz_target!(|input: &[u8]| {
     let layout = AddressLayout::new(39);
     // Per frame at most two slot reads; the CFA rises by 16 at least; a marker is 3 more.
     let bound: usize = stacks.iter().map(|stack| 2 * ((stack.high - stack.low) as usize / 16 + 2) + 3).sum();
-    let image = Image { bytes: data, allowed: &stacks, reads: Cell::new(0), max_reads: bound };
+    // The input's bytes start at the lowest stack, so short inputs fill the stacks.
+    let origin = stacks.iter().map(|stack| stack.low).min().unwrap_or(BASE);
+    let image = Image { origin, bytes: data, allowed: &stacks, reads: Cell::new(0), max_reads: bound };
     let walker = SFrameWalker::new(&image, &stacks, &sframe, layout);
     let starts = [
         SFrameStart::Interrupted(Registers { pc, sp, fp, lr }),
