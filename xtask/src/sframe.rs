@@ -540,6 +540,106 @@ mod tests {
             let conversion = embed(&mut data).unwrap();
             assert_eq!(conversion.inexpressible_rows, 0, "{variant}: {:x?}", conversion.inexpressible_functions);
             assert!(conversion.fdes > 500 && conversion.rewritten > 0, "{variant}: {conversion:?}");
+            walks_through_real_rows(&data);
+        }
+    }
+
+    /// Memory of 8-byte words; everything else unreadable.
+    struct Words(BTreeMap<u64, u64>);
+
+    impl unwind::StackMemory for Words {
+        fn read_u64(&self, address: u64) -> Option<u64> {
+            self.0.get(&address).copied()
+        }
+    }
+
+    /// Chains of frames laid out by the kernel's own body rows (CFA = x29 + offset, RA and FP
+    /// saved), each frame's return address inside such a row of its caller, closed by a final
+    /// marker and a return into code without rows: the walker reads them back, PACs stripped.
+    fn walks_through_real_rows(elf: &[u8]) {
+        let file = object::File::parse(elf).unwrap();
+        let section = file.section_by_name(".sframe").unwrap();
+        let bytes = section.data().unwrap();
+        let table = SFrameTable::new(bytes, section.address()).unwrap();
+        // Every (function index, offset range) of an FP-based body row.
+        let mut bodies = Vec::new();
+        for index in 0..table.len() {
+            let function = table.function(index).unwrap();
+            let rows: Vec<(u32, UnwindRow)> = table.rows(index).unwrap().map(Result::unwrap).collect();
+            for (position, (start, row)) in rows.iter().enumerate() {
+                let end = rows.get(position + 1).map_or(function.size, |(next, _)| *next);
+                if row.cfa_base == CfaBase::FramePointer && row.ra_offset.is_some() && row.fp_offset.is_some() {
+                    bodies.push((function.start, *start, end, *row));
+                }
+            }
+        }
+        assert!(bodies.len() > 100, "{} body rows", bodies.len());
+        let text = file.section_by_name(".text").unwrap();
+        let no_row = (text.address()..text.address() + text.size())
+            .step_by(4)
+            .find(|pc| table.find(*pc).unwrap().is_none())
+            .expect("hand-written code without rows");
+        let stack = unwind::StackRange::new(0x4010_0000, 0x4030_0000, unwind::StackKind::Task);
+        let layout = unwind::AddressLayout::new(39);
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |bound: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % bound as u64) as usize
+        };
+        for _ in 0..500 {
+            let depth = 1 + next(40);
+            let chain: Vec<_> = (0..depth).map(|_| bodies[next(bodies.len())]).collect();
+            // A PC inside each chosen row (the first is interrupted there; the others are
+            // return addresses, looked up 1 byte before).
+            let pcs: Vec<u64> = chain
+                .iter()
+                .enumerate()
+                .map(|(level, (start, from, to, _))| {
+                    let slots = (to - from) / 4;
+                    let offset = u64::from(from + 4 * next(slots as usize) as u32);
+                    start + offset + if level == 0 { 0 } else { 4 }
+                })
+                .collect();
+            let mut memory = BTreeMap::new();
+            let mut sp = stack.low + 0x100;
+            let mut records = Vec::new();
+            for (_, _, _, row) in &chain {
+                // x29 at the frame's lowest slot (the record), the CFA above it, as LLVM lays it out.
+                let lowest = row.ra_offset.unwrap().min(row.fp_offset.unwrap());
+                let fp = sp + 16 * next(4) as u64;
+                let cfa = (fp as i64 + i64::from(row.cfa_offset)) as u64;
+                assert!(cfa as i64 + i64::from(lowest) >= sp as i64, "{row:?}");
+                records.push((fp, cfa));
+                sp = cfa;
+            }
+            let marker = sp + 16;
+            memory.extend([(marker, 0), (marker + 8, 0), (marker + 16, 0), (marker + 24, 0), (marker + 32, 0)]);
+            for (level, (_, _, _, row)) in chain.iter().enumerate() {
+                let (_, cfa) = records[level];
+                let caller_fp = records.get(level + 1).map_or(marker, |(fp, _)| *fp);
+                let ra = pcs.get(level + 1).copied().unwrap_or(no_row + 4);
+                let signed = (ra & ((1 << 39) - 1)) | ((level as u64 * 0x1357) & 0xffff) << 39 | 0xff80 << 48;
+                memory.insert((cfa as i64 + i64::from(row.ra_offset.unwrap())) as u64, signed);
+                memory.insert((cfa as i64 + i64::from(row.fp_offset.unwrap())) as u64, caller_fp);
+            }
+            let memory = Words(memory);
+            let stacks = [stack];
+            let walker = unwind::SFrameWalker::new(&memory, &stacks, &table, layout);
+            let start = unwind::SFrameStart::Interrupted(unwind::Registers {
+                pc: pcs[0],
+                sp: stack.low + 0x100,
+                fp: records[0].0,
+                lr: 0,
+            });
+            let mut trace = unwind::Trace::new();
+            trace.fill(|buffer| walker.walk(start, unwind::TraceOptions::ALL, buffer));
+            let mut expected = pcs.clone();
+            expected.push(no_row + 4);
+            expected.truncate(unwind::MAX_FRAMES);
+            assert_eq!(trace.addresses(), &expected[..], "{chain:x?}");
+            assert_eq!(trace.stop_reason(), unwind::StopReason::EndOfTask);
         }
     }
 }
