@@ -205,19 +205,43 @@ pub struct Validation {
     pub rewritten_addresses: usize,
 }
 
-/// `add sp, sp, #imm` (64-bit ADD immediate, Rd = Rn = SP).
+/// The stack pointer's register number in a load's base field.
+const SP_BASE: u32 = 31;
+
+/// The registers a 64-bit integer LDP (signed offset, pre- or post-indexed) loads, its base,
+/// and whether it is post-indexed.
+fn ldp_x(word: u32) -> Option<([u32; 2], u32, bool)> {
+    let form = word & 0xffc0_0000;
+    if form != 0xa8c0_0000 && form != 0xa940_0000 && form != 0xa9c0_0000 {
+        return None;
+    }
+    Some(([word & 31, (word >> 10) & 31], (word >> 5) & 31, form == 0xa8c0_0000))
+}
+
+/// The register a 64-bit integer LDR (unsigned offset, pre- or post-indexed) loads, its base,
+/// and whether it is post-indexed.
+fn ldr_x(word: u32) -> Option<(u32, u32, bool)> {
+    if word & 0xffc0_0000 == 0xf940_0000 {
+        return Some((word & 31, (word >> 5) & 31, false));
+    }
+    if word & 0xffe0_0400 == 0xf840_0400 {
+        return Some((word & 31, (word >> 5) & 31, (word >> 11) & 1 == 0));
+    }
+    None
+}
+
+/// `add sp, sp, #imm` (64-bit ADD immediate, Rd = Rn = SP), or a load post-indexed on SP
+/// (`ldp x29, x30, [sp], #32`, `ldr x30, [sp], #16`): what frees a frame.
 fn raises_sp(word: u32) -> bool {
-    word & 0xff80_03ff == 0x9100_03ff || is_ldp_fp_lr(word, 0xa8c0_7bfd)
+    word & 0xff80_03ff == 0x9100_03ff
+        || ldp_x(word).is_some_and(|(_, base, post)| base == SP_BASE && post)
+        || ldr_x(word).is_some_and(|(_, base, post)| base == SP_BASE && post)
 }
 
-/// `ldp x29, x30, [sp, #imm]` (signed offset, `base`=0xa9407bfd) or `[sp], #imm` (post-index,
-/// 0xa8c07bfd): the load of the frame record.
-fn is_ldp_fp_lr(word: u32, base: u32) -> bool {
-    word & 0xffc0_7fff == base
-}
-
-fn loads_fp_lr(word: u32) -> bool {
-    is_ldp_fp_lr(word, 0xa940_7bfd) || is_ldp_fp_lr(word, 0xa8c0_7bfd)
+/// Whether `word` loads register `register` from the stack (a frame's save slot).
+fn loads_from_stack(word: u32, register: u32) -> bool {
+    ldp_x(word).is_some_and(|(registers, base, _)| base == SP_BASE && registers.contains(&register))
+        || ldr_x(word).is_some_and(|(loaded, base, _)| base == SP_BASE && loaded == register)
 }
 
 /// Replays the CFI (`.eh_frame` bytes `data` at `address`) at every instruction of every
@@ -276,7 +300,7 @@ pub fn validate(
                     if found != rewrite {
                         return Err(fail(format!("{pc:#x}: rewrite of {expected:?} is {found:?}")));
                     }
-                    check_rewrite(row.start_address(), function.start, &instruction)
+                    check_rewrite(&expected, row.start_address(), function.start, &instruction)
                         .map_err(|message| fail(format!("{pc:#x}: {message}")))?;
                     validation.rewritten_addresses += 1;
                 }
@@ -299,10 +323,16 @@ fn is_hint(word: u32) -> bool {
     word & 0xffff_f01f == 0xd503_201f
 }
 
-/// A rewritten row starting at `row_start`: going back over the epilogue's tail (the shadow
-/// stack's pop, `autiasp` and other hints), the first other instruction raises SP, and one of
-/// the four before it (inside the function) loads x29 and x30 from the frame record.
-fn check_rewrite(row_start: u64, function_start: u64, instruction: &impl Fn(u64) -> Option<u32>) -> Result<(), String> {
+/// A rewritten row starting at `row_start`, for `original` (its CFI): going back over the
+/// epilogue's tail (the shadow stack's pop, `autiasp` and other hints), the first other
+/// instruction frees the frame (raises SP), and each register whose slot the CFI still places
+/// below SP (x30, x29) was loaded from the stack by it or one of the four before it.
+fn check_rewrite(
+    original: &UnwindRow,
+    row_start: u64,
+    function_start: u64,
+    instruction: &impl Fn(u64) -> Option<u32>,
+) -> Result<(), String> {
     let mut at = row_start;
     let raise = loop {
         at = at.checked_sub(4).filter(|at| *at >= function_start).ok_or("no SP increment before the row")?;
@@ -315,12 +345,16 @@ fn check_rewrite(row_start: u64, function_start: u64, instruction: &impl Fn(u64)
         }
         break at;
     };
-    let loaded = (0..=4)
+    let below_sp =
+        |slot: Option<i32>| slot.is_some_and(|offset| i64::from(original.cfa_offset) + i64::from(offset) < 0);
+    let words: Vec<u32> = (0..=4)
         .filter_map(|back| raise.checked_sub(4 * back).filter(|at| *at >= function_start))
         .filter_map(instruction)
-        .any(loads_fp_lr);
-    if !loaded {
-        return Err(format!("no `ldp x29, x30` before the SP increment at {raise:#x}"));
+        .collect();
+    for (slot, register, name) in [(original.ra_offset, 30, "x30"), (original.fp_offset, 29, "x29")] {
+        if below_sp(slot) && !words.iter().any(|word| loads_from_stack(*word, register)) {
+            return Err(format!("no load of {name} before the SP increment at {raise:#x}"));
+        }
     }
     Ok(())
 }
@@ -516,7 +550,7 @@ mod tests {
         // The rewrite needs `ldp x29, x30` and an SP increment before the row.
         let no_ldp = |at: u64| text(at).map(|word| if word == 0xa941_7bfd { 0xd503_201f } else { word });
         let failure = validate(&conversion, &data, EH_FRAME, &good, SFRAME, no_ldp).unwrap_err();
-        assert!(failure.message.contains("ldp x29, x30"), "{}", failure.message);
+        assert!(failure.message.contains("no load of x30"), "{}", failure.message);
         let no_add = |at: u64| text(at).map(|word| if word == 0x9100_83ff { 0xaa00_03e0 } else { word });
         let failure = validate(&conversion, &data, EH_FRAME, &good, SFRAME, no_add).unwrap_err();
         assert!(failure.message.contains("SP increment"), "{}", failure.message);

@@ -195,8 +195,8 @@ where
         }
     }
 
-    /// Reads the slot at `cfa + offset` of `frame`: 8-aligned, inside `[sp, cfa)`.
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    /// Reads the slot at `cfa + offset` of `frame`: 8-aligned, inside `[sp, cfa)`. Always
+    /// inlined into the (exempt) walk.
     #[inline(always)]
     fn read_slot(&self, sink: &Sink, frame: &Frame, cfa: u64, offset: i32) -> Result<u64, Walked> {
         let slot = cfa.wrapping_add(offset as i64 as u64);
