@@ -256,6 +256,8 @@ pub fn kernel_with(board: Board, variant: BuildVariant, options: SanitizerOption
     // The symbol table goes into the linked image (ELF and raw alike): the artifact copy is
     // rewritten in place (idempotent: the section is refilled from the symbols).
     crate::ksyms::embed(&mut data)?;
+    // The SFrame table, converted from `.eh_frame` and validated against it (not loaded).
+    crate::sframe::embed(&mut data)?;
     std::fs::write(&elf, &data).map_err(|error| Failure::usage(format!("{}: {error}", elf.display())))?;
     let file = object::File::parse(&*data).map_err(|error| Failure::usage(format!("{}: {error}", elf.display())))?;
     if variant != BuildVariant::Plain {

@@ -17,6 +17,7 @@ mod qemu;
 mod sdimage;
 mod serial;
 mod setup;
+mod sframe;
 mod stress;
 mod test;
 mod trace;

@@ -1,4 +1,4 @@
-//! arm64 stack walkers: PAC-aware frame records and the shadow call stack.
+//! arm64 stack walkers: PAC-aware frame records, the shadow call stack, SFrame tables.
 //!
 //! Pure logic over a [`StackMemory`] trait: the kernel implements it with
 //! plain loads, tests with synthetic (and hostile) memory images. No
@@ -91,6 +91,15 @@
 //! context has one extra entry; [`view_difference`] tells from the function's
 //! instructions whether a PC is in such a window.
 //!
+//! # SFrame tables
+//!
+//! [`SFrameWalker`] unwinds by a table of rows (binutils' SFrame v2 format, [`sframe`]) that
+//! xtask converts from the compiler's `.eh_frame` after linking: per instruction, the CFA as
+//! SP or FP plus an offset and where the return address and the caller's FP are. It writes the
+//! same buffer with the same checks (bounds, a strictly rising CFA, alignment, PAC stripping by
+//! layout, the final marker, the return-probe repair) and is right in prologues and epilogues,
+//! where frame records are not valid. Lookup is a binary search of the function descriptors.
+//!
 //! # Hijacked returns
 //!
 //! Return probes replace a function's return address by a trampoline. Given a
@@ -139,6 +148,8 @@ mod frame;
 mod pac;
 mod prologue;
 mod repair;
+pub mod sframe;
+mod sframe_walk;
 mod shadow;
 mod stack;
 mod trace;
@@ -150,6 +161,8 @@ pub use frame::{FRAME_RECORD_SIZE, FrameMarker, FrameStart, FrameWalker};
 pub use pac::{AddressLayout, UPPER_HALF_BIT, strip_pac_va_bits};
 pub use prologue::{SCS_POP, SCS_PUSH, ViewDifference, view_difference};
 pub use repair::{HijackedReturn, ReturnRepair, ReturnStack, ReturnStackFull};
+pub use sframe::{CfaBase, SFrameTable, TableError, UnwindRow};
+pub use sframe_walk::{Registers, SFrameStart, SFrameWalker};
 pub use shadow::{SCS_END_MAGIC, ShadowSegment, ShadowStack, ShadowWalker};
 pub use stack::{StackKind, StackMemory, StackRange, StackSet};
 pub use trace::{Corruption, EntryKind, MAX_FRAMES, StopReason, Trace, TraceEntry, TraceOptions, Walked};

@@ -77,6 +77,16 @@ pub enum Corruption {
     /// A saved return address in the lower (TTBR0, bit 55 clear) half: kernel code is in the
     /// upper half, so a frame record or shadow-stack slot holding one is not a kernel return.
     LowerHalfAddress,
+    /// A CFA that does not move to a strictly higher address (the first frame's may equal SP),
+    /// or that leaves the stack the walk is in.
+    CfaNotMonotonic,
+    /// A saved-register slot outside the frame it belongs to (below SP or at or above the CFA).
+    SlotOutsideFrame,
+    /// A caller's row says its return address is still in x30 (only the interrupted frame's
+    /// x30 is known).
+    ReturnAddressInRegister,
+    /// The unwind table's entry for this PC is corrupt.
+    UnwindTable,
 }
 
 /// Why a walk stopped. Every walk ends with exactly one reason.
@@ -98,6 +108,15 @@ pub enum StopReason {
         /// The word that could not be read.
         address: u64,
     },
+    /// No unwind row covers `pc` (code without call-frame information: hand-written assembly),
+    /// and its frame is not the end of a task.
+    NoUnwindInfo {
+        /// The PC (an exact PC or a return address) no row covers.
+        pc: u64,
+    },
+    /// An exception boundary: the interrupted PC was reported, but the unwind table does not
+    /// describe the exception frame, so the interrupted context's SP is unknown.
+    ExceptionBoundary,
     /// A corrupted record or pointer at `address`.
     Corrupt {
         /// The frame pointer, marker or shadow-stack pointer at fault.
@@ -127,6 +146,10 @@ impl fmt::Display for Corruption {
             Self::ShadowPointerOutOfBounds => "shadow stack pointer out of bounds",
             Self::EndMagicInUse => "shadow stack end magic in use",
             Self::LowerHalfAddress => "return address in the lower (TTBR0) half",
+            Self::CfaNotMonotonic => "CFA not moving up",
+            Self::SlotOutsideFrame => "saved register outside its frame",
+            Self::ReturnAddressInRegister => "caller's return address still in x30",
+            Self::UnwindTable => "corrupted unwind table",
         })
     }
 }
@@ -139,6 +162,8 @@ impl fmt::Display for StopReason {
             Self::EndOfShadowStack => f.write_str("end of shadow stack"),
             Self::ShadowZeroEntry => f.write_str("zero shadow stack entry"),
             Self::DepthLimit => f.write_str("depth limit"),
+            Self::NoUnwindInfo { pc } => write!(f, "no unwind information for {pc:#x}"),
+            Self::ExceptionBoundary => f.write_str("exception boundary (interrupted frame not described)"),
             Self::Unreadable { address } => write!(f, "unreadable at {address:#x}"),
             Self::Corrupt { address, corruption } => {
                 write!(f, "corrupted at {address:#x}: {corruption}")

@@ -4,6 +4,8 @@ mod frame_walk;
 mod prologue;
 mod property;
 mod repair;
+mod sframe_table;
+mod sframe_walk;
 mod shadow_walk;
 mod stack_set;
 

@@ -1,0 +1,275 @@
+//! The SFrame walker: unwinds SP, FP and the return address by an SFrame table's rows.
+//!
+//! Where the frame walker trusts x29 to point at a frame record, this walker asks the table
+//! how the current instruction's frame is laid out, so it is right in prologues and epilogues,
+//! where the record is not yet (or no longer) valid. Each step, from a frame's (pc, sp, fp):
+//!
+//! 1. the row at `pc` (at `pc - 1` for return addresses, which may lie just past a call that
+//!    ends its function): none means code without call-frame information, where the walk ends
+//!    at a task's final marker (`fp` points at it, as for the frame walker) or stops with
+//!    [`StopReason::NoUnwindInfo`];
+//! 2. CFA = SP or FP + offset: 16-aligned, inside the stack the walk is in, strictly above the
+//!    previous CFA (the first frame's may equal its SP: a leaf with no frame);
+//! 3. the return address, from its slot (8-aligned, inside `[sp, cfa)`) or, for the interrupted
+//!    frame only, from x30; bit 55 set (zero and lower-half words are refused, as the other
+//!    walkers do), PAC stripped by the [`AddressLayout`], repaired if it is a return probe's
+//!    trampoline;
+//! 4. the caller's FP from its slot (same checks), or x29 unchanged.
+//!
+//! The caller's frame is then (return address, CFA, FP). The CFA strictly increases inside one
+//! stack, so a walk takes at most `stack size / 16` steps on any memory and any table, and reads
+//! memory only inside `[sp, cfa)` of the frame being unwound (plus a marker's 40 bytes, inside
+//! the stack, at the end).
+
+use core::mem::MaybeUninit;
+
+use crate::frame::{FRAME_RECORD_SIZE, FrameMarker};
+use crate::pac::AddressLayout;
+use crate::repair::ReturnRepair;
+use crate::sframe::{CfaBase, SFrameTable};
+use crate::stack::{StackMemory, StackRange, StackSet};
+use crate::trace::{Corruption, Sink, StopReason, TraceOptions, Walked};
+
+/// The registers a walk starts from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Registers {
+    /// The PC.
+    pub pc: u64,
+    /// SP.
+    pub sp: u64,
+    /// x29.
+    pub fp: u64,
+    /// x30 (read only for an interrupted context whose row says the return address is in it).
+    pub lr: u64,
+}
+
+/// Where an SFrame walk starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SFrameStart {
+    /// An interrupted context: its PC first (as an exception PC), then its callers. Its row may
+    /// say the return address is still in x30 (a leaf, a prologue or an epilogue).
+    Interrupted(Registers),
+    /// A call site: `pc` is a return address into the function whose SP and x29 are given (the
+    /// walker's caller, say); not reported. The first entry is that function's return address.
+    CallSite {
+        /// The return address into the function.
+        pc: u64,
+        /// The function's SP.
+        sp: u64,
+        /// The function's x29.
+        fp: u64,
+    },
+}
+
+/// Walks frames by an [`SFrameTable`] over `memory`, reading only inside `stacks`.
+pub struct SFrameWalker<'a, M: ?Sized, S: ?Sized = [StackRange]> {
+    memory: &'a M,
+    stacks: &'a S,
+    table: &'a SFrameTable<'a>,
+    layout: AddressLayout,
+    repair: Option<&'a dyn ReturnRepair>,
+}
+
+/// One frame being unwound.
+#[derive(Clone, Copy)]
+struct Frame {
+    pc: u64,
+    sp: u64,
+    fp: u64,
+    /// x30, when known (the interrupted frame).
+    lr: Option<u64>,
+    /// `pc` is exact (look it up as is) rather than a return address (look up `pc - 1`).
+    exact: bool,
+}
+
+impl<'a, M> SFrameWalker<'a, M>
+where
+    M: StackMemory + ?Sized,
+{
+    /// A walker over `memory` limited to `stacks`, reading `table`.
+    pub fn new(memory: &'a M, stacks: &'a [StackRange], table: &'a SFrameTable<'a>, layout: AddressLayout) -> Self {
+        Self { memory, stacks, table, layout, repair: None }
+    }
+}
+
+impl<'a, M, S> SFrameWalker<'a, M, S>
+where
+    M: StackMemory + ?Sized,
+    S: StackSet + ?Sized,
+{
+    /// A walker over `memory` limited to the stacks `stacks` declares (see [`StackSet`]).
+    pub fn over(memory: &'a M, stacks: &'a S, table: &'a SFrameTable<'a>, layout: AddressLayout) -> Self {
+        Self { memory, stacks, table, layout, repair: None }
+    }
+
+    /// Reports the real return address where a frame holds `repair`'s trampoline.
+    pub fn with_repair(mut self, repair: &'a dyn ReturnRepair) -> Self {
+        self.repair = Some(repair);
+        self
+    }
+
+    /// The SFrame walk into `buffer`.
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    pub fn walk(&self, start: SFrameStart, options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
+        let mut sink = Sink::new(options, buffer);
+        let upper = self.layout.upper_bits();
+        // 0 never equals a stripped address (its upper bits are set): no repair, no match.
+        let trampoline = match self.repair {
+            Some(repair) => repair.trampoline(),
+            None => 0,
+        };
+        let mut frame = match start {
+            SFrameStart::Interrupted(registers) => {
+                if let Err(stop) = sink.push(self.layout.strip(registers.pc), true) {
+                    return sink.finish(stop);
+                }
+                Frame { pc: registers.pc, sp: registers.sp, fp: registers.fp, lr: Some(registers.lr), exact: true }
+            }
+            SFrameStart::CallSite { pc, sp, fp } => Frame { pc, sp, fp, lr: None, exact: false },
+        };
+        let stack = match self.stack_of(frame.sp) {
+            Some(stack) => stack,
+            None => {
+                return sink.finish(StopReason::Corrupt { address: frame.sp, corruption: Corruption::OutsideStacks });
+            }
+        };
+        if frame.sp & 15 != 0 {
+            return sink.finish(StopReason::Corrupt { address: frame.sp, corruption: Corruption::Misaligned });
+        }
+        // The first frame's CFA may equal its SP (a leaf without a frame); every later one must
+        // be strictly above the previous CFA, which is that frame's SP.
+        let mut floor = frame.sp;
+        loop {
+            let lookup = if frame.exact { frame.pc } else { frame.pc.wrapping_sub(1) };
+            let row = match self.table.find(lookup) {
+                Ok(Some(row)) => row,
+                Ok(None) => {
+                    let stop = self.no_row(&mut sink, &frame, &stack);
+                    return sink.finish(stop);
+                }
+                Err(_) => {
+                    return sink.finish(StopReason::Corrupt { address: frame.pc, corruption: Corruption::UnwindTable });
+                }
+            };
+            let base = match row.cfa_base {
+                CfaBase::StackPointer => frame.sp,
+                CfaBase::FramePointer => frame.fp,
+            };
+            let cfa = base.wrapping_add(row.cfa_offset as i64 as u64);
+            if cfa < floor || cfa > stack.high {
+                return sink.finish(StopReason::Corrupt { address: cfa, corruption: Corruption::CfaNotMonotonic });
+            }
+            if cfa & 15 != 0 {
+                return sink.finish(StopReason::Corrupt { address: cfa, corruption: Corruption::Misaligned });
+            }
+            let raw = match row.ra_offset {
+                Some(offset) => or_stop!(self.read_slot(&sink, &frame, cfa, offset)),
+                None => match frame.lr {
+                    Some(lr) => lr,
+                    None => {
+                        return sink.finish(StopReason::Corrupt {
+                            address: cfa,
+                            corruption: Corruption::ReturnAddressInRegister,
+                        });
+                    }
+                },
+            };
+            if !AddressLayout::is_upper_half(raw) {
+                let corruption = if raw == 0 { Corruption::ZeroReturnAddress } else { Corruption::LowerHalfAddress };
+                return sink.finish(StopReason::Corrupt { address: cfa, corruption });
+            }
+            let mut address = raw | upper;
+            if address == trampoline {
+                address = self.repaired(cfa, address);
+            }
+            let fp = match row.fp_offset {
+                Some(offset) => or_stop!(self.read_slot(&sink, &frame, cfa, offset)),
+                None => frame.fp,
+            };
+            if let Err(stop) = sink.push(address, false) {
+                return sink.finish(stop);
+            }
+            // Strictly above from here on: `cfa + 1` cannot overflow, `cfa <= stack.high`.
+            floor = cfa + 1;
+            frame = Frame { pc: address, sp: cfa, fp, lr: None, exact: false };
+        }
+    }
+
+    /// Reads the slot at `cfa + offset` of `frame`: 8-aligned, inside `[sp, cfa)`. Always
+    /// inlined into the (exempt) walk.
+    #[inline(always)]
+    fn read_slot(&self, sink: &Sink, frame: &Frame, cfa: u64, offset: i32) -> Result<u64, Walked> {
+        let slot = cfa.wrapping_add(offset as i64 as u64);
+        if offset >= 0 || slot < frame.sp || slot & 7 != 0 {
+            return Err(sink.finish(StopReason::Corrupt { address: slot, corruption: Corruption::SlotOutsideFrame }));
+        }
+        match self.memory.read_u64(slot) {
+            Some(word) => Ok(word),
+            None => Err(sink.finish(StopReason::Unreadable { address: slot })),
+        }
+    }
+
+    /// The real return address of the frame whose CFA is `cfa`: the return instance whose
+    /// entry SP is that CFA (the probed function's SP at entry), asked as the frame walker asks
+    /// for a record inside the probed function's frame.
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    #[inline(never)]
+    #[cold]
+    fn repaired(&self, cfa: u64, address: u64) -> u64 {
+        let real = match self.repair {
+            Some(repair) => repair.frame_return(cfa - FRAME_RECORD_SIZE),
+            None => None,
+        };
+        match real {
+            Some(real) => real,
+            None => address,
+        }
+    }
+
+    /// The stack holding `sp` (`low <= sp <= high`: an empty stack's SP is its top).
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    fn stack_of(&self, sp: u64) -> Option<StackRange> {
+        let (low, last_record) = self.stacks.first_records();
+        if sp >= low && low <= last_record && sp <= last_record + FRAME_RECORD_SIZE {
+            return Some(self.stacks.declared()[0]);
+        }
+        let stacks = self.stacks.declared();
+        let mut index = 0;
+        while index < stacks.len() {
+            if stacks[index].low != 0 && sp >= stacks[index].low && sp <= stacks[index].high {
+                return Some(stacks[index]);
+            }
+            index += 1;
+        }
+        None
+    }
+
+    /// No row covers `frame.pc`: the end of a task if x29 points at a final marker in the stack
+    /// (the task's first function was called from its trampoline, as for the frame walker), the
+    /// interrupted PC of an exception boundary's marker, or code without unwind information.
+    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+    #[inline(never)]
+    fn no_row(&self, sink: &mut Sink, frame: &Frame, stack: &StackRange) -> StopReason {
+        let marker = frame.fp;
+        let no_info = StopReason::NoUnwindInfo { pc: frame.pc };
+        if marker & 7 != 0 || marker < frame.sp || !stack.contains(marker, FrameMarker::SIZE) {
+            return no_info;
+        }
+        match self.memory.read_pair(marker) {
+            Some((0, 0)) => {}
+            _ => return no_info,
+        }
+        match self.memory.read_u64(marker + FrameMarker::KIND_OFFSET) {
+            Some(FrameMarker::KIND_FINAL) => StopReason::EndOfTask,
+            Some(FrameMarker::KIND_EXCEPTION) => match self.memory.read_u64(marker + FrameMarker::PC_OFFSET) {
+                Some(pc) => match sink.push(self.layout.strip(pc), true) {
+                    Ok(()) => StopReason::ExceptionBoundary,
+                    Err(stop) => stop,
+                },
+                None => StopReason::Unreadable { address: marker + FrameMarker::PC_OFFSET },
+            },
+            Some(_) => StopReason::Corrupt { address: marker, corruption: Corruption::UnknownMarkerKind },
+            None => StopReason::Unreadable { address: marker + FrameMarker::KIND_OFFSET },
+        }
+    }
+}
