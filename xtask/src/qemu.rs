@@ -689,14 +689,26 @@ mod tests {
         // QEMU exits 0 on SIGTERM and says why on stderr: a signal, not a success.
         let stderr = "qemu-system-aarch64: terminating on signal 15 from pid 4242 (kill)\n";
         let ending = ending_of(None, Some(Ok(0)), stderr, silence(Some("bench row: baseline loop - per_op ns 2")));
-        assert!(matches!(&ending, Ending::Signal { signal, .. } if signal == "terminating on signal 15 from pid 4242 (kill)"));
-        assert!(ending.to_string().starts_with("QEMU terminating on signal 15 from pid 4242 (kill) before the kernel's closing line"));
+        assert!(
+            matches!(&ending, Ending::Signal { signal, .. } if signal == "terminating on signal 15 from pid 4242 (kill)")
+        );
+        assert!(
+            ending
+                .to_string()
+                .starts_with("QEMU terminating on signal 15 from pid 4242 (kill) before the kernel's closing line")
+        );
         // Killed outright (SIGKILL): no status, the signal.
         let killed = ending_of(None, Some(Err("was killed by signal 9".into())), "", silence(None));
-        assert_eq!(killed.to_string(), "QEMU was killed by signal 9 before the kernel's closing line (the kernel printed nothing in 30 s)");
+        assert_eq!(
+            killed.to_string(),
+            "QEMU was killed by signal 9 before the kernel's closing line (the kernel printed nothing in 30 s)"
+        );
         // Exit 0 without the line.
         let silent = ending_of(None, Some(Ok(0)), "", silence(Some("bench suite: baseline")));
-        assert_eq!(silent, Ending::NoClosingLine { qemu_status: Some(0), silence: silence(Some("bench suite: baseline")) });
+        assert_eq!(
+            silent,
+            Ending::NoClosingLine { qemu_status: Some(0), silence: silence(Some("bench suite: baseline")) }
+        );
         // Timeout: a kernel that stopped printing says for how long, and what it printed last.
         let hung = ending_of(None, None, "", silence(Some("test start: smp_churn")));
         assert!(hung.timed_out());
@@ -712,7 +724,13 @@ mod tests {
         // Parked after its line (no semihosting): xtask ended QEMU.
         assert_eq!(ending_of(Some(0), None, "", silence(None)), Ending::Exited(0));
         // A signal after the line does not undo a finished run.
-        assert_eq!(ending_of(Some(0), Some(Ok(0)), "terminating on signal 2 from pid 1 (sh)", silence(None)), Ending::Exited(0));
-        assert_eq!(ending_of(Some(0), Some(Ok(1)), "", silence(None)), Ending::Disagrees { sentinel: 0, qemu_status: 1 });
+        assert_eq!(
+            ending_of(Some(0), Some(Ok(0)), "terminating on signal 2 from pid 1 (sh)", silence(None)),
+            Ending::Exited(0)
+        );
+        assert_eq!(
+            ending_of(Some(0), Some(Ok(1)), "", silence(None)),
+            Ending::Disagrees { sentinel: 0, qemu_status: 1 }
+        );
     }
 }
