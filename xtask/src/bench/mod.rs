@@ -9,6 +9,8 @@ pub mod gate;
 mod report;
 mod results;
 
+pub use report::number;
+
 use crate::Failure;
 use crate::build::{self, Board, BuildVariant, KernelImage};
 use crate::qemu::{self, CpuVariant, Machine};
