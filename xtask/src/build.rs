@@ -246,8 +246,8 @@ pub fn kernel_with(board: Board, variant: BuildVariant, options: SanitizerOption
         // stdarch) for a softfloat target, which rustc's future-incompatibility lint flags
         // (rust-lang/rust#134375): the code is the toolchain's, not ours, and nothing here calls
         // it. Cargo would print its notice after every kernel build; `never` only stops the
-        // notice (`cargo report future-incompatibilities` in the variant's target directory
-        // still shows it).
+        // notice (the report stays in the variant's target directory,
+        // `.future-incompat-report.json`).
         .env("CARGO_FUTURE_INCOMPAT_REPORT_FREQUENCY", "never")
         // One codegen unit: which functions LLVM inlines into a hot path (the probe hit, the
         // trap entry, the walkers) then depends on the code, not on how the kernel crate
