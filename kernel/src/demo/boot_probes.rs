@@ -193,7 +193,8 @@ pub fn report(icount: bool) {
             Kind::Kprobe => super::probes::kprobe_per_hit(&plan, probe.method, unprobed),
             Kind::Kretprobe => super::probes::kretprobe_per_hit(&plan, probe.method, unprobed),
         };
-        // Whole units: the fraction is the loop subtraction's rounding, not a cost.
+        // Whole units, rounded (no_std: no f64::round; `as` takes a negative cost to 0): the
+        // fraction is the loop subtraction's rounding, not a cost.
         match per_hit {
             Some(cost) => defmt::info!(
                 "{=str}={=str}: {=u64} hits, {=u64} missed; a {=str} hit costs {=u64} {=str} (bench push target, measured now)",
@@ -202,7 +203,7 @@ pub fn report(icount: bool) {
                 hits,
                 missed,
                 probe.method.name(),
-                cost.round() as u64,
+                (cost + 0.5) as u64,
                 plan.unit()
             ),
             None => defmt::info!(
