@@ -502,8 +502,8 @@ pub fn run_watched(
         std::thread::sleep(Duration::from_millis(10));
     };
     let _ = stdout_reader.join();
+    // What is left arrived within the last poll: it does not move `last_output`.
     while let Ok(bytes) = receiver.try_recv() {
-        last_output = Instant::now();
         for line in log.feed(&bytes) {
             watch(&line, &mut sentinel, &mut last_line);
         }
