@@ -14,6 +14,17 @@
 /// What starts every row's line in the kernel's log.
 pub const ROW_PREFIX: &str = "bench row: ";
 
+/// What starts the line the kernel writes before its first suite: `bench plan: reps=N
+/// suites=SUITE,...` (`suites=all` when none was named), what a board running its SD card's
+/// command line was asked for.
+pub const PLAN_PREFIX: &str = "bench plan: ";
+
+/// The plan line's reps and suites (`all`: every suite).
+pub fn plan(line: &str) -> Option<(u32, &str)> {
+    let (reps, suites) = line.strip_prefix(PLAN_PREFIX)?.split_once(' ')?;
+    Some((reps.strip_prefix("reps=")?.parse().ok()?, suites.trim().strip_prefix("suites=")?))
+}
+
 /// What starts the line the kernel writes before a suite's rows: `bench suite: SUITE`.
 pub const SUITE_PREFIX: &str = "bench suite: ";
 
@@ -126,6 +137,9 @@ mod tests {
         assert_eq!(SuiteEnd::from_line("bench suite end: depot rows=x"), None);
         assert_eq!(SuiteEnd::from_line("bench suite: depot"), None);
         assert!(once_per_run("depot", "saturation") && !once_per_run("depot", "insert-miss"));
+        assert_eq!(plan("bench plan: reps=5 suites=baseline,depot"), Some((5, "baseline,depot")));
+        assert_eq!(plan("bench plan: reps=1 suites=all"), Some((1, "all")));
+        assert_eq!(plan("bench plan: reps=x suites=all"), None);
     }
 
     #[test]

@@ -147,6 +147,7 @@ pub fn row(suite: &str, case: &str, params: &str, metric: &str, unit: &str, valu
 static ROWS_WRITTEN: AtomicU64 = AtomicU64::new(0);
 
 const _: () = assert!(protocol::same_str(protocol::bench::ROW_PREFIX, "bench row: "), "the row's literal above");
+const _: () = assert!(protocol::same_str(protocol::bench::PLAN_PREFIX, "bench plan: "), "the plan's literal below");
 const _: () = assert!(protocol::same_str(protocol::bench::SUITE_PREFIX, "bench suite: "), "the suite's literal below");
 const _: () =
     assert!(protocol::same_str(protocol::bench::SUITE_END_PREFIX, "bench suite end: "), "the end's literal below");
@@ -175,6 +176,8 @@ pub fn run(names: &str, plan: &Plan) -> Result<(), &'static str> {
             return Err("unknown suite");
         }
     }
+    // What a finished run must hold (xtask reads it where the board ran its own command line).
+    defmt::info!("bench plan: reps={=u32} suites={=str}", plan.reps, if names.is_empty() { "all" } else { names });
     for suite in Suite::ALL {
         if names.is_empty() || names.split(',').any(|name| name == suite.name()) {
             defmt::info!("bench suite: {=str}", suite.name());

@@ -11,6 +11,7 @@
 //! and the reps its rows have so far say how far it got.
 
 use protocol::bench::{Row, SuiteEnd, once_per_run, suite_start};
+use protocol::suite::Suite;
 
 /// One row's identity within a run (its CPU, variant and mode are the run's).
 #[derive(PartialEq, Eq)]
@@ -36,6 +37,17 @@ struct SuiteSeen {
     closed: Option<u64>,
     /// The rows that arrived between its opening and closing lines.
     rows: u64,
+}
+
+/// The reps and suites the kernel says it runs (`bench plan:`): what a board that runs its SD
+/// card's command line was asked for, which xtask did not choose.
+pub fn announced<'a>(log: impl IntoIterator<Item = &'a str>) -> Option<(u32, Vec<&'a str>)> {
+    let (reps, suites) = log.into_iter().find_map(protocol::bench::plan)?;
+    let suites = match suites {
+        "all" => Suite::ALL.iter().map(|suite| suite.name()).collect(),
+        names => names.split(',').filter(|name| !name.is_empty()).collect(),
+    };
+    Some((reps, suites))
 }
 
 /// Incomplete rows named in full before the rest are counted.
@@ -132,6 +144,15 @@ mod tests {
 
     fn check(log: &[String], reps: u32) -> Option<String> {
         missing(log.iter().map(String::as_str), &["baseline", "depot"], reps)
+    }
+
+    #[test]
+    fn the_kernel_s_plan_names_reps_and_suites() {
+        let log = ["tracelab: banner", "bench plan: reps=3 suites=depot,baseline", "bench suite: baseline"];
+        assert_eq!(announced(log), Some((3, vec!["depot", "baseline"])));
+        let all = announced(["bench plan: reps=1 suites=all"]).unwrap();
+        assert_eq!(all.1.len(), Suite::ALL.len());
+        assert_eq!(announced(["bench suite: baseline"]), None);
     }
 
     #[test]

@@ -437,8 +437,14 @@ pub fn measure(plan: &RunPlan) -> Result<Vec<Sample>, Failure> {
         }
     };
     // A run counts only when it finished: the kernel's closing line with status 0, and every
-    // suite's rows with their reps (complete.rs). Otherwise nothing of it is kept.
-    let incomplete = complete::missing(log.iter().map(|line| line.text.as_str()), plan.suites, reps);
+    // suite's rows with their reps (complete.rs). Otherwise nothing of it is kept. A board
+    // reading its SD card ran what the card says, which its plan line tells.
+    let texts = || log.iter().map(|line| line.text.as_str());
+    let (suites, reps) = match (plan.serial, complete::announced(texts())) {
+        (Some(_), Some((reps, suites))) => (suites, reps),
+        _ => (plan.suites.to_vec(), reps),
+    };
+    let incomplete = complete::missing(texts(), &suites, reps);
     let problem = match (&ending, incomplete) {
         (qemu::Ending::Exited(0), None) => None,
         (qemu::Ending::Exited(0), Some(incomplete)) => {
