@@ -242,6 +242,13 @@ pub fn kernel_with(board: Board, variant: BuildVariant, options: SanitizerOption
         .env("TRACELAB_VARIANT", variant.name())
         .env("TRACELAB_KASAN_SHORT_GRANULES", if options.short_granules { "1" } else { "0" })
         .env("DEFMT_LOG", "info")
+        // build-std compiles core's NEON intrinsics (`#[target_feature(enable = "neon")]` in
+        // stdarch) for a softfloat target, which rustc's future-incompatibility lint flags
+        // (rust-lang/rust#134375): the code is the toolchain's, not ours, and nothing here calls
+        // it. Cargo would print its notice after every kernel build; `never` only stops the
+        // notice (the report stays in the variant's target directory,
+        // `.future-incompat-report.json`).
+        .env("CARGO_FUTURE_INCOMPAT_REPORT_FREQUENCY", "never")
         // One codegen unit: which functions LLVM inlines into a hot path (the probe hit, the
         // trap entry, the walkers) then depends on the code, not on how the kernel crate
         // happened to be split into units, so an icount row moves only when its path changes.

@@ -183,6 +183,11 @@ impl Cost {
     }
 }
 
+/// The log line a check looked for, quoted, or that there was none.
+fn line_or_none(line: Option<&str>) -> String {
+    line.map_or_else(|| "no such line".into(), |line| format!("`{line}`"))
+}
+
 /// One named check and what was wrong, if anything (`note`: the figures behind a pass).
 struct Check {
     name: String,
@@ -227,8 +232,10 @@ fn check_run(
     let has = |prefix: &str| texts.iter().any(|text| text.starts_with(prefix));
     let mut checks = vec![check(
         "demo ends with status 0 after all its parts",
-        (status != Some(0) || !has("demo: done"))
-            .then(|| format!("status {status:?}, `demo: done` {}", has("demo: done"))),
+        (status != Some(0) || !has("demo: done")).then(|| {
+            let status = status.map_or_else(|| "no closing line".into(), |status| format!("exit status {status}"));
+            format!("{status}, `demo: done` {}", if has("demo: done") { "logged" } else { "missing" })
+        }),
     )];
 
     // Part 2: the same point walked both ways.
@@ -244,14 +251,14 @@ fn check_run(
         } else if fp != scs {
             let at = fp.iter().zip(&scs).position(|(a, b)| a != b).unwrap_or(fp.len().min(scs.len()));
             Some(format!(
-                "frame {at} differs: fp {:?} vs scs {:?} ({} vs {} frames)",
-                fp.get(at),
-                scs.get(at),
+                "frame {at} differs: fp {} vs scs {} ({} vs {} frames)",
+                fp.get(at).map_or("none", String::as_str),
+                scs.get(at).map_or("none", String::as_str),
                 fp.len(),
                 scs.len()
             ))
         } else if !fp.starts_with(&expected.map(String::from)) {
-            Some(format!("the trace does not start at the demo's point: {:?}", &fp[..expected.len()]))
+            Some(format!("the trace does not start at the demo's point: {}", fp[..expected.len()].join(" <- ")))
         } else {
             None
         };
@@ -269,11 +276,11 @@ fn check_run(
         } else if !names(&allocated, "kernel::demo::kasan::show")
             || !allocated.iter().any(|f| f.contains("allocate_object"))
         {
-            Some(format!("allocation stack {allocated:?}"))
+            Some(format!("allocation stack {}", allocated.join(" <- ")))
         } else if !freed.iter().any(|f| f.contains("free_object")) || !names(&freed, "kernel::demo::kasan::show") {
-            Some(format!("free stack {freed:?}"))
+            Some(format!("free stack {}", freed.join(" <- ")))
         } else if !faulting.iter().any(|f| f.contains("read_object")) {
-            Some(format!("faulting stack {faulting:?}"))
+            Some(format!("faulting stack {}", faulting.join(" <- ")))
         } else {
             None
         };
@@ -313,7 +320,7 @@ fn check_run(
         "demo kretprobe: hit counter 1, return value seen",
         match kretprobe {
             Some(line) if field(line, "hits=") == Some(1) && field(line, "x0=") == Some(ARGUMENTS[0]) => None,
-            other => Some(format!("{other:?}")),
+            other => Some(line_or_none(other.copied())),
         },
     ));
     let uprobe = texts.iter().find(|text| text.starts_with("demo: uprobe "));
@@ -328,7 +335,7 @@ fn check_run(
             {
                 None
             }
-            other => Some(format!("{other:?}")),
+            other => Some(line_or_none(other.copied())),
         },
     ));
 
@@ -346,7 +353,7 @@ fn check_run(
                         && symbols.caller(record.parent) == format!("{prefix}checksum")
                 });
                 if functions.len() < 5 || !functions.iter().all(|function| function.starts_with(prefix)) {
-                    Some(format!("records {functions:?}"))
+                    Some(format!("records {}", functions.join(", ")))
                 } else if !called_by_checksum {
                     Some("no record of mix called by checksum".to_string())
                 } else if ring.written != ring.records.len() as u64 {
@@ -387,12 +394,18 @@ fn check_run(
         let problem = match rows.get(&cost.key()) {
             None => Some("no bench row for this case".to_string()),
             Some(row) if row.unit != cost.unit => Some(format!("units differ: {} vs {}", cost.unit, row.unit)),
-            Some(row) if (row.value - cost.value).abs() > COST_TOLERANCE => {
-                Some(format!("demo {} vs bench {} {}", cost.value, row.value, row.unit))
-            }
+            Some(row) if (row.value - cost.value).abs() > COST_TOLERANCE => Some(format!(
+                "demo {} vs bench {} {}",
+                crate::bench::number(cost.value),
+                crate::bench::number(row.value),
+                row.unit
+            )),
             Some(_) => None,
         };
-        let note = rows.get(&cost.key()).map(|row| format!("demo {}, bench {} {}", cost.value, row.value, row.unit));
+        let note = rows.get(&cost.key()).map(|row| {
+            use crate::bench::number;
+            format!("demo {}, bench {} {}", number(cost.value), number(row.value), row.unit)
+        });
         checks.push(Check { note, ..check(name, problem) });
     }
     checks
@@ -420,7 +433,7 @@ fn boot_probe_checks(machine: &Machine, image: &build::KernelImage, expect: &str
         // The end-of-run line, not the registration line.
         match texts.iter().find(|text| text.starts_with(&prefix) && text.contains(" hits, ")) {
             Some(line) if line.starts_with(&format!("{prefix}{hits} hits, 0 missed; a {method} hit costs ")) => None,
-            other => Some(format!("expected {hits} hits: {other:?}")),
+            other => Some(format!("expected {hits} hits: {}", line_or_none(other.copied()))),
         }
     };
     // Headings printed once the probe was registered (the banner's comes before).
@@ -432,9 +445,9 @@ fn boot_probe_checks(machine: &Machine, image: &build::KernelImage, expect: &str
         .count();
     let refused = |spec: &str, reason: &str| match line_for(format!("kprobe={spec}: not registered: ")) {
         Some(line) if line.ends_with(reason) => None,
-        other => Some(format!("{other:?}")),
+        other => Some(line_or_none(other)),
     };
-    let ended = (run.status != Some(0) || !texts.contains(&"demo: done")).then(|| format!("status {:?}", run.status));
+    let ended = (run.status != Some(0) || !texts.contains(&"demo: done")).then(|| run.ending.to_string());
     Ok(vec![
         check(
             "boot kprobe=: one hit per call and its cost",
@@ -497,7 +510,7 @@ pub fn test(variants: &[BuildVariant], cpus: &[CpuVariant], boards: &[Board]) ->
         );
         let mut checks = check_run(&demo.log, demo.status, &symbols, variant, &bench_rows(&bench.log));
         if bench.status != Some(0) {
-            checks.push(check("demo's bench run", Some(format!("bench exited with {:?}", bench.status))));
+            checks.push(check("demo's bench run", Some(format!("bench: {}", bench.ending))));
         }
         checks.extend(boot_probe_checks(&machine, &image, &expect)?);
         let mut any_failed = false;

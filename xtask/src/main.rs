@@ -22,8 +22,8 @@ mod stress;
 mod test;
 mod trace;
 
-use clap::{Parser, Subcommand};
-use std::process::ExitCode;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use std::process::{Command as Process, ExitCode};
 
 #[derive(Parser)]
 #[command(
@@ -32,7 +32,8 @@ use std::process::ExitCode;
     about = "Build, run and test the tracelab kernel",
     after_help = "Start with `cargo xtask qemu` (a demonstration) and `cargo xtask test`; \
                   `cargo xtask help COMMAND` explains each command.",
-    arg_required_else_help = true
+    arg_required_else_help = true,
+    version
 )]
 struct Cli {
     #[command(subcommand)]
@@ -84,7 +85,14 @@ fn main() -> ExitCode {
     // clap's whole message (valid values, "did you mean", the missing argument, the usage
     // line); help and version exit 0, errors and a bare `cargo xtask` (which lists the
     // subcommands) exit 2.
-    let cli = Cli::parse();
+    let mut command = Cli::command();
+    // `--version` names the commit too; git runs only when it is asked for.
+    if matches!(std::env::args().nth(1).as_deref(), Some("--version" | "-V")) {
+        // Once per process: clap keeps the text for the command's life.
+        let text: &'static str = Box::leak(version().into_boxed_str());
+        command = command.version(text);
+    }
+    let cli = Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|error| error.exit());
     let result = match cli.command {
         Command::Qemu(args) => qemu::run_interactive(&args, demo::console),
         Command::Test(args) => test::run(&args),
@@ -103,5 +111,57 @@ fn main() -> ExitCode {
             eprintln!("xtask: {}", failure.message);
             ExitCode::from(failure.status)
         }
+    }
+}
+
+/// xtask's version and the commit of the tree it runs from: `0.1.0 (commit 1a2b3c4d5e6f,
+/// 2026-11-27)`, `with uncommitted changes` when the tracked files differ from it. A tree without
+/// its own git repository (an unpacked tarball, even inside another repository) says so.
+fn version() -> String {
+    version_of(&build::workspace_root())
+}
+
+/// [`version`] of the tree at `root`.
+fn version_of(root: &std::path::Path) -> String {
+    let git = |args: &[&str]| {
+        Process::new("git")
+            .args(args)
+            .current_dir(root)
+            .output()
+            .ok()
+            .filter(|output| output.status.success())
+            .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_string())
+    };
+    let version = env!("CARGO_PKG_VERSION");
+    let own_repository = git(&["rev-parse", "--show-toplevel"])
+        .and_then(|top| std::fs::canonicalize(top).ok())
+        .is_some_and(|top| std::fs::canonicalize(root).is_ok_and(|root| root == top));
+    let commit = own_repository.then(|| git(&["log", "-1", "--format=%h %cs", "--abbrev=12"])).flatten();
+    let Some((commit, date)) = commit.as_deref().and_then(|text| text.split_once(' ')) else {
+        return format!("{version} (commit unknown: {} is not a git checkout)", root.display());
+    };
+    let changed = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|text| !text.is_empty());
+    format!("{version} (commit {commit}, {date}{})", if changed { ", with uncommitted changes" } else { "" })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_names_the_commit_or_says_there_is_none() {
+        let this = version();
+        assert!(this.starts_with(concat!(env!("CARGO_PKG_VERSION"), " (commit ")), "{this}");
+        // An unpacked tarball, alone or inside another repository: not its commit.
+        let scratch = std::env::temp_dir().join(format!("tracelab-version-{}", std::process::id()));
+        let tree = scratch.join("tracelab");
+        std::fs::create_dir_all(&tree).unwrap();
+        let expected = format!(" (commit unknown: {} is not a git checkout)", tree.display());
+        assert_eq!(version_of(&tree), format!("{}{expected}", env!("CARGO_PKG_VERSION")));
+        let init = Process::new("git").args(["init", "-q"]).current_dir(&scratch).status();
+        if init.is_ok_and(|status| status.success()) {
+            assert_eq!(version_of(&tree), format!("{}{expected}", env!("CARGO_PKG_VERSION")));
+        }
+        std::fs::remove_dir_all(&scratch).unwrap();
     }
 }

@@ -151,8 +151,8 @@ pub fn collect(args: &ProfileArgs) -> Result<Profile, Failure> {
     let run = qemu::run(&machine, &image, &words.join(" "), Some(Duration::from_secs(args.timeout)), &mut |_| {})?;
     let Some(status) = run.status else {
         return Err(Failure {
-            status: 124,
-            message: format!("the profiled kernel timed out after {} s", args.timeout),
+            status: if run.ending.timed_out() { 124 } else { 1 },
+            message: format!("the profiled kernel: {}", run.ending),
         });
     };
     if let Some(line) = run.log.iter().find(|line| line.text.starts_with("profile: refused")) {
@@ -580,10 +580,15 @@ pub fn self_test(report: &mut dyn FnMut(&str, Option<String>)) -> Result<(), Fai
         match agreement {
             Some(comparison) if comparison.identical == comparison.samples => None,
             Some(comparison) => Some(format!(
-                "{} of {} samples differ: {:?}",
+                "{} of {} samples differ: {}",
                 comparison.samples - comparison.identical,
                 comparison.samples,
-                comparison.causes
+                comparison
+                    .causes
+                    .iter()
+                    .map(|(cause, count)| format!("{count} {cause}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )),
             None => Some("no samples compared".into()),
         },
@@ -600,7 +605,14 @@ pub fn self_test(report: &mut dyn FnMut(&str, Option<String>)) -> Result<(), Fai
         "profile broken-unwinder switch fails the known-shape check",
         match (scs_fails, fp_passes) {
             (Some(Err(_)), Some(Ok(_))) => None,
-            (scs, fp) => Some(format!("with profile.break=scs: SCS check {scs:?}, FP check {fp:?}")),
+            (scs, fp) => {
+                let verdict = |check: Option<Result<f64, String>>| match check {
+                    None => "no profile".to_string(),
+                    Some(Ok(_)) => "passed".to_string(),
+                    Some(Err(problem)) => format!("failed ({problem})"),
+                };
+                Some(format!("with profile.break=scs: SCS check {}, FP check {}", verdict(scs), verdict(fp)))
+            }
         },
     );
     Ok(())

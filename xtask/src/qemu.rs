@@ -1,4 +1,5 @@
-//! QEMU: CPU variants, machine options, and runs under a kill-on-drop timeout.
+//! QEMU: CPU variants, machine options, and runs under a kill-on-drop timeout. A run counts
+//! only with the kernel's closing line: [`Ending`] says how each one ended.
 
 use crate::Failure;
 use crate::build::{self, Board, BuildVariant};
@@ -318,12 +319,96 @@ impl Drop for QemuProcess {
     }
 }
 
+/// How a QEMU run ended. Only the kernel's closing line `tracelab: exit status N` says the
+/// kernel finished: QEMU exits 0 when a signal (SIGTERM, SIGINT, SIGHUP) stops it, so its own
+/// status means nothing without that line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// The kernel's closing line, with its status (QEMU's agreed, or QEMU was ended after it).
+    Exited(i32),
+    /// Still running at the timeout, and killed.
+    TimedOut(Silence),
+    /// QEMU stopped on a signal before the closing line: its own `terminating on signal N from
+    /// pid P (NAME)`, or the signal that killed it.
+    Signal { signal: String, silence: Silence },
+    /// QEMU exited with a status (None: none, a crash) before the closing line.
+    NoClosingLine { qemu_status: Option<i32>, silence: Silence },
+    /// The closing line says one status, QEMU's exit another.
+    Disagrees { sentinel: i32, qemu_status: i32 },
+    /// A serial line (a board's, or QEMU's pseudo-terminal) closed before the closing line.
+    LineClosed(Silence),
+}
+
+/// What the kernel printed last, and how long before the run ended: a kernel that stops
+/// printing shows as a long quiet before a timeout.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Silence {
+    /// The run's length in whole seconds.
+    pub after_s: u64,
+    /// Seconds since the last byte arrived (the whole run when nothing did).
+    pub quiet_s: u64,
+    pub last_line: Option<String>,
+}
+
+impl std::fmt::Display for Silence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.last_line {
+            None => write!(f, "the kernel printed nothing in {} s", self.after_s),
+            Some(line) if self.quiet_s >= 2 => {
+                write!(f, "the kernel printed nothing in its last {} s; its last line: `{line}`", self.quiet_s)
+            }
+            Some(line) => write!(f, "its last line: `{line}`"),
+        }
+    }
+}
+
+impl Ending {
+    pub fn timed_out(&self) -> bool {
+        matches!(self, Self::TimedOut(_))
+    }
+}
+
+impl std::fmt::Display for Ending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Exited(status) => write!(f, "the kernel exited with status {status}"),
+            Self::TimedOut(silence) => write!(f, "no exit within {} s ({silence})", silence.after_s),
+            Self::Signal { signal, silence } => {
+                write!(f, "QEMU {signal} before the kernel's closing line ({silence})")
+            }
+            Self::NoClosingLine { qemu_status: Some(status), silence } => write!(
+                f,
+                "QEMU exited with status {status} without the kernel's closing line `tracelab: exit status N` ({silence})"
+            ),
+            Self::NoClosingLine { qemu_status: None, silence } => {
+                write!(f, "QEMU ended without an exit status or the kernel's closing line ({silence})")
+            }
+            Self::Disagrees { sentinel, qemu_status } => {
+                write!(f, "the kernel's closing line says status {sentinel}, QEMU exited with {qemu_status}")
+            }
+            Self::LineClosed(silence) => {
+                write!(f, "the serial line closed before the kernel's closing line ({silence})")
+            }
+        }
+    }
+}
+
 pub struct RunResult {
-    /// QEMU's exit status (the kernel's, through semihosting); None if killed on timeout.
+    /// The kernel's status from its closing line; None when the run did not finish (`ending`
+    /// says why).
     pub status: Option<i32>,
+    pub ending: Ending,
     pub log: Vec<LogLine>,
     pub stderr: String,
     pub elapsed: Duration,
+}
+
+/// What a line handed to [`run_watched`]'s watcher asks of the run.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Watch {
+    Continue,
+    /// Send QEMU SIGTERM, as a user's `kill` would (the check that a killed run counts for nothing).
+    Terminate,
 }
 
 /// Boots `image` with `bootargs`, decoding the log as it arrives and handing each line to
@@ -334,6 +419,20 @@ pub fn run(
     bootargs: &str,
     timeout: Option<Duration>,
     on_line: &mut dyn FnMut(&LogLine),
+) -> Result<RunResult, Failure> {
+    run_watched(machine, image, bootargs, timeout, &mut |line| {
+        on_line(line);
+        Watch::Continue
+    })
+}
+
+/// [`run`], where each line's watcher may stop QEMU with SIGTERM.
+pub fn run_watched(
+    machine: &Machine,
+    image: &build::KernelImage,
+    bootargs: &str,
+    timeout: Option<Duration>,
+    on_line: &mut dyn FnMut(&LogLine) -> Watch,
 ) -> Result<RunResult, Failure> {
     ensure_installed()?;
     let elf = std::fs::read(&image.elf).map_err(|error| Failure::usage(format!("{}: {error}", image.elf.display())))?;
@@ -361,27 +460,40 @@ pub fn run(
         }
     });
     let mut log = KernelLog::with_symbols(&elf, &image.elf)?;
-    // The kernel's last line. A kernel that could not use semihosting (a panic before it read
-    // its command line on a board without it by default) parks after printing it: then the
-    // sentinel's status is the run's, as when reading a real board's serial line.
+    // The kernel's closing line. A kernel that could not use semihosting (a panic before it
+    // read its command line on a board without it by default) parks after printing it: then
+    // the line's status is the run's, as when reading a real board's serial line.
     let mut sentinel: Option<(i32, Instant)> = None;
-    let status = loop {
+    let mut last_output = start;
+    let mut last_line: Option<String> = None;
+    let mut terminated = false;
+    let mut watch = |line: &LogLine, sentinel: &mut Option<(i32, Instant)>, last_line: &mut Option<String>| {
+        if sentinel.is_none()
+            && let Some(status) = exit_sentinel(&line.text)
+        {
+            *sentinel = Some((status, Instant::now()));
+        }
+        *last_line = Some(line.text.clone());
+        on_line(line)
+    };
+    // QEMU's own exit: Ok(code) or Err(the signal that ended it); None while it runs or when
+    // xtask killed it.
+    let exit: Option<Result<i32, String>> = loop {
         while let Ok(bytes) = receiver.try_recv() {
+            last_output = Instant::now();
             for line in log.feed(&bytes) {
-                on_line(&line);
-                if let Some(status) = exit_sentinel(&line.text) {
-                    sentinel = Some((status, Instant::now()));
+                if watch(&line, &mut sentinel, &mut last_line) == Watch::Terminate && !terminated {
+                    terminated = true;
+                    terminate(&child.0);
                 }
             }
         }
         if let Some(status) = child.0.try_wait().map_err(|error| Failure::usage(error.to_string()))? {
-            break Some(status.code().unwrap_or(-1));
+            break Some(exit_of(status));
         }
-        if let Some((status, seen)) = sentinel
-            && seen.elapsed() > Duration::from_secs(2)
-        {
+        if sentinel.is_some_and(|(_, seen)| seen.elapsed() > Duration::from_secs(2)) {
             let _ = child.0.kill();
-            break Some(status);
+            break None;
         }
         if timeout.is_some_and(|timeout| start.elapsed() > timeout) {
             let _ = child.0.kill();
@@ -390,14 +502,67 @@ pub fn run(
         std::thread::sleep(Duration::from_millis(10));
     };
     let _ = stdout_reader.join();
+    // What is left arrived within the last poll: it does not move `last_output`.
     while let Ok(bytes) = receiver.try_recv() {
         for line in log.feed(&bytes) {
-            on_line(&line);
+            watch(&line, &mut sentinel, &mut last_line);
         }
     }
     drop(child);
     let stderr = stderr_reader.join().unwrap_or_default();
-    Ok(RunResult { status, log: log.into_lines(), stderr, elapsed: start.elapsed() })
+    let elapsed = start.elapsed();
+    let silence = Silence {
+        after_s: elapsed.as_secs(),
+        quiet_s: if last_line.is_some() { last_output.elapsed().as_secs() } else { elapsed.as_secs() },
+        last_line,
+    };
+    let ending = ending_of(sentinel.map(|(status, _)| status), exit, &stderr, silence);
+    let status = match ending {
+        Ending::Exited(status) => Some(status),
+        _ => None,
+    };
+    Ok(RunResult { status, ending, log: log.into_lines(), stderr, elapsed })
+}
+
+/// Sends QEMU SIGTERM (QEMU then says `terminating on signal 15` and exits 0).
+fn terminate(child: &Child) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// QEMU's exit: its code, or the signal that killed it.
+fn exit_of(status: std::process::ExitStatus) -> Result<i32, String> {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => Ok(code),
+        (None, Some(signal)) => Err(format!("was killed by signal {signal}")),
+        (None, None) => Err("ended without a status".into()),
+    }
+}
+
+/// How a run ended, from the kernel's closing line (`sentinel`), QEMU's exit (None: xtask
+/// killed it, after the closing line or at the timeout) and QEMU's stderr, where QEMU names a
+/// signal that stopped it.
+fn ending_of(sentinel: Option<i32>, exit: Option<Result<i32, String>>, stderr: &str, silence: Silence) -> Ending {
+    let signal_line = stderr.lines().find_map(|line| {
+        let at = line.find("terminating on signal")?;
+        Some(line[at..].trim().to_string())
+    });
+    match (sentinel, exit) {
+        (Some(sentinel), Some(Ok(code))) if code != sentinel && signal_line.is_none() => {
+            Ending::Disagrees { sentinel, qemu_status: code }
+        }
+        (Some(sentinel), _) => Ending::Exited(sentinel),
+        (None, None) => Ending::TimedOut(silence),
+        (None, Some(Err(signal))) => Ending::Signal { signal, silence },
+        (None, Some(Ok(code))) => match signal_line {
+            Some(signal) => Ending::Signal { signal, silence },
+            None => Ending::NoClosingLine { qemu_status: Some(code), silence },
+        },
+    }
 }
 
 /// Boots `image` with its UART on a pseudo-terminal and reads the log through
@@ -499,14 +664,73 @@ pub fn run_interactive<Console: FnMut(&LogLine)>(
     if !result.stderr.trim().is_empty() {
         eprint!("{}", result.stderr);
     }
-    match result.status {
-        Some(status) => Ok(status.clamp(0, 255) as u8),
-        None => Err(Failure {
-            status: 124,
-            message: format!("QEMU ({}) killed after {} s timeout", machine.describe(), args.timeout),
+    match result.ending {
+        Ending::Exited(status) => Ok(status.clamp(0, 255) as u8),
+        ending => Err(Failure {
+            status: if ending.timed_out() { 124 } else { 1 },
+            message: format!("QEMU ({}): {ending}", machine.describe()),
         }),
     }
 }
 
 // Installation lives with the rest of the host set-up.
 pub use crate::setup::{ensure_qemu as ensure_installed, qemu_version as version};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn silence(last_line: Option<&str>) -> Silence {
+        Silence { after_s: 30, quiet_s: 25, last_line: last_line.map(str::to_string) }
+    }
+
+    #[test]
+    fn only_the_closing_line_makes_a_finished_run() {
+        // QEMU exits 0 on SIGTERM and says why on stderr: a signal, not a success.
+        let stderr = "qemu-system-aarch64: terminating on signal 15 from pid 4242 (kill)\n";
+        let ending = ending_of(None, Some(Ok(0)), stderr, silence(Some("bench row: baseline loop - per_op ns 2")));
+        assert!(
+            matches!(&ending, Ending::Signal { signal, .. } if signal == "terminating on signal 15 from pid 4242 (kill)")
+        );
+        assert!(
+            ending
+                .to_string()
+                .starts_with("QEMU terminating on signal 15 from pid 4242 (kill) before the kernel's closing line")
+        );
+        // Killed outright (SIGKILL): no status, the signal.
+        let killed = ending_of(None, Some(Err("was killed by signal 9".into())), "", silence(None));
+        assert_eq!(
+            killed.to_string(),
+            "QEMU was killed by signal 9 before the kernel's closing line (the kernel printed nothing in 30 s)"
+        );
+        // Exit 0 without the line.
+        let silent = ending_of(None, Some(Ok(0)), "", silence(Some("bench suite: baseline")));
+        assert_eq!(
+            silent,
+            Ending::NoClosingLine { qemu_status: Some(0), silence: silence(Some("bench suite: baseline")) }
+        );
+        // Timeout: a kernel that stopped printing says for how long, and what it printed last.
+        let hung = ending_of(None, None, "", silence(Some("test start: smp_churn")));
+        assert!(hung.timed_out());
+        assert_eq!(
+            hung.to_string(),
+            "no exit within 30 s (the kernel printed nothing in its last 25 s; its last line: `test start: smp_churn`)"
+        );
+    }
+
+    #[test]
+    fn the_closing_line_gives_the_status() {
+        assert_eq!(ending_of(Some(3), Some(Ok(3)), "", silence(None)), Ending::Exited(3));
+        // Parked after its line (no semihosting): xtask ended QEMU.
+        assert_eq!(ending_of(Some(0), None, "", silence(None)), Ending::Exited(0));
+        // A signal after the line does not undo a finished run.
+        assert_eq!(
+            ending_of(Some(0), Some(Ok(0)), "terminating on signal 2 from pid 1 (sh)", silence(None)),
+            Ending::Exited(0)
+        );
+        assert_eq!(
+            ending_of(Some(0), Some(Ok(1)), "", silence(None)),
+            Ending::Disagrees { sentinel: 0, qemu_status: 1 }
+        );
+    }
+}

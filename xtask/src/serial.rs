@@ -4,6 +4,7 @@
 
 use crate::Failure;
 use crate::log::{KernelLog, LogLine, exit_sentinel};
+use crate::qemu::{Ending, Silence};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -73,6 +74,8 @@ pub struct SerialRun {
     pub log: Vec<LogLine>,
     /// The sentinel's status; None if the line ended or the timeout passed first.
     pub status: Option<i32>,
+    /// How the run ended: the sentinel, the timeout or the line closing.
+    pub ending: Ending,
 }
 
 /// Decodes `port` with the kernel ELF (log table and symbols) until the sentinel, end of stream
@@ -108,6 +111,8 @@ pub fn read_run(
     });
     let start = Instant::now();
     let mut status = None;
+    let mut closed = false;
+    let (mut last_output, mut last_line) = (start, None);
     while status.is_none() {
         let wait = timeout.map_or(Duration::from_secs(3600), |timeout| timeout.saturating_sub(start.elapsed()));
         if wait.is_zero() {
@@ -115,17 +120,32 @@ pub fn read_run(
         }
         match receiver.recv_timeout(wait.min(Duration::from_millis(200))) {
             Ok(bytes) => {
+                last_output = Instant::now();
                 for line in log.feed(&bytes) {
                     on_line(&line);
                     status = status.or(exit_sentinel(&line.text));
+                    last_line = Some(line.text.clone());
                 }
             }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                closed = true;
+                break;
+            }
         }
     }
     done.store(true, Ordering::Relaxed);
-    Ok(SerialRun { log: log.into_lines(), status })
+    let silence = Silence {
+        after_s: start.elapsed().as_secs(),
+        quiet_s: if last_line.is_some() { last_output.elapsed().as_secs() } else { start.elapsed().as_secs() },
+        last_line,
+    };
+    let ending = match status {
+        Some(status) => Ending::Exited(status),
+        None if closed => Ending::LineClosed(silence),
+        None => Ending::TimedOut(silence),
+    };
+    Ok(SerialRun { log: log.into_lines(), status, ending })
 }
 
 #[derive(clap::Args)]
@@ -159,11 +179,11 @@ pub fn monitor<Console: FnMut(&LogLine)>(
     eprintln!("xtask: reading {} with {}; power on the board", args.serial.display(), elf_path.display());
     let elf = std::fs::read(&elf_path).map_err(|error| Failure::usage(format!("{}: {error}", elf_path.display())))?;
     let run = read_run(port, &elf_path, args.timeout.map(Duration::from_secs), &mut console(&elf))?;
-    match run.status {
-        Some(status) => Ok(status.clamp(0, 255) as u8),
-        None => Err(Failure {
-            status: 124,
-            message: format!("no `tracelab: exit status` line from {}", args.serial.display()),
+    match run.ending {
+        Ending::Exited(status) => Ok(status.clamp(0, 255) as u8),
+        ending => Err(Failure {
+            status: if ending.timed_out() { 124 } else { 1 },
+            message: format!("{}: {ending}", args.serial.display()),
         }),
     }
 }

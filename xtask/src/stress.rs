@@ -186,6 +186,15 @@ impl Hung {
     fn parse(text: &str) -> Option<Hung> {
         Batch::parse(text).map(Hung::Words).or_else(|| SetPart::parse(text).map(Hung::Set))
     }
+
+    /// The hung batch or set, as the sweep's lines name it.
+    fn describe(hung: Option<&Hung>) -> String {
+        match hung {
+            Some(Hung::Words(batch)) => format!("batch {} ({} words)", batch.probe(), batch.words),
+            Some(Hung::Set(part)) => part.describe(),
+            None => "nothing hung".into(),
+        }
+    }
 }
 
 /// Something `bisect` halves.
@@ -485,7 +494,7 @@ pub fn sweep(run: &Run, words: &str, timeout: Duration, print: Print) -> Result<
     }
     // Killed at the timeout, or another CPU saw the run stop making progress.
     let hung =
-        if result.status.is_none() || hung_in_kernel { last_batch.as_deref().and_then(Hung::parse) } else { None };
+        if result.ending.timed_out() || hung_in_kernel { last_batch.as_deref().and_then(Hung::parse) } else { None };
     let label = format!("{} variant {} {words}", machine.describe(), variant.name());
     // QEMU exits 0 on SIGTERM too: the kernel's own verdict line must be there.
     let passed = result.status == Some(0) && coverage.iter().any(|line| line == "sweep done: 0 failures");
@@ -516,10 +525,13 @@ pub fn sweep(run: &Run, words: &str, timeout: Duration, print: Print) -> Result<
         if let Some(progress) = &progress {
             println!("  last {progress}");
         }
+        let during = last_batch
+            .as_deref()
+            .map_or_else(|| "before its first batch".into(), |batch| format!("during batch {batch}"));
         match result.status {
-            None => println!("  killed after {} s during batch {last_batch:?}", timeout.as_secs()),
+            None => println!("  {} {during}", result.ending),
             Some(status) if failures.is_empty() || !coverage.iter().any(|line| line.starts_with("sweep done:")) => {
-                println!("  exited with status {status} during batch {last_batch:?}; kernel log:");
+                println!("  exited with status {status} {during}; kernel log:");
                 for line in result.log.iter().rev().take(60).collect::<Vec<_>>().into_iter().rev() {
                     println!("    {line}");
                 }
@@ -620,6 +632,12 @@ fn hang_is_named(run: &Run) -> Result<bool, Failure> {
     let batch = Batch { function: HANGING_FUNCTION.into(), offset: 0x10, method: "brk-step".into(), words: 16 };
     let inject = format!("sweep.inject=hang@{HANGING_FUNCTION}+{HANGING_OFFSET:#x} sweep.watchdog=1000");
     let timeout = Duration::from_secs(HANG_TEST_TIMEOUT_S);
+    println!(
+        "probe sweep check [variant {}, a probe that hangs]: expecting a hang: the handler of \
+         {HANGING_FUNCTION}+{HANGING_OFFSET:#x} spins; halving batch {} must name it",
+        run.variant.name(),
+        batch.probe()
+    );
     let whole = sweep(run, &format!("{} {inject}", batch.words()), timeout, Print::Never)?;
     let named = match &whole.hung {
         Some(hung @ Hung::Words(words)) if *words == batch => name_hanging_probe(run, hung, &inject, timeout)?,
@@ -634,9 +652,10 @@ fn hang_is_named(run: &Run) -> Result<bool, Failure> {
             format!("ok: halving named {}", expected.probe())
         } else {
             format!(
-                "FAILED: expected {}, halving gave {named:?} (the whole batch hung: {:?})",
+                "FAILED: expected {}, halving gave {} (the whole run: {})",
                 expected.probe(),
-                whole.hung
+                named.as_deref().unwrap_or("nothing"),
+                Hung::describe(whole.hung.as_ref())
             )
         }
     );
@@ -670,6 +689,12 @@ fn set_hang_is_named(run: &Run) -> Result<bool, Failure> {
         return Ok(false);
     };
     let place = member.probe.rsplit_once(':').map_or(member.probe.as_str(), |(place, _)| place);
+    println!(
+        "{label}: expecting a hang: the handler of {} member {} ({}) spins; halving the set must name it",
+        part.describe(),
+        member.index,
+        member.probe
+    );
     let words = format!("{SET_RUN_WORDS} sweep.inject=hang@{place} sweep.watchdog=1000");
     let whole = sweep(run, &format!("{} {words}", part.words()), timeout, Print::Never)?;
     let named = match &whole.hung {
@@ -681,11 +706,12 @@ fn set_hang_is_named(run: &Run) -> Result<bool, Failure> {
         println!("{label}: ok: halving named {} member {}: {}", part.describe(), member.index, member.probe);
     } else {
         println!(
-            "{label}: FAILED: expected {} member {}: {}, halving gave {named:?} (the whole set hung: {:?})",
+            "{label}: FAILED: expected {} member {}: {}, halving gave {} (the whole run: {})",
             part.describe(),
             member.index,
             member.probe,
-            whole.hung
+            named.as_deref().unwrap_or("nothing"),
+            Hung::describe(whole.hung.as_ref())
         );
     }
     Ok(passed)

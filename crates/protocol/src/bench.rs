@@ -5,9 +5,61 @@
 //! PARAMS `-` or `key=value,...`, VALUE a number. The kernel writes it with defmt, whose format
 //! strings must be literals: its writer spells the prefix itself and checks it against
 //! [`ROW_PREFIX`] with a `const` assertion.
+//!
+//! Each suite's rows sit between `bench suite: SUITE` and `bench suite end: SUITE rows=N`, N the
+//! rows the kernel wrote for it: xtask counts a suite only when its closing line came and as many
+//! rows arrived, so a run cut short (QEMU killed, a timeout, a kernel that stopped printing)
+//! never passes for a finished one.
 
 /// What starts every row's line in the kernel's log.
 pub const ROW_PREFIX: &str = "bench row: ";
+
+/// What starts the line the kernel writes before its first suite: `bench plan: reps=N
+/// suites=SUITE,...` (`suites=all` when none was named), what a board running its SD card's
+/// command line was asked for.
+pub const PLAN_PREFIX: &str = "bench plan: ";
+
+/// The plan line's reps and suites (`all`: every suite).
+pub fn plan(line: &str) -> Option<(u32, &str)> {
+    let (reps, suites) = line.strip_prefix(PLAN_PREFIX)?.split_once(' ')?;
+    Some((reps.strip_prefix("reps=")?.parse().ok()?, suites.trim().strip_prefix("suites=")?))
+}
+
+/// What starts the line the kernel writes before a suite's rows: `bench suite: SUITE`.
+pub const SUITE_PREFIX: &str = "bench suite: ";
+
+/// What starts the line the kernel writes after a suite's rows: `bench suite end: SUITE rows=N`.
+pub const SUITE_END_PREFIX: &str = "bench suite end: ";
+
+/// Rows a suite measures once per run whatever `reps=` says, as (suite, case): state read after
+/// the measured work (a depot's size and hit rate when saturated, the sanitizer heap's depot
+/// after its boots), not a cost repeated per rep. Every other row has one value per rep.
+pub const ONCE_PER_RUN: [(&str, &str); 2] = [("depot", "saturation"), ("kasan-boot", "depot")];
+
+/// Whether a row of `suite` and `case` is measured once per run ([`ONCE_PER_RUN`]).
+pub fn once_per_run(suite: &str, case: &str) -> bool {
+    ONCE_PER_RUN.iter().any(|&(once_suite, once_case)| once_suite == suite && once_case == case)
+}
+
+/// A suite's closing line: the suite and the rows the kernel wrote for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SuiteEnd<'a> {
+    pub suite: &'a str,
+    pub rows: u64,
+}
+
+impl<'a> SuiteEnd<'a> {
+    /// The closing line's fields, or None when `line` is not `bench suite end: SUITE rows=N`.
+    pub fn from_line(line: &'a str) -> Option<Self> {
+        let (suite, rows) = line.strip_prefix(SUITE_END_PREFIX)?.split_once(" rows=")?;
+        Some(Self { suite, rows: rows.trim().parse().ok()? })
+    }
+}
+
+/// The suite a line opens (`bench suite: SUITE`), or None.
+pub fn suite_start(line: &str) -> Option<&str> {
+    line.strip_prefix(SUITE_PREFIX)
+}
 
 /// One row's fields, borrowed from its line.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -75,6 +127,19 @@ mod tests {
         let plain = Row::parse("baseline call - per_op insn 2.0").expect("a row");
         assert_eq!((plain.params, plain.value), ("-", 2.0));
         assert_eq!(plain.params().count(), 0);
+    }
+
+    #[test]
+    fn suites_open_and_close_with_their_row_count() {
+        assert_eq!(suite_start("bench suite: depot"), Some("depot"));
+        assert_eq!(suite_start("bench suite end: depot rows=3"), None);
+        assert_eq!(SuiteEnd::from_line("bench suite end: depot rows=3"), Some(SuiteEnd { suite: "depot", rows: 3 }));
+        assert_eq!(SuiteEnd::from_line("bench suite end: depot rows=x"), None);
+        assert_eq!(SuiteEnd::from_line("bench suite: depot"), None);
+        assert!(once_per_run("depot", "saturation") && !once_per_run("depot", "insert-miss"));
+        assert_eq!(plan("bench plan: reps=5 suites=baseline,depot"), Some((5, "baseline,depot")));
+        assert_eq!(plan("bench plan: reps=1 suites=all"), Some((1, "all")));
+        assert_eq!(plan("bench plan: reps=x suites=all"), None);
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //! `key=value,...`; `protocol::bench` reads it back), decoded by `cargo xtask bench`, which
 //! aggregates reps into results.json (the contract is docs/reference/bench.md). Every measured
 //! window runs with interrupts masked, so neither the tick nor anything else lands in it.
+//! Each suite's rows sit between `bench suite: SUITE` and `bench suite end: SUITE rows=N`: xtask
+//! takes a suite only when its closing line came and N rows arrived.
 
 mod baseline;
 mod cpus;
@@ -16,6 +18,7 @@ pub(crate) mod stacktrace;
 use crate::arch::counters;
 use crate::args::Args;
 use crate::sync::IrqMask;
+use core::sync::atomic::{AtomicU64, Ordering};
 use protocol::cmdline as key;
 use protocol::suite::Suite;
 
@@ -137,9 +140,17 @@ impl core::fmt::Write for Label {
 /// `protocol::bench::ROW_PREFIX`, which xtask's one reader parses (checked below).
 pub fn row(suite: &str, case: &str, params: &str, metric: &str, unit: &str, value: f64) {
     defmt::info!("bench row: {=str} {=str} {=str} {=str} {=str} {=f64}", suite, case, params, metric, unit, value);
+    ROWS_WRITTEN.fetch_add(1, Ordering::Relaxed);
 }
 
+/// Rows written since boot, for each suite's closing line (a suite's rows may come from any CPU).
+static ROWS_WRITTEN: AtomicU64 = AtomicU64::new(0);
+
 const _: () = assert!(protocol::same_str(protocol::bench::ROW_PREFIX, "bench row: "), "the row's literal above");
+const _: () = assert!(protocol::same_str(protocol::bench::PLAN_PREFIX, "bench plan: "), "the plan's literal below");
+const _: () = assert!(protocol::same_str(protocol::bench::SUITE_PREFIX, "bench suite: "), "the suite's literal below");
+const _: () =
+    assert!(protocol::same_str(protocol::bench::SUITE_END_PREFIX, "bench suite end: "), "the end's literal below");
 
 /// The function that runs each suite of `protocol::suite`'s list: an exhaustive match, so a
 /// suite added to the list does not build until it has its function here.
@@ -165,10 +176,15 @@ pub fn run(names: &str, plan: &Plan) -> Result<(), &'static str> {
             return Err("unknown suite");
         }
     }
+    // What a finished run must hold (xtask reads it where the board ran its own command line).
+    defmt::info!("bench plan: reps={=u32} suites={=str}", plan.reps, if names.is_empty() { "all" } else { names });
     for suite in Suite::ALL {
         if names.is_empty() || names.split(',').any(|name| name == suite.name()) {
             defmt::info!("bench suite: {=str}", suite.name());
+            let before = ROWS_WRITTEN.load(Ordering::Relaxed);
             runner(suite)(plan);
+            let rows = ROWS_WRITTEN.load(Ordering::Relaxed) - before;
+            defmt::info!("bench suite end: {=str} rows={=u64}", suite.name(), rows);
         }
     }
     defmt::info!("bench done");

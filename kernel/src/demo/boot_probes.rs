@@ -193,15 +193,27 @@ pub fn report(icount: bool) {
             Kind::Kprobe => super::probes::kprobe_per_hit(&plan, probe.method, unprobed),
             Kind::Kretprobe => super::probes::kretprobe_per_hit(&plan, probe.method, unprobed),
         };
-        defmt::info!(
-            "{=str}={=str}: {=u64} hits, {=u64} missed; a {=str} hit costs {=f64} {=str} (bench push target, measured now)",
-            probe.kind.name(),
-            probe.spec,
-            hits,
-            missed,
-            probe.method.name(),
-            per_hit.unwrap_or(f64::NAN),
-            plan.unit()
-        );
+        // Whole units, rounded (no_std: no f64::round; `as` takes a negative cost to 0): the
+        // fraction is the loop subtraction's rounding, not a cost.
+        match per_hit {
+            Some(cost) => defmt::info!(
+                "{=str}={=str}: {=u64} hits, {=u64} missed; a {=str} hit costs {=u64} {=str} (bench push target, measured now)",
+                probe.kind.name(),
+                probe.spec,
+                hits,
+                missed,
+                probe.method.name(),
+                (cost + 0.5) as u64,
+                plan.unit()
+            ),
+            None => defmt::info!(
+                "{=str}={=str}: {=u64} hits, {=u64} missed; a {=str} hit's cost could not be measured",
+                probe.kind.name(),
+                probe.spec,
+                hits,
+                missed,
+                probe.method.name()
+            ),
+        }
     }
 }

@@ -82,7 +82,10 @@ impl Request {
 /// timer clock's tick consumer is registered by `run` only when it is asked for, so that no
 /// other run's tick carries the profiler.
 pub fn init(pmu_intid: Option<u32>) {
-    defmt::info!("profile: PMU overflow interrupt {=?}", pmu_intid);
+    match pmu_intid {
+        Some(intid) => defmt::info!("profile: PMU overflow interrupt {=u32}", intid),
+        None => defmt::info!("profile: no PMU overflow interrupt in the device tree (the timer clock still samples)"),
+    }
     if let Some(intid) = pmu_intid {
         crate::drivers::interrupts::register_private(intid, on_pmu_overflow);
     }

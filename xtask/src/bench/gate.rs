@@ -3,8 +3,10 @@
 //!
 //! Instruction counts are deterministic, so any rise is real; the tolerance (the larger of 1%
 //! and 3 instructions) only absorbs what a build's layout may shift (alignment, a literal pool).
-//! Rows below baseline pass and are printed as improvements; rows on one side only are listed,
-//! not failed: new work brings new rows, and `cargo xtask bench --update-baseline` takes them in.
+//! Rows below baseline pass and are printed as improvements. A new row (not in the baseline) is
+//! listed, not failed: new work brings new rows, and `cargo xtask bench --update-baseline` takes
+//! them in. A baseline row the run did not measure fails the gate: a row that disappears is a
+//! cost no longer watched, and a run that lost rows is not a finished run.
 
 use super::results::{self, Results, Row};
 use super::{Mode, RunPlan};
@@ -116,12 +118,23 @@ impl Verdict {
         if !self.improvements.is_empty() || !self.new_rows.is_empty() {
             text += "  (`cargo xtask bench --update-baseline` takes improvements and new rows in)\n";
         }
-        let failure = (!self.regressions.is_empty()).then(|| {
+        let mut failures = Vec::new();
+        if !self.regressions.is_empty() {
             let names: Vec<_> = self.regressions.iter().map(|(row, _)| name(row)).collect();
             let rows = if names.len() == 1 { "row" } else { "rows" };
-            format!("{} {rows} above the icount baseline: {}", names.len(), names.join("; "))
-        });
-        (text, failure)
+            failures.push(format!("{} {rows} above the icount baseline: {}", names.len(), names.join("; ")));
+        }
+        if !self.missing_rows.is_empty() {
+            let names: Vec<_> = self.missing_rows.iter().map(name).collect();
+            let rows = if names.len() == 1 { "row" } else { "rows" };
+            failures.push(format!(
+                "{} baseline {rows} not measured (a row removed on purpose leaves with \
+                 `cargo xtask bench --update-baseline`): {}",
+                names.len(),
+                names.join("; ")
+            ));
+        }
+        (text, (!failures.is_empty()).then(|| failures.join("; ")))
     }
 }
 
@@ -153,6 +166,7 @@ pub fn check(image: &KernelImage) -> Result<Option<String>, Failure> {
         dtb: None,
         serial: None,
         smp: 1,
+        terminate_after_rows: None,
     };
     let started = std::time::Instant::now();
     let rows = match super::measure(&plan) {
@@ -172,9 +186,14 @@ pub fn update(run: &Results, json: &str) -> Result<(), Failure> {
         std::fs::read_to_string(&path).map_err(|error| error.to_string()).and_then(|text| results::parse(&text))
     {
         println!("{}", super::compare::render("baseline", &old, "this run", run));
-        let (_, failure) = judge(&old.rows, &run.rows).render(&old.provenance.commit);
-        if let Some(rises) = failure {
-            eprintln!("xtask: the new baseline raises {rises}: say why in the commit that updates it");
+        let verdict = judge(&old.rows, &run.rows);
+        if !verdict.regressions.is_empty() {
+            let names: Vec<_> = verdict.regressions.iter().map(|(row, _)| name(row)).collect();
+            eprintln!("xtask: the new baseline raises {}: say why in the commit that updates it", names.join("; "));
+        }
+        if !verdict.missing_rows.is_empty() {
+            let names: Vec<_> = verdict.missing_rows.iter().map(name).collect();
+            eprintln!("xtask: the new baseline drops {}: say why in the commit that updates it", names.join("; "));
         }
     }
     super::write_file(&path, json)?;
@@ -246,14 +265,20 @@ mod tests {
     }
 
     #[test]
-    fn rows_on_one_side_only_are_listed_not_failed() {
+    fn new_rows_are_listed_and_unmeasured_baseline_rows_fail() {
         let run = rows(&["baseline call - per_op insn 2", "baseline brand-new - per_op insn 99"], Mode::Icount);
         let verdict = judge(&baseline(), &run);
         let (text, failure) = verdict.render("abc1234");
-        assert!(failure.is_none());
         assert_eq!((verdict.new_rows.len(), verdict.missing_rows.len()), (1, 3));
         assert!(text.contains("new row (not in the baseline) baseline brand-new - per_op"));
         assert!(text.contains("baseline row not measured stacktrace fp depth=64 per_trace"));
+        let failure = failure.expect("unmeasured baseline rows fail the gate");
+        assert!(failure.starts_with("3 baseline rows not measured"), "{failure}");
+        assert!(failure.contains("depot insert-miss depth=16 per_op"), "{failure}");
+        // A new row alone does not fail it.
+        let mut with_new = baseline();
+        with_new.extend(rows(&["baseline brand-new - per_op insn 99"], Mode::Icount));
+        assert!(judge(&baseline(), &with_new).render("abc1234").1.is_none());
     }
 
     #[test]

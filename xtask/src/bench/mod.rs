@@ -4,9 +4,12 @@
 
 mod chart;
 mod compare;
+mod complete;
 pub mod gate;
 mod report;
 mod results;
+
+pub use report::number;
 
 use crate::Failure;
 use crate::build::{self, Board, BuildVariant, KernelImage};
@@ -175,6 +178,10 @@ pub struct BenchArgs {
     /// Seconds before one QEMU run counts as hung.
     #[arg(long, default_value = "900")]
     pub timeout: u64,
+    /// Sends QEMU SIGTERM once N row lines arrived, as a user's `kill` would: the check in
+    /// `cargo xtask test` that a killed run exits non-zero and writes nothing (board virt).
+    #[arg(long, hide = true, value_name = "N")]
+    pub terminate_qemu_after_rows: Option<u32>,
 }
 
 #[derive(clap::Subcommand)]
@@ -214,6 +221,9 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     }
     if args.update_baseline && args.board != Board::Virt {
         return Err(Failure::usage("the icount baseline is measured on board virt"));
+    }
+    if args.terminate_qemu_after_rows.is_some() && args.board != Board::Virt {
+        return Err(Failure::usage("--terminate-qemu-after-rows stops QEMU on board virt"));
     }
     let saved = match &args.save {
         Some(name) => Some(save_slot(&saved_root(), name, args.force)?),
@@ -306,6 +316,7 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
                     dtb: dtb.clone(),
                     serial: args.serial.as_deref(),
                     smp: args.smp,
+                    terminate_after_rows: args.terminate_qemu_after_rows,
                 };
                 match measure(&plan) {
                     Ok(mut more) => {
@@ -372,6 +383,8 @@ pub struct RunPlan<'a> {
     pub serial: Option<&'a Path>,
     /// CPUs (`Machine::smp`).
     pub smp: u8,
+    /// SIGTERM to QEMU after this many row lines (`--terminate-qemu-after-rows`, virt only).
+    pub terminate_after_rows: Option<u32>,
 }
 
 /// Runs the kernel's bench mode once and returns its samples, or why the run failed.
@@ -399,36 +412,59 @@ pub fn measure(plan: &RunPlan) -> Result<Vec<Sample>, Failure> {
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
         bootargs.push_str(&format!(" {}={cores}", protocol::cmdline::BENCH_HOST_CPUS));
     }
-    let (status, log) = match (plan.board, plan.serial) {
+    let (ending, log) = match (plan.board, plan.serial) {
         (Board::Virt, _) => {
-            let result = qemu::run(&machine, plan.image, &bootargs, Some(plan.timeout), &mut |_| {})?;
-            (result.status, result.log)
+            let mut rows = 0;
+            let result = qemu::run_watched(&machine, plan.image, &bootargs, Some(plan.timeout), &mut |line| {
+                rows += u32::from(protocol::bench::Row::fields(&line.text).is_some());
+                match plan.terminate_after_rows {
+                    Some(after) if rows >= after => qemu::Watch::Terminate,
+                    _ => qemu::Watch::Continue,
+                }
+            })?;
+            (result.ending, result.log)
         }
         // QEMU raspi4b, read through a pseudo-terminal as a real board's serial line.
         (Board::Rpi4, None) => {
             let result = qemu::run_via_pty(&machine, plan.image, &bootargs, plan.timeout)?;
-            (result.status, result.log)
+            (result.ending, result.log)
         }
         // The board runs what its cmdline.txt says (`cargo xtask sdimage --run bench`).
         (Board::Rpi4, Some(path)) => {
             let port = crate::serial::open(path, 115_200)?;
             let result = crate::serial::read_run(port, &plan.image.elf, Some(plan.timeout), &mut |_| {})?;
-            (result.status, result.log)
+            (result.ending, result.log)
         }
     };
-    let failed = match status {
-        None => Some(format!("no exit sentinel within {} s", plan.timeout.as_secs())),
-        Some(0) => None,
-        Some(status) => Some(format!("kernel exited with status {status}")),
+    // A run counts only when it finished: the kernel's closing line with status 0, and every
+    // suite's rows with their reps (complete.rs). Otherwise nothing of it is kept. A board
+    // reading its SD card ran what the card says, which its plan line tells.
+    let texts = || log.iter().map(|line| line.text.as_str());
+    let (suites, reps) = match (plan.serial, complete::announced(texts())) {
+        (Some(_), Some((reps, suites))) => (suites, reps),
+        _ => (plan.suites.to_vec(), reps),
     };
-    if let Some(problem) = failed {
-        for line in &log {
+    let incomplete = complete::missing(texts(), &suites, reps);
+    let problem = match (&ending, incomplete) {
+        (qemu::Ending::Exited(0), None) => None,
+        (qemu::Ending::Exited(0), Some(incomplete)) => {
+            Some(format!("the kernel exited with status 0, but {incomplete}"))
+        }
+        (ending, None) => Some(ending.to_string()),
+        (ending, Some(incomplete)) => Some(format!("{ending}; {incomplete}")),
+    };
+    if let Some(problem) = problem {
+        const SHOWN: usize = 40;
+        if log.len() > SHOWN {
+            eprintln!("  (the last {SHOWN} of the kernel's {} lines)", log.len());
+        }
+        for line in &log[log.len().saturating_sub(SHOWN)..] {
             eprintln!("  {line}");
         }
         return Err(Failure {
-            status: if status.is_none() { 124 } else { 1 },
+            status: if ending.timed_out() { 124 } else { 1 },
             message: format!(
-                "bench run {} -cpu {} {}: {problem}",
+                "bench run {} -cpu {} {} counts for nothing, nothing written: {problem}",
                 plan.board.name(),
                 plan.cpu.name(),
                 plan.mode.name()

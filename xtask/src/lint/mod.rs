@@ -75,6 +75,8 @@ pub fn run() -> Result<u8, Failure> {
                 .env_remove("RUSTFLAGS")
                 .env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"))
                 .env("TRACELAB_VARIANT", variant.name())
+                // As in build.rs: no notice about core's NEON intrinsics under build-std.
+                .env("CARGO_FUTURE_INCOMPAT_REPORT_FREQUENCY", "never")
                 .args(["--", "-D", "warnings"]);
         })?;
     }

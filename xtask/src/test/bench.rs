@@ -1,4 +1,5 @@
-//! The bench harness under icount: identical rows run to run, and instructions counted exactly.
+//! The bench harness under icount: identical rows run to run, and instructions counted exactly;
+//! and a bench run whose QEMU is killed counts for nothing.
 
 use super::matrix::DEFAULT_PAUTH_CPU;
 use super::tally::Tally;
@@ -6,7 +7,8 @@ use crate::Failure;
 use crate::build::{self, Board};
 use crate::qemu::{self, CpuVariant, Machine};
 use protocol::bench::Row;
-use std::time::Duration;
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 /// The bench harness under icount: two runs of the baseline suite give identical rows, and the
 /// counter really counts instructions (a call is `bl` + `ret`, a PAC-signed call adds `paciasp` and
@@ -53,5 +55,54 @@ pub fn bench_harness(image: &build::KernelImage, tally: &mut Tally) -> Result<()
             }
         }
     }
+    Ok(())
+}
+
+/// Reps asked of the killed run: far more than it gets through before the signal.
+const KILLED_RUN_REPS: &str = "1000";
+
+/// `cargo xtask bench` itself (this xtask, in a child process) on the prod kernel the test run
+/// built, with QEMU sent SIGTERM after the first row line, as a user's `kill` would: QEMU then
+/// exits 0, and the run must still exit non-zero, name what is missing and write no results.
+pub fn killed_bench_writes_nothing(tally: &mut Tally) -> Result<(), Failure> {
+    let out = crate::bench::target_dir().join("check-killed-bench");
+    let _ = std::fs::remove_dir_all(&out);
+    let xtask = std::env::current_exe().map_err(|error| Failure::usage(format!("this xtask's path: {error}")))?;
+    println!(
+        "bench run killed after its first row: expecting a non-zero exit, `incomplete: N of {KILLED_RUN_REPS} reps` \
+         and no results.json"
+    );
+    let started = Instant::now();
+    let output = Command::new(xtask)
+        .args(["bench", "baseline", "--mode", "wall", "--reps", KILLED_RUN_REPS, "--timeout", "120"])
+        .args(["--cpu", crate::bench::gate::CPU.name(), "--terminate-qemu-after-rows", "1", "--out"])
+        .arg(&out)
+        .output()
+        .map_err(|error| Failure::usage(format!("cannot run xtask bench: {error}")))?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let verdict = stderr.lines().find(|line| line.starts_with("xtask: bench run")).unwrap_or_default();
+    let written: Vec<_> =
+        ["results.json", "report.md", "baseline.svg"].into_iter().filter(|name| out.join(name).exists()).collect();
+    let reps = format!(" of {KILLED_RUN_REPS} reps of baseline ");
+    let problem = if output.status.success() {
+        Some("the killed run exited 0".to_string())
+    } else if !written.is_empty() {
+        Some(format!("the killed run wrote {}", written.join(", ")))
+    } else if !(verdict.contains("terminating on signal 15")
+        && verdict.contains("incomplete: ")
+        && verdict.contains(&reps))
+    {
+        Some(format!("expected the signal and `incomplete: N{reps}...` in xtask's verdict, got `{verdict}`"))
+    } else {
+        None
+    };
+    match output.status.code() {
+        Some(code) => println!("  exit {code} in {:.1} s: {verdict}", started.elapsed().as_secs_f64()),
+        None => println!("  no exit status in {:.1} s: {verdict}", started.elapsed().as_secs_f64()),
+    }
+    if problem.is_some() {
+        print!("{stderr}");
+    }
+    tally.check("a killed bench run exits non-zero and writes nothing", problem.as_ref());
     Ok(())
 }

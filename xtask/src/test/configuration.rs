@@ -221,20 +221,19 @@ pub fn run_configuration(
     }
     let expected_status = if failed == 0 { 0 } else { 1 };
     let mut problems = Vec::new();
+    let during = running.as_ref().map(|name| format!(" during test {name}")).unwrap_or_default();
     match result.status {
-        None => problems.push(format!(
-            "killed after {} s timeout{}",
-            timeout,
-            running.as_ref().map(|name| format!(" while running test {name}")).unwrap_or_default()
-        )),
-        Some(status) if status != expected_status => problems.push(format!(
-            "kernel exited with status {status}{}",
-            running.as_ref().map(|name| format!(" during test {name}")).unwrap_or_default()
-        )),
+        None => problems.push(format!("{}{during}", result.ending)),
+        Some(status) if status != expected_status => {
+            problems.push(format!("kernel exited with status {status}{during}"))
+        }
         Some(_) => {}
     }
-    if result.status.is_some() && sentinel != result.status {
-        problems.push(format!("exit sentinel {sentinel:?} does not match QEMU status {:?}", result.status));
+    // `result.status` is the first closing line's; a second one means the kernel went on.
+    if let (Some(status), Some(last)) = (result.status, sentinel)
+        && status != last
+    {
+        problems.push(format!("two closing lines: exit status {status}, then {last}"));
     }
     if !done && result.status.is_some() {
         problems.push("no `tests done` line".into());
@@ -293,7 +292,7 @@ pub fn run_configuration(
             println!("  --- qemu stderr ---\n{}", result.stderr);
         }
     }
-    Ok(ConfigurationRun { timed_out: result.status.is_none(), unmatched: false })
+    Ok(ConfigurationRun { timed_out: result.ending.timed_out(), unmatched: false })
 }
 
 /// Tests skipped as on one CPU (`test skipped: NAME (one CPU (run with --smp N))`) in a run on

@@ -180,11 +180,15 @@ fn failure_path(
             .filter(|(header, function)| !names_under(&result.log, header, function))
             .map(|(header, function)| format!("`{function}` under `{header}`"))
             .collect();
-        let ok = result.status == expected_status && logged && sentinel_ok && missing.is_empty();
+        let (expecting, ended_as_expected) = match expected_status {
+            None => (format!("a hang (no exit within {} s)", timeout.as_secs()), result.ending.timed_out()),
+            Some(status) => (format!("exit status {status}"), result.status == Some(status)),
+        };
+        let ok = ended_as_expected && logged && sentinel_ok && missing.is_empty();
         println!(
-            "failure path [{name}]: {}: status {:?} (expected {expected_status:?}), `{expected_line}` {}{}",
+            "failure path [{name}] expecting {expecting}: {}: {}, `{expected_line}` {}{}",
             if ok { "ok" } else { "FAILED" },
-            result.status,
+            result.ending,
             if logged { "logged" } else { "missing" },
             if missing.is_empty() { String::new() } else { format!(", missing {}", missing.join(", ")) }
         );

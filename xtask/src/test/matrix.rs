@@ -106,10 +106,11 @@ impl Selection {
         }
         if self.boards.contains(&Board::Virt) && !matrix_variants.is_empty() {
             let levels = self.levels.iter().map(|(el, gic)| format!("EL{el}/GICv{gic}")).collect::<Vec<_>>().join(", ");
+            let runs = matrix_variants.len() * self.cpus.len() * self.levels.len();
             eprintln!(
-                "  virt: variants {variants} x CPUs {} x {levels} ({} QEMU runs)",
+                "  virt: variants {variants} x CPUs {} x {levels} ({runs} QEMU {})",
                 names(&self.cpus),
-                matrix_variants.len() * self.cpus.len() * self.levels.len()
+                if runs == 1 { "run" } else { "runs" }
             );
             if self.ftrace {
                 let traced: Vec<_> = matrix_variants

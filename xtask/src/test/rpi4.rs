@@ -55,7 +55,9 @@ pub fn rpi4_checks(boot_files: &crate::bootfiles::BootFileArgs, tally: &mut Tall
     let call = rows.iter().find(|fields| call_row(fields).is_some());
     let problem = match (run.status, call) {
         (Some(0), Some(fields)) if call_row(fields).is_some_and(|row| row.value == 2.0) => None,
-        (status, row) => Some(format!("status {status:?}, call row {row:?}, {} rows", rows.len())),
+        (_, row) => {
+            Some(format!("{}; call row: {}; {} rows", run.ending, row.map_or("none", |fields| fields), rows.len()))
+        }
     };
     tally.check("rpi4 bench rows through a pseudo-terminal", problem.as_ref());
     Ok(())
