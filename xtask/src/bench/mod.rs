@@ -7,6 +7,7 @@ mod compare;
 mod complete;
 pub mod gate;
 mod report;
+mod report_out;
 mod results;
 
 pub use report::number;
@@ -200,18 +201,22 @@ pub enum BenchCommand {
         /// A name given to --save, a results.json or its directory (default: target/bench).
         #[arg(long)]
         from: Option<String>,
-        /// Directory to write the pages into (default: the workspace's docs/results).
+        /// Directory to write the pages into. The workspace's tracked docs/results is replaced
+        /// only when named here or with --force.
         out: Option<PathBuf>,
+        /// Without a directory: replace the tracked docs/results.
+        #[arg(long)]
+        force: bool,
     },
 }
 
 pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     match &args.command {
         Some(BenchCommand::Compare { old, new }) => return compare::run(old, new),
-        Some(BenchCommand::Report { from, out }) => {
+        Some(BenchCommand::Report { from, out, force }) => {
+            let out = report_out::output_dir(out.as_deref(), *force)?;
             let from = from.clone().unwrap_or_else(|| target_dir().join("bench").display().to_string());
             let (_, results) = load(&from)?;
-            let out = out.clone().unwrap_or_else(|| build::workspace_root().join("docs/results"));
             return write_pages(&out, &results);
         }
         None => {}
