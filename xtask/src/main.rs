@@ -12,6 +12,8 @@ mod flash;
 mod ksyms;
 mod lint;
 mod log;
+mod names;
+mod probe_spec;
 mod profile;
 mod qemu;
 mod sdimage;

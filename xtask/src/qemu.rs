@@ -98,11 +98,14 @@ pub struct QemuArgs {
     #[arg(long, value_name = "SEED")]
     pub tag_seed: Option<String>,
     /// Register a kprobe at boot, as Linux's `kprobe_event=`: SYMBOL[+OFFSET]:METHOD, METHOD one
-    /// of single-step, brk-step, simulate, detour (e.g. `kernel::task::tick:simulate`); its hits
-    /// and cost per hit are printed at the end. Repeatable.
+    /// of single-step, brk-step, simulate, detour (e.g. `kernel::task::tick:brk-step`, or
+    /// `bench_probe_target_push:simulate`); a bare SYMBOL probes its first instruction after
+    /// ftrace's entry. Checked before QEMU starts (the symbol, and the method on the instruction
+    /// there); its hits and cost per hit are printed at the end. Repeatable.
     #[arg(long = "kprobe", value_name = "SYMBOL[+OFFSET]:METHOD")]
     pub kprobes: Vec<String>,
-    /// Register a kretprobe at boot: SYMBOL:METHOD (the method of its entry probe). Repeatable.
+    /// Register a kretprobe at boot: SYMBOL:METHOD, the method of its entry probe (e.g.
+    /// `kernel::task::tick:brk-step`). Repeatable.
     #[arg(long = "kretprobe", value_name = "SYMBOL:METHOD")]
     pub kretprobes: Vec<String>,
     /// Run without `-icount`: costs are then virtual ns, i.e. TCG emulation time on this host,
@@ -153,6 +156,13 @@ pub enum KasanOnFault {
 }
 
 impl QemuArgs {
+    /// `--kprobe` and `--kretprobe`, their syntax checked (before anything builds).
+    pub fn probe_specs(&self) -> Result<Vec<crate::probe_spec::ProbeSpec>, Failure> {
+        use crate::probe_spec::Flag;
+        let kprobes = self.kprobes.iter().map(|text| (Flag::Kprobe, text));
+        crate::probe_spec::parse_all(kprobes.chain(self.kretprobes.iter().map(|text| (Flag::Kretprobe, text))))
+    }
+
     /// The kernel command line these flags mean (kernel/src/args.rs lists who reads each key), `--append` last.
     pub fn bootargs(&self, cpu: CpuVariant) -> String {
         let icount = !self.no_icount;
@@ -633,11 +643,12 @@ pub fn run_interactive<Console: FnMut(&LogLine)>(
     if args.filter.is_some() && !matches!(args.run, RunMode::Test | RunMode::Bench) {
         return Err(Failure::usage("--filter selects tests (--run test) or bench suites (--run bench)"));
     }
-    for spec in args.kprobes.iter().chain(&args.kretprobes) {
-        if spec.split_whitespace().count() != 1 || !spec.contains(':') {
-            return Err(Failure::usage(format!("--kprobe/--kretprobe {spec:?}: expected SYMBOL[+OFFSET]:METHOD")));
-        }
+    if args.run == RunMode::Test
+        && let Some(filter) = &args.filter
+    {
+        crate::names::check_test_filter(filter)?;
     }
+    let probes = args.probe_specs()?;
     ensure_installed()?;
     if args.board == Board::Rpi4 {
         let files = crate::bootfiles::get(&args.boot_files)?;
@@ -645,6 +656,7 @@ pub fn run_interactive<Console: FnMut(&LogLine)>(
         machine.dtb = Some(files.dtb);
     }
     let image = build::kernel_with(args.board, args.variant, args.sanitizer.options(&[args.variant])?)?;
+    crate::probe_spec::check_image(&probes, &image.elf, args.variant.name())?;
     let bootargs = args.bootargs(machine.cpu);
     eprintln!(
         "xtask: booting {} (variant {}{}): {bootargs}",

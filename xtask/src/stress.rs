@@ -8,6 +8,7 @@
 
 use crate::Failure;
 use crate::build::{self, Board, BuildVariant};
+use crate::probe_spec::Flag;
 use crate::qemu::{self, CpuVariant, Machine};
 use std::process::Command;
 use std::time::Duration;
@@ -31,7 +32,8 @@ pub struct ProbesArgs {
     pub variants: Vec<BuildVariant>,
     #[arg(long, value_parser = CpuVariant::parse, default_value = "max,pauth=off")]
     pub cpu: CpuVariant,
-    /// Repeat exactly one probe: `FUNCTION+OFFSET:METHOD` (as a failure prints it).
+    /// Repeat exactly one probe: `FUNCTION+OFFSET:METHOD`, as a failure prints it (e.g.
+    /// `kernel::task::tick+0x8:brk-step`); checked against each variant's image before it boots.
     #[arg(long)]
     pub probe: Option<String>,
     /// Repeat one random set of the run with this `--seed` and `--functions` (as a hang in one
@@ -70,11 +72,14 @@ pub struct ProbesArgs {
 
 pub fn run(args: &StressArgs) -> Result<u8, Failure> {
     let Target::Probes(args) = &args.target;
+    // The repeated probe's syntax before anything builds, its instruction in each image before it boots.
+    let probe = crate::probe_spec::parse_all(args.probe.iter().map(|text| (Flag::SweepProbe, text)))?;
     let variants =
         if args.variants.is_empty() { vec![BuildVariant::Full, BuildVariant::Prod] } else { args.variants.clone() };
     let mut failed = 0;
     for variant in variants {
         let image = build::kernel(Board::Virt, variant)?;
+        crate::probe_spec::check_image(&probe, &image.elf, variant.name())?;
         let mut extras = vec![String::new()];
         if args.ftrace && variant != BuildVariant::Plain {
             extras.extend(["list", "call-ops", "vector"].map(|scheme| format!("sweep.ftrace={scheme}")));

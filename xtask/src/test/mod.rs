@@ -40,6 +40,7 @@ pub use args::TestArgs;
 pub fn run(args: &TestArgs) -> Result<u8, Failure> {
     let start = Instant::now();
     let mut tally = Tally::default();
+    crate::names::check_test_filter(&args.filter)?;
     if !args.no_host {
         host::host_tests(&mut tally)?;
     }
@@ -75,6 +76,7 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
         bench::bench_harness(&prod, &mut tally)?;
         bench::killed_bench_writes_nothing(&mut tally)?;
         crate::profile::self_test(&mut |name, problem| tally.check(name, problem.as_ref()))?;
+        crate::probe_spec::self_test(&mut |name, problem| tally.check(name, problem.as_ref()))?;
         tally.check("icount regression gate", crate::bench::gate::check(&prod)?.as_ref());
         let (passed, failures) = crate::demo::test(&args.variants, &args.cpus, &args.boards)?;
         tally.passed += passed;
