@@ -16,6 +16,7 @@ core::arch::global_asm!(
     .section .text.bench, "ax"
     .balign 16
     .global \name
+    .type \name, %function
 \name:
     stp     x29, x30, [sp, #-32]!
     stp     x18, x19, [sp, #16]
@@ -29,6 +30,7 @@ core::arch::global_asm!(
     ldp     x18, x19, [sp, #16]
     ldp     x29, x30, [sp], #32
     ret
+    .size \name, . - \name
 .endm
 
     BENCH_LOOP bench_loop_alone,
@@ -38,16 +40,22 @@ core::arch::global_asm!(
     BENCH_LOOP bench_loop_brk, brk #{brk}
 
     .section .text.bench, "ax"
+    .type bench_plain_function, %function
 bench_plain_function:
     ret
+    .size bench_plain_function, . - bench_plain_function
+    .type bench_pac_function, %function
 bench_pac_function:
     paciasp
     autiasp
     ret
+    .size bench_pac_function, . - bench_pac_function
+    .type bench_scs_function, %function
 bench_scs_function:
     str     x30, [x18], #8
     ldr     x30, [x18, #-8]!
     ret
+    .size bench_scs_function, . - bench_scs_function
 
     .section .bss.bench, "aw", @nobits
     // Aligned like a stack slot's shadow stack (task/stacks.rs), so that exception entry's

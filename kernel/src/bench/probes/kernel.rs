@@ -18,6 +18,7 @@ core::arch::global_asm!(
 .macro PROBE_BENCH_LOOP name, body:vararg
     .balign 16
     .global \name
+    .type \name, %function
 \name:
     stp     x29, x30, [sp, #-32]!
     stp     x19, x20, [sp, #16]
@@ -30,6 +31,7 @@ core::arch::global_asm!(
     ldp     x19, x20, [sp, #16]
     ldp     x29, x30, [sp], #32
     ret
+    .size \name, . - \name
 .endm
     PROBE_BENCH_LOOP bench_probe_loop_alone,
     PROBE_BENCH_LOOP bench_probe_loop_call, blr x20

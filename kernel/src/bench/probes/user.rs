@@ -21,6 +21,7 @@ core::arch::global_asm!(
 .macro USER_BENCH_LOOP name, body:vararg
     .balign 16
     .global \name
+    .type \name, %function
 \name:
     mov     x19, x0
     mov     x20, x1
@@ -41,6 +42,7 @@ core::arch::global_asm!(
 4:  sub     x0, x0, x21
     mov     x8, #0
     svc     #0
+    .size \name, . - \name
 .endm
     USER_BENCH_LOOP user_bench_loop_alone, nop
     USER_BENCH_LOOP user_bench_loop_call, blr x20
