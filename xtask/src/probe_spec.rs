@@ -413,17 +413,33 @@ pub fn check_image(specs: &[ProbeSpec], elf: &Path, variant: &str) -> Result<(),
     let data = std::fs::read(elf).map_err(|error| Failure::usage(format!("{}: {error}", elf.display())))?;
     let text = KernelText::parse(&data).map_err(Failure::usage)?;
     let mut refused = Vec::new();
+    // The kernel keeps one probe per address: a second request there is refused at boot.
+    let mut taken: Vec<(u64, &ProbeSpec)> = Vec::new();
     for spec in specs {
         match text.check(spec) {
-            Ok(placed) => eprintln!(
-                "xtask: {} {}: {} ({:#x}): {} ({})",
-                spec.flag.name(),
-                spec.text,
-                placed.place,
-                placed.address,
-                placed.disassembly,
-                plan_name(&placed.plan)
-            ),
+            Ok(placed) if let Some((_, first)) = taken.iter().find(|(address, _)| *address == placed.address) => {
+                refused.push(format!(
+                    "{} {}: {} ({:#x}) is already probed by {} {}: one probe per address",
+                    spec.flag.name(),
+                    spec.text,
+                    placed.place,
+                    placed.address,
+                    first.flag.name(),
+                    first.text
+                ));
+            }
+            Ok(placed) => {
+                taken.push((placed.address, spec));
+                eprintln!(
+                    "xtask: {} {}: {} ({:#x}): {} ({})",
+                    spec.flag.name(),
+                    spec.text,
+                    placed.place,
+                    placed.address,
+                    placed.disassembly,
+                    plan_name(&placed.plan)
+                );
+            }
             Err(reason) => refused.push(reason),
         }
     }

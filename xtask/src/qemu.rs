@@ -98,14 +98,14 @@ pub struct QemuArgs {
     #[arg(long, value_name = "SEED")]
     pub tag_seed: Option<String>,
     /// Register a kprobe at boot, as Linux's `kprobe_event=`: SYMBOL[+OFFSET]:METHOD, METHOD one
-    /// of single-step, brk-step, simulate, detour (e.g. `kernel::task::tick:brk-step`, or
-    /// `bench_probe_target_push:simulate`); a bare SYMBOL probes its first instruction after
-    /// ftrace's entry. Checked before QEMU starts (the symbol, and the method on the instruction
-    /// there); its hits and cost per hit are printed at the end. Repeatable.
+    /// of single-step, brk-step, simulate, detour (e.g. `kernel::task::tick:brk-step`); a bare
+    /// SYMBOL probes its first instruction after ftrace's entry. Checked before QEMU starts (the
+    /// symbol, and the method on the instruction there); its hits and cost per hit are printed
+    /// at the end. Repeatable.
     #[arg(long = "kprobe", value_name = "SYMBOL[+OFFSET]:METHOD")]
     pub kprobes: Vec<String>,
     /// Register a kretprobe at boot: SYMBOL:METHOD, the method of its entry probe (e.g.
-    /// `kernel::task::tick:brk-step`). Repeatable.
+    /// `kernel::demo::depot_statistics:brk-step`). Repeatable.
     #[arg(long = "kretprobe", value_name = "SYMBOL:METHOD")]
     pub kretprobes: Vec<String>,
     /// Run without `-icount`: costs are then virtual ns, i.e. TCG emulation time on this host,
