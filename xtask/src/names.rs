@@ -128,13 +128,37 @@ fn check_filter_against(filter: &str, names: &[String]) -> Result<(), Failure> {
     if names.iter().any(|name| name.contains(filter)) {
         return Ok(());
     }
-    let close = close_names(filter, names.iter().map(String::as_str));
+    let mut close = close_names(filter, names.iter().map(String::as_str));
+    if close.is_empty() {
+        close = close_fragments(filter, names);
+    }
     Err(Failure::usage(format!(
-        "--filter `{filter}`: no kernel test's name contains it ({} tests){}; \
-         `grep -rn 'name: \"' kernel/src/tests` lists them",
+        "--filter `{filter}`: no kernel test's name contains it{} ({} tests: \
+         `grep -rn 'name: \"' kernel/src/tests` lists them)",
+        did_you_mean(&close),
         names.len(),
-        did_you_mean(&close)
     )))
+}
+
+/// The names holding a part within a small edit distance of `fragment` (a filter is a part of
+/// a name, so whole-name distances miss its typos), closest first, at most [`OFFERED`].
+fn close_fragments<'a>(fragment: &str, names: &'a [String]) -> Vec<&'a str> {
+    let wanted: Vec<char> = fragment.chars().collect();
+    let budget = (wanted.len() / 4).clamp(1, 4);
+    let mut scored: Vec<(usize, &str)> = names
+        .iter()
+        .filter_map(|name| {
+            let name_chars: Vec<char> = name.chars().collect();
+            let lengths = wanted.len().saturating_sub(budget).max(1)..=wanted.len() + budget;
+            let best = lengths
+                .flat_map(|length| name_chars.windows(length.min(name_chars.len())))
+                .filter_map(|window| edit_distance(fragment, &window.iter().collect::<String>(), budget))
+                .min()?;
+            Some((best, name.as_str()))
+        })
+        .collect();
+    scored.sort();
+    scored.into_iter().take(OFFERED).map(|(_, name)| name).collect()
 }
 
 #[cfg(test)]
@@ -175,6 +199,9 @@ mod tests {
         let failure = check_filter_against("kprobe_simulate_push", &names).expect_err("no test contains it");
         assert_eq!(failure.status, 2);
         assert!(failure.message.contains("`kprobe_simulates_push`"), "{}", failure.message);
+        // A typo in a part of a name.
+        let failure = check_filter_against("simulats_pus", &names).expect_err("no test contains it");
+        assert!(failure.message.contains("did you mean `kprobe_simulates_push`?"), "{}", failure.message);
     }
 
     #[test]
