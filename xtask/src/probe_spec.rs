@@ -264,9 +264,7 @@ impl<'data> KernelText<'data> {
                 .into());
         }
         if self.patchable.iter().any(|&entry| (entry..entry + 16).contains(&address)) {
-            return Err("patchable function entry: owned by ftrace (a bare SYMBOL probes the first instruction \
-                        after it)"
-                .into());
+            return Err("patchable function entry: owned by ftrace (probe the first instruction after it)".into());
         }
         for back in 1..=EXCLUSIVE_WINDOW {
             let Some(at) = address.checked_sub(4 * back).filter(|&at| at >= self.text.0) else { break };

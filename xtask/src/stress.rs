@@ -76,10 +76,15 @@ pub fn run(args: &StressArgs) -> Result<u8, Failure> {
     let probe = crate::probe_spec::parse_all(args.probe.iter().map(|text| (Flag::SweepProbe, text)))?;
     let variants =
         if args.variants.is_empty() { vec![BuildVariant::Full, BuildVariant::Prod] } else { args.variants.clone() };
+    // Every variant's image before the first boots, so a refusal in the last wastes no run.
+    if !probe.is_empty() {
+        for &variant in &variants {
+            crate::probe_spec::check_image(&probe, &build::kernel(Board::Virt, variant)?.elf, variant.name())?;
+        }
+    }
     let mut failed = 0;
     for variant in variants {
         let image = build::kernel(Board::Virt, variant)?;
-        crate::probe_spec::check_image(&probe, &image.elf, variant.name())?;
         let mut extras = vec![String::new()];
         if args.ftrace && variant != BuildVariant::Plain {
             extras.extend(["list", "call-ops", "vector"].map(|scheme| format!("sweep.ftrace={scheme}")));
