@@ -8,6 +8,7 @@ mod complete;
 pub mod gate;
 mod report;
 mod results;
+mod summary;
 
 pub use report::number;
 
@@ -281,6 +282,9 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
         }
         (Board::Rpi4, Some(_)) => None,
     };
+    if let Some(plan) = summary::plan(&by_variant, cpus.len(), &modes, args.reps) {
+        eprintln!("xtask: {plan}");
+    }
     let variants: Vec<BuildVariant> = by_variant.iter().map(|(variant, _)| *variant).collect();
     let sanitizer = args.sanitizer.options(&variants)?;
     let images = by_variant
@@ -351,7 +355,7 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
         chart::draw(&path, suite.name, &rows)
             .map_err(|error| Failure::usage(format!("{}: {error}", path.display())))?;
     }
-    println!("{report}");
+    print!("{}", summary::summary(&rows, &out.join("report.md")));
     eprintln!("xtask: wrote {}/results.json, report.md and one SVG per suite", out.display());
     if let Some(slot) = saved {
         write_file(&slot.join("results.json"), &json)?;
