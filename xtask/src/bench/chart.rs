@@ -188,18 +188,36 @@ fn value_label(row: &Row) -> String {
 }
 
 /// Groups of values in which the largest is at most `SPLIT_RATIO` times the smallest non-zero
-/// one: each value's group index (0: the smallest values; zeros go with them).
+/// one: each value's group index (0: the smallest values; zeros go with them). A group too wide
+/// is cut where neighbouring values are furthest apart, so values close to each other stay
+/// together (7 and 57 part before 511 and 1958 do).
 pub fn magnitude_groups(values: &[f64]) -> Vec<usize> {
     let mut sorted: Vec<f64> = values.iter().map(|value| value.abs()).filter(|value| *value > 0.0).collect();
     sorted.sort_by(f64::total_cmp);
-    let mut starts: Vec<f64> = Vec::new();
-    for value in sorted {
-        match starts.last() {
-            Some(&start) if value <= start * SPLIT_RATIO => {}
-            _ => starts.push(value),
-        }
-    }
+    let mut starts = Vec::new();
+    cut(&sorted, &mut starts);
     values.iter().map(|value| starts.iter().rposition(|start| value.abs() >= *start).unwrap_or(0)).collect()
+}
+
+/// Pushes the first value of each group of `sorted` (ascending, positive) in order.
+fn cut(sorted: &[f64], starts: &mut Vec<f64>) {
+    let (Some(&first), Some(&last)) = (sorted.first(), sorted.last()) else { return };
+    if last <= first * SPLIT_RATIO {
+        starts.push(first);
+        return;
+    }
+    let widest = (1..sorted.len())
+        .max_by(|&a, &b| (sorted[a] / sorted[a - 1]).total_cmp(&(sorted[b] / sorted[b - 1])))
+        .expect("a group too wide has two values");
+    cut(&sorted[..widest], starts);
+    cut(&sorted[widest..], starts);
+}
+
+/// Whether a panel of this unit is split by magnitude: costs (instructions, ns, cycles), whose
+/// mechanisms are compared bar against bar. Counts (records, bytes, percent, rates) describe
+/// workloads of different sizes, and their ratio is what they show.
+fn splits(unit: &str) -> bool {
+    matches!(unit, "insn" | "ns" | "cycles")
 }
 
 /// The colour of a panel's rows: the first `COLOUR_PARAMS` param that varies, else the case
@@ -215,6 +233,19 @@ fn colour_of<'a>(rows: &[&'a Row]) -> Colour<'a> {
         }
     }
     if rows.iter().any(|row| row.case != rows[0].case) { Colour::Case } else { Colour::Cpu }
+}
+
+/// Where a row's slot stands: a case's slots together in the kernel's order of cases (unless the
+/// case is the colour), then by param values, numbers as numbers (depth 4, 8, 16, not 16, 4, 8).
+fn slot_order(colour: Colour, cases: &[&str], row: &Row) -> (usize, Vec<(f64, String)>) {
+    let case = if colour == Colour::Case { 0 } else { cases.iter().position(|case| *case == row.case).unwrap_or(0) };
+    let params = row
+        .params
+        .iter()
+        .filter(|(name, _)| colour != Colour::Param(name))
+        .map(|(_, value)| (value.parse().unwrap_or(f64::MAX), value.clone()))
+        .collect();
+    (case, params)
 }
 
 /// Items in first-seen order.
@@ -268,12 +299,15 @@ pub fn panels<'a>(suite: &str, rows: &'a [Row], peer: Option<&Peer>) -> Vec<Pane
                 .iter()
                 .map(|row| row.max.abs().max(row.median.abs()).max(peer_of(row).unwrap_or(0.0)))
                 .collect();
-            let groups = magnitude_groups(&magnitudes);
+            let groups = if splits(unit) { magnitude_groups(&magnitudes) } else { vec![0; magnitudes.len()] };
             let parts = groups.iter().max().map_or(1, |last| last + 1);
             for part in 0..parts {
                 let members: Vec<&Row> =
                     in_panel.iter().zip(&groups).filter(|(_, group)| **group == part).map(|(row, _)| *row).collect();
-                let slots = distinct(members.iter().map(|row| colour.slot(row)));
+                let cases = distinct(members.iter().map(|row| row.case.as_str()));
+                let mut slots = distinct(members.iter().map(|row| (colour.slot(row), slot_order(colour, &cases, row))));
+                slots.sort_by(|(_, a), (_, b)| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+                let slots: Vec<String> = slots.into_iter().map(|(slot, _)| slot).collect();
                 let mut bars: Vec<Bar> = members
                     .iter()
                     .map(|row| Bar {
@@ -494,9 +528,11 @@ mod tests {
 
     #[test]
     fn values_more_than_20x_apart_go_to_panels_of_their_own() {
-        // 40 is 20x the smallest (2), 41 is not and starts a group; 1323 is over 20x 41.
-        assert_eq!(magnitude_groups(&[2.0, 10.0, 1323.0, 0.0, 40.0, 41.0]), [0, 0, 2, 0, 0, 1]);
-        assert_eq!(magnitude_groups(&[5.0, 100.0, 101.0, 2000.0]), [0, 0, 1, 1]);
+        assert_eq!(magnitude_groups(&[2.0, 10.0, 1323.0, 0.0, 13.0]), [0, 0, 1, 0, 0]);
+        // 41 is over 20x 2: cut at the widest step (2 -> 10), not at the first value past 40.
+        assert_eq!(magnitude_groups(&[2.0, 10.0, 1323.0, 40.0, 41.0]), [0, 1, 2, 1, 1]);
+        // Exactly 20x stays together.
+        assert_eq!(magnitude_groups(&[5.0, 100.0, 101.0, 2000.0]), [0, 1, 1, 1]);
         assert_eq!(magnitude_groups(&[0.0, 0.0]), [0, 0]);
         let all = rows(
             &[
@@ -510,13 +546,20 @@ mod tests {
         let panels = panels("ftrace", &all, None);
         assert_eq!(panels.len(), 2, "{:?}", panels.iter().map(|panel| &panel.title).collect::<Vec<_>>());
         assert!(panels[0].title.ends_with("[1 of 2: up to 13]"), "{}", panels[0].title);
-        assert_eq!(panels[0].rows().iter().map(|row| row.median).collect::<Vec<_>>(), [2.0, 13.0, 10.0]);
+        assert_eq!(panels[0].rows().iter().map(|row| row.median).collect::<Vec<_>>(), [13.0, 10.0, 2.0]);
         assert_eq!(panels[1].rows().iter().map(|row| row.median).collect::<Vec<_>>(), [1323.0]);
         // The scheme is the colour; the tracer counts name the slots.
         assert_eq!(panels[0].colour, Colour::Case);
         assert_eq!(panels[0].series, ["list", "call-ops"]);
-        assert_eq!(panels[0].slots, ["relevant=1,irrelevant=100", "relevant=1,irrelevant=0"]);
+        // Slots by their params' values, numbers as numbers.
+        assert_eq!(panels[0].slots, ["relevant=1,irrelevant=0", "relevant=1,irrelevant=100"]);
         assert_eq!(panels[0].axis, "virtual ns (TCG emulation)");
+        // Counts of differently sized workloads stay in one panel: their ratio is the point.
+        let counts = rows(
+            &["depot saturation distinct=1 records records 1", "depot saturation distinct=65536 records records 65536"],
+            Mode::Icount,
+        );
+        assert_eq!(super::panels("depot", &counts, None).len(), 1);
     }
 
     #[test]

@@ -200,7 +200,7 @@ const MEANINGS: &[Meaning] = &[
     Meaning {
         suite: "probes",
         metric: "hits_per_s",
-        text: "probed calls per second of the clock (under icount one instruction is one virtual ns)",
+        text: "probed calls per second of the clock (under icount a synthetic clock of one instruction per ns, not a speed: charted in wall and hardware modes only)",
     },
     Meaning { suite: "probes", metric: "per_call", text: "one unprobed call of the target, for reference" },
     Meaning {
