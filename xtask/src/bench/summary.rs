@@ -8,9 +8,10 @@ use crate::build::BuildVariant;
 use std::fmt::Write;
 use std::path::Path;
 
-/// Seconds of QEMU one pass of a suite takes on a 2-core host (icount: the one rep; wall: each
-/// rep), rounded up from runs of the gate's suites (about 16 s together) and single-suite runs.
-/// A plan's estimate, never a limit: `--timeout` is the limit.
+/// Seconds of QEMU one pass of a suite takes (icount: the one rep; wall: each rep), rounded up
+/// from icount runs on an AMD EPYC host with 2 CPUs: the gate's five suites take about 16 s
+/// together, `probes` alone about 4 s. A wall rep runs the same loops, so it is taken to cost a
+/// pass too. A plan's estimate, never a limit: `--timeout` is the limit.
 fn seconds_per_pass(suite: &str) -> f64 {
     match suite {
         "baseline" => 1.0,
@@ -47,13 +48,19 @@ pub fn plan(by_variant: &[(BuildVariant, Vec<&str>)], cpus: usize, modes: &[Mode
     let reps =
         if modes.iter().any(|mode| *mode != "icount") { format!(", {reps} reps in wall mode") } else { String::new() };
     Some(format!(
-        "bench plan: {boots} QEMU boots ({} build variant(s) x {cpus} CPU variant(s) x {} mode(s): {}{reps}); \
+        "bench plan: {boots} QEMU boots ({} x {} x {}: {}{reps}); \
          estimate: about {} of QEMU (typical per-suite costs, not a measurement), plus kernel builds",
-        by_variant.len(),
-        modes.len(),
+        counted(by_variant.len(), "build variant"),
+        counted(cpus, "CPU variant"),
+        counted(modes.len(), "mode"),
         modes.join(", "),
         duration(seconds)
     ))
+}
+
+/// `1 mode`, `2 modes`.
+fn counted(count: usize, what: &str) -> String {
+    if count == 1 { format!("1 {what}") } else { format!("{count} {what}s") }
 }
 
 /// `40 s`, `7 min`, `1 h 5 min`.
@@ -181,7 +188,9 @@ mod tests {
             vec![(BuildVariant::Prod, vec!["baseline", "probes"]), (BuildVariant::Full, vec!["kasan-boot"])];
         let line = plan(&by_variant, 5, &[Mode::Icount, Mode::Wall], 5).expect("20 boots");
         assert!(
-            line.starts_with("bench plan: 20 QEMU boots (2 build variant(s) x 5 CPU variant(s) x 2 mode(s)"),
+            line.starts_with(
+                "bench plan: 20 QEMU boots (2 build variants x 5 CPU variants x 2 modes: icount, wall, 5 reps in wall mode)"
+            ),
             "{line}"
         );
         // prod: 5 x (1 + 5) + 5 x (1 + 25) = 160; full: 5 x 11 + 5 x 51 = 310: 470 s, 8 min.
