@@ -8,6 +8,7 @@ mod complete;
 pub mod gate;
 mod report;
 mod results;
+mod summary;
 
 pub use report::number;
 
@@ -281,6 +282,9 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
         }
         (Board::Rpi4, Some(_)) => None,
     };
+    if let Some(plan) = summary::plan(&by_variant, cpus.len(), &modes, args.reps) {
+        eprintln!("xtask: {plan}");
+    }
     let variants: Vec<BuildVariant> = by_variant.iter().map(|(variant, _)| *variant).collect();
     let sanitizer = args.sanitizer.options(&variants)?;
     let images = by_variant
@@ -347,15 +351,20 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     write_file(&out.join("results.json"), &json)?;
     write_file(&out.join("report.md"), &report)?;
     for suite in &suites {
-        let path = out.join(format!("{}.svg", suite.name));
+        let path = out.join(report::chart_file(suite.name));
         chart::draw(&path, suite.name, &rows)
             .map_err(|error| Failure::usage(format!("{}: {error}", path.display())))?;
     }
-    println!("{report}");
+    print!("{}", summary::summary(&rows, &out.join("report.md")));
     eprintln!("xtask: wrote {}/results.json, report.md and one SVG per suite", out.display());
     if let Some(slot) = saved {
         write_file(&slot.join("results.json"), &json)?;
         write_file(&slot.join("report.md"), &report)?;
+        for suite in &suites {
+            let path = slot.join(report::chart_file(suite.name));
+            chart::draw(&path, suite.name, &rows)
+                .map_err(|error| Failure::usage(format!("{}: {error}", path.display())))?;
+        }
         eprintln!("xtask: saved as {} (compare with `cargo xtask bench compare`)", slot.display());
     }
     let results = results::Results { schema: results::SCHEMA, provenance, rows };
@@ -545,8 +554,11 @@ fn write_pages(dir: &Path, results: &results::Results) -> Result<u8, Failure> {
     let pages = report::pages(&results.provenance, &results.rows);
     for (suite, text) in &pages {
         write_file(&dir.join(format!("{suite}.md")), text)?;
+        let chart = dir.join(report::chart_file(suite));
+        chart::draw(&chart, suite, &results.rows)
+            .map_err(|error| Failure::usage(format!("{}: {error}", chart.display())))?;
     }
-    let names: Vec<_> = pages.iter().map(|(suite, _)| format!("{suite}.md")).collect();
+    let names: Vec<_> = pages.iter().map(|(suite, _)| format!("{suite}.md and .svg")).collect();
     eprintln!("xtask: wrote {} in {}", names.join(", "), dir.display());
     Ok(0)
 }
