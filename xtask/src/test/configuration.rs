@@ -351,6 +351,7 @@ mod tests {
             level: Some(defmt_parser::Level::Info),
             timestamp: timestamp.map(str::to_string),
             text: "x".into(),
+            linux: None,
         };
         assert_eq!(timestamps_run_forward(&[line(Some("0.000900")), line(Some("1.000001"))]), Ok(()));
         assert!(
