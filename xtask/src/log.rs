@@ -1,5 +1,8 @@
 //! The kernel log: defmt frames from the serial stream, decoded and symbolized with the kernel ELF.
 
+#[cfg(test)]
+mod linux_tools;
+
 use crate::Failure;
 use defmt_decoder::{DecodeError, Table};
 use std::fmt;
