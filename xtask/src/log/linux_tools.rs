@@ -37,7 +37,7 @@ const SYZKALLER_FRAME: &str = r"^ *(?:\[<?(?:0x)?[0-9a-f]+>?\] ){0,2}([a-zA-Z0-9
 /// decodes (`[[ $line =~ [^+\ ]+\+0x[0-9a-f]+/0x[0-9a-f]+ ]]`, bash ERE); it then takes the
 /// line's last word for the symbol and looks up `${symbol%+*}` in `nm`'s third column.
 const DECODE_STACKTRACE: &str = r"[^+ ]+\+0x[0-9a-f]+/0x[0-9a-f]+";
-/// Linux 2cc2c3cb54de578666d905537e4c15969caf0dc5, scripts/tracing/draw_functrace.py,
+/// Linux b4f2796932ac67a690ec01b643c0f7f621b9bff2, scripts/tracing/draw_functrace.py,
 /// `parseLine`: `re.match("[^]]+?\\] +([0-9.]+): (\\w+) <-(\\w+)", line)` on the stripped
 /// line; anchored at both ends here, so a name must be the whole token (`re.match` anchors at
 /// the start only, and would take `kernel` of `kernel::demo::run`).
