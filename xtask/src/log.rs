@@ -78,9 +78,17 @@ pub struct KernelLog {
     decoder: Box<dyn defmt_decoder::StreamDecoder + Send + Sync + 'static>,
     lines: Vec<LogLine>,
     symbolizer: Option<Symbolizer>,
+    linux: LinuxState,
+}
+
+/// What Linux's shape of a line depends on in the lines before it.
+#[derive(Default)]
+pub struct LinuxState {
     /// Whether the last line was a trace's frame or the header Linux prints before frames: a
-    /// frame after anything else opens a `Call trace:` block in Linux's shape.
+    /// frame after anything else opens a `Call trace:` block.
     in_trace: bool,
+    /// The message of the panic being reported, for Linux's closing `---[ end ... ]---`.
+    panic: Option<String>,
 }
 
 /// One symbolized code address, printed the way Linux prints a backtrace entry:
@@ -308,13 +316,14 @@ fn opens_trace(text: &str) -> bool {
 }
 
 /// The Linux shape of a kernel line (`text`, as the kernel printed it), None when it is the
-/// same. `in_trace` says whether the line before was a frame or a trace's header, and is
-/// updated: a frame after anything else gets the `Call trace:` header arm64 Linux prints.
-/// The panic handler's `panicked at FILE:LINE: MESSAGE` becomes Linux's
-/// `Kernel panic - not syncing: MESSAGE`, the location on the line after it.
-pub fn linux_shape(symbolizer: Option<&Symbolizer>, text: &str, in_trace: &mut bool) -> Option<String> {
+/// same; `state` carries what it depends on from the lines before. A frame after anything but
+/// a frame or a trace's header gets the `Call trace:` header arm64 Linux prints. The panic
+/// handler's `panicked at FILE:LINE: MESSAGE` becomes Linux's
+/// `Kernel panic - not syncing: MESSAGE`, the location on the line after it, and the kernel's
+/// closing line after it is preceded by Linux's `---[ end Kernel panic - not syncing: MESSAGE ]---`.
+pub fn linux_shape(symbolizer: Option<&Symbolizer>, text: &str, state: &mut LinuxState) -> Option<String> {
     let frame = backtrace_line(text).is_some();
-    let was_in_trace = std::mem::replace(in_trace, frame || opens_trace(text));
+    let was_in_trace = std::mem::replace(&mut state.in_trace, frame || opens_trace(text));
     if frame {
         let line =
             symbolizer.and_then(|symbolizer| symbolizer.linux(text)).unwrap_or_else(|| format!(" {}", text.trim()));
@@ -323,7 +332,13 @@ pub fn linux_shape(symbolizer: Option<&Symbolizer>, text: &str, in_trace: &mut b
     if let Some(rest) = text.strip_prefix("panicked at ")
         && let Some((location, message)) = rest.split_once(": ")
     {
+        state.panic = Some(message.to_string());
         return Some(format!("Kernel panic - not syncing: {message}\npanicked at {location}"));
+    }
+    if exit_sentinel(text).is_some()
+        && let Some(message) = state.panic.take()
+    {
+        return Some(format!("---[ end Kernel panic - not syncing: {message} ]---\n{text}"));
     }
     symbolizer.and_then(|symbolizer| symbolizer.linux(text))
 }
@@ -365,7 +380,13 @@ impl KernelLog {
             .ok_or_else(|| Failure::usage("kernel ELF has no defmt table"))?;
         // The decoder borrows the table; one table per QEMU run, so leaking it is bounded.
         let table: &'static Table = Box::leak(Box::new(table));
-        Ok(Self { table, decoder: table.new_stream_decoder(), lines: Vec::new(), symbolizer: None, in_trace: false })
+        Ok(Self {
+            table,
+            decoder: table.new_stream_decoder(),
+            lines: Vec::new(),
+            symbolizer: None,
+            linux: LinuxState::default(),
+        })
     }
 
     /// Feeds received bytes; returns the lines completed by them.
@@ -376,7 +397,7 @@ impl KernelLog {
             match self.decoder.decode() {
                 Ok(frame) => {
                     let raw = frame.display_message().to_string();
-                    let linux = linux_shape(self.symbolizer.as_ref(), &raw, &mut self.in_trace);
+                    let linux = linux_shape(self.symbolizer.as_ref(), &raw, &mut self.linux);
                     let text = self.symbolizer.as_ref().and_then(|symbolizer| symbolizer.annotate(&raw)).unwrap_or(raw);
                     let timestamp = frame.display_timestamp().map(|timestamp| timestamp.to_string());
                     new.push(LogLine { level: frame.level(), timestamp, text, linux })
@@ -503,8 +524,8 @@ mod tests {
     #[test]
     fn linux_shape_opens_a_call_trace_and_drops_addresses() {
         let symbolizer = symbolizer();
-        let mut in_trace = false;
-        let mut shape = |text: &str| linux_shape(Some(&symbolizer), text, &mut in_trace);
+        let mut state = LinuxState::default();
+        let mut shape = |text: &str| linux_shape(Some(&symbolizer), text, &mut state);
         assert_eq!(
             shape("panicked at kernel/src/main.rs:129: deliberate panic").as_deref(),
             Some("Kernel panic - not syncing: deliberate panic\npanicked at kernel/src/main.rs:129")
@@ -526,5 +547,11 @@ mod tests {
         );
         let record = "ftrace #2 t=100 ip=0xffff000040080204 parent=0xffff000040080048";
         assert_eq!(shape(record), Some(format!("{record} {TRACED_LEAF} <-{KERNEL_MAIN}")));
+        // The panic's closing line, once.
+        assert_eq!(
+            shape("tracelab: exit status 3").as_deref(),
+            Some("---[ end Kernel panic - not syncing: deliberate panic ]---\ntracelab: exit status 3")
+        );
+        assert_eq!(shape("tracelab: exit status 3"), None);
     }
 }
