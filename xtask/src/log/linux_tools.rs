@@ -108,6 +108,9 @@ fn a_panic_has_syzkaller_title_and_frames() {
     assert_eq!(&panic.captures(line).unwrap()[1], "deliberate panic (run=panic)");
     let frames = frames(PANIC, line_index(PANIC, "Kernel panic - not syncing:"));
     assert!(frames.iter().any(|name| name.ends_with("3run5panic")), "{frames:?}");
+    // Linux's closing line of a panic, before the kernel's own.
+    let end = "---[ end Kernel panic - not syncing: deliberate panic (run=panic) ]---";
+    assert!(PANIC.lines().map(without_timestamp).any(|line| line == end));
 }
 
 #[test]
