@@ -94,14 +94,14 @@ fn main() -> ExitCode {
     }
     let cli = Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|error| error.exit());
     let result = match cli.command {
-        Command::Qemu(args) => qemu::run_interactive(&args, demo::console),
+        Command::Qemu(args) => qemu::run_interactive(&args, |elf| demo::console(elf, args.log_style)),
         Command::Test(args) => test::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Profile(args) => profile::run(&args),
         Command::Sdimage(args) => sdimage::run(&args),
         Command::Flash(args) => flash::run(&args),
         Command::Lint => lint::run(),
-        Command::Monitor(args) => serial::monitor(&args, demo::console),
+        Command::Monitor(args) => serial::monitor(&args, |elf| demo::console(elf, args.log_style)),
         Command::Stress(args) => stress::run(&args),
         Command::Setup(args) => setup::run(&args),
     };

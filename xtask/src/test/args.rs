@@ -37,4 +37,18 @@ pub struct TestArgs {
     /// Seconds before a QEMU run counts as hung and is killed (twice that for runs without icount).
     #[arg(long, default_value = "120")]
     pub timeout: u64,
+    /// List the kernel tests each configuration would run (the kernel boots with `run=list`),
+    /// run none; host tests, failure paths and benches are not listed.
+    #[arg(long)]
+    pub list: bool,
+    /// Save each configuration's KTAP (what kunit.py parses) as DIR/CONFIGURATION.ktap.
+    #[arg(long, value_name = "DIR")]
+    pub ktap: Option<std::path::PathBuf>,
+    /// Print each kernel test's result line under its configuration's line.
+    #[arg(short, long)]
+    pub verbose: bool,
+    /// How kernel log lines are printed (a failed run's log): `default`, or `linux` (the shapes
+    /// Linux's tools read: docs/reference/log-format.md).
+    #[arg(long = "log", value_enum, default_value = "default", value_name = "STYLE")]
+    pub log_style: crate::log::LogStyle,
 }
