@@ -95,6 +95,13 @@ pub fn run(plan: &Plan) {
         defmt::error!("bench ftrace: this build has no patchable entries (variant plain)");
         return;
     }
+    if !ftrace::site_at_home(target as *const () as u64) {
+        defmt::error!(
+            "bench ftrace: the target's site is not at its home slot of the site index (kernel.ld places \
+             `.text.ftrace_bench_target` first among traced functions): no rows"
+        );
+        return;
+    }
     let unit = plan.unit();
     for _ in 0..plan.reps {
         for (scheme, name) in SCHEMES {
