@@ -37,4 +37,12 @@ pub struct TestArgs {
     /// Seconds before a QEMU run counts as hung and is killed (twice that for runs without icount).
     #[arg(long, default_value = "120")]
     pub timeout: u64,
+    /// Run part K of N of the configuration runs (round-robin in the order `test` lists them;
+    /// shard 1 also runs the host tests and the checks after the configurations) and write its
+    /// tally to shard.json for `cargo xtask merge`.
+    #[arg(long, value_name = "K/N", value_parser = crate::shard::Shard::parse)]
+    pub shard: Option<crate::shard::Shard>,
+    /// With --shard: the directory shard.json goes to (default: target/shard/test-K-of-N).
+    #[arg(long, requires = "shard")]
+    pub out: Option<std::path::PathBuf>,
 }
