@@ -181,7 +181,8 @@ pub fn load(paths: &[PathBuf]) -> Result<Vec<Loaded>, Failure> {
                 .map_err(|error| Failure::usage(format!("{}: {error}", file.display())))?;
             let document: Value = serde_json::from_str(&text)
                 .map_err(|error| Failure::usage(format!("{}: not JSON: {error}", file.display())))?;
-            let stamp = read_stamp(&document).map_err(|error| Failure::usage(format!("{}: {error}", file.display())))?;
+            let stamp =
+                read_stamp(&document).map_err(|error| Failure::usage(format!("{}: {error}", file.display())))?;
             shards.push(Loaded { directory, stamp, document });
         }
     }
@@ -195,13 +196,7 @@ pub fn check(shards: &[Loaded]) -> Result<(), String> {
     for shard in &shards[1..] {
         let (a, b) = (&first.stamp, &shard.stamp);
         if a.kind != b.kind {
-            return Err(format!(
-                "{} is a {} shard, {} a {} shard",
-                at(first),
-                a.kind.name(),
-                at(shard),
-                b.kind.name()
-            ));
+            return Err(format!("{} is a {} shard, {} a {} shard", at(first), a.kind.name(), at(shard), b.kind.name()));
         }
         if a.commit != b.commit {
             return Err(format!(

@@ -662,6 +662,7 @@ fn shards_add_up(run: &Run, words: &str, whole: &Outcome) -> Result<bool, Failur
     let root = build::target_dir().join("shard").join("sample-check");
     let _ = std::fs::remove_dir_all(&root);
     let parameters = format!("sample {words}");
+    let started = std::time::Instant::now();
     for index in 1..=2 {
         let shard = Shard { index, count: 2 };
         let words = format!("{words} sweep.shard={}", shard.name());
@@ -681,7 +682,10 @@ fn shards_add_up(run: &Run, words: &str, whole: &Outcome) -> Result<bool, Failur
         _ => Err("the unsharded sample did not finish".into()),
     };
     match &verdict {
-        Ok(coverage) => println!("{label}: ok: equal to the unsharded sample's counts ({coverage})"),
+        Ok(coverage) => println!(
+            "{label}: ok: equal to the unsharded sample's counts ({coverage}; the shards took {:.1} s)",
+            started.elapsed().as_secs_f64()
+        ),
         Err(differences) => println!("{label}: FAILED: {differences}"),
     }
     Ok(verdict.is_ok())

@@ -790,8 +790,7 @@ fn ignore_hit(_: &mut Registers) {}
 /// is the function (an index of the chosen functions), its second, once that function is swept,
 /// one of the probes its batches accepted.
 fn single_rng(seed: u64, single: usize) -> Rng {
-    Rng((seed.max(1).wrapping_mul(0xd6e8_feb8_6659_fd93) ^ (single as u64 + 1).wrapping_mul(0x94d0_49bb_1331_11eb))
-        | 1)
+    Rng((seed.max(1).wrapping_mul(0xd6e8_feb8_6659_fd93) ^ (single as u64 + 1).wrapping_mul(0x94d0_49bb_1331_11eb)) | 1)
 }
 
 /// A small xorshift generator: the sample and the random sets depend on the seed only.
@@ -978,7 +977,11 @@ pub fn run(args: &Args) -> bool {
         // Each single probe's function (an index of `chosen`), and the probe drawn among the
         // probes its batches accepted (None: not this shard's, or none was accepted there).
         let single_functions: Vec<usize> = (0..options.singles)
-            .map(|single| if chosen.is_empty() { usize::MAX } else { single_rng(options.seed, single).below(chosen.len()) })
+            .map(
+                |single| {
+                    if chosen.is_empty() { usize::MAX } else { single_rng(options.seed, single).below(chosen.len()) }
+                },
+            )
             .collect();
         let mut singles: Vec<Option<(u64, Method, Count)>> = alloc::vec![None; options.singles];
         let mut workload_entries_hit = 0;

@@ -47,7 +47,8 @@ pub fn save(
     out: &Path,
     plan: &[String],
 ) -> Result<(), Failure> {
-    let stamp = Stamp { kind: Kind::Bench, shard, commit: crate::shard::commit(), parameters: parameters(args, suites) };
+    let stamp =
+        Stamp { kind: Kind::Bench, shard, commit: crate::shard::commit(), parameters: parameters(args, suites) };
     crate::shard::write(out, &stamp, json!({ "plan": plan })).map(|_| ())
 }
 
@@ -123,7 +124,11 @@ pub fn merge(shards: &[Loaded], out: &Path) -> Result<u8, Failure> {
             .map_err(|error| Failure::usage(format!("{}: {error}", path.display())))?;
     }
     println!("{report}");
-    eprintln!("xtask: wrote {}/results.json, report.md and one SVG per suite ({} shards merged)", out.display(), shards.len());
+    eprintln!(
+        "xtask: wrote {}/results.json, report.md and one SVG per suite ({} shards merged)",
+        out.display(),
+        shards.len()
+    );
     Ok(0)
 }
 
@@ -184,7 +189,10 @@ mod tests {
         };
         // Given in either order.
         let joined = join(&[shard(2), shard(1)]).unwrap();
-        assert_eq!(results::to_json(&Provenance::default(), &joined.rows), results::to_json(&Provenance::default(), &whole));
+        assert_eq!(
+            results::to_json(&Provenance::default(), &joined.rows),
+            results::to_json(&Provenance::default(), &whole)
+        );
         // A row of no planned run is refused.
         let (_, mut stray) = shard(1);
         stray.rows[0].cpu = CpuVariant::MaxQarma3;

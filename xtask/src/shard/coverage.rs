@@ -220,7 +220,8 @@ pub fn totals(shards: &[Loaded]) -> Result<Vec<RunTotal>, String> {
         .iter()
         .enumerate()
         .map(|(position, label)| {
-            let mut run = RunTotal { label: label.clone(), total: Coverage::default(), passed: true, stopped: Vec::new() };
+            let mut run =
+                RunTotal { label: label.clone(), total: Coverage::default(), passed: true, stopped: Vec::new() };
             for (shard, runs) in shards.iter().zip(&per_shard) {
                 run.passed &= runs[position].passed;
                 match Coverage::parse(runs[position].coverage.iter().map(String::as_str)) {

@@ -63,8 +63,8 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
         return Ok(2);
     }
     let mut timed_out = outcome.timed_out;
-    timed_out |= shard::owns_the_rest(args)
-        && configuration::kasan_short_granules(&selection, sanitizer, args, &mut tally)?;
+    timed_out |=
+        shard::owns_the_rest(args) && configuration::kasan_short_granules(&selection, sanitizer, args, &mut tally)?;
     if args.filter.is_empty() && rpi4_dtb.is_some() && shard::owns_the_rest(args) {
         rpi4::rpi4_checks(&args.boot_files, &mut tally)?;
     }

@@ -137,7 +137,10 @@ mod tests {
         // The stamp's parameters leave out what does not change the run's work.
         let slow = args(&["--matrix", "--shard", "1/3", "--timeout", "999"]).unwrap();
         assert_eq!(parameters(&slow), parameters(&second));
-        assert_ne!(parameters(&args(&["--matrix", "--variant", "prod", "--shard", "1/3"]).unwrap()), parameters(&second));
+        assert_ne!(
+            parameters(&args(&["--matrix", "--variant", "prod", "--shard", "1/3"]).unwrap()),
+            parameters(&second)
+        );
     }
 
     #[test]
@@ -149,9 +152,7 @@ mod tests {
             commit: "c".into(),
             parameters: "p".into(),
         };
-        let tally = |passed: u64, failures: &[&str], timed_out: bool| {
-            json!({ "tally": { "passed": passed, "failed": failures.len(), "skipped": 1, "failures": failures, "timed_out": timed_out } })
-        };
+        let tally = |passed: u64, failures: &[&str], timed_out: bool| json!({ "tally": { "passed": passed, "failed": failures.len(), "skipped": 1, "failures": failures, "timed_out": timed_out } });
         crate::shard::write(&root.join("a"), &stamp(1), tally(10, &[], false)).unwrap();
         crate::shard::write(&root.join("b"), &stamp(2), tally(7, &["kernel test x [virt]"], false)).unwrap();
         let shards = crate::shard::load(std::slice::from_ref(&root)).unwrap();
