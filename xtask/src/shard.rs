@@ -108,6 +108,16 @@ pub fn commit() -> String {
     if dirty { format!("{head}-dirty") } else { head }
 }
 
+/// FNV-1a of a file's bytes, in hex: a sweep shard's stamp names its kernel images (the raw
+/// image: no debug paths), since the counts are its words and a `-dirty` commit names no tree.
+pub fn file_hash(path: &Path) -> Result<String, Failure> {
+    let bytes = std::fs::read(path).map_err(|error| Failure::usage(format!("{}: {error}", path.display())))?;
+    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |hash, &byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    Ok(format!("{hash:016x}"))
+}
+
 /// Writes `DIRECTORY/shard.json`: the stamp and the shard's counts (`payload`'s fields).
 pub fn write(directory: &Path, stamp: &Stamp, payload: Value) -> Result<PathBuf, Failure> {
     let mut document = json!({

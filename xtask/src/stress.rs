@@ -81,8 +81,12 @@ pub fn run(args: &StressArgs) -> Result<u8, Failure> {
         if args.variants.is_empty() { vec![BuildVariant::Full, BuildVariant::Prod] } else { args.variants.clone() };
     let mut failed = 0;
     let mut shard_runs = Vec::new();
+    let mut images = Vec::new();
     for &variant in &variants {
         let image = build::kernel(Board::Virt, variant)?;
+        if args.shard.is_some() {
+            images.push(format!("{}:{}", variant.name(), crate::shard::file_hash(&image.raw)?));
+        }
         let mut extras = vec![String::new()];
         if args.ftrace && variant != BuildVariant::Plain {
             extras.extend(["list", "call-ops", "vector"].map(|scheme| format!("sweep.ftrace={scheme}")));
@@ -116,14 +120,15 @@ pub fn run(args: &StressArgs) -> Result<u8, Failure> {
     if let Some(shard) = args.shard {
         let names: Vec<_> = variants.iter().map(|variant| variant.name()).collect();
         let parameters = format!(
-            "stress probes variants={} cpu={} smp={} seed={} functions={} only={} ftrace={}",
+            "stress probes variants={} cpu={} smp={} seed={} functions={} only={} ftrace={} images={}",
             names.join(","),
             args.cpu.name(),
             args.smp,
             args.seed,
             args.functions,
             args.only.as_deref().unwrap_or(""),
-            args.ftrace
+            args.ftrace,
+            images.join(",")
         );
         let directory = args.out.clone().unwrap_or_else(|| shard.directory(crate::shard::Kind::Sweep));
         crate::shard::coverage::write_shard(&directory, shard, parameters, shard_runs)?;

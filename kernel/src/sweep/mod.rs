@@ -64,8 +64,8 @@ const SLOT_AREA_BYTES: u64 = 64 * 512;
 const MAX_FUNCTION_WORDS: u64 = 4096;
 /// Functions between `sweep progress:` lines.
 const PROGRESS_EVERY: usize = 25;
-/// Random sets of a whole sweep times [`BATCH`]: 170 sets.
-const RESERVOIR: usize = 8192;
+/// Random sets a whole sweep arms (as many as 8192 probes make in batches of [`BATCH`]).
+const WHOLE_SWEEP_SETS: usize = 170;
 
 /// The probes armed now, their hit counts, and whether hits count (only while the workload runs).
 static ARMED: [AtomicU64; BATCH] = [const { AtomicU64::new(0) }; BATCH];
@@ -743,9 +743,9 @@ fn choose(all: &[Function], functions: usize, rng: &mut Rng) -> Vec<Function> {
     picked.into_iter().map(|index| all[index]).collect()
 }
 
-/// Random sets a run arms: as many as the reservoir holds batches in a whole sweep, 4 in a sample.
+/// Random sets a run arms: [`WHOLE_SWEEP_SETS`] in a whole sweep, 4 in a sample.
 fn set_count(functions: usize) -> usize {
-    if functions == 0 { RESERVOIR / BATCH } else { 4 }
+    if functions == 0 { WHOLE_SWEEP_SETS } else { 4 }
 }
 
 /// Candidates drawn for one random set (about two in three are accepted).
@@ -850,8 +850,8 @@ pub fn run(args: &Args) -> bool {
     let mut rng = Rng(options.seed.max(1).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let chosen = choose(&all, options.functions, &mut rng);
     // The random sets' members, found while the other CPUs are idle (see `find_set`): every set
-    // of the run, or the one `sweep.set=K` repeats.
-    // A shard finds only its own sets; the others stay empty and are skipped.
+    // of the run (of a shard: its own, the others stay empty and are skipped), or the one
+    // `sweep.set=K` repeats.
     let shard = options.shard;
     let sets: Vec<Vec<(u64, Method)>> = match options.set {
         Some(set) => alloc::vec![find_set(&chosen, options.seed, set)],
@@ -976,13 +976,8 @@ pub fn run(args: &Args) -> bool {
         let mut per_method: Vec<Vec<Option<Count>>> = (0..4).map(|_| alloc::vec![None; words]).collect();
         // Each single probe's function (an index of `chosen`), and the probe drawn among the
         // probes its batches accepted (None: not this shard's, or none was accepted there).
-        let single_functions: Vec<usize> = (0..options.singles)
-            .map(
-                |single| {
-                    if chosen.is_empty() { usize::MAX } else { single_rng(options.seed, single).below(chosen.len()) }
-                },
-            )
-            .collect();
+        let draw_function = |single| single_rng(options.seed, single).below(chosen.len().max(1));
+        let single_functions: Vec<usize> = (0..options.singles).map(draw_function).collect();
         let mut singles: Vec<Option<(u64, Method, Count)>> = alloc::vec![None; options.singles];
         let mut workload_entries_hit = 0;
         let shard_functions = (0..chosen.len()).filter(|&ordinal| shard.owns(ordinal)).count();
