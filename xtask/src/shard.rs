@@ -112,9 +112,9 @@ pub fn commit() -> String {
 /// image: no debug paths), since the counts are its words and a `-dirty` commit names no tree.
 pub fn file_hash(path: &Path) -> Result<String, Failure> {
     let bytes = std::fs::read(path).map_err(|error| Failure::usage(format!("{}: {error}", path.display())))?;
-    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |hash, &byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
+    let hash = bytes
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |hash, &byte| (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3));
     Ok(format!("{hash:016x}"))
 }
 

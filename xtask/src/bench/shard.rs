@@ -30,7 +30,7 @@ fn parameters(args: &super::BenchArgs, suites: &[&Suite]) -> String {
         "bench suites={} variant={} cpus={} mode={} reps={} smp={} board={} kasan-short-granules={}",
         suites.iter().map(|suite| suite.name).collect::<Vec<_>>().join(","),
         args.variant.map_or("default", |variant| variant.name()),
-        if cpus.is_empty() { "all".to_string() } else { cpus.join(",") },
+        if cpus.is_empty() { "all".to_string() } else { format!("[{}]", cpus.join(" ")) },
         format!("{:?}", args.mode).to_lowercase(),
         args.reps,
         args.smp,

@@ -21,7 +21,8 @@ pub fn owns_the_rest(args: &TestArgs) -> bool {
 
 /// What decides a `test` run's work: every option but the timeout and the output directory.
 fn parameters(args: &TestArgs) -> String {
-    let names = |names: Vec<&str>| if names.is_empty() { "default".to_string() } else { names.join(",") };
+    let names =
+        |names: Vec<&str>| if names.is_empty() { "default".to_string() } else { format!("[{}]", names.join(" ")) };
     format!(
         "test matrix={} filter={} variants={} cpus={} boards={} smp={} kasan-short-granules={} no-host={}",
         args.matrix,
