@@ -18,6 +18,7 @@ mod sdimage;
 mod serial;
 mod setup;
 mod sframe;
+mod shard;
 mod stress;
 mod test;
 mod trace;
@@ -62,6 +63,9 @@ enum Command {
     Monitor(serial::MonitorArgs),
     /// Long runs: `stress probes` sweeps every probe-able kernel instruction with every method.
     Stress(stress::StressArgs),
+    /// Add up the shards of one `stress probes`, `test --matrix` or `bench` run (`--shard K/N`)
+    /// into one coverage summary, one tally or one results.json; refuses shards that differ.
+    Merge(shard::MergeArgs),
     /// Install what the host needs (QEMU 10 through apt) and fetch the Raspberry Pi 4 boot
     /// files, saying first what it will do; `--dry-run` only says.
     Setup(setup::SetupArgs),
@@ -103,6 +107,7 @@ fn main() -> ExitCode {
         Command::Lint => lint::run(),
         Command::Monitor(args) => serial::monitor(&args, |elf| demo::console(elf, args.log_style)),
         Command::Stress(args) => stress::run(&args),
+        Command::Merge(args) => shard::run(&args),
         Command::Setup(args) => setup::run(&args),
     };
     match result {

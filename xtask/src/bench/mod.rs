@@ -8,9 +8,11 @@ mod complete;
 pub mod gate;
 mod report;
 mod results;
+mod shard;
 mod summary;
 
 pub use report::number;
+pub use shard::merge;
 
 use crate::Failure;
 use crate::build::{self, Board, BuildVariant, KernelImage};
@@ -183,6 +185,13 @@ pub struct BenchArgs {
     /// `cargo xtask test` that a killed run exits non-zero and writes nothing (board virt).
     #[arg(long, hide = true, value_name = "N")]
     pub terminate_qemu_after_rows: Option<u32>,
+    /// Run part K of N of the (variant, CPU, mode) runs, round-robin in the order they run,
+    /// and write shard.json beside results.json (default --out: target/shard/bench-K-of-N)
+    /// for `cargo xtask merge`. Every row comes whole from one run, so merged rows are the
+    /// unsharded run's.
+    #[arg(long, value_name = "K/N", value_parser = crate::shard::Shard::parse,
+          conflicts_with_all = ["update_baseline", "save", "report", "serial", "terminate_qemu_after_rows"])]
+    pub shard: Option<crate::shard::Shard>,
 }
 
 #[derive(clap::Subcommand)]
@@ -297,6 +306,11 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     let reps = if modes == [Mode::Icount] { 1 } else { args.reps };
     let mut provenance = provenance(args.board, reps);
     let runs = (by_variant.len() * cpus.len() * modes.len()) as u64;
+    // Every (variant, CPU, mode) run in the order below is one unit of `--shard`'s partition.
+    let owns = |ordinal: usize| args.shard.is_none_or(|shard| shard.owns(ordinal));
+    let runs = (0..runs as usize).filter(|&ordinal| owns(ordinal)).count() as u64;
+    let mut ordinal = 0;
+    let mut plan = Vec::new();
     let progress = indicatif::ProgressBar::new(runs).with_style(
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed} {msg}").expect("valid template"),
     );
@@ -304,6 +318,11 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     for ((variant, names), image) in by_variant.iter().zip(&images) {
         for &cpu in &cpus {
             for &mode in &modes {
+                plan.push(shard::run_key(*variant, cpu, mode));
+                ordinal += 1;
+                if !owns(ordinal - 1) {
+                    continue;
+                }
                 progress.set_message(format!("{} -cpu {} {}", names.join(","), cpu.name(), mode.name()));
                 if let Some(path) = &args.serial {
                     progress.println(format!("reading {}: power on the Raspberry Pi 4", path.display()));
@@ -345,18 +364,25 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     progress.finish_and_clear();
     let rows = results::as_written(&Row::aggregate(&samples));
     provenance.date = Some(utc_now());
-    let out = args.out.clone().unwrap_or_else(|| target_dir().join("bench"));
+    let out = args.out.clone().unwrap_or_else(|| match args.shard {
+        Some(part) => part.directory(crate::shard::Kind::Bench),
+        None => target_dir().join("bench"),
+    });
     let json = results::to_json(&provenance, &rows);
     let report = report::render(&provenance, &rows);
     write_file(&out.join("results.json"), &json)?;
     write_file(&out.join("report.md"), &report)?;
-    for suite in &suites {
+    // A shard may hold no run of a suite: no chart for it.
+    for suite in suites.iter().filter(|suite| rows.iter().any(|row| row.suite == suite.name)) {
         let path = out.join(report::chart_file(suite.name));
         chart::draw(&path, suite.name, &rows)
             .map_err(|error| Failure::usage(format!("{}: {error}", path.display())))?;
     }
     print!("{}", summary::summary(&rows, &out.join("report.md")));
     eprintln!("xtask: wrote {}/results.json, report.md and one SVG per suite", out.display());
+    if let Some(part) = args.shard {
+        shard::save(args, part, &suites, &out, &plan)?;
+    }
     if let Some(slot) = saved {
         write_file(&slot.join("results.json"), &json)?;
         write_file(&slot.join("report.md"), &report)?;

@@ -51,4 +51,12 @@ pub struct TestArgs {
     /// Linux's tools read: docs/reference/log-format.md).
     #[arg(long = "log", value_enum, default_value = "default", value_name = "STYLE")]
     pub log_style: crate::log::LogStyle,
+    /// Run part K of N of the configuration runs (round-robin in the order `test` lists them;
+    /// shard 1 also runs the host tests and the checks after the configurations) and write its
+    /// tally to shard.json for `cargo xtask merge`.
+    #[arg(long, value_name = "K/N", value_parser = crate::shard::Shard::parse)]
+    pub shard: Option<crate::shard::Shard>,
+    /// With --shard: the directory shard.json goes to (default: target/shard/test-K-of-N).
+    #[arg(long, requires = "shard")]
+    pub out: Option<std::path::PathBuf>,
 }

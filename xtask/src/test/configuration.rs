@@ -31,6 +31,12 @@ pub fn run_selection(
     let Selection { variants, cpus, boards, levels, .. } = selection;
     let mut timed_out = false;
     let mut unmatched = false;
+    // Each configuration run in the order listed here is one unit of `--shard`'s partition.
+    let mut ordinal = 0;
+    let mut mine = || {
+        ordinal += 1;
+        super::shard::owns(args, ordinal - 1)
+    };
     'variants: for &variant in variants {
         let build_name = format!("{}{}", variant.name(), sanitizer.suffix());
         let mte = variant == BuildVariant::Mte;
@@ -47,7 +53,7 @@ pub fn run_selection(
                     .collect()
             };
             for (cpu, el, gic) in configurations {
-                {
+                if mine() {
                     let machine =
                         Machine { board: Board::Virt, cpu, el, gic, icount: true, dtb: None, mte, smp: selection.smp };
                     let run = run_configuration(&machine, &build_name, &image, args, "", tally)?;
@@ -63,7 +69,7 @@ pub fn run_selection(
             if selection.smp4 && !mte && cpus.contains(&DEFAULT_PAUTH_CPU) {
                 let first = Some(&variant) == variants.first();
                 let extra = if first { &SMP4_FIRST_VARIANT_LEVELS[..] } else { &[] };
-                for &(el, gic) in SMP4_LEVELS.iter().chain(extra) {
+                for &(el, gic) in SMP4_LEVELS.iter().chain(extra).filter(|_| mine()) {
                     let cpu = DEFAULT_PAUTH_CPU;
                     let machine =
                         Machine { board: Board::Virt, cpu, el, gic, icount: true, dtb: None, mte: false, smp: 4 };
@@ -71,7 +77,7 @@ pub fn run_selection(
                 }
                 // The `smp_*` concurrency tests once more without icount: multi-threaded TCG, so
                 // the CPUs really overlap (their overlap witnesses must reach 2).
-                if first && args.filter.is_empty() {
+                if first && args.filter.is_empty() && mine() {
                     let cpu = DEFAULT_PAUTH_CPU;
                     let machine = Machine {
                         board: Board::Virt,
@@ -89,13 +95,18 @@ pub fn run_selection(
             }
             // The whole suite again with the function tracer on every traceable function, from
             // boot to the end (ftrace: "tracing `*` does not hang the kernel").
-            if variant != BuildVariant::Plain && !mte && selection.ftrace {
+            if variant != BuildVariant::Plain && !mte && selection.ftrace && mine() {
                 let cpu = selection.ftrace_cpu();
                 let machine =
                     Machine { board: Board::Virt, cpu, el: 1, gic: 3, icount: true, dtb: None, mte: false, smp: 1 };
                 timed_out |= run_configuration(&machine, &build_name, &image, args, "ftrace=*", tally)?.timed_out;
             }
-            if variant != BuildVariant::Plain && !mte && !args.list && "probe_sweep".contains(args.filter.as_str()) {
+            if variant != BuildVariant::Plain
+                && !mte
+                && !args.list
+                && "probe_sweep".contains(args.filter.as_str())
+                && mine()
+            {
                 if crate::stress::sample(&image, variant, cpus[0])? {
                     tally.passed += 1;
                 } else {
@@ -116,13 +127,15 @@ pub fn run_selection(
                 mte: false,
                 smp: selection.smp,
             };
-            let run = run_configuration(&machine, &build_name, &image, args, "", tally)?;
-            timed_out |= run.timed_out;
-            if run.unmatched {
-                unmatched = true;
-                break;
+            if mine() {
+                let run = run_configuration(&machine, &build_name, &image, args, "", tally)?;
+                timed_out |= run.timed_out;
+                if run.unmatched {
+                    unmatched = true;
+                    break;
+                }
             }
-            if selection.smp4 && Some(&variant) == variants.first() {
+            if selection.smp4 && Some(&variant) == variants.first() && mine() {
                 let machine = Machine { smp: 4, ..machine };
                 timed_out |= run_configuration(&machine, &build_name, &image, args, "", tally)?.timed_out;
             }

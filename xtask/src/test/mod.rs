@@ -27,6 +27,7 @@ mod ktap;
 mod list;
 mod matrix;
 mod rpi4;
+mod shard;
 mod tally;
 
 use crate::Failure;
@@ -37,11 +38,12 @@ use std::time::Instant;
 use tally::Tally;
 
 pub use args::TestArgs;
+pub use shard::merge;
 
 pub fn run(args: &TestArgs) -> Result<u8, Failure> {
     let start = Instant::now();
     let mut tally = Tally::default();
-    if !args.no_host && !args.list {
+    if !args.no_host && !args.list && shard::owns_the_rest(args) {
         host::host_tests(&mut tally)?;
     }
     qemu::ensure_installed()?;
@@ -62,7 +64,8 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
         return Ok(2);
     }
     let mut timed_out = outcome.timed_out;
-    timed_out |= configuration::kasan_short_granules(&selection, sanitizer, args, &mut tally)?;
+    timed_out |=
+        shard::owns_the_rest(args) && configuration::kasan_short_granules(&selection, sanitizer, args, &mut tally)?;
     // A listing runs nothing else: its failures are listings that went wrong.
     if args.list {
         tally.failures.iter().for_each(|failure| println!("failed: {failure}"));
@@ -74,10 +77,10 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
             1
         });
     }
-    if args.filter.is_empty() && rpi4_dtb.is_some() {
+    if args.filter.is_empty() && rpi4_dtb.is_some() && shard::owns_the_rest(args) {
         rpi4::rpi4_checks(&args.boot_files, &mut tally)?;
     }
-    if args.filter.is_empty() {
+    if args.filter.is_empty() && shard::owns_the_rest(args) {
         let image = build::kernel(Board::Virt, BuildVariant::Full)?;
         failure::failure_paths(&image, &mut tally)?;
         if variants.contains(&BuildVariant::Mte) && boards.contains(&Board::Virt) {
@@ -94,6 +97,9 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
         tally.failures.extend(failures);
     }
     eprintln!("xtask: test took {:.0} s", start.elapsed().as_secs_f64());
+    if let Some(part) = args.shard {
+        shard::save(args, part, &tally, timed_out)?;
+    }
     for failure in &tally.failures {
         println!("failed: {failure}");
     }
