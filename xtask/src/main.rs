@@ -4,6 +4,7 @@
 //! killed on timeout.
 
 mod apt;
+mod atomic;
 mod bench;
 mod bootfiles;
 mod build;
