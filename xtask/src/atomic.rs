@@ -14,9 +14,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Set (to anything but empty) in the environment, outputs are truncated and rewritten in place
-/// as before, for the concurrency check to show the crash it guards against; never set it
-/// otherwise.
+/// Set (to anything but empty) in the environment, every output is truncated and rewritten in
+/// place, changed or not, as xtask once did: the concurrency check of `cargo xtask test` then
+/// fails (it is how that check is shown able to fail); never set it otherwise.
 pub const IN_PLACE_SWITCH: &str = "XTASK_TEST_WRITE_IN_PLACE";
 
 /// What [`write`] did.
@@ -32,15 +32,15 @@ pub enum Written {
 /// file beside it and renamed over it (keeping the old file's permissions). The parent directory
 /// must exist.
 pub fn write(path: &Path, bytes: &[u8]) -> std::io::Result<Written> {
+    if std::env::var_os(IN_PLACE_SWITCH).is_some_and(|value| !value.is_empty()) {
+        std::fs::write(path, bytes)?;
+        return Ok(Written::Replaced);
+    }
     let existing = std::fs::metadata(path).ok();
     if existing.as_ref().is_some_and(|metadata| metadata.len() == bytes.len() as u64)
         && std::fs::read(path).is_ok_and(|old| old == bytes)
     {
         return Ok(Written::Unchanged);
-    }
-    if std::env::var_os(IN_PLACE_SWITCH).is_some_and(|value| !value.is_empty()) {
-        std::fs::write(path, bytes)?;
-        return Ok(Written::Replaced);
     }
     let temporary = temporary_path(path);
     let written = (|| {
