@@ -13,6 +13,7 @@ mod flash;
 mod ksyms;
 mod lint;
 mod log;
+mod measure;
 mod profile;
 mod qemu;
 mod sdimage;
@@ -63,6 +64,9 @@ enum Command {
     Monitor(serial::MonitorArgs),
     /// Long runs: `stress probes` sweeps every probe-able kernel instruction with every method.
     Stress(stress::StressArgs),
+    /// Time each build variant's first build and `cargo xtask test`, and size target/: the
+    /// README's figures, printed with the commit, the CPU and the load.
+    Measure(measure::MeasureArgs),
     /// Install what the host needs (QEMU 10 through apt) and fetch the Raspberry Pi 4 boot
     /// files, saying first what it will do; `--dry-run` only says.
     Setup(setup::SetupArgs),
@@ -105,6 +109,7 @@ fn main() -> ExitCode {
         Command::Monitor(args) => serial::monitor(&args, demo::console),
         Command::Stress(args) => stress::run(&args),
         Command::Setup(args) => setup::run(&args),
+        Command::Measure(args) => measure::run(&args),
     };
     match result {
         Ok(status) => ExitCode::from(status),

@@ -524,9 +524,17 @@ pub fn unaccounted(found: &[Documented]) -> Vec<String> {
             .filter(|(command, _)| !found.iter().any(|documented| documented.command == *command))
             .map(|(command, _)| format!("`{command}` is in ACCOUNTS but no document shows it any more")),
     );
-    for (position, (command, _)) in ACCOUNTS.iter().enumerate() {
+    for (position, (command, account)) in ACCOUNTS.iter().enumerate() {
         if ACCOUNTS[..position].iter().any(|(earlier, _)| earlier == command) {
             problems.push(format!("`{command}` is in ACCOUNTS twice"));
+        }
+        let unexplained = match account {
+            Excluded { reason, covered_by } => reason.is_empty() || covered_by.is_empty(),
+            Smaller { how, .. } => how.is_empty(),
+            Verbatim { .. } => false,
+        };
+        if unexplained {
+            problems.push(format!("`{command}` is run smaller or excluded without saying how or why"));
         }
     }
     problems
