@@ -293,6 +293,21 @@ pub const ACCOUNTS: &[(&str, Account)] = &[
             covered_by: "the sweep sample of `cargo xtask test` (the same batch path) and the argument checks' tests of --probe",
         },
     ),
+    // The figures' own command: the disk part only (its builds and test run are the slow part).
+    (
+        "cargo xtask measure [--variant V]... [--no-builds] [--no-test]",
+        Smaller {
+            args: &["measure", "--no-builds", "--no-test"],
+            how: "with --no-builds --no-test: the commit, machine, load and target/'s size",
+        },
+    ),
+    (
+        "cargo xtask measure",
+        Excluded {
+            reason: "builds every variant from an empty target directory and runs the whole test: tens of minutes",
+            covered_by: "`measure --no-builds --no-test` here; the builds it times are the builds every run makes",
+        },
+    ),
     // The board and the host: not runnable here.
     (
         "cargo xtask setup",
