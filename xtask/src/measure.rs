@@ -40,6 +40,10 @@ pub fn run(args: &MeasureArgs) -> Result<u8, Failure> {
     if !args.no_builds {
         let variants = if args.variants.is_empty() { &BuildVariant::EVERY[..] } else { &args.variants[..] };
         let scratch = build::target_dir().join("measure-first-builds");
+        // Two measures at once would remove each other's scratch builds.
+        let lock_path = build::target_dir().join("measure-first-builds.lock");
+        let _lock = crate::atomic::Lock::acquire(&lock_path, "first-build measurement")
+            .map_err(|error| Failure::usage(format!("{}: {error}", lock_path.display())))?;
         let mut total = 0;
         for &variant in variants {
             // One variant at a time, removed once sized: a scratch build never holds more than
