@@ -319,6 +319,13 @@ pub const ACCOUNTS: &[(&str, Account)] = &[
             covered_by: "`measure --no-builds --no-test` here; the builds it times are the builds every run makes",
         },
     ),
+    (
+        "cargo xtask measure --no-test",
+        Excluded {
+            reason: "builds every variant from an empty target directory: minutes each",
+            covered_by: "`measure --no-builds --no-test` here; the builds it times are the builds every run makes",
+        },
+    ),
     // The board and the host: not runnable here.
     (
         "cargo xtask setup",
