@@ -8,7 +8,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Output};
 use std::time::Instant;
 
-/// `cargo xtask qemu` (the demo, `full` on virt) and `cargo xtask bench baseline` on the same
+/// `cargo xtask qemu` (the demo: `full` on virt by default) and `cargo xtask bench baseline` on the same
 /// `full` image, started together as this xtask's children, as a user running the demo in one
 /// terminal and a bench in another. Both build the image: one waits for the other's build lock,
 /// then finds the image current and leaves it alone while the other runs it with the ELF mapped
@@ -28,7 +28,8 @@ pub fn demo_and_bench_at_once(tally: &mut Tally) -> Result<(), Failure> {
     );
     let started = Instant::now();
     let mut demo = Command::new(&xtask);
-    demo.args(["qemu", "--variant", "full"]);
+    // As the README writes it (the documented-commands check counts on this run).
+    demo.arg("qemu");
     let mut bench = Command::new(&xtask);
     bench.args(["bench", "baseline", "--variant", "full", "--mode", "icount", "--cpu"]);
     bench.args([crate::bench::gate::CPU.name(), "--out"]).arg(&out);
