@@ -4,6 +4,7 @@
 //! killed on timeout.
 
 mod apt;
+mod atomic;
 mod bench;
 mod bootfiles;
 mod build;
@@ -12,6 +13,7 @@ mod flash;
 mod ksyms;
 mod lint;
 mod log;
+mod measure;
 mod profile;
 mod qemu;
 mod sdimage;
@@ -66,6 +68,9 @@ enum Command {
     /// Add up the shards of one `stress probes`, `test --matrix` or `bench` run (`--shard K/N`)
     /// into one coverage summary, one tally or one results.json; refuses shards that differ.
     Merge(shard::MergeArgs),
+    /// Time each build variant's first build and `cargo xtask test`, and size target/: the
+    /// README's figures, printed with the commit, the CPU and the load.
+    Measure(measure::MeasureArgs),
     /// Install what the host needs (QEMU 10 through apt) and fetch the Raspberry Pi 4 boot
     /// files, saying first what it will do; `--dry-run` only says.
     Setup(setup::SetupArgs),
@@ -109,6 +114,7 @@ fn main() -> ExitCode {
         Command::Stress(args) => stress::run(&args),
         Command::Merge(args) => shard::run(&args),
         Command::Setup(args) => setup::run(&args),
+        Command::Measure(args) => measure::run(&args),
     };
     match result {
         Ok(status) => ExitCode::from(status),

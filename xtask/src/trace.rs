@@ -307,10 +307,12 @@ pub fn output_dir() -> PathBuf {
 /// in `dir`; returns the paths.
 pub fn write(ring: &Ring, symbols: &FunctionTable, style: LogStyle, dir: &Path) -> std::io::Result<[PathBuf; 2]> {
     std::fs::create_dir_all(dir)?;
+    // Two traced runs write one directory: one after the other, each file whole.
+    let _lock = crate::atomic::lock_dir(dir, "trace output")?;
     let text = dir.join("trace.txt");
     let json = dir.join("trace.json");
-    std::fs::write(&text, trace_text(ring, symbols, style))?;
-    std::fs::write(&json, trace_json(ring, symbols))?;
+    crate::atomic::write(&text, trace_text(ring, symbols, style).as_bytes())?;
+    crate::atomic::write(&json, trace_json(ring, symbols).as_bytes())?;
     Ok([text, json])
 }
 

@@ -370,26 +370,26 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     });
     let json = results::to_json(&provenance, &rows);
     let report = report::render(&provenance, &rows);
+    let out_lock = lock_dir(&out)?;
     write_file(&out.join("results.json"), &json)?;
     write_file(&out.join("report.md"), &report)?;
     // A shard may hold no run of a suite: no chart for it.
     for suite in suites.iter().filter(|suite| rows.iter().any(|row| row.suite == suite.name)) {
         let path = out.join(report::chart_file(suite.name));
-        chart::draw(&path, suite.name, &rows)
-            .map_err(|error| Failure::usage(format!("{}: {error}", path.display())))?;
+        draw_chart(&path, suite.name, &rows)?;
     }
-    print!("{}", summary::summary(&rows, &out.join("report.md")));
-    eprintln!("xtask: wrote {}/results.json, report.md and one SVG per suite", out.display());
     if let Some(part) = args.shard {
         shard::save(args, part, &suites, &out, &plan)?;
     }
+    drop(out_lock);
+    print!("{}", summary::summary(&rows, &out.join("report.md")));
+    eprintln!("xtask: wrote {}/results.json, report.md and one SVG per suite", out.display());
     if let Some(slot) = saved {
+        let _slot_lock = lock_dir(&slot)?;
         write_file(&slot.join("results.json"), &json)?;
         write_file(&slot.join("report.md"), &report)?;
         for suite in &suites {
-            let path = slot.join(report::chart_file(suite.name));
-            chart::draw(&path, suite.name, &rows)
-                .map_err(|error| Failure::usage(format!("{}: {error}", path.display())))?;
+            draw_chart(&slot.join(report::chart_file(suite.name)), suite.name, &rows)?;
         }
         eprintln!("xtask: saved as {} (compare with `cargo xtask bench compare`)", slot.display());
     }
@@ -568,21 +568,37 @@ pub fn load(run: &str) -> Result<(PathBuf, results::Results), Failure> {
     Ok((path, results))
 }
 
+/// Writes one output whole (temporary file and rename, see `crate::atomic`): a command reading
+/// it while another bench writes never sees half a file.
 fn write_file(path: &Path, text: &str) -> Result<(), Failure> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(|error| Failure::usage(format!("{}: {error}", parent.display())))?;
-    }
-    std::fs::write(path, text).map_err(|error| Failure::usage(format!("{}: {error}", path.display())))
+    crate::atomic::write_creating_dirs(path, text.as_bytes())
+        .map(|_| ())
+        .map_err(|error| Failure::usage(format!("{}: {error}", path.display())))
+}
+
+/// Draws `suite`'s chart beside `path` and renames it over `path`, as every output
+/// (`crate::atomic`).
+fn draw_chart(path: &Path, suite: &str, rows: &[Row]) -> Result<(), Failure> {
+    let drawn = crate::atomic::temporary_path(path);
+    chart::draw(&drawn, suite, rows)
+        .and_then(|()| Ok(std::fs::rename(&drawn, path)?))
+        .map_err(|error| Failure::usage(format!("{}: {error}", path.display())))
+}
+
+/// Serialises the bench commands writing into `dir`, so its results.json and report.md come
+/// from one run.
+fn lock_dir(dir: &Path) -> Result<crate::atomic::Lock, Failure> {
+    crate::atomic::lock_dir(dir, "bench results")
+        .map_err(|error| Failure::usage(format!("lock for {}: {error}", dir.display())))
 }
 
 /// docs/results-style pages: one <suite>.md per suite in `results`.
 fn write_pages(dir: &Path, results: &results::Results) -> Result<u8, Failure> {
     let pages = report::pages(&results.provenance, &results.rows);
+    let _lock = lock_dir(dir)?;
     for (suite, text) in &pages {
         write_file(&dir.join(format!("{suite}.md")), text)?;
-        let chart = dir.join(report::chart_file(suite));
-        chart::draw(&chart, suite, &results.rows)
-            .map_err(|error| Failure::usage(format!("{}: {error}", chart.display())))?;
+        draw_chart(&dir.join(report::chart_file(suite)), suite, &results.rows)?;
     }
     let names: Vec<_> = pages.iter().map(|(suite, _)| format!("{suite}.md and .svg")).collect();
     eprintln!("xtask: wrote {} in {}", names.join(", "), dir.display());

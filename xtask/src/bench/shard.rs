@@ -119,11 +119,9 @@ pub fn merge(shards: &[Loaded], out: &Path) -> Result<u8, Failure> {
         }
     }
     for suite in &suites {
-        let path = out.join(format!("{suite}.svg"));
-        super::chart::draw(&path, suite, &results.rows)
-            .map_err(|error| Failure::usage(format!("{}: {error}", path.display())))?;
+        super::draw_chart(&out.join(super::report::chart_file(suite)), suite, &results.rows)?;
     }
-    println!("{report}");
+    print!("{}", super::summary::summary(&results.rows, &out.join("report.md")));
     eprintln!(
         "xtask: wrote {}/results.json, report.md and one SVG per suite ({} shards merged)",
         out.display(),

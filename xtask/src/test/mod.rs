@@ -20,7 +20,9 @@
 
 mod args;
 mod bench;
+mod concurrent;
 mod configuration;
+mod docs_commands;
 mod failure;
 mod host;
 mod ktap;
@@ -89,6 +91,8 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
         let prod = build::kernel(Board::Virt, BuildVariant::Prod)?;
         bench::bench_harness(&prod, &mut tally)?;
         bench::killed_bench_writes_nothing(&mut tally)?;
+        concurrent::demo_and_bench_at_once(&mut tally)?;
+        docs_commands::docs_commands(&mut tally)?;
         crate::profile::self_test(&mut |name, problem| tally.check(name, problem.as_ref()))?;
         tally.check("icount regression gate", crate::bench::gate::check(&prod)?.as_ref());
         let (passed, failures) = crate::demo::test(&args.variants, &args.cpus, &args.boards)?;
