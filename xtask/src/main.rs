@@ -12,6 +12,7 @@ mod flash;
 mod ksyms;
 mod lint;
 mod log;
+mod peer;
 mod profile;
 mod qemu;
 mod sdimage;
@@ -65,6 +66,9 @@ enum Command {
     /// Install what the host needs (QEMU 10 through apt) and fetch the Raspberry Pi 4 boot
     /// files, saying first what it will do; `--dry-run` only says.
     Setup(setup::SetupArgs),
+    /// Debian's arm64 Linux in the same QEMU: fetched through a private apt configuration under
+    /// target/peer/, booted with a small init that measures Linux's own probes and tracers.
+    Peer(peer::PeerArgs),
 }
 
 /// An error that ends xtask with a specific exit status and a one-line message.
@@ -104,6 +108,7 @@ fn main() -> ExitCode {
         Command::Monitor(args) => serial::monitor(&args, demo::console),
         Command::Stress(args) => stress::run(&args),
         Command::Setup(args) => setup::run(&args),
+        Command::Peer(args) => peer::run(&args),
     };
     match result {
         Ok(status) => ExitCode::from(status),
