@@ -36,7 +36,8 @@ pub struct KernelPackage {
 
 impl KernelPackage {
     /// The kernel release the package installs (`6.12.95+deb12-arm64`): the name of its
-    /// `boot/vmlinuz-*`, `boot/config-*`, `boot/System.map-*` and `lib/modules/*`.
+    /// `boot/vmlinuz-*`, `boot/config-*` and `lib/modules/*` (its `boot/System.map-*` is a
+    /// placeholder: the symbols are in the `-dbg` package, or the guest's /proc/kallsyms).
     pub fn release(&self) -> &str {
         let release = self.name.strip_prefix("linux-image-").unwrap_or(&self.name);
         release.strip_suffix("-unsigned").unwrap_or(release)
@@ -48,14 +49,6 @@ impl KernelPackage {
 
     pub fn config(&self) -> PathBuf {
         self.root.join(format!("boot/config-{}", self.release()))
-    }
-
-    pub fn system_map(&self) -> PathBuf {
-        self.root.join(format!("boot/System.map-{}", self.release()))
-    }
-
-    pub fn modules(&self) -> PathBuf {
-        self.root.join(format!("lib/modules/{}", self.release()))
     }
 
     /// `name version sha256`, one field a line: what every result names.
@@ -318,6 +311,6 @@ mod tests {
         assert_eq!(KernelPackage::from_record(&package.record(), PathBuf::from("/r")), Some(package.clone()));
         assert_eq!(package.release(), "6.12.95+deb12-arm64");
         assert_eq!(package.image(), Path::new("/r/boot/vmlinuz-6.12.95+deb12-arm64"));
-        assert_eq!(package.modules(), Path::new("/r/lib/modules/6.12.95+deb12-arm64"));
+        assert_eq!(package.config(), Path::new("/r/boot/config-6.12.95+deb12-arm64"));
     }
 }
