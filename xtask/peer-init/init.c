@@ -4,7 +4,8 @@
  * packed as /init of an initramfs. It speaks the line protocol that xtask/src/peer/protocol.rs
  * parses, one record a line on the console, every line starting with "peer 1 ":
  *
- *   peer 1 fact NAME VALUE...       something checked in the guest (uname, a sysfs file)
+ *   peer 1 fact NAME VALUE...       something checked in the guest (uname, a sysfs file,
+ *                                   depth.CASE: the frames of a stack trace row's traces)
  *   peer 1 row CASE tracing_on=T iterations=N base=B probed=P hits=H
  *                                   one measurement: B and P are the minimum over the
  *                                   repetitions of N iterations' CNTVCT ticks without and with
@@ -38,7 +39,9 @@
 #define KERNEL_TARGET "__arm64_sys_getppid"
 #define UNRELATED_TARGET "__arm64_sys_getpid"
 #define ITERATIONS 1000
-#define REPETITIONS 5
+/* HZ=250 at 1 GHz: a tick every 4 M instructions. Ten repetitions of the cheapest loop
+ * (0.5 M) span more than a tick period, so their minimum is one that no tick hit. */
+#define REPETITIONS 10
 
 static int failures;
 
@@ -332,6 +335,22 @@ static void function_tracer(const char *name, const char *tracer, const char *ot
 		error("rmdir instances/peer: %s", strerror(errno));
 }
 
+/* The frames of the first stack trace in the top-level buffer: its " => " lines. */
+static int stack_depth(void)
+{
+	const char *text = read_file(TRACEFS "/trace");
+	const char *start = strstr(text, "<stack trace>");
+	if (!start) {
+		error("no <stack trace> in the trace");
+		return -1;
+	}
+	int frames = 0;
+	for (const char *next = strchr(start, '\n'); next && strncmp(next + 1, " => ", 4) == 0;
+	     next = strchr(next + 1, '\n'))
+		frames++;
+	return frames;
+}
+
 /* A stack trace per hit of the function tracer at `function`, a frame deeper each step. */
 static void stack_trace(const char *name, const char *function)
 {
@@ -347,6 +366,8 @@ static void stack_trace(const char *name, const char *function)
 		tracefs("trace", "");
 		uint64_t probed = minimum(kernel_loop);
 		long events = ring_events("");
+		if (on)
+			line("fact", "depth.%s %d", name, stack_depth());
 		tracefs("options/func_stack_trace", "0");
 		tracefs("current_tracer", "nop");
 		/* A function event and a stack event per hit. */

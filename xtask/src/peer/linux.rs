@@ -194,10 +194,7 @@ fn rows(report: &Report, package: &KernelPackage) -> Vec<Row> {
     let row = |measurement: &Measurement, metric: &str, value: f64| Row {
         suite: SUITE.into(),
         case: measurement.case.clone(),
-        params: vec![
-            ("tracing_on".into(), measurement.tracing_on.to_string()),
-            ("kernel".into(), format!("{}={}", package.name, package.version)),
-        ],
+        params: params(report, measurement, package),
         cpu: CPU,
         // The lab's build the rows compare with; Linux's own build is the `kernel` param.
         variant: BuildVariant::Prod,
@@ -217,6 +214,17 @@ fn rows(report: &Report, package: &KernelPackage) -> Vec<Row> {
             [row(measurement, "per_hit", measurement.per_hit()), row(measurement, "loop", measurement.loop_cost())]
         })
         .collect()
+}
+
+/// `tracing_on`, `depth` for a stack trace (the frames the guest's traces held) and `kernel`
+/// (the package and its version).
+fn params(report: &Report, measurement: &Measurement, package: &KernelPackage) -> Vec<(String, String)> {
+    let mut params = vec![("tracing_on".to_string(), measurement.tracing_on.to_string())];
+    if let Some(depth) = report.fact(&format!("depth.{}", measurement.case)) {
+        params.push(("depth".into(), depth.to_string()));
+    }
+    params.push(("kernel".into(), format!("{}={}", package.name, package.version)));
+    params
 }
 
 fn print_table(report: &Report) {
