@@ -160,7 +160,8 @@ mod tests {
         assert_eq!(report.fact("vulnerability.meltdown"), Some("Not affected"));
         assert_eq!(report.check(super::super::linux::CASES), Ok(()));
         let kprobe = report.measurements.iter().find(|row| row.case == "kprobe" && row.tracing_on == 1).unwrap();
-        assert_eq!(kprobe.expected_hits(), 5000);
+        assert_eq!(kprobe.expected_hits(), 10_000);
+        assert_eq!(report.fact("depth.stacktrace-getppid"), Some("7"));
         assert!(kprobe.per_hit() > 100.0 && kprobe.loop_cost() > 100.0, "{kprobe:?}");
     }
 
