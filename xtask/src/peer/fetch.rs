@@ -51,6 +51,10 @@ impl KernelPackage {
         self.root.join(format!("boot/config-{}", self.release()))
     }
 
+    pub fn modules(&self) -> PathBuf {
+        self.root.join(format!("lib/modules/{}", self.release()))
+    }
+
     /// `name version sha256`, one field a line: what every result names.
     fn record(&self) -> String {
         format!("name {}\nversion {}\nsha256 {}\n", self.name, self.version, self.sha256)

@@ -152,10 +152,15 @@ impl Drop for Qemu {
 
 /// The whole console of one boot, which ends when Linux powers the machine off.
 fn boot(package: &KernelPackage, initramfs: &Path) -> Result<String, Failure> {
+    boot_with(&qemu_words(package, initramfs))
+}
+
+/// [`boot`] with QEMU's arguments given.
+fn boot_with(words: &[String]) -> Result<String, Failure> {
     crate::setup::ensure_qemu()?;
     let mut qemu = Qemu(
         Command::new("qemu-system-aarch64")
-            .args(qemu_words(package, initramfs))
+            .args(words)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -245,4 +250,128 @@ fn write_renamed(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
     std::fs::write(&partial, bytes)
         .and_then(|()| std::fs::rename(&partial, path))
         .map_err(|error| Failure::usage(format!("{}: {error}", path.display())))
+}
+
+/// The allocation trace's boot: the kmem events with a stack each from `trace_init` on, four
+/// CPUs, a buffer of 64 MiB per CPU that never fills (`nooverwrite`: a full buffer would drop
+/// events, and every CPU's `overrun` and `dropped events` are checked to be 0), and 4 GiB of
+/// memory, without which the secondary CPUs' buffers cannot be allocated at bring-up.
+pub const ALLOC_COMMAND_LINE: &str = "console=ttyAMA0 nokaslr norandmaps quiet no_hash_pointers \
+     trace_event=kmem:kmalloc,kmem:kfree,kmem:kmem_cache_alloc,kmem:kmem_cache_free \
+     trace_options=stacktrace,nooverwrite,sym-offset trace_buf_size=64M -- alloc";
+/// Where the converted trace is committed, relative to the workspace root.
+pub const ALLOC_TRACE: &str = "data/linux/kmem-boot.trace.gz";
+/// The init's workload, as the trace's provenance says it.
+const WORKLOAD: &str = "16 processes exec'd from /init, each writing, reading and removing a 64 KiB file on a \
+                        tmpfs four times and making 64 pipe round trips with a forked child";
+/// The disk the init writes the `trace` file to (virtio-blk, raw, sparse).
+const DISK_BYTES: u64 = 1 << 30;
+
+/// Boots with the kmem events, takes the trace out through a virtio disk and converts it.
+pub fn record_allocations(package: &KernelPackage) -> Result<(), Failure> {
+    let out = peer_dir().join("linux/alloc");
+    let init = build_init(&out)?;
+    let data = std::fs::read(&init).map_err(|error| Failure::usage(format!("{}: {error}", init.display())))?;
+    let module_path = package.modules().join("kernel/drivers/block/virtio_blk.ko.xz");
+    let module =
+        std::fs::read(&module_path).map_err(|error| Failure::usage(format!("{}: {error}", module_path.display())))?;
+    let initramfs = out.join("initramfs.cpio");
+    write_renamed(
+        &initramfs,
+        &archive(&[
+            Entry::Directory { path: "dev" },
+            Entry::CharDevice { path: "dev/console", major: 5, minor: 1 },
+            Entry::Directory { path: "proc" },
+            Entry::Directory { path: "sys" },
+            Entry::File { path: "init", mode: 0o755, data: &data },
+            Entry::File { path: "virtio_blk.ko.xz", mode: 0o644, data: &module },
+        ]),
+    )?;
+    let disk = out.join("disk.raw");
+    let _ = std::fs::remove_file(&disk);
+    std::fs::File::create(&disk)
+        .and_then(|file| file.set_len(DISK_BYTES))
+        .map_err(|error| Failure::usage(format!("{}: {error}", disk.display())))?;
+    let mut words = qemu_words(package, &initramfs);
+    let set = |words: &mut Vec<String>, key: &str, value: &str| {
+        let at = words.iter().position(|word| word == key).expect("the lab's words have it");
+        words[at + 1] = value.into();
+    };
+    set(&mut words, "-smp", "4");
+    set(&mut words, "-m", "4G");
+    set(&mut words, "-append", ALLOC_COMMAND_LINE);
+    words.extend([
+        "-drive".into(),
+        format!("file={},format=raw,if=none,id=trace", disk.display()),
+        "-device".into(),
+        "virtio-blk-pci,drive=trace".into(),
+    ]);
+    let started = Instant::now();
+    eprintln!("xtask: booting for the allocation trace ({})", words.join(" "));
+    let console = boot_with(&words)?;
+    write_renamed(&out.join("console.log"), console.as_bytes())?;
+    let boot_seconds = started.elapsed().as_secs_f64();
+    let report = Report::parse(&console);
+    let fail = |message: String| Failure { status: 1, message };
+    report.check(&[]).map_err(|problems| fail(format!("the allocation boot does not count: {problems}")))?;
+    if report.fact("cpus") != Some("4") {
+        return Err(fail(format!("{} CPUs online, expected 4", report.fact("cpus").unwrap_or("?"))));
+    }
+    let lost: Vec<&(String, String)> = report
+        .facts
+        .iter()
+        .filter(|(name, value)| {
+            ["overrun", "commit_overrun", "dropped_events"].iter().any(|counter| name.ends_with(counter))
+                && value != "0"
+        })
+        .collect();
+    if !lost.is_empty() {
+        return Err(fail(format!("the trace buffers lost events: {lost:?}")));
+    }
+    let bytes = std::fs::read(&disk).map_err(|error| Failure::usage(format!("{}: {error}", disk.display())))?;
+    let end = bytes.iter().position(|&byte| byte == 0).unwrap_or(bytes.len());
+    let trace = String::from_utf8_lossy(&bytes[..end]);
+    if Some(end.to_string().as_str()) != report.fact("transport.bytes") {
+        return Err(fail(format!("{end} bytes on the disk, the init wrote {:?}", report.fact("transport.bytes"))));
+    }
+    let mut provenance: Vec<(String, String)> = vec![
+        ("kernel".into(), format!("{}={}", package.name, package.version)),
+        // Paths relative to the workspace: the file names what ran, not where.
+        ("qemu".into(), words.join(" ").replace(&format!("{}/", workspace_root().display()), "")),
+        ("workload".into(), WORKLOAD.into()),
+        ("regenerate".into(), "cargo xtask peer linux --alloc-trace".into()),
+        ("recording".into(), "from trace_init: allocations before it are not in the trace".into()),
+    ];
+    for (name, value) in &report.facts {
+        if name.starts_with("counter.")
+            || ["entries", "overrun", "dropped_events"].iter().any(|counter| name.ends_with(counter))
+        {
+            provenance.push((name.clone(), value.clone()));
+        }
+    }
+    let (text, counts) = super::alloc::convert(&trace, &provenance);
+    if counts.without_stack != 0 || counts.allocations == 0 {
+        return Err(fail(format!("the converted trace is not whole: {counts:?}")));
+    }
+    let path = workspace_root().join(ALLOC_TRACE);
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    std::io::Write::write_all(&mut encoder, text.as_bytes()).expect("writing to a Vec cannot fail");
+    let compressed = encoder.finish().expect("writing to a Vec cannot fail");
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|error| Failure::usage(format!("{}: {error}", parent.display())))?;
+    }
+    write_renamed(&path, &compressed)?;
+    eprintln!(
+        "xtask: {} allocations, {} frees ({} of unrecorded allocations dropped, {} of NULL), {} stacks; \
+         {} MB of trace text out through virtio-blk, boot and transport {boot_seconds:.0} s; wrote {} ({} KiB)",
+        counts.allocations,
+        counts.frees,
+        counts.frees_unrecorded,
+        counts.frees_null,
+        counts.stacks,
+        end / 1_000_000,
+        path.display(),
+        compressed.len() / 1024
+    );
+    Ok(())
 }

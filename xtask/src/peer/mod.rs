@@ -5,6 +5,7 @@
 //! ([`initramfs`]); it prints a line protocol ([`protocol`]) from which [`linux`] writes suite
 //! `linux` rows. docs/design/peer.md says what each row contains and how it maps to the lab's.
 
+pub mod alloc;
 pub mod fetch;
 pub mod initramfs;
 pub mod linux;
@@ -29,6 +30,11 @@ pub struct PeerArgs {
     /// compiler is there; boot nothing.
     #[arg(long)]
     pub fetch_only: bool,
+    /// Instead of the timings: boot on 4 CPUs with the kmem events and a stack per event, run
+    /// a short workload, take the trace out through a virtio disk and convert it to the
+    /// committed allocation trace (data/linux/kmem-boot.trace.gz).
+    #[arg(long, conflicts_with = "fetch_only")]
+    pub alloc_trace: bool,
 }
 
 /// The package's configuration options that decide what the rows contain.
@@ -68,7 +74,11 @@ pub fn run(args: &PeerArgs) -> Result<u8, Failure> {
     if args.fetch_only {
         return Ok(0);
     }
-    linux::measure(&package)?;
+    if args.alloc_trace {
+        linux::record_allocations(&package)?;
+    } else {
+        linux::measure(&package)?;
+    }
     Ok(0)
 }
 
