@@ -139,6 +139,23 @@ static uint64_t kernel_loop(void)
 	return counter() - start;
 }
 
+/* fstat by a raw `svc` on a file of the initramfs: a deeper path (the VFS's getattr) than
+ * getppid's, for stack traces taken further from the syscall entry. */
+static int stat_fd = -1;
+
+static uint64_t stat_loop(void)
+{
+	struct stat buffer;
+	uint64_t start = counter();
+	for (int i = 0; i < ITERATIONS; i++) {
+		register long number __asm__("x8") = __NR_fstat;
+		register long fd __asm__("x0") = stat_fd;
+		register struct stat *out __asm__("x1") = &buffer;
+		__asm__ volatile("svc #0" : "+r"(fd) : "r"(number), "r"(out) : "memory");
+	}
+	return counter() - start;
+}
+
 /* The user targets, each named for its first instruction (the one a uprobe replaces). */
 __asm__(".text\n"
 	".balign 16\n"
@@ -353,7 +370,7 @@ static int stack_depth(void)
 }
 
 /* A stack trace per hit of the function tracer at `function`, a frame deeper each step. */
-static void stack_trace(const char *name, const char *function)
+static void stack_trace(const char *name, const char *function, uint64_t (*kernel_loop)(void))
 {
 	tracefs("options/func_stack_trace", "0");
 	tracefs("set_ftrace_filter", function);
@@ -606,8 +623,15 @@ int main(int argc, char **argv)
 	/* Stack traces before function_graph, which leaves state behind that makes them dearer. */
 	/* The syscall handler and the function it calls, a frame deeper (pid_nr_ns, deeper still,
 	 * is inlined; invoke_syscall, shallower, is reached by the tracefs writes too). */
-	stack_trace("stacktrace-getppid", KERNEL_TARGET);
-	stack_trace("stacktrace-task-pid-nr-ns", "__task_pid_nr_ns");
+	stack_trace("stacktrace-getppid", KERNEL_TARGET, kernel_loop);
+	stack_trace("stacktrace-task-pid-nr-ns", "__task_pid_nr_ns", kernel_loop);
+	/* Deeper: fstat's path through the VFS. */
+	stat_fd = open("/init", O_RDONLY);
+	if (stat_fd < 0)
+		error("open /init: %s", strerror(errno));
+	stack_trace("stacktrace-vfs-fstat", "vfs_fstat", stat_loop);
+	stack_trace("stacktrace-vfs-getattr-nosec", "vfs_getattr_nosec", stat_loop);
+	stack_trace("stacktrace-generic-fillattr", "generic_fillattr", stat_loop);
 	function_tracer("ftrace-graph", "function_graph", NULL);
 	line("end", "failures=%d", failures);
 	sync();

@@ -39,6 +39,9 @@ pub const CASES: &[&str] = &[
     "uretprobe-ret",
     "stacktrace-getppid",
     "stacktrace-task-pid-nr-ns",
+    "stacktrace-vfs-fstat",
+    "stacktrace-vfs-getattr-nosec",
+    "stacktrace-generic-fillattr",
     "ftrace-graph",
 ];
 /// The init's source, relative to the workspace root.
