@@ -199,7 +199,8 @@ impl PrivateApt {
     }
 
     fn run_in(&self, dir: &Path, program: &str, args: &[&str]) -> Result<(), Failure> {
-        let status = self.command(program, args).current_dir(dir).status();
+        // apt's progress goes to stderr with xtask's own: stdout is the table and the facts.
+        let status = self.command(program, args).current_dir(dir).stdout(std::io::stderr()).status();
         match status {
             Ok(status) if status.success() => Ok(()),
             Ok(status) => Err(Failure::usage(format!("{program} {} failed ({status})", args.join(" ")))),
