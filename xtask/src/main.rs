@@ -14,6 +14,7 @@ mod ksyms;
 mod lint;
 mod log;
 mod measure;
+mod peer;
 mod profile;
 mod qemu;
 mod sdimage;
@@ -74,6 +75,9 @@ enum Command {
     /// Install what the host needs (QEMU 10 through apt) and fetch the Raspberry Pi 4 boot
     /// files, saying first what it will do; `--dry-run` only says.
     Setup(setup::SetupArgs),
+    /// Debian's arm64 Linux in the same QEMU: fetched through a private apt configuration under
+    /// target/peer/, booted with a small init that measures Linux's own probes and tracers.
+    Peer(peer::PeerArgs),
 }
 
 /// An error that ends xtask with a specific exit status and a one-line message.
@@ -115,6 +119,7 @@ fn main() -> ExitCode {
         Command::Merge(args) => shard::run(&args),
         Command::Setup(args) => setup::run(&args),
         Command::Measure(args) => measure::run(&args),
+        Command::Peer(args) => peer::run(&args),
     };
     match result {
         Ok(status) => ExitCode::from(status),

@@ -7,7 +7,7 @@ mod compare;
 mod complete;
 pub mod gate;
 mod report;
-mod results;
+pub mod results;
 mod shard;
 mod summary;
 

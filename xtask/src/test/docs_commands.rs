@@ -504,6 +504,25 @@ pub const ACCOUNTS: &[(&str, Account)] = &[
             covered_by: "the corpus in this run's configurations, and the `--ktap DIR ...` run of this check",
         },
     ),
+    // Linux beside the lab: long runs outside the test suite.
+    (
+        "cargo xtask peer linux",
+        Excluded {
+            reason: "fetches Debian's arm64 kernel package and boots Linux under icount (minutes, 300 MB)",
+            covered_by: "the host tests of the init's line protocol and of the allocation-trace converter",
+        },
+    ),
+    (
+        "cargo xtask peer linux [--fetch-only | --alloc-trace]",
+        Excluded { reason: "the synopsis", covered_by: "the host tests of `xtask/src/peer`" },
+    ),
+    (
+        "cargo xtask peer linux --alloc-trace",
+        Excluded {
+            reason: "boots Linux on 4 CPUs with 4 GiB and copies 75 MB of trace out",
+            covered_by: "the converter's host tests on a fixture recorded from a real run",
+        },
+    ),
     ("cargo xtask lint", Excluded { reason: "a step of its own in CI", covered_by: "CI (`.ci/run`: lint, then test)" }),
     (
         "cargo test -p CRATE",
