@@ -263,7 +263,7 @@ pub const ALLOC_COMMAND_LINE: &str = "console=ttyAMA0 nokaslr norandmaps quiet n
      trace_event=kmem:kmalloc,kmem:kfree,kmem:kmem_cache_alloc,kmem:kmem_cache_free \
      trace_options=stacktrace,nooverwrite,sym-offset trace_buf_size=64M -- alloc";
 /// Where the converted trace is committed, relative to the workspace root.
-pub const ALLOC_TRACE: &str = "data/linux/kmem-boot.trace.gz";
+pub const ALLOC_TRACE: &str = "xtask/data/linux/kmem-boot.trace.gz";
 /// The init's workload, as the trace's provenance says it.
 const WORKLOAD: &str = "16 processes exec'd from /init, each writing, reading and removing a 64 KiB file on a \
                         tmpfs four times and making 64 pipe round trips with a forked child";

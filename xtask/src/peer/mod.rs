@@ -32,7 +32,7 @@ pub struct PeerArgs {
     pub fetch_only: bool,
     /// Instead of the timings: boot on 4 CPUs with the kmem events and a stack per event, run
     /// a short workload, take the trace out through a virtio disk and convert it to the
-    /// committed allocation trace (data/linux/kmem-boot.trace.gz).
+    /// committed allocation trace (xtask/data/linux/kmem-boot.trace.gz).
     #[arg(long, conflicts_with = "fetch_only")]
     pub alloc_trace: bool,
 }
