@@ -184,6 +184,7 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
         Mode::Hang => run::hang(),
         Mode::Sweep => run::sweep(&args),
         Mode::Test => run::test(&options, boot_tracer),
+        Mode::List => run::list(&options),
     }
 }
 

@@ -18,6 +18,9 @@ use protocol::cmdline as key;
 pub enum Mode {
     Demo,
     Test,
+    /// The tests `filter=` selects, in run order, without running them (kunit's
+    /// `kunit.action=list`).
+    List,
     Bench,
     /// Failure paths, for xtask to check that they end runs as they must.
     Panic,
@@ -69,6 +72,7 @@ impl Mode {
         Some(match name {
             "demo" => Self::Demo,
             "test" => Self::Test,
+            "list" => Self::List,
             "bench" => Self::Bench,
             "sweep" => Self::Sweep,
             "panic" => Self::Panic,
@@ -155,6 +159,13 @@ pub fn test(options: &Options, boot_tracer: Option<BootTracer>) -> ! {
     }
     demo::boot_probes::report(options.icount);
     exit(if summary.failed == 0 { ExitStatus::Success } else { ExitStatus::TestsFailed })
+}
+
+#[inline(never)]
+pub fn list(options: &Options) -> ! {
+    check_headroom("list");
+    tests::list(options.filter);
+    exit(ExitStatus::Success)
 }
 
 #[inline(never)]

@@ -43,9 +43,21 @@ fn existing(path: PathBuf) -> Result<PathBuf, Failure> {
 pub fn get(args: &BootFileArgs) -> Result<BootFiles, Failure> {
     let cache = cache_dir();
     let cached = |name: &str| cache.join(name);
-    let need_fetch = (args.firmware.is_none() && !(cached("start4.elf").is_file() && cached("fixup4.dat").is_file()))
-        || (args.dtb.is_none() && !cached(DTB_NAME).is_file());
-    if need_fetch {
+    let need_fetch = || {
+        (args.firmware.is_none() && !(cached("start4.elf").is_file() && cached("fixup4.dat").is_file()))
+            || (args.dtb.is_none() && !cached(DTB_NAME).is_file())
+    };
+    // Two commands that both find the cache empty fetch one after the other; the second then
+    // finds the files there.
+    let _lock = if need_fetch() {
+        Some(
+            crate::atomic::lock_dir(&cache, "Raspberry Pi 4 boot files")
+                .map_err(|error| Failure::usage(format!("lock for {}: {error}", cache.display())))?,
+        )
+    } else {
+        None
+    };
+    if need_fetch() {
         fetch(&cache).map_err(|failure| {
             Failure::usage(format!(
                 "cannot fetch the Raspberry Pi 4 boot files: {}; use `--board virt` (no boot files \
@@ -154,7 +166,10 @@ fn fetch(cache: &Path) -> Result<(), Failure> {
         find_file(&unpacked, name).ok_or_else(|| Failure::usage(format!("{name} not found in the downloaded packages")))
     };
     for name in ["start4.elf", "fixup4.dat", DTB_NAME] {
-        std::fs::copy(find(name)?, cache.join(name)).map_err(|error| Failure::usage(error.to_string()))?;
+        // Whole files by rename: a running QEMU may be reading the old ones.
+        let found = find(name)?;
+        let bytes = std::fs::read(&found).map_err(|error| Failure::usage(format!("{}: {error}", found.display())))?;
+        crate::atomic::write(&cache.join(name), &bytes).map_err(|error| Failure::usage(error.to_string()))?;
     }
     let firmware = versions.iter().find(|name| name.starts_with(FIRMWARE_PACKAGE)).cloned().unwrap_or_default();
     let kernel = versions.iter().find(|name| name.starts_with("linux-image")).cloned().unwrap_or_default();

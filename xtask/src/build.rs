@@ -225,8 +225,18 @@ pub fn kernel_with(board: Board, variant: BuildVariant, options: SanitizerOption
     // kernel crate twice. Each board's artifacts are copied to their own directory.
     let kernel_dir = target_dir().join("kernel");
     let artifact_dir = kernel_dir.join(board.name()).join(&build_name);
+    // Cargo copies its artifact here; xtask reads it and writes the finished images (symbols
+    // and SFrame filled) one level up, so cargo's copy and a running command's mapped image
+    // are never the same file.
+    let linked_dir = artifact_dir.join("linked");
     let target_dir = kernel_dir.join(&build_name);
     let flags = kernel_rustflags_with(variant, options);
+    // Two commands building this board and variant at once: cargo serialises itself, but the
+    // post-link steps (symbols, SFrame, the raw image) must not interleave with another
+    // command's, so the whole build holds the lock.
+    let lock_path = kernel_dir.join(board.name()).join(format!("{build_name}.lock"));
+    let _lock = crate::atomic::Lock::acquire(&lock_path, &format!("kernel build {}/{build_name}", board.name()))
+        .map_err(|error| Failure::usage(format!("{}: {error}", lock_path.display())))?;
     eprintln!("xtask: building kernel ({}, variant {build_name})", board.name());
     let status = Command::new(env!("CARGO"))
         .current_dir(&root)
@@ -236,7 +246,7 @@ pub fn kernel_with(board: Board, variant: BuildVariant, options: SanitizerOption
         .arg("--target-dir")
         .arg(&target_dir)
         .args(["-Zunstable-options", "--artifact-dir"])
-        .arg(&artifact_dir)
+        .arg(&linked_dir)
         .env_remove("RUSTFLAGS")
         .env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"))
         .env("TRACELAB_VARIANT", variant.name())
@@ -258,20 +268,25 @@ pub fn kernel_with(board: Board, variant: BuildVariant, options: SanitizerOption
     if !status.success() {
         return Err(Failure { status: 1, message: format!("kernel build failed (variant {})", variant.name()) });
     }
-    let elf = artifact_dir.join("kernel");
-    let mut data = std::fs::read(&elf).map_err(|error| Failure::usage(format!("{}: {error}", elf.display())))?;
-    // The symbol table goes into the linked image (ELF and raw alike): the artifact copy is
-    // rewritten in place (idempotent: the section is refilled from the symbols).
+    let linked = linked_dir.join("kernel");
+    let mut data = std::fs::read(&linked).map_err(|error| Failure::usage(format!("{}: {error}", linked.display())))?;
+    // The symbol table goes into the image (ELF and raw alike), refilled from the symbols.
     crate::ksyms::embed(&mut data)?;
     // The SFrame table, converted from `.eh_frame` and validated against it (not loaded).
     crate::sframe::embed(&mut data)?;
-    std::fs::write(&elf, &data).map_err(|error| Failure::usage(format!("{}: {error}", elf.display())))?;
+    let elf = artifact_dir.join("kernel");
     let file = object::File::parse(&*data).map_err(|error| Failure::usage(format!("{}: {error}", elf.display())))?;
     if variant != BuildVariant::Plain {
         check_patchable_entries(&file)?;
     }
     let raw = elf.with_extension("bin");
-    std::fs::write(&raw, raw_image(&file)?).map_err(|error| Failure::usage(format!("{}: {error}", raw.display())))?;
+    // Replaced by a rename, or left alone when unchanged: another command may be running this
+    // image, with the ELF mapped by its symbolizer.
+    let write = |path: &Path, bytes: &[u8]| {
+        crate::atomic::write(path, bytes).map_err(|error| Failure::usage(format!("{}: {error}", path.display())))
+    };
+    write(&raw, &raw_image(&file)?)?;
+    write(&elf, &data)?;
     Ok(KernelImage { elf, raw })
 }
 

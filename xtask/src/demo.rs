@@ -10,7 +10,7 @@
 
 use crate::Failure;
 use crate::build::{self, Board, BuildVariant};
-use crate::log::LogLine;
+use crate::log::{LogLine, LogStyle};
 use crate::qemu::{self, CpuVariant, Machine};
 use crate::trace::{self, Fed, FunctionTable, RingReader};
 use protocol::bench::Row;
@@ -25,9 +25,10 @@ const COST_TOLERANCE: f64 = 2.0;
 const TRACE_LINES_SHOWN: usize = 24;
 
 /// The console of an interactive run (`cargo xtask qemu`, `cargo xtask monitor`): every line
-/// as the presenter renders it, demo lines symbolized and the function tracer's ring written.
-pub fn console(elf: &[u8]) -> impl FnMut(&LogLine) + use<> {
-    let mut presenter = Presenter::new(elf);
+/// as the presenter renders it in `style`, demo lines symbolized and the function tracer's ring
+/// written.
+pub fn console(elf: &[u8], style: LogStyle) -> impl FnMut(&LogLine) + use<> {
+    let mut presenter = Presenter::new(elf, style);
     move |line| presenter.present(line).iter().for_each(|text| println!("{text}"))
 }
 
@@ -35,11 +36,12 @@ pub fn console(elf: &[u8]) -> impl FnMut(&LogLine) + use<> {
 pub struct Presenter {
     symbols: Option<FunctionTable>,
     rings: RingReader,
+    style: LogStyle,
 }
 
 impl Presenter {
-    pub fn new(elf: &[u8]) -> Self {
-        Self { symbols: FunctionTable::from_elf(elf), rings: RingReader::default() }
+    pub fn new(elf: &[u8], style: LogStyle) -> Self {
+        Self { symbols: FunctionTable::from_elf(elf), rings: RingReader::default(), style }
     }
 
     /// The console lines for one log line (none while a ring streams in).
@@ -51,13 +53,13 @@ impl Presenter {
             Fed::Other => {}
         }
         let Some(symbols) = &self.symbols else {
-            return vec![line.to_string()];
+            return vec![line.render(self.style)];
         };
         if let Some(title) = text.strip_prefix("demo: == ").and_then(|rest| rest.strip_suffix(" ==")) {
             return vec![String::new(), format!("== {title} ==")];
         }
         if let Some(row) = text.strip_prefix("demo: stacks #") {
-            let Some((index, fp, scs)) = stack_row(row) else { return vec![line.to_string()] };
+            let Some((index, fp, scs)) = stack_row(row) else { return vec![line.render(self.style)] };
             let describe = |address: u64| if address == 0 { "-".to_string() } else { describe(symbols, address) };
             let mark = if fp == scs { "" } else { "   <- differs" };
             let row = format!("  #{index:<2} {:<58} {}{mark}", describe(fp), describe(scs));
@@ -87,7 +89,7 @@ impl Presenter {
         if let Some(rest) = text.strip_prefix("demo: kprobe target ")
             && let Some(target) = rest.split_whitespace().next().and_then(hex)
         {
-            return vec![format!("{line}  [{}]", describe(symbols, target))];
+            return vec![format!("{}  [{}]", line.render(self.style), describe(symbols, target))];
         }
         if text.starts_with("demo: kprobe ") || text.starts_with("demo: kretprobe ") {
             let names: Vec<String> = ["pc=", "lr=", "to="]
@@ -95,22 +97,22 @@ impl Presenter {
                 .filter_map(|key| Some(format!("{key}{}", describe(symbols, field(text, key)?))))
                 .collect();
             if !names.is_empty() {
-                return vec![format!("{line}  [{}]", names.join(", "))];
+                return vec![format!("{}  [{}]", line.render(self.style), names.join(", "))];
             }
         }
-        vec![line.to_string()]
+        vec![line.render(self.style)]
     }
 
     fn show_ring(&self, ring: &trace::Ring) -> Vec<String> {
         let Some(symbols) = &self.symbols else {
             return vec![format!("ftrace: {} records (no symbols to show them)", ring.records.len())];
         };
-        let text = trace::trace_text(ring, symbols);
+        let text = trace::trace_text(ring, symbols, self.style);
         let mut lines: Vec<String> = text.lines().take(6 + TRACE_LINES_SHOWN).map(str::to_string).collect();
         if ring.records.len() > TRACE_LINES_SHOWN {
             lines.push(format!("  ... {} more records", ring.records.len() - TRACE_LINES_SHOWN));
         }
-        match trace::write(ring, symbols, &trace::output_dir()) {
+        match trace::write(ring, symbols, self.style, &trace::output_dir()) {
             Ok([text, json]) => {
                 lines.push(format!("ftrace: whole ring written to {} and {}", text.display(), json.display()))
             }
@@ -544,7 +546,7 @@ mod tests {
     use super::*;
 
     fn line(text: &str) -> LogLine {
-        LogLine { level: None, text: text.to_string(), timestamp: None }
+        LogLine::plain(text)
     }
 
     fn symbols() -> FunctionTable {
@@ -614,7 +616,8 @@ mod tests {
 
     #[test]
     fn side_by_side_rows_are_symbolized() {
-        let mut presenter = Presenter { symbols: Some(symbols()), rings: RingReader::default() };
+        let mut presenter =
+            Presenter { symbols: Some(symbols()), rings: RingReader::default(), style: LogStyle::Default };
         assert_eq!(presenter.present(&line("demo: stacks #0 fp=0x1104 scs=0x1104")).len(), 2);
         let shown = presenter.present(&line("demo: stacks #1 fp=0x1208 scs=0x1208"));
         assert_eq!(shown.len(), 1);

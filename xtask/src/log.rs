@@ -1,5 +1,8 @@
 //! The kernel log: defmt frames from the serial stream, decoded and symbolized with the kernel ELF.
 
+#[cfg(test)]
+mod linux_tools;
+
 use crate::Failure;
 use defmt_decoder::{DecodeError, Table};
 use std::fmt;
@@ -9,12 +12,46 @@ pub fn exit_sentinel(line: &str) -> Option<i32> {
     line.strip_prefix("tracelab: exit status ")?.trim().parse().ok()
 }
 
+/// How log lines are printed: xtask's own shape (the default), or the shapes Linux's tools read
+/// (`--log linux`: no level words, `Call trace:` blocks of ` FUNCTION+0xOFF/0xSIZE` lines, symbol
+/// names as the ELF's v0-mangled tokens, a panic as `Kernel panic - not syncing:`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogStyle {
+    #[default]
+    Default,
+    Linux,
+}
+
 #[derive(Clone, Debug)]
 pub struct LogLine {
     pub level: Option<defmt_parser::Level>,
     /// Seconds since the kernel's counter started (`S.UUUUUU`), from the record's defmt timestamp.
     pub timestamp: Option<String>,
+    /// The line in xtask's shape: what the runner's and the demo's checks read.
     pub text: String,
+    /// The line in Linux's shape, when it differs from `text`; several lines when Linux prints
+    /// a header before it (`Call trace:` before a trace's first frame).
+    pub linux: Option<String>,
+}
+
+impl LogLine {
+    /// A line with no level, timestamp or Linux shape of its own.
+    pub fn plain(text: impl Into<String>) -> Self {
+        Self { level: None, timestamp: None, text: text.into(), linux: None }
+    }
+
+    /// The line as `style` prints it: Linux's shape is dmesg's, the timestamp alone before
+    /// each line.
+    pub fn render(&self, style: LogStyle) -> String {
+        match (style, &self.linux) {
+            (LogStyle::Default, _) => self.to_string(),
+            (LogStyle::Linux, linux) => {
+                let text = linux.as_deref().unwrap_or(&self.text);
+                let prefix = self.timestamp.as_ref().map(|timestamp| format!("[{timestamp:>12}] ")).unwrap_or_default();
+                text.split('\n').map(|line| format!("{prefix}{line}")).collect::<Vec<_>>().join("\n")
+            }
+        }
+    }
 }
 
 impl fmt::Display for LogLine {
@@ -41,6 +78,17 @@ pub struct KernelLog {
     decoder: Box<dyn defmt_decoder::StreamDecoder + Send + Sync + 'static>,
     lines: Vec<LogLine>,
     symbolizer: Option<Symbolizer>,
+    linux: LinuxState,
+}
+
+/// What Linux's shape of a line depends on in the lines before it.
+#[derive(Default)]
+pub struct LinuxState {
+    /// Whether the last line was a trace's frame or the header Linux prints before frames: a
+    /// frame after anything else opens a `Call trace:` block.
+    in_trace: bool,
+    /// The message of the panic being reported, for Linux's closing `---[ end ... ]---`.
+    panic: Option<String>,
 }
 
 /// One symbolized code address, printed the way Linux prints a backtrace entry:
@@ -51,6 +99,8 @@ pub struct Frame {
     pub address: u64,
     /// The ELF function symbol holding the address, demangled without its hash.
     pub function: String,
+    /// The same symbol as the ELF names it (Rust's v0 mangling: `_R...`, one token).
+    pub mangled: String,
     /// `address` minus the function's start.
     pub offset: u64,
     /// The function's size in bytes.
@@ -65,6 +115,12 @@ impl Frame {
     /// `FUNCTION+0xOFF/0xSIZE`, as in Linux's backtraces and `%pS`.
     pub fn symbol(&self) -> String {
         format!("{}+{:#x}/{:#x}", self.function, self.offset, self.size)
+    }
+
+    /// `MANGLED+0xOFF/0xSIZE`: the symbol as `nm` and kallsyms name it, one token that Linux's
+    /// tools (decode_stacktrace.sh, syzkaller) read as a function name.
+    pub fn linux_symbol(&self) -> String {
+        format!("{}+{:#x}/{:#x}", self.mangled, self.offset, self.size)
     }
 }
 
@@ -81,12 +137,13 @@ impl fmt::Display for Frame {
     }
 }
 
-/// A function symbol: start address, size, demangled name.
+/// A function symbol: start address, size, demangled name and the ELF's own name.
 #[derive(Clone, Debug)]
 struct FunctionSymbol {
     start: u64,
     size: u64,
     name: String,
+    mangled: String,
 }
 
 /// The kernel ELF's function symbols (for FUNCTION+OFF/SIZE) and its DWARF line tables.
@@ -104,10 +161,18 @@ impl Symbolizer {
         Some(Self { functions, lines: addr2line::Loader::new(elf_path).ok() })
     }
 
+    /// A symbolizer of `(start, size, ELF name)` symbols, without line tables.
     #[cfg(test)]
-    fn from_symbols(symbols: &[(u64, u64, &str)]) -> Self {
-        let mut functions: Vec<_> =
-            symbols.iter().map(|&(start, size, name)| FunctionSymbol { start, size, name: name.to_string() }).collect();
+    pub fn from_symbols(symbols: &[(u64, u64, &str)]) -> Self {
+        let mut functions: Vec<_> = symbols
+            .iter()
+            .map(|&(start, size, mangled)| FunctionSymbol {
+                start,
+                size,
+                name: format!("{:#}", rustc_demangle::demangle(mangled)),
+                mangled: mangled.to_string(),
+            })
+            .collect();
         functions.sort_by_key(|symbol| symbol.start);
         Self { functions, lines: None }
     }
@@ -134,6 +199,7 @@ impl Symbolizer {
         Some(Frame {
             address,
             function: symbol.name.clone(),
+            mangled: symbol.mangled.clone(),
             offset: address - symbol.start,
             size: symbol.size,
             location,
@@ -156,33 +222,125 @@ impl Symbolizer {
         (location, function)
     }
 
-    /// Rewrites a backtrace line (`  fp #N 0xADDR`, `  scs #N 0xADDR`) as
-    /// `  fp #N FUNCTION+0xOFF/0xSIZE 0xADDR file:line`, and appends `function <- caller` to a
-    /// function-tracer record (`ftrace #N t=TICKS ip=0x.. parent=0x..`).
-    fn annotate(&self, text: &str) -> Option<String> {
-        if let Some(record) = text.strip_prefix("ftrace #") {
-            let field = |name: &str| {
-                let value = record.split_whitespace().find_map(|word| word.strip_prefix(name))?;
-                u64::from_str_radix(value.strip_prefix("0x")?, 16).ok()
-            };
-            let (ip, parent) = (field("ip=")?, field("parent=")?);
-            // The record's ip is the call site in the patchable entry, before the symbol.
-            let function = self.return_address(ip + 4)?.function;
-            let caller = self.return_address(parent).map_or_else(|| "?".into(), |frame| frame.symbol());
-            return Some(format!("{text} {function} <- {caller}"));
-        }
-        let indent = &text[..text.len() - text.trim_start().len()];
-        let mut words = text.split_whitespace();
-        let label = words.next()?;
-        let index = words.next()?;
-        let address = words.next()?;
-        if !matches!(label, "fp" | "scs") || !index.starts_with('#') || words.next().is_some() {
+    /// The function named `name` (demangled without its hash, as the kernel's `.ksyms` names
+    /// it) whose extent holds `offset`.
+    fn function_named(&self, name: &str, offset: u64) -> Option<&FunctionSymbol> {
+        self.functions.iter().find(|symbol| symbol.name == name && offset <= symbol.size)
+    }
+
+    /// The frame of the kernel's `BUG: KASAN: TYPE in NAME+0xOFF/0xSIZE` (or `in 0xADDR`):
+    /// (`BUG: KASAN: TYPE`, frame). The kernel sizes a function up to the next one in its
+    /// callsite table (alignment padding included); the frame takes the ELF's size, as every
+    /// other line does.
+    fn bug_line<'a>(&self, text: &'a str) -> Option<(&'a str, Frame)> {
+        let (title, symbol) = text.rsplit_once(" in ")?;
+        if !title.starts_with("BUG: KASAN: ") {
             return None;
         }
-        let address = u64::from_str_radix(address.strip_prefix("0x")?, 16).ok()?;
+        let address = match symbol.rsplit_once('+') {
+            Some((name, rest)) => {
+                let offset = u64::from_str_radix(rest.split_once('/')?.0.strip_prefix("0x")?, 16).ok()?;
+                self.function_named(name, offset)?.start + offset
+            }
+            None => u64::from_str_radix(symbol.strip_prefix("0x")?, 16).ok()?,
+        };
+        // The report's address is the return address of the compiler's check.
+        Some((title, self.return_address(address)?))
+    }
+
+    /// A function-tracer record's traced function and caller frames
+    /// (`ftrace #N t=TICKS ip=0x.. parent=0x..`).
+    fn ftrace_record(&self, record: &str) -> Option<(Frame, Option<Frame>)> {
+        let field = |name: &str| {
+            let value = record.split_whitespace().find_map(|word| word.strip_prefix(name))?;
+            u64::from_str_radix(value.strip_prefix("0x")?, 16).ok()
+        };
+        let (ip, parent) = (field("ip=")?, field("parent=")?);
+        // The record's ip is the call site in the patchable entry, before the symbol.
+        Some((self.return_address(ip + 4)?, self.return_address(parent)))
+    }
+
+    /// Rewrites a backtrace line (`  fp #N 0xADDR`, `  scs #N 0xADDR`) as
+    /// `  fp #N FUNCTION+0xOFF/0xSIZE 0xADDR file:line`, the sanitizer's `BUG: KASAN:` line with
+    /// the ELF's size, and appends `function <- caller` to a function-tracer record
+    /// (`ftrace #N t=TICKS ip=0x.. parent=0x..`).
+    fn annotate(&self, text: &str) -> Option<String> {
+        if let Some(record) = text.strip_prefix("ftrace #") {
+            let (function, caller) = self.ftrace_record(record)?;
+            let caller = caller.map_or_else(|| "?".into(), |frame| frame.symbol());
+            return Some(format!("{text} {} <- {caller}", function.function));
+        }
+        if let Some((title, frame)) = self.bug_line(text) {
+            return Some(format!("{title} in {}", frame.symbol()));
+        }
+        let (indent, label, index, address) = backtrace_line(text)?;
         let frame = self.return_address(address)?;
         Some(format!("{indent}{label} {index} {frame}"))
     }
+
+    /// The Linux shapes of the lines this symbolizer knows: a backtrace line as arm64 Linux
+    /// prints a frame (` MANGLED+0xOFF/0xSIZE`, no address or source line), the `BUG: KASAN:`
+    /// line with its function as one token, a function-tracer record as `function <-caller`.
+    fn linux(&self, text: &str) -> Option<String> {
+        if let Some(record) = text.strip_prefix("ftrace #") {
+            let (function, caller) = self.ftrace_record(record)?;
+            let caller = caller.map_or_else(|| "?".into(), |frame| frame.mangled);
+            return Some(format!("{text} {} <-{caller}", function.mangled));
+        }
+        if let Some((title, frame)) = self.bug_line(text) {
+            return Some(format!("{title} in {}", frame.linux_symbol()));
+        }
+        let (_, _, _, address) = backtrace_line(text)?;
+        Some(
+            self.return_address(address)
+                .map_or_else(|| format!(" {address:#x}"), |frame| format!(" {}", frame.linux_symbol())),
+        )
+    }
+}
+
+/// A backtrace line `  LABEL #N 0xADDR` (LABEL `fp` or `scs`): (indent, label, `#N`, address).
+fn backtrace_line(text: &str) -> Option<(&str, &str, &str, u64)> {
+    let indent = &text[..text.len() - text.trim_start().len()];
+    let mut words = text.split_whitespace();
+    let (label, index, address) = (words.next()?, words.next()?, words.next()?);
+    if !matches!(label, "fp" | "scs") || !index.starts_with('#') || words.next().is_some() {
+        return None;
+    }
+    Some((indent, label, index, u64::from_str_radix(address.strip_prefix("0x")?, 16).ok()?))
+}
+
+/// Lines after which Linux prints frames without a `Call trace:` of their own.
+fn opens_trace(text: &str) -> bool {
+    text == "Call trace:"
+        || ((text.starts_with("Allocated by task ") || text.starts_with("Freed by task ")) && text.ends_with(':'))
+}
+
+/// The Linux shape of a kernel line (`text`, as the kernel printed it), None when it is the
+/// same; `state` carries what it depends on from the lines before. A frame after anything but
+/// a frame or a trace's header gets the `Call trace:` header arm64 Linux prints. The panic
+/// handler's `panicked at FILE:LINE: MESSAGE` becomes Linux's
+/// `Kernel panic - not syncing: MESSAGE`, the location on the line after it, and the kernel's
+/// closing line after it is preceded by Linux's `---[ end Kernel panic - not syncing: MESSAGE ]---`.
+pub fn linux_shape(symbolizer: Option<&Symbolizer>, text: &str, state: &mut LinuxState) -> Option<String> {
+    let frame = backtrace_line(text).is_some();
+    let was_in_trace = std::mem::replace(&mut state.in_trace, frame || opens_trace(text));
+    if frame {
+        let line =
+            symbolizer.and_then(|symbolizer| symbolizer.linux(text)).unwrap_or_else(|| format!(" {}", text.trim()));
+        return Some(if was_in_trace { line } else { format!("Call trace:\n{line}") });
+    }
+    if let Some(rest) = text.strip_prefix("panicked at ")
+        && let Some((location, message)) = rest.split_once(": ")
+    {
+        state.panic = Some(message.to_string());
+        return Some(format!("Kernel panic - not syncing: {message}\npanicked at {location}"));
+    }
+    if exit_sentinel(text).is_some()
+        && let Some(message) = state.panic.take()
+    {
+        return Some(format!("---[ end Kernel panic - not syncing: {message} ]---\n{text}"));
+    }
+    symbolizer.and_then(|symbolizer| symbolizer.linux(text))
 }
 
 /// The defined function symbols of `file`, demangled without hashes, sorted by address. defmt's
@@ -198,6 +356,7 @@ fn function_symbols(file: &object::File) -> Vec<FunctionSymbol> {
                 start: symbol.address(),
                 size: symbol.size(),
                 name: format!("{:#}", rustc_demangle::demangle(name)),
+                mangled: name.to_string(),
             })
         })
         .collect();
@@ -221,7 +380,13 @@ impl KernelLog {
             .ok_or_else(|| Failure::usage("kernel ELF has no defmt table"))?;
         // The decoder borrows the table; one table per QEMU run, so leaking it is bounded.
         let table: &'static Table = Box::leak(Box::new(table));
-        Ok(Self { table, decoder: table.new_stream_decoder(), lines: Vec::new(), symbolizer: None })
+        Ok(Self {
+            table,
+            decoder: table.new_stream_decoder(),
+            lines: Vec::new(),
+            symbolizer: None,
+            linux: LinuxState::default(),
+        })
     }
 
     /// Feeds received bytes; returns the lines completed by them.
@@ -231,18 +396,16 @@ impl KernelLog {
         loop {
             match self.decoder.decode() {
                 Ok(frame) => {
-                    let text = frame.display_message().to_string();
-                    let text =
-                        self.symbolizer.as_ref().and_then(|symbolizer| symbolizer.annotate(&text)).unwrap_or(text);
+                    let raw = frame.display_message().to_string();
+                    let linux = linux_shape(self.symbolizer.as_ref(), &raw, &mut self.linux);
+                    let text = self.symbolizer.as_ref().and_then(|symbolizer| symbolizer.annotate(&raw)).unwrap_or(raw);
                     let timestamp = frame.display_timestamp().map(|timestamp| timestamp.to_string());
-                    new.push(LogLine { level: frame.level(), timestamp, text })
+                    new.push(LogLine { level: frame.level(), timestamp, text, linux })
                 }
                 Err(DecodeError::UnexpectedEof) => break,
-                Err(DecodeError::Malformed) if self.table.encoding().can_recover() => new.push(LogLine {
-                    level: None,
-                    timestamp: None,
-                    text: "[xtask: malformed defmt frame skipped]".into(),
-                }),
+                Err(DecodeError::Malformed) if self.table.encoding().can_recover() => {
+                    new.push(LogLine::plain("[xtask: malformed defmt frame skipped]"))
+                }
                 Err(DecodeError::Malformed) => break,
             }
         }
@@ -259,11 +422,17 @@ impl KernelLog {
 mod tests {
     use super::*;
 
+    // Rust's v0 mangling of `kernel::kernel_main`, `kernel::stacktrace::walk` and
+    // `kernel::tests::ftrace::traced_leaf`, as the ELF names them.
+    const KERNEL_MAIN: &str = "_RNvCs1a2b3c_6kernel11kernel_main";
+    const WALK: &str = "_RNvNtCs1a2b3c_6kernel10stacktrace4walk";
+    const TRACED_LEAF: &str = "_RNvNtNtCs1a2b3c_6kernel5tests6ftrace11traced_leaf";
+
     fn symbolizer() -> Symbolizer {
         Symbolizer::from_symbols(&[
-            (0xffff_0000_4008_0000, 0x120, "kernel::kernel_main"),
-            (0xffff_0000_4008_0120, 0x40, "kernel::stacktrace::walk"),
-            (0xffff_0000_4008_0200, 0x10, "kernel::tests::ftrace::traced_leaf"),
+            (0xffff_0000_4008_0000, 0x120, KERNEL_MAIN),
+            (0xffff_0000_4008_0120, 0x40, WALK),
+            (0xffff_0000_4008_0200, 0x10, TRACED_LEAF),
         ])
     }
 
@@ -293,6 +462,7 @@ mod tests {
         let frame = Frame {
             address: 0xffff_0000_4008_0034,
             function: "kernel::kernel_main".into(),
+            mangled: KERNEL_MAIN.into(),
             offset: 0x34,
             size: 0x120,
             location: Some("main.rs:105".into()),
@@ -315,10 +485,73 @@ mod tests {
 
     #[test]
     fn log_lines_show_their_timestamp_like_dmesg() {
-        let line =
-            LogLine { level: Some(defmt_parser::Level::Error), timestamp: Some("1.234567".into()), text: "x".into() };
+        let line = LogLine {
+            level: Some(defmt_parser::Level::Error),
+            timestamp: Some("1.234567".into()),
+            text: "x".into(),
+            linux: None,
+        };
         assert_eq!(line.to_string(), "[    1.234567] ERROR x");
-        let line = LogLine { level: Some(defmt_parser::Level::Info), timestamp: None, text: "y".into() };
+        // Linux's shape has no level word, and a header line gets its own timestamp.
+        assert_eq!(line.render(LogStyle::Linux), "[    1.234567] x");
+        let line = LogLine { linux: Some("Call trace:\n f+0x4/0x8".into()), ..line };
+        assert_eq!(line.render(LogStyle::Linux), "[    1.234567] Call trace:\n[    1.234567]  f+0x4/0x8");
+        assert_eq!(line.render(LogStyle::Default), "[    1.234567] ERROR x");
+        let line = LogLine { level: Some(defmt_parser::Level::Info), ..LogLine::plain("y") };
         assert_eq!(line.to_string(), "y");
+    }
+
+    #[test]
+    fn the_bug_line_takes_the_elf_size() {
+        // The kernel sizes the function to the next callsite (0x40); the ELF says 0x34.
+        let symbolizer = Symbolizer::from_symbols(&[(0x1000, 0x34, KERNEL_MAIN)]);
+        let text = "BUG: KASAN: slab-use-after-free in kernel::kernel_main+0x20/0x40";
+        assert_eq!(
+            symbolizer.annotate(text).as_deref(),
+            Some("BUG: KASAN: slab-use-after-free in kernel::kernel_main+0x20/0x34")
+        );
+        // A report whose function the kernel could not name gives its address.
+        assert_eq!(
+            symbolizer.annotate("BUG: KASAN: double-free in 0x1024").as_deref(),
+            Some("BUG: KASAN: double-free in kernel::kernel_main+0x24/0x34")
+        );
+        assert_eq!(
+            symbolizer.linux(text).as_deref(),
+            Some("BUG: KASAN: slab-use-after-free in _RNvCs1a2b3c_6kernel11kernel_main+0x20/0x34")
+        );
+    }
+
+    #[test]
+    fn linux_shape_opens_a_call_trace_and_drops_addresses() {
+        let symbolizer = symbolizer();
+        let mut state = LinuxState::default();
+        let mut shape = |text: &str| linux_shape(Some(&symbolizer), text, &mut state);
+        assert_eq!(
+            shape("panicked at kernel/src/main.rs:129: deliberate panic").as_deref(),
+            Some("Kernel panic - not syncing: deliberate panic\npanicked at kernel/src/main.rs:129")
+        );
+        assert_eq!(
+            shape("  fp #0 0xffff000040080034").as_deref(),
+            Some("Call trace:\n _RNvCs1a2b3c_6kernel11kernel_main+0x34/0x120")
+        );
+        assert_eq!(
+            shape("  fp #1 0xffff000040080130").as_deref(),
+            Some(" _RNvNtCs1a2b3c_6kernel10stacktrace4walk+0x10/0x40")
+        );
+        assert_eq!(shape("  fp #2 0x10").as_deref(), Some(" 0x10"));
+        assert_eq!(shape("  fp: 3 frames, end of chain"), None);
+        assert_eq!(shape("Allocated by task 0:"), None);
+        assert_eq!(
+            shape("  fp #0 0xffff000040080034").as_deref(),
+            Some(" _RNvCs1a2b3c_6kernel11kernel_main+0x34/0x120")
+        );
+        let record = "ftrace #2 t=100 ip=0xffff000040080204 parent=0xffff000040080048";
+        assert_eq!(shape(record), Some(format!("{record} {TRACED_LEAF} <-{KERNEL_MAIN}")));
+        // The panic's closing line, once.
+        assert_eq!(
+            shape("tracelab: exit status 3").as_deref(),
+            Some("---[ end Kernel panic - not syncing: deliberate panic ]---\ntracelab: exit status 3")
+        );
+        assert_eq!(shape("tracelab: exit status 3"), None);
     }
 }

@@ -4,6 +4,7 @@
 //! killed on timeout.
 
 mod apt;
+mod atomic;
 mod bench;
 mod bootfiles;
 mod build;
@@ -12,7 +13,9 @@ mod flash;
 mod ksyms;
 mod lint;
 mod log;
+mod measure;
 mod names;
+mod peer;
 mod probe_spec;
 mod profile;
 mod qemu;
@@ -20,6 +23,7 @@ mod sdimage;
 mod serial;
 mod setup;
 mod sframe;
+mod shard;
 mod stress;
 mod test;
 mod trace;
@@ -64,9 +68,18 @@ enum Command {
     Monitor(serial::MonitorArgs),
     /// Long runs: `stress probes` sweeps every probe-able kernel instruction with every method.
     Stress(stress::StressArgs),
+    /// Add up the shards of one `stress probes`, `test --matrix` or `bench` run (`--shard K/N`)
+    /// into one coverage summary, one tally or one results.json; refuses shards that differ.
+    Merge(shard::MergeArgs),
+    /// Time each build variant's first build and `cargo xtask test`, and size target/: the
+    /// README's figures, printed with the commit, the CPU and the load.
+    Measure(measure::MeasureArgs),
     /// Install what the host needs (QEMU 10 through apt) and fetch the Raspberry Pi 4 boot
     /// files, saying first what it will do; `--dry-run` only says.
     Setup(setup::SetupArgs),
+    /// Debian's arm64 Linux in the same QEMU: fetched through a private apt configuration under
+    /// target/peer/, booted with a small init that measures Linux's own probes and tracers.
+    Peer(peer::PeerArgs),
 }
 
 /// An error that ends xtask with a specific exit status and a one-line message.
@@ -96,16 +109,19 @@ fn main() -> ExitCode {
     }
     let cli = Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|error| error.exit());
     let result = match cli.command {
-        Command::Qemu(args) => qemu::run_interactive(&args, demo::console),
+        Command::Qemu(args) => qemu::run_interactive(&args, |elf| demo::console(elf, args.log_style)),
         Command::Test(args) => test::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Profile(args) => profile::run(&args),
         Command::Sdimage(args) => sdimage::run(&args),
         Command::Flash(args) => flash::run(&args),
         Command::Lint => lint::run(),
-        Command::Monitor(args) => serial::monitor(&args, demo::console),
+        Command::Monitor(args) => serial::monitor(&args, |elf| demo::console(elf, args.log_style)),
         Command::Stress(args) => stress::run(&args),
+        Command::Merge(args) => shard::run(&args),
         Command::Setup(args) => setup::run(&args),
+        Command::Measure(args) => measure::run(&args),
+        Command::Peer(args) => peer::run(&args),
     };
     match result {
         Ok(status) => ExitCode::from(status),

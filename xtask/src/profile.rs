@@ -215,6 +215,9 @@ pub fn run(args: &ProfileArgs) -> Result<u8, Failure> {
     let profile = collect(args)?;
     let out = args.out.clone().unwrap_or_else(|| build::target_dir().join("profile").join(&args.workload));
     std::fs::create_dir_all(&out).map_err(|error| Failure::usage(format!("{}: {error}", out.display())))?;
+    // Two profiles of one workload write one directory: one after the other, each file whole.
+    let _lock = crate::atomic::lock_dir(&out, "profile output")
+        .map_err(|error| Failure::usage(format!("lock for {}: {error}", out.display())))?;
     let mut written = Vec::new();
     for (name, folded) in [("fp", &profile.fp), ("scs", &profile.scs)] {
         if let Some(folded) = folded {
@@ -237,7 +240,7 @@ pub fn run(args: &ProfileArgs) -> Result<u8, Failure> {
 }
 
 fn write(path: &Path, bytes: &[u8], written: &mut Vec<PathBuf>) -> Result<(), Failure> {
-    std::fs::write(path, bytes).map_err(|error| Failure::usage(format!("{}: {error}", path.display())))?;
+    crate::atomic::write(path, bytes).map_err(|error| Failure::usage(format!("{}: {error}", path.display())))?;
     written.push(path.to_path_buf());
     Ok(())
 }

@@ -121,6 +121,10 @@ pub struct QemuArgs {
     /// Kill QEMU after this many seconds.
     #[arg(long, default_value = "60")]
     pub timeout: u64,
+    /// How lines are printed: `default`, or `linux` (the shapes Linux's tools read, the trace
+    /// file's names included: docs/reference/log-format.md).
+    #[arg(long = "log", value_enum, default_value = "default", value_name = "STYLE")]
+    pub log_style: crate::log::LogStyle,
 }
 
 /// `--smp N`: 1..=4 (the kernel keeps per-CPU data for four CPUs; the Pi 4 has four cores).

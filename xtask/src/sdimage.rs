@@ -95,8 +95,21 @@ pub fn run(args: &SdImageArgs) -> Result<u8, Failure> {
     if let Some(parent) = out.parent() {
         std::fs::create_dir_all(parent).map_err(|error| Failure::usage(format!("{}: {error}", parent.display())))?;
     }
-    write(&out, &boot_files).map_err(|error| Failure::usage(format!("{}: {error}", out.display())))?;
-    let names = verify(&out, &kernel).map_err(|error| Failure { status: 1, message: error })?;
+    // Built and verified beside its place, then renamed over it: a `flash` reading the old
+    // image meanwhile reads a whole one (`crate::atomic`).
+    let building = crate::atomic::temporary_path(&out);
+    let built = write(&building, &boot_files)
+        .map_err(|error| Failure::usage(format!("{}: {error}", out.display())))
+        .and_then(|()| verify(&building, &kernel).map_err(|error| Failure { status: 1, message: error }))
+        .and_then(|names| {
+            std::fs::rename(&building, &out)
+                .map(|()| names)
+                .map_err(|error| Failure::usage(format!("{}: {error}", out.display())))
+        });
+    if built.is_err() {
+        let _ = std::fs::remove_file(&building);
+    }
+    let names = built?;
     println!(
         "wrote {} ({} MiB, variant {}, cmdline `{}`): {}",
         out.display(),

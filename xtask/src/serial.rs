@@ -163,6 +163,10 @@ pub struct MonitorArgs {
     /// Give up after this many seconds (default: wait for the sentinel).
     #[arg(long)]
     pub timeout: Option<u64>,
+    /// How lines are printed: `default`, or `linux` (the shapes Linux's tools read:
+    /// docs/reference/log-format.md).
+    #[arg(long = "log", value_enum, default_value = "default", value_name = "STYLE")]
+    pub log_style: crate::log::LogStyle,
 }
 
 /// `cargo xtask monitor`: decode a board's log until its sentinel, streaming it to the console

@@ -68,6 +68,13 @@ pub struct ProbesArgs {
     /// CPUs (virt `-smp N`): the other CPUs loop on the workload while CPU 0 sweeps.
     #[arg(long, default_value = "1", value_parser = crate::qemu::parse_smp)]
     pub smp: u8,
+    /// Sweep part K of N (1-based: functions and random sets round-robin, each single probe
+    /// with its function) and write its counts to shard.json for `cargo xtask merge`.
+    #[arg(long, value_name = "K/N", value_parser = crate::shard::Shard::parse, conflicts_with_all = ["probe", "set"])]
+    pub shard: Option<crate::shard::Shard>,
+    /// With --shard: the directory shard.json goes to (default: target/shard/sweep-K-of-N).
+    #[arg(long, requires = "shard")]
+    pub out: Option<std::path::PathBuf>,
 }
 
 pub fn run(args: &StressArgs) -> Result<u8, Failure> {
@@ -83,8 +90,13 @@ pub fn run(args: &StressArgs) -> Result<u8, Failure> {
         }
     }
     let mut failed = 0;
-    for variant in variants {
+    let mut shard_runs = Vec::new();
+    let mut images = Vec::new();
+    for &variant in &variants {
         let image = build::kernel(Board::Virt, variant)?;
+        if args.shard.is_some() {
+            images.push(format!("{}:{}", variant.name(), crate::shard::file_hash(&image.raw)?));
+        }
         let mut extras = vec![String::new()];
         if args.ftrace && variant != BuildVariant::Plain {
             extras.extend(["list", "call-ops", "vector"].map(|scheme| format!("sweep.ftrace={scheme}")));
@@ -102,13 +114,34 @@ pub fn run(args: &StressArgs) -> Result<u8, Failure> {
             if let Some(watchdog) = args.watchdog {
                 words = format!("{words} sweep.watchdog={watchdog}");
             }
+            if let Some(shard) = args.shard {
+                words = format!("{words} sweep.shard={}", shard.name());
+            }
             let run = Run { image: &image, variant, cpu: args.cpu, smp: args.smp };
             let outcome = sweep(&run, &words, Duration::from_secs(args.timeout), Print::Always)?;
             failed += u8::from(!outcome.passed);
+            let label = format!("variant {} {}", variant.name(), if extra.is_empty() { "no tracer" } else { &extra });
+            shard_runs.push(crate::shard::coverage::run_entry(&label, outcome.passed, &outcome.coverage));
             if let Some(hung) = outcome.hung {
                 name_hanging_probe(&run, &hung, &words, Duration::from_secs(args.hang_timeout))?;
             }
         }
+    }
+    if let Some(shard) = args.shard {
+        let names: Vec<_> = variants.iter().map(|variant| variant.name()).collect();
+        let parameters = format!(
+            "stress probes variants={} cpu={} smp={} seed={} functions={} only={} ftrace={} images={}",
+            names.join(","),
+            args.cpu.name(),
+            args.smp,
+            args.seed,
+            args.functions,
+            args.only.as_deref().unwrap_or(""),
+            args.ftrace,
+            images.join(",")
+        );
+        let directory = args.out.clone().unwrap_or_else(|| shard.directory(crate::shard::Kind::Sweep));
+        crate::shard::coverage::write_shard(&directory, shard, parameters, shard_runs)?;
     }
     Ok(if failed == 0 { 0 } else { 1 })
 }
@@ -437,6 +470,8 @@ pub struct Outcome {
     pub address: Option<u64>,
     /// The coverage lines, joined (for the test tally's line).
     pub summary: String,
+    /// The coverage lines (what `merge` adds up over shards).
+    pub coverage: Vec<String>,
     /// The kernel's `sweep FAILED:` and `sweep:` lines.
     pub failures: Vec<String>,
 }
@@ -549,7 +584,7 @@ pub fn sweep(run: &Run, words: &str, timeout: Duration, print: Print) -> Result<
             Some(_) => {}
         }
     }
-    Ok(Outcome { passed, hung, members, address, summary: coverage.join("; "), failures })
+    Ok(Outcome { passed, hung, members, address, summary: coverage.join("; "), coverage, failures })
 }
 
 /// `FUNCTION+0xOFF:METHOD` from a `sweep FAILED: ... at FUNCTION+0xOFF (...) insn ... method M`.
@@ -607,6 +642,9 @@ pub fn sample(image: &build::KernelImage, variant: BuildVariant, cpu: CpuVariant
     if outcome.passed {
         println!("probe sweep sample [variant {}]: ok: {}", variant.name(), outcome.summary);
     }
+    // Once, in the cheaper build: the sharding is xtask's and the kernel's partition, the same
+    // code in every variant.
+    let sharded = variant != BuildVariant::Prod || shards_add_up(&run, words, &outcome)?;
     let everywhere = Run { smp: 4, ..run };
     let words = "sweep.seed=19 sweep.functions=8 sweep.singles=8";
     // A real hang ends at the kernel's watchdog (CPU 0 silent for 5 s); QEMU's timeout only
@@ -627,7 +665,45 @@ pub fn sample(image: &build::KernelImage, variant: BuildVariant, cpu: CpuVariant
     );
     let named = hang_is_named(&run)?;
     let set_named = set_hang_is_named(&run)?;
-    Ok(outcome.passed && on_four.passed && detected && named && set_named)
+    Ok(outcome.passed && on_four.passed && detected && named && set_named && sharded)
+}
+
+/// The sample run again as two shards (`sweep.shard=1/2` and `2/2`), each written as
+/// `stress probes --shard` writes it, then loaded, checked and added up as `merge` does: the
+/// sum must equal the unsharded sample's counts (`whole`), all but its time.
+fn shards_add_up(run: &Run, words: &str, whole: &Outcome) -> Result<bool, Failure> {
+    use crate::shard::{Shard, coverage};
+    let label = format!("probe sweep check [variant {}, the sample as 2 shards merged]", run.variant.name());
+    let root = build::target_dir().join("shard").join("sample-check");
+    let _ = std::fs::remove_dir_all(&root);
+    let parameters = format!("sample {words}");
+    let started = std::time::Instant::now();
+    for index in 1..=2 {
+        let shard = Shard { index, count: 2 };
+        let words = format!("{words} sweep.shard={}", shard.name());
+        let outcome = sweep(run, &words, Duration::from_secs(120), Print::OnFailure)?;
+        let entry = coverage::run_entry("sample", outcome.passed, &outcome.coverage);
+        coverage::write_shard(&root.join(index.to_string()), shard, parameters.clone(), vec![entry])?;
+    }
+    let merged = crate::shard::load(std::slice::from_ref(&root)).and_then(|shards| {
+        crate::shard::check(&shards).and_then(|()| coverage::totals(&shards)).map_err(Failure::usage)
+    })?;
+    let whole = coverage::Coverage::parse(whole.coverage.iter().map(String::as_str));
+    let verdict = match (merged.first(), whole) {
+        (Some(merged), Some(whole)) if merged.stopped.is_empty() && merged.passed => {
+            merged.total.same_counts(&whole).map(|()| merged.total.lines()[0].clone())
+        }
+        (Some(merged), _) if !merged.stopped.is_empty() || !merged.passed => Err("a shard failed".into()),
+        _ => Err("the unsharded sample did not finish".into()),
+    };
+    match &verdict {
+        Ok(coverage) => println!(
+            "{label}: ok: equal to the unsharded sample's counts ({coverage}; the shards took {:.1} s)",
+            started.elapsed().as_secs_f64()
+        ),
+        Err(differences) => println!("{label}: FAILED: {differences}"),
+    }
+    Ok(verdict.is_ok())
 }
 
 /// The probe `hang_is_named` makes hang: a word of the workload's heap part that every pass runs.

@@ -7,7 +7,7 @@
 //! so a Raspberry Pi's serial line carries it too. Addresses become function names here, with
 //! the ELF's symbol table.
 
-use crate::log::LogLine;
+use crate::log::{LogLine, LogStyle};
 use object::{Object, ObjectSection, ObjectSymbol, SectionKind, SymbolKind};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -31,12 +31,16 @@ pub struct Ring {
     pub cpu: u32,
     /// `NAME-ID` of the task that ran the window, or `<...>-0`.
     pub task: String,
+    /// CPUs online when the ring was streamed (the boot's `CPUs: N online`), Linux's `#P:`.
+    pub online: u32,
 }
 
 /// Collects rings from decoded log lines as they arrive.
 #[derive(Default)]
 pub struct RingReader {
     current: Option<Ring>,
+    /// The boot's `CPUs: N online`, once seen.
+    online: Option<u32>,
 }
 
 /// What a line meant to the reader.
@@ -51,8 +55,15 @@ pub enum Fed {
 
 impl RingReader {
     pub fn feed(&mut self, text: &str) -> Fed {
+        if let Some(count) = text.strip_prefix("CPUs: ").and_then(|rest| rest.strip_suffix(" online")) {
+            self.online = count.parse().ok();
+            return Fed::Other;
+        }
         if let Some(header) = text.strip_prefix("ftrace ring: ") {
             self.current = parse_header(header);
+            if let Some(ring) = self.current.as_mut() {
+                ring.online = self.online.unwrap_or(1);
+            }
             return Fed::Consumed;
         }
         if let Some(record) = text.strip_prefix("ftrace record: ") {
@@ -96,6 +107,7 @@ fn parse_header(text: &str) -> Option<Ring> {
             hertz: number(hertz)?,
             cpu: cpu.trim_end_matches(',').parse().ok()?,
             task: task.to_string(),
+            online: 1,
         }),
         _ => None,
     }
@@ -110,6 +122,9 @@ fn parse_record(text: &str) -> Option<Record> {
 pub struct FunctionTable {
     /// (start, end, demangled name without hash), sorted by start.
     functions: Vec<(u64, u64, String)>,
+    /// The ELF's own name of each function, in the same order (v0-mangled Rust symbols are one
+    /// `[A-Za-z0-9_]` token; asm labels are their own names).
+    mangled: Vec<String>,
 }
 
 impl FunctionTable {
@@ -121,7 +136,7 @@ impl FunctionTable {
             symbol.section_index().and_then(|index| file.section_by_index(index).ok()).map(|section| section.kind())
                 == Some(SectionKind::Text)
         };
-        let mut functions: Vec<(u64, u64, String)> = file
+        let mut functions: Vec<(u64, u64, String, String)> = file
             .symbols()
             .filter(|symbol| {
                 symbol.kind() == SymbolKind::Text
@@ -132,49 +147,76 @@ impl FunctionTable {
             .filter(|symbol| symbol.is_definition() || symbol.kind() == SymbolKind::Unknown)
             .filter_map(|symbol| {
                 let name = symbol.name().ok()?;
-                Some((symbol.address(), symbol.size(), format!("{:#}", rustc_demangle::demangle(name))))
+                let demangled = format!("{:#}", rustc_demangle::demangle(name));
+                Some((symbol.address(), symbol.size(), demangled, name.to_string()))
             })
             .collect();
-        functions.sort_by_key(|(start, _, _)| *start);
-        functions.dedup_by_key(|(start, _, _)| *start);
+        // Of aliases at one address, keep the one with a size (as the log's symbolizer does).
+        functions.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        functions.dedup_by_key(|(start, _, _, _)| *start);
         // A symbol without a size (asm) reaches to the next one.
-        let starts: Vec<u64> = functions.iter().map(|(start, _, _)| *start).collect();
-        let functions = functions
+        let starts: Vec<u64> = functions.iter().map(|(start, _, _, _)| *start).collect();
+        let (functions, mangled) = functions
             .into_iter()
             .enumerate()
-            .map(|(index, (start, size, name))| {
+            .map(|(index, (start, size, name, mangled))| {
                 let next = starts.get(index + 1).copied().unwrap_or(u64::MAX);
-                (start, if size == 0 { next } else { start + size }, name)
+                ((start, if size == 0 { next } else { start + size }, name), mangled)
             })
-            .collect();
-        Some(Self { functions })
+            .unzip();
+        Some(Self { functions, mangled })
     }
 
+    /// A table of `(start, end, ELF name)` functions.
     #[cfg(test)]
     pub fn from_list(functions: &[(u64, u64, &str)]) -> Self {
-        Self { functions: functions.iter().map(|(start, end, name)| (*start, *end, name.to_string())).collect() }
+        let demangled = |name: &str| format!("{:#}", rustc_demangle::demangle(name));
+        Self {
+            functions: functions.iter().map(|(start, end, name)| (*start, *end, demangled(name))).collect(),
+            mangled: functions.iter().map(|(_, _, name)| name.to_string()).collect(),
+        }
     }
 
-    /// The function whose code holds `address`.
-    pub fn containing(&self, address: u64) -> Option<&str> {
-        self.extent(address).map(|(_, _, name)| name)
+    /// The index of the function whose code holds `address`.
+    fn index(&self, address: u64) -> Option<usize> {
+        let index = self.functions.partition_point(|(start, _, _)| *start <= address).checked_sub(1)?;
+        (address < self.functions[index].1).then_some(index)
     }
 
     /// The start, end and name of the function whose code holds `address`.
     pub fn extent(&self, address: u64) -> Option<(u64, u64, &str)> {
-        let index = self.functions.partition_point(|(start, _, _)| *start <= address).checked_sub(1)?;
-        let (start, end, name) = &self.functions[index];
-        (address < *end).then_some((*start, *end, name.as_str()))
+        let (start, end, name) = &self.functions[self.index(address)?];
+        Some((*start, *end, name.as_str()))
+    }
+
+    /// The name of the function holding `address` as `style` prints names: demangled, or the
+    /// ELF's own (mangled) name for Linux's tools.
+    fn name_in(&self, address: u64, style: LogStyle) -> Option<&str> {
+        let index = self.index(address)?;
+        Some(match style {
+            LogStyle::Default => &self.functions[index].2,
+            LogStyle::Linux => &self.mangled[index],
+        })
     }
 
     /// The function a record's `ip` is the entry of (the trampoline passes the symbol address).
     pub fn traced_function(&self, ip: u64) -> String {
-        self.containing(ip).map_or_else(|| format!("{ip:#x}"), str::to_string)
+        self.traced_function_in(ip, LogStyle::Default)
+    }
+
+    /// [`Self::traced_function`], named as `style` names functions.
+    pub fn traced_function_in(&self, ip: u64, style: LogStyle) -> String {
+        self.name_in(ip, style).map_or_else(|| format!("{ip:#x}"), str::to_string)
     }
 
     /// The function a return address returns into (the call is the instruction before it).
     pub fn caller(&self, return_address: u64) -> String {
-        let name = return_address.checked_sub(4).and_then(|address| self.containing(address));
+        self.caller_in(return_address, LogStyle::Default)
+    }
+
+    /// [`Self::caller`], named as `style` names functions.
+    pub fn caller_in(&self, return_address: u64, style: LogStyle) -> String {
+        let name = return_address.checked_sub(4).and_then(|address| self.name_in(address, style));
         name.map_or_else(|| format!("{return_address:#x}"), str::to_string)
     }
 }
@@ -184,34 +226,36 @@ fn task_columns(task: &str) -> (&str, &str) {
     task.rsplit_once('-').unwrap_or((task, "0"))
 }
 
+/// Linux's timestamp column (kernel/trace/trace_output.c, `trace_print_time`: `" %5lu.%06lu"`).
 fn seconds(ticks: u64, hertz: u64) -> String {
     let hertz = hertz.max(1);
     let micros = (ticks as u128 * 1_000_000 / hertz as u128) as u64;
-    format!("{}.{:06}", micros / 1_000_000, micros % 1_000_000)
+    format!(" {:>5}.{:06}", micros / 1_000_000, micros % 1_000_000)
 }
 
-/// The lines of one record in Linux's `trace` format (irq-info off):
-/// `            TASK-PID     [CPU] TIMESTAMP: function <-caller`.
-pub fn trace_line(ring: &Ring, record: &Record, symbols: &FunctionTable) -> String {
+/// The lines of one record in Linux's `trace` format (irq-info off), functions named as
+/// `style` names them: `            TASK-PID     [CPU]  TIMESTAMP: function <-caller`.
+pub fn trace_line(ring: &Ring, record: &Record, symbols: &FunctionTable, style: LogStyle) -> String {
     let (name, pid) = task_columns(&ring.task);
     format!(
-        "{name:>16}-{pid:<7} [{:03}] {:>12}: {} <-{}",
+        "{name:>16}-{pid:<7} [{:03}] {}: {} <-{}",
         ring.cpu,
         seconds(record.timestamp, ring.hertz),
-        symbols.traced_function(record.ip),
-        symbols.caller(record.parent)
+        symbols.traced_function_in(record.ip, style),
+        symbols.caller_in(record.parent, style)
     )
 }
 
-/// Linux's `trace` file for one ring (`# tracer: function`).
-pub fn trace_text(ring: &Ring, symbols: &FunctionTable) -> String {
+/// Linux's `trace` file for one ring (`# tracer: function`); `#P:` is the CPUs online.
+pub fn trace_text(ring: &Ring, symbols: &FunctionTable, style: LogStyle) -> String {
     let mut text = String::new();
     let _ = writeln!(text, "# tracer: function\n#");
-    let _ = writeln!(text, "# entries-in-buffer/entries-written: {}/{}   #P:1\n#", ring.records.len(), ring.written);
+    let (kept, written, online) = (ring.records.len(), ring.written, ring.online);
+    let _ = writeln!(text, "# entries-in-buffer/entries-written: {kept}/{written}   #P:{online}\n#");
     let _ = writeln!(text, "#           TASK-PID     CPU#     TIMESTAMP  FUNCTION");
     let _ = writeln!(text, "#              | |         |         |         |");
     for record in &ring.records {
-        let _ = writeln!(text, "{}", trace_line(ring, record, symbols));
+        let _ = writeln!(text, "{}", trace_line(ring, record, symbols, style));
     }
     text
 }
@@ -259,13 +303,16 @@ pub fn output_dir() -> PathBuf {
         .join("trace")
 }
 
-/// Writes the last ring of a run as `trace.txt` and `trace.json` in `dir`; returns the paths.
-pub fn write(ring: &Ring, symbols: &FunctionTable, dir: &Path) -> std::io::Result<[PathBuf; 2]> {
+/// Writes the last ring of a run as `trace.txt` (names as `style` prints them) and `trace.json`
+/// in `dir`; returns the paths.
+pub fn write(ring: &Ring, symbols: &FunctionTable, style: LogStyle, dir: &Path) -> std::io::Result<[PathBuf; 2]> {
     std::fs::create_dir_all(dir)?;
+    // Two traced runs write one directory: one after the other, each file whole.
+    let _lock = crate::atomic::lock_dir(dir, "trace output")?;
     let text = dir.join("trace.txt");
     let json = dir.join("trace.json");
-    std::fs::write(&text, trace_text(ring, symbols))?;
-    std::fs::write(&json, trace_json(ring, symbols))?;
+    crate::atomic::write(&text, trace_text(ring, symbols, style).as_bytes())?;
+    crate::atomic::write(&json, trace_json(ring, symbols).as_bytes())?;
     Ok([text, json])
 }
 
@@ -273,17 +320,19 @@ pub fn write(ring: &Ring, symbols: &FunctionTable, dir: &Path) -> std::io::Resul
 mod tests {
     use super::*;
 
+    // Rust's v0 mangling of `kernel::demo::caller`, `::traced` and `::other`.
+    const CALLER: &str = "_RNvNtCs1a2b3c_6kernel4demo6caller";
+    const TRACED: &str = "_RNvNtCs1a2b3c_6kernel4demo6traced";
+    const OTHER: &str = "_RNvNtCs1a2b3c_6kernel4demo5other";
+
     fn symbols() -> FunctionTable {
-        FunctionTable::from_list(&[
-            (0x1000, 0x1040, "kernel::demo::caller"),
-            (0x1048, 0x1080, "kernel::demo::traced"),
-            (0x1088, 0x10c0, "kernel::demo::other"),
-        ])
+        FunctionTable::from_list(&[(0x1000, 0x1040, CALLER), (0x1048, 0x1080, TRACED), (0x1088, 0x10c0, OTHER)])
     }
 
     fn ring() -> Ring {
         let mut reader = RingReader::default();
         let lines = [
+            "CPUs: 4 online",
             "ftrace ring: 2 of 5 calls, 62500000 Hz, cpu 0, task boot-0",
             "ftrace record: 62500000 0x1048 0x1014",
             "ftrace record: 125000001 0x1088 0x1050",
@@ -304,6 +353,7 @@ mod tests {
         assert_eq!(ring.written, 5);
         assert_eq!(ring.hertz, 62_500_000);
         assert_eq!(ring.task, "boot-0");
+        assert_eq!(ring.online, 4);
         assert_eq!(
             ring.records,
             [
@@ -321,23 +371,33 @@ mod tests {
         assert!(matches!(reader.feed("ftrace record: 1 0x10 0x20"), Fed::Consumed));
         let log: Vec<LogLine> = ["ftrace ring: 1 of 1 calls, 10 Hz, cpu 0, task x-1", "ftrace record: 1 0x10 0x20"]
             .iter()
-            .map(|text| LogLine { level: None, text: text.to_string(), timestamp: None })
+            .map(|text| LogLine::plain(*text))
             .collect();
         assert!(rings(&log).is_empty());
     }
 
     #[test]
     fn text_is_linux_trace_format() {
-        let text = trace_text(&ring(), &symbols());
+        let text = trace_text(&ring(), &symbols(), LogStyle::Default);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[0], "# tracer: function");
-        assert!(lines.contains(&"# entries-in-buffer/entries-written: 2/5   #P:1"));
+        assert!(lines.contains(&"# entries-in-buffer/entries-written: 2/5   #P:4"));
+        // The timestamp column as Linux's: `[%03d] ` then ` %5lu.%06lu`.
         assert_eq!(
             lines[6],
-            "            boot-0       [000]     1.000000: kernel::demo::traced <-kernel::demo::caller"
+            "            boot-0       [000]      1.000000: kernel::demo::traced <-kernel::demo::caller"
         );
-        assert_eq!(lines[7], "            boot-0       [000]     2.000000: kernel::demo::other <-kernel::demo::traced");
+        assert_eq!(
+            lines[7],
+            "            boot-0       [000]      2.000000: kernel::demo::other <-kernel::demo::traced"
+        );
         assert_eq!(lines.len(), 8);
+        // In Linux's shape the names are the ELF's, one token each.
+        let text = trace_text(&ring(), &symbols(), LogStyle::Linux);
+        assert_eq!(
+            text.lines().nth(6),
+            Some(format!("            boot-0       [000]      1.000000: {TRACED} <-{CALLER}").as_str())
+        );
     }
 
     #[test]
@@ -358,5 +418,6 @@ mod tests {
         assert_eq!(symbols.traced_function(0x9000), "0x9000");
         assert_eq!(symbols.caller(0x1040), "kernel::demo::caller");
         assert_eq!(symbols.caller(0x1045 + 0x100), "0x1145");
+        assert_eq!(symbols.caller_in(0x1040, LogStyle::Linux), CALLER);
     }
 }

@@ -298,6 +298,13 @@ impl<const SITES: usize, const TRACER_WORDS: usize, const VECTORS: usize> Dispat
         }
     }
 
+    /// Whether `entry` sits at its home slot of the site index, where [`Self::site_index`]
+    /// finds it without the out-of-line probe.
+    pub fn at_home(&self, entry: u64) -> bool {
+        let count = self.site_count();
+        count != 0 && matches!(self.probe(Self::home_slot(entry), entry, count), Probe::Found(_))
+    }
+
     /// Slot `slot` of the probe for `entry` (in a table of `count` sites).
     #[inline(always)]
     fn probe(&self, slot: usize, entry: u64, count: usize) -> Probe {

@@ -168,3 +168,16 @@ fn initialise_refuses_entries_beyond_the_probe_bound() {
         assert_eq!(table.site_index(entry), Some(site));
     }
 }
+
+#[test]
+fn the_lowest_entry_is_at_home_and_a_colliding_later_one_is_not() {
+    // Entries are indexed in address order: the first always takes its home slot, so a
+    // function placed lowest is found without the out-of-line probe whatever else collides.
+    let entries = colliding_entries(3);
+    let table = initialised(&entries).unwrap();
+    assert!(table.at_home(entries[0]));
+    assert!(!table.at_home(entries[1]) && !table.at_home(entries[2]));
+    assert_eq!(table.site_index(entries[2]), Some(2));
+    assert!(!table.at_home(entries[2] + 8), "not an entry");
+    assert!(!Table::new().at_home(entries[0]), "an empty table");
+}

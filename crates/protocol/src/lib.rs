@@ -80,6 +80,21 @@ pub mod suite {
         }
     }
 
+    /// Linux's own mechanisms measured in the same QEMU (`cargo xtask peer linux`): a suite
+    /// of results.json rows that only the host measures. It is not in [`Suite::ALL`], so the
+    /// kernel never runs it and `bench` never asks for it.
+    pub const LINUX: &str = "linux";
+
+    /// Suites whose rows come from the host, never from the kernel.
+    pub const HOST_ONLY: [&str; 1] = [LINUX];
+
+    impl Suite {
+        /// Whether `name` is a host-only suite ([`HOST_ONLY`]).
+        pub fn is_host_only(name: &str) -> bool {
+            HOST_ONLY.contains(&name)
+        }
+    }
+
     pub const BASELINE: &str = Suite::Baseline.name();
     pub const STACKTRACE: &str = Suite::Stacktrace.name();
     pub const DEPOT: &str = Suite::Depot.name();
@@ -219,6 +234,7 @@ mod tests {
         for (index, suite) in Suite::ALL.iter().enumerate() {
             assert!(!Suite::ALL[index + 1..].iter().any(|other| other.name() == suite.name()), "{suite:?} twice");
             assert_eq!(Suite::from_name(suite.name()), Some(*suite));
+            assert!(!Suite::is_host_only(suite.name()), "{suite:?} is the kernel's");
         }
         assert_eq!(Suite::from_name("baselin"), None);
     }

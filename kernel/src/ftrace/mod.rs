@@ -270,6 +270,12 @@ pub fn site_state(function: u64) -> Option<ftrace::SiteState> {
     })
 }
 
+/// Whether `function`'s site is at its home slot of the site index (the list function finds
+/// it without the out-of-line probe).
+pub fn site_at_home(function: u64) -> bool {
+    TABLE.at_home(function - 8)
+}
+
 /// Number of initialised (traceable) sites and of all sites.
 pub fn site_counts() -> (usize, usize) {
     with_registry(|registry| {

@@ -17,7 +17,8 @@
 //!   that did not run being hit, shows up as a disagreement; the workload's own entry points
 //!   are checked to have been hit.
 //!
-//! Then a random set of 48 probes across the kernel at once, single probes one at a time, and
+//! Then a random set of 48 probes across the kernel at once, single probes one at a time (each
+//! drawn from the seed and its index: a function, then one of the probes its batches accepted), and
 //! a kretprobe on every function entry that allows one (its returns counted per method).
 //! A death (unexpected exception, hang, sanitizer report) ends the run with the last
 //! `sweep batch:` line naming the batch (`FUNCTION+OFFSET:METHOD words N`);
@@ -40,7 +41,7 @@
 //! (a counting tracer on every traceable function during the sweep), `sweep.inject=callers-stack`
 //! (a test of the sweep itself: workload passes on the caller's stack, which its new-stack
 //! check must catch), `sweep.inject=reenter-twice` (no sweep: the hit path's re-entered-twice
-//! panic, `reentry`).
+//! panic, `reentry`), `sweep.shard=K/N` (one of N shards of the run, see `Shard`).
 
 mod everywhere;
 mod reentry;
@@ -63,8 +64,8 @@ const SLOT_AREA_BYTES: u64 = 64 * 512;
 const MAX_FUNCTION_WORDS: u64 = 4096;
 /// Functions between `sweep progress:` lines.
 const PROGRESS_EVERY: usize = 25;
-/// Accepted probes kept (a reservoir sample) for the single probes.
-const RESERVOIR: usize = 8192;
+/// Random sets a whole sweep arms (as many as 8192 probes make in batches of [`BATCH`]).
+const WHOLE_SWEEP_SETS: usize = 170;
 
 /// The probes armed now, their hit counts, and whether hits count (only while the workload runs).
 static ARMED: [AtomicU64; BATCH] = [const { AtomicU64::new(0) }; BATCH];
@@ -129,6 +130,28 @@ struct Options {
     members: (usize, usize),
     /// `sweep.only=PREFIX`: only the functions whose names start so.
     only: Option<&'static str>,
+    shard: Shard,
+}
+
+/// `sweep.shard=K/N`: the part of a run that shard K of N sweeps, so that N machines share a
+/// whole sweep and the sums of their counts are the whole run's. Round-robin over the run's
+/// stable orders: function I of the chosen functions (symbol-table order) and random set I
+/// belong to shard `I % N + 1`, and a single probe to the shard of its function. Every part of
+/// a run is decided by the seed and its own index, never by what another shard swept, so each
+/// batch arms exactly what it arms in the whole run.
+#[derive(Clone, Copy)]
+struct Shard {
+    /// 0-based.
+    index: usize,
+    count: usize,
+}
+
+impl Shard {
+    const WHOLE: Shard = Shard { index: 0, count: 1 };
+
+    fn owns(self, ordinal: usize) -> bool {
+        ordinal % self.count == self.index
+    }
 }
 
 fn options_from_args(args: &Args) -> Result<Options, &'static str> {
@@ -144,6 +167,7 @@ fn options_from_args(args: &Args) -> Result<Options, &'static str> {
         set: None,
         members: (0, BATCH),
         only: None,
+        shard: Shard::WHOLE,
     };
     for (key, value) in args.assignments() {
         let number = || value.parse::<u64>().map_err(|_| "sweep: a number was expected");
@@ -160,6 +184,15 @@ fn options_from_args(args: &Args) -> Result<Options, &'static str> {
             "sweep.watchdog" => everywhere::set_watchdog(number()?),
             "sweep.set" => options.set = Some(number()? as usize),
             "sweep.only" => options.only = Some(value),
+            "sweep.shard" => {
+                let (index, count) = value.split_once('/').ok_or("sweep.shard=K/N")?;
+                match (index.parse::<usize>(), count.parse::<usize>()) {
+                    (Ok(index), Ok(count)) if (1..=count).contains(&index) => {
+                        options.shard = Shard { index: index - 1, count }
+                    }
+                    _ => return Err("sweep.shard=K/N: 1 <= K <= N"),
+                }
+            }
             "sweep.members" => {
                 let (first, end) = value.split_once("..").ok_or("sweep.members=A..B")?;
                 let (first, end) = (first.parse().ok(), end.parse().ok());
@@ -710,9 +743,9 @@ fn choose(all: &[Function], functions: usize, rng: &mut Rng) -> Vec<Function> {
     picked.into_iter().map(|index| all[index]).collect()
 }
 
-/// Random sets a run arms: as many as the reservoir holds batches in a whole sweep, 4 in a sample.
+/// Random sets a run arms: [`WHOLE_SWEEP_SETS`] in a whole sweep, 4 in a sample.
 fn set_count(functions: usize) -> usize {
-    if functions == 0 { RESERVOIR / BATCH } else { 4 }
+    if functions == 0 { WHOLE_SWEEP_SETS } else { 4 }
 }
 
 /// Candidates drawn for one random set (about two in three are accepted).
@@ -751,6 +784,14 @@ fn find_set(chosen: &[Function], seed: u64, set: usize) -> Vec<(u64, Method)> {
 }
 
 fn ignore_hit(_: &mut Registers) {}
+
+/// Single probe `single`'s generator, seeded with the run's seed and the single's index only
+/// (as a random set's is), so that every shard of a run draws the same singles: its first draw
+/// is the function (an index of the chosen functions), its second, once that function is swept,
+/// one of the probes its batches accepted.
+fn single_rng(seed: u64, single: usize) -> Rng {
+    Rng((seed.max(1).wrapping_mul(0xd6e8_feb8_6659_fd93) ^ (single as u64 + 1).wrapping_mul(0x94d0_49bb_1331_11eb)) | 1)
+}
 
 /// A small xorshift generator: the sample and the random sets depend on the seed only.
 struct Rng(u64);
@@ -809,12 +850,14 @@ pub fn run(args: &Args) -> bool {
     let mut rng = Rng(options.seed.max(1).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let chosen = choose(&all, options.functions, &mut rng);
     // The random sets' members, found while the other CPUs are idle (see `find_set`): every set
-    // of the run, or the one `sweep.set=K` repeats.
+    // of the run (of a shard: its own, the others stay empty and are skipped), or the one
+    // `sweep.set=K` repeats.
+    let shard = options.shard;
     let sets: Vec<Vec<(u64, Method)>> = match options.set {
         Some(set) => alloc::vec![find_set(&chosen, options.seed, set)],
-        None if options.probe.is_none() => {
-            (0..set_count(options.functions)).map(|set| find_set(&chosen, options.seed, set)).collect()
-        }
+        None if options.probe.is_none() => (0..set_count(options.functions))
+            .map(|set| if shard.owns(set) { find_set(&chosen, options.seed, set) } else { Vec::new() })
+            .collect(),
         None => Vec::new(),
     };
     // The other CPUs loop on the workload from here to the end (their own warm-up and
@@ -931,14 +974,17 @@ pub fn run(args: &Args) -> bool {
         let mut expected: Vec<Vec<Option<Count>>> = sets.iter().map(|set| alloc::vec![None; set.len()]).collect();
         let words = MAX_FUNCTION_WORDS as usize;
         let mut per_method: Vec<Vec<Option<Count>>> = (0..4).map(|_| alloc::vec![None; words]).collect();
-        // A reservoir sample of the accepted probes, for the random sets and the singles.
-        let mut accepted: Vec<(u64, Method, Count)> = Vec::with_capacity(RESERVOIR);
-        let mut offered = 0u64;
+        // Each single probe's function (an index of `chosen`), and the probe drawn among the
+        // probes its batches accepted (None: not this shard's, or none was accepted there).
+        let draw_function = |single| single_rng(options.seed, single).below(chosen.len().max(1));
+        let single_functions: Vec<usize> = (0..options.singles).map(draw_function).collect();
+        let mut singles: Vec<Option<(u64, Method, Count)>> = alloc::vec![None; options.singles];
         let mut workload_entries_hit = 0;
+        let shard_functions = (0..chosen.len()).filter(|&ordinal| shard.owns(ordinal)).count();
         if !rerun_reference(&mut sweep) {
             return false;
         }
-        for &function in &chosen {
+        for (ordinal, &function) in chosen.iter().enumerate().filter(|&(ordinal, _)| shard.owns(ordinal)) {
             for method in Method::ALL {
                 sweep_function(&mut sweep, function, method, &mut per_method[method_index(method)]);
             }
@@ -950,21 +996,23 @@ pub fn run(args: &Args) -> bool {
                     }
                 }
             }
-            for (index, address) in (function.start..function.end).step_by(4).enumerate() {
-                for method in Method::ALL {
-                    let Some(hits) = per_method[method_index(method)][index] else { continue };
-                    offered += 1;
-                    if accepted.len() < RESERVOIR {
-                        accepted.push((address, method, hits));
-                    } else {
-                        let slot = (rng.next() % offered) as usize;
-                        if slot < RESERVOIR {
-                            accepted[slot] = (address, method, hits);
-                        }
-                    }
-                    if function.name.starts_with("kernel::sweep::workload::") && hits.cpu0 > 0 {
-                        workload_entries_hit += 1;
-                    }
+            let per_method = &per_method;
+            let accepted = || {
+                (function.start..function.end).step_by(4).enumerate().flat_map(|(index, address)| {
+                    Method::ALL.into_iter().filter_map(move |method| {
+                        per_method[method_index(method)][index].map(|hits| (address, method, hits))
+                    })
+                })
+            };
+            let accepted_count = accepted().count();
+            if function.name.starts_with("kernel::sweep::workload::") {
+                workload_entries_hit += accepted().filter(|(_, _, hits)| hits.cpu0 > 0).count();
+            }
+            for (single, _) in single_functions.iter().enumerate().filter(|&(_, &drawn)| drawn == ordinal) {
+                if accepted_count > 0 {
+                    let mut rng = single_rng(options.seed, single);
+                    rng.below(chosen.len());
+                    singles[single] = accepted().nth(rng.below(accepted_count));
                 }
             }
             sweep_kretprobe(&mut sweep, function);
@@ -975,7 +1023,7 @@ pub fn run(args: &Args) -> bool {
                 defmt::info!(
                     "sweep progress: {=usize} of {=usize} functions, {=u64} instructions, {=u64} batches, {=u64} ms",
                     swept,
-                    chosen.len(),
+                    shard_functions,
                     instructions,
                     sweep.tally.batches,
                     (crate::drivers::timer::counter() - started) * 1000 / crate::drivers::timer::frequency()
@@ -983,7 +1031,10 @@ pub fn run(args: &Args) -> bool {
             }
         }
         // Probes on the workload's own code that ran must have been hit (the count is not 0).
-        let workload_probed = chosen.iter().any(|function| function.name == "kernel::sweep::workload::run");
+        let workload_probed = chosen
+            .iter()
+            .enumerate()
+            .any(|(ordinal, function)| shard.owns(ordinal) && function.name == "kernel::sweep::workload::run");
         if workload_probed && workload_entries_hit == 0 {
             defmt::error!("sweep: no probe on the workload's own code was hit");
             sweep.tally.failures += 1;
@@ -1002,8 +1053,7 @@ pub fn run(args: &Args) -> bool {
                 }
             }
         }
-        for _ in 0..options.singles.min(accepted.len()) {
-            let (address, method, expected) = accepted[rng.below(accepted.len())];
+        for &(address, method, expected) in singles.iter().flatten() {
             defmt::info!("sweep batch: single {=u64:#x} method {=str}", address, method.name());
             let hits = batch(&mut sweep, &[(address, method)], "single");
             let name = name_of(&sweep.symbols, address);

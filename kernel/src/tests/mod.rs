@@ -6,7 +6,8 @@
 //! file and line. A test that hangs is named by its start line; one that panics by the panic.
 //! Beside them, the same results in KTAP (the kernel's test output format, read by kunit.py and
 //! other TAP parsers): `KTAP version 1`, the plan `1..N`, then `ok N NAME`,
-//! `ok N NAME # SKIP REASON` or `not ok N NAME`.
+//! `ok N NAME # SKIP REASON` or `not ok N NAME`. `run=list` prints the selected names
+//! instead, `test list: NAME` each and `tests listed: N`, and runs none.
 
 mod foundation;
 mod ftrace;
@@ -222,6 +223,18 @@ fn print_cpu_summary() {
             tests_run.load(Ordering::Relaxed)
         );
     }
+}
+
+/// The tests `filter` selects, in the order `run` runs them: `test list: NAME` each, then
+/// `tests listed: N`.
+pub fn list(filter: &str) {
+    let selected = TESTS.iter().flat_map(|tests| tests.iter()).filter(|test| test.name.contains(filter));
+    let mut count = 0;
+    for test in selected {
+        defmt::info!("test list: {=str}", test.name);
+        count += 1;
+    }
+    defmt::info!("tests listed: {=usize}", count);
 }
 
 pub fn run(filter: &str, expect_pauth: Option<&'static str>, icount: bool) -> Summary {

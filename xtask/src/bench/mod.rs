@@ -8,9 +8,12 @@ mod complete;
 pub mod gate;
 mod report;
 mod report_out;
-mod results;
+pub mod results;
+mod shard;
+mod summary;
 
 pub use report::number;
+pub use shard::merge;
 
 use crate::Failure;
 use crate::build::{self, Board, BuildVariant, KernelImage};
@@ -183,6 +186,13 @@ pub struct BenchArgs {
     /// `cargo xtask test` that a killed run exits non-zero and writes nothing (board virt).
     #[arg(long, hide = true, value_name = "N")]
     pub terminate_qemu_after_rows: Option<u32>,
+    /// Run part K of N of the (variant, CPU, mode) runs, round-robin in the order they run,
+    /// and write shard.json beside results.json (default --out: target/shard/bench-K-of-N)
+    /// for `cargo xtask merge`. Every row comes whole from one run, so merged rows are the
+    /// unsharded run's.
+    #[arg(long, value_name = "K/N", value_parser = crate::shard::Shard::parse,
+          conflicts_with_all = ["update_baseline", "save", "report", "serial", "terminate_qemu_after_rows"])]
+    pub shard: Option<crate::shard::Shard>,
 }
 
 #[derive(clap::Subcommand)]
@@ -286,6 +296,9 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
         }
         (Board::Rpi4, Some(_)) => None,
     };
+    if let Some(plan) = summary::plan(&by_variant, cpus.len(), &modes, args.reps) {
+        eprintln!("xtask: {plan}");
+    }
     let variants: Vec<BuildVariant> = by_variant.iter().map(|(variant, _)| *variant).collect();
     let sanitizer = args.sanitizer.options(&variants)?;
     let images = by_variant
@@ -298,6 +311,11 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     let reps = if modes == [Mode::Icount] { 1 } else { args.reps };
     let mut provenance = provenance(args.board, reps);
     let runs = (by_variant.len() * cpus.len() * modes.len()) as u64;
+    // Every (variant, CPU, mode) run in the order below is one unit of `--shard`'s partition.
+    let owns = |ordinal: usize| args.shard.is_none_or(|shard| shard.owns(ordinal));
+    let runs = (0..runs as usize).filter(|&ordinal| owns(ordinal)).count() as u64;
+    let mut ordinal = 0;
+    let mut plan = Vec::new();
     let progress = indicatif::ProgressBar::new(runs).with_style(
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed} {msg}").expect("valid template"),
     );
@@ -305,6 +323,11 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     for ((variant, names), image) in by_variant.iter().zip(&images) {
         for &cpu in &cpus {
             for &mode in &modes {
+                plan.push(shard::run_key(*variant, cpu, mode));
+                ordinal += 1;
+                if !owns(ordinal - 1) {
+                    continue;
+                }
                 progress.set_message(format!("{} -cpu {} {}", names.join(","), cpu.name(), mode.name()));
                 if let Some(path) = &args.serial {
                     progress.println(format!("reading {}: power on the Raspberry Pi 4", path.display()));
@@ -346,21 +369,33 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     progress.finish_and_clear();
     let rows = results::as_written(&Row::aggregate(&samples));
     provenance.date = Some(utc_now());
-    let out = args.out.clone().unwrap_or_else(|| target_dir().join("bench"));
+    let out = args.out.clone().unwrap_or_else(|| match args.shard {
+        Some(part) => part.directory(crate::shard::Kind::Bench),
+        None => target_dir().join("bench"),
+    });
     let json = results::to_json(&provenance, &rows);
     let report = report::render(&provenance, &rows);
+    let out_lock = lock_dir(&out)?;
     write_file(&out.join("results.json"), &json)?;
     write_file(&out.join("report.md"), &report)?;
-    for suite in &suites {
-        let path = out.join(format!("{}.svg", suite.name));
-        chart::draw(&path, suite.name, &rows)
-            .map_err(|error| Failure::usage(format!("{}: {error}", path.display())))?;
+    // A shard may hold no run of a suite: no chart for it.
+    for suite in suites.iter().filter(|suite| rows.iter().any(|row| row.suite == suite.name)) {
+        let path = out.join(report::chart_file(suite.name));
+        draw_chart(&path, suite.name, &rows)?;
     }
-    println!("{report}");
+    if let Some(part) = args.shard {
+        shard::save(args, part, &suites, &out, &plan)?;
+    }
+    drop(out_lock);
+    print!("{}", summary::summary(&rows, &out.join("report.md")));
     eprintln!("xtask: wrote {}/results.json, report.md and one SVG per suite", out.display());
     if let Some(slot) = saved {
+        let _slot_lock = lock_dir(&slot)?;
         write_file(&slot.join("results.json"), &json)?;
         write_file(&slot.join("report.md"), &report)?;
+        for suite in &suites {
+            draw_chart(&slot.join(report::chart_file(suite.name)), suite.name, &rows)?;
+        }
         eprintln!("xtask: saved as {} (compare with `cargo xtask bench compare`)", slot.display());
     }
     let results = results::Results { schema: results::SCHEMA, provenance, rows };
@@ -538,20 +573,39 @@ pub fn load(run: &str) -> Result<(PathBuf, results::Results), Failure> {
     Ok((path, results))
 }
 
+/// Writes one output whole (temporary file and rename, see `crate::atomic`): a command reading
+/// it while another bench writes never sees half a file.
 fn write_file(path: &Path, text: &str) -> Result<(), Failure> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(|error| Failure::usage(format!("{}: {error}", parent.display())))?;
-    }
-    std::fs::write(path, text).map_err(|error| Failure::usage(format!("{}: {error}", path.display())))
+    crate::atomic::write_creating_dirs(path, text.as_bytes())
+        .map(|_| ())
+        .map_err(|error| Failure::usage(format!("{}: {error}", path.display())))
+}
+
+/// Draws `suite`'s chart beside `path` and renames it over `path`, as every output
+/// (`crate::atomic`).
+fn draw_chart(path: &Path, suite: &str, rows: &[Row]) -> Result<(), Failure> {
+    let drawn = crate::atomic::temporary_path(path);
+    chart::draw(&drawn, suite, rows)
+        .and_then(|()| Ok(std::fs::rename(&drawn, path)?))
+        .map_err(|error| Failure::usage(format!("{}: {error}", path.display())))
+}
+
+/// Serialises the bench commands writing into `dir`, so its results.json and report.md come
+/// from one run.
+fn lock_dir(dir: &Path) -> Result<crate::atomic::Lock, Failure> {
+    crate::atomic::lock_dir(dir, "bench results")
+        .map_err(|error| Failure::usage(format!("lock for {}: {error}", dir.display())))
 }
 
 /// docs/results-style pages: one <suite>.md per suite in `results`.
 fn write_pages(dir: &Path, results: &results::Results) -> Result<u8, Failure> {
     let pages = report::pages(&results.provenance, &results.rows);
+    let _lock = lock_dir(dir)?;
     for (suite, text) in &pages {
         write_file(&dir.join(format!("{suite}.md")), text)?;
+        draw_chart(&dir.join(report::chart_file(suite)), suite, &results.rows)?;
     }
-    let names: Vec<_> = pages.iter().map(|(suite, _)| format!("{suite}.md")).collect();
+    let names: Vec<_> = pages.iter().map(|(suite, _)| format!("{suite}.md and .svg")).collect();
     eprintln!("xtask: wrote {} in {}", names.join(", "), dir.display());
     Ok(0)
 }

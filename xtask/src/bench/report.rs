@@ -1,6 +1,7 @@
 //! report.md and the docs/results pages: what the modes measure, one table per suite, metric and
-//! build variant with the CPU variants as columns, what each metric means, and the fidelity
-//! check (pairs of cases whose order flips between CPU variants or modes).
+//! build variant with the CPU variants as columns (median and min..max, to the digits the mode
+//! supports), what each metric means, and the fidelity check (pairs of cases whose order flips
+//! between CPU variants or modes). Callers may add columns of their own (`ExtraColumn`).
 
 use super::Mode;
 use super::results::{Provenance, Row};
@@ -24,6 +25,102 @@ pub fn number(value: f64) -> String {
 pub fn signed(value: f64) -> String {
     let text = number(value);
     if value > 0.0 && text != "0" { format!("+{text}") } else { text }
+}
+
+/// `value` rounded to a multiple of `10^place` and printed with no digit past it (`place` 1: tens,
+/// -1: one decimal).
+fn to_place(value: f64, place: i32) -> String {
+    let step = 10f64.powi(place);
+    let rounded = (value / step).round() * step;
+    let text = if place >= 0 { format!("{rounded:.0}") } else { format!("{rounded:.*}", (-place) as usize) };
+    if text.trim_start_matches('-').chars().all(|c| c == '0' || c == '.') { "0".into() } else { text }
+}
+
+/// An instruction count: exact, so whole instructions, or one decimal where a per-op figure's
+/// fraction is real (a loop's count over N operations).
+pub fn instructions(value: f64) -> String {
+    let tenths = (value * 10.0).round();
+    if tenths % 10.0 == 0.0 { to_place(value, 0) } else { to_place(value, -1) }
+}
+
+/// The last digit a noisy figure can show: that of its spread (max - min), a second one when the
+/// spread starts with 1 or 2 (a spread of 12 says the units digit still means something); with
+/// no spread measured (one rep), three significant digits. Never finer than 0.001.
+pub fn noisy_place(median: f64, min: f64, max: f64) -> i32 {
+    let spread = max - min;
+    let place = if spread > 0.0 {
+        let place = spread.log10().floor() as i32;
+        if spread / 10f64.powi(place) < 3.0 { place - 1 } else { place }
+    } else if median != 0.0 {
+        median.abs().log10().floor() as i32 - 2
+    } else {
+        0
+    };
+    place.max(-3)
+}
+
+/// A figure of `row` to the digits its mode supports: icount instruction counts exactly (see
+/// `instructions`), noisy wall and hardware figures to the place their spread allows, counts of
+/// other units (records, bytes, percent, rates) as `number`.
+pub fn figure(row: &Row, value: f64) -> String {
+    match row.mode {
+        Mode::Icount if row.unit == "insn" => instructions(value),
+        Mode::Wall | Mode::Hardware if row.min < row.max || is_timed(&row.unit) => {
+            to_place(value, noisy_place(row.median, row.min, row.max))
+        }
+        _ => number(value),
+    }
+}
+
+/// Units that time something (and so vary between reps), as opposed to counts.
+fn is_timed(unit: &str) -> bool {
+    matches!(unit, "ns" | "cycles" | "insn" | "hits_per_s")
+}
+
+/// A table cell: the median, and `(min..max)` when the reps differ.
+pub fn cell(row: &Row) -> String {
+    if row.min < row.max {
+        format!("{} ({}..{})", figure(row, row.median), figure(row, row.min), figure(row, row.max))
+    } else {
+        figure(row, row.median)
+    }
+}
+
+/// One table row as an extra column sees it: a case and its params under one metric of one
+/// build variant (the measured columns are its modes and CPU variants).
+#[derive(Clone, Copy)]
+#[allow(dead_code, reason = "read by extra columns' cells, which no caller supplies yet")]
+pub struct TableRow<'a> {
+    pub suite: &'a str,
+    pub case: &'a str,
+    pub params: &'a [(String, String)],
+    pub metric: &'a str,
+    pub variant: BuildVariant,
+}
+
+/// Where an extra column stands in a table.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[allow(dead_code, reason = "the report's extension point: no caller supplies extra columns yet")]
+pub enum ColumnKind {
+    /// Another system's figure for the same row (Linux's, measured its own way): right after the
+    /// measured columns, so the two read side by side.
+    Peer,
+    /// A further figure of the same row (an event count per operation, say): after the peers.
+    Metric,
+}
+
+/// An extra column's text for a table row, or None where it knows nothing of the row.
+pub type ExtraCell<'a> = Box<dyn Fn(&TableRow) -> Option<String> + 'a>;
+
+/// A column a caller adds beside the measured ones. `cell` gives the text for a table row, or
+/// `None` where the column knows nothing of it (printed `-`); a table shows the column only when
+/// it has a cell for one of its rows, so a column about one suite leaves the others alone.
+/// `render_with` and `pages_with` take a list of them; `render` and `pages` take none.
+#[allow(dead_code, reason = "the report's extension point: no caller supplies extra columns yet")]
+pub struct ExtraColumn<'a> {
+    pub header: String,
+    pub kind: ColumnKind,
+    pub cell: ExtraCell<'a>,
 }
 
 /// What a metric of a suite means, and the section of docs/reference/bench.md that defines it.
@@ -103,7 +200,7 @@ const MEANINGS: &[Meaning] = &[
     Meaning {
         suite: "probes",
         metric: "hits_per_s",
-        text: "probed calls per second of the clock (under icount one instruction is one virtual ns)",
+        text: "probed calls per second of the clock (under icount a synthetic clock of one instruction per ns, not a speed: charted in wall and hardware modes only)",
     },
     Meaning { suite: "probes", metric: "per_call", text: "one unprobed call of the target, for reference" },
     Meaning {
@@ -161,7 +258,7 @@ fn meaning(suite: &str, metric: &str) -> &'static str {
 }
 
 /// Items in first-seen order.
-fn distinct<T: PartialEq>(items: impl IntoIterator<Item = T>) -> Vec<T> {
+pub(super) fn distinct<T: PartialEq>(items: impl IntoIterator<Item = T>) -> Vec<T> {
     let mut seen = Vec::new();
     for item in items {
         if !seen.contains(&item) {
@@ -185,22 +282,82 @@ fn mode_unit(mode: Mode, unit: &str) -> String {
     }
 }
 
+/// A table's column of figures: its header, mode and the CPU variants it shows (several when
+/// their icount figures agree on every row; the first one's rows are printed).
+pub(super) struct MeasuredColumn {
+    pub header: String,
+    pub mode: Mode,
+    pub cpus: Vec<CpuVariant>,
+}
+
+/// The measured columns of one table: a column per mode and CPU variant, icount columns of CPU
+/// variants that agree on every row merged into one.
+pub(super) fn measured_columns(group: &[&Row], labels: &[(&str, &Vec<(String, String)>)]) -> Vec<MeasuredColumn> {
+    let mut columns = Vec::new();
+    for mode in Mode::ALL {
+        let in_mode: Vec<&Row> = group.iter().copied().filter(|row| row.mode == mode).collect();
+        let Some(first) = in_mode.first() else { continue };
+        let unit = mode_unit(mode, &first.unit);
+        let cpus: Vec<CpuVariant> =
+            CpuVariant::ALL.into_iter().filter(|cpu| in_mode.iter().any(|row| row.cpu == *cpu)).collect();
+        let agree = labels.iter().all(|(case, params)| {
+            let medians = distinct(
+                in_mode
+                    .iter()
+                    .filter(|row| row.case == *case && row.params == **params)
+                    .map(|row| row.median.to_bits()),
+            );
+            medians.len() <= 1
+        });
+        if mode == Mode::Icount && cpus.len() > 1 && agree {
+            columns.push(MeasuredColumn { header: format!("{unit} (all {} CPU variants)", cpus.len()), mode, cpus });
+        } else {
+            for cpu in cpus {
+                columns.push(MeasuredColumn { header: format!("{unit} `{}`", cpu.name()), mode, cpus: vec![cpu] });
+            }
+        }
+    }
+    columns
+}
+
+/// The sentence under a table's heading that says what its cells hold.
+fn cells_explained(group: &[&Row]) -> String {
+    let noisy = group.iter().any(|row| row.min < row.max);
+    let icount = group.iter().any(|row| row.mode == Mode::Icount);
+    let mut parts = Vec::new();
+    if icount {
+        parts.push("icount cells are exact (one deterministic rep: min = max)");
+    }
+    if noisy {
+        parts.push("other cells are the median (min..max of the reps), to the digits the spread supports");
+    } else if group.iter().any(|row| row.mode != Mode::Icount) {
+        parts.push("other cells are single reps, to three significant digits");
+    }
+    let mut text = parts.join("; ");
+    if !text.is_empty() {
+        text = format!(" {}.", upper_first(&text));
+    }
+    text
+}
+
 /// One table per (build variant, metric) of a suite: a row per case and params, a column per
-/// mode and CPU variant. icount columns of CPU variants that agree on every row become one.
-fn suite_tables(rows: &[&Row], link: Option<&str>) -> String {
+/// mode and CPU variant (icount columns of CPU variants that agree on every row become one),
+/// then the caller's extra columns that know one of its rows (peers first).
+fn suite_tables<'a>(rows: &[&'a Row], link: Option<&str>, extras: &[ExtraColumn]) -> String {
     let mut text = String::new();
-    let Some(suite) = rows.first().map(|row| row.suite.clone()) else { return text };
+    let Some(suite) = rows.first().map(|row| row.suite.as_str()) else { return text };
     for (variant, metric) in distinct(rows.iter().map(|row| (row.variant, row.metric.as_str()))) {
-        let group: Vec<&Row> =
+        let group: Vec<&'a Row> =
             rows.iter().copied().filter(|row| row.variant == variant && row.metric == metric).collect();
         let _ = writeln!(text, "### `{metric}`, build variant `{}`\n", variant.name());
-        let _ = write!(text, "{}.", upper_first(meaning(&suite, metric)));
+        let _ = write!(text, "{}.", upper_first(meaning(suite, metric)));
         if let Some(link) = link {
             let _ = write!(text, " ([contract]({link}))");
         }
         if variant == BuildVariant::Mte {
             text.push_str(MTE_NOTE);
         }
+        text.push_str(&cells_explained(&group));
         text.push_str("\n\n");
         let keys = distinct(group.iter().flat_map(|row| row.params.iter().map(|(key, _)| key.as_str())));
         // A case's rows together (fp 4, 8, 16, then scs 4, 8, 16), whatever order the kernel
@@ -208,53 +365,55 @@ fn suite_tables(rows: &[&Row], link: Option<&str>) -> String {
         let cases = distinct(group.iter().map(|row| row.case.as_str()));
         let mut labels = distinct(group.iter().map(|row| (row.case.as_str(), &row.params)));
         labels.sort_by_key(|(case, _)| cases.iter().position(|known| known == case));
-        // Columns: (header, mode, the CPU variants it shows).
-        let mut columns: Vec<(String, Mode, Vec<CpuVariant>)> = Vec::new();
-        for mode in Mode::ALL {
-            let in_mode: Vec<&Row> = group.iter().copied().filter(|row| row.mode == mode).collect();
-            let Some(first) = in_mode.first() else { continue };
-            let unit = mode_unit(mode, &first.unit);
-            let cpus: Vec<CpuVariant> =
-                CpuVariant::ALL.into_iter().filter(|cpu| in_mode.iter().any(|row| row.cpu == *cpu)).collect();
-            let agree = labels.iter().all(|(case, params)| {
-                let medians = distinct(
-                    in_mode
-                        .iter()
-                        .filter(|row| row.case == *case && row.params == **params)
-                        .map(|row| row.median.to_bits()),
-                );
-                medians.len() <= 1
-            });
-            if mode == Mode::Icount && cpus.len() > 1 && agree {
-                columns.push((format!("{unit} (all {} CPU variants)", cpus.len()), mode, cpus));
-            } else {
-                for cpu in cpus {
-                    columns.push((format!("{unit} `{}`", cpu.name()), mode, vec![cpu]));
-                }
-            }
+        let columns = measured_columns(&group, &labels);
+        let table_row = |&(case, params): &(&'a str, &'a Vec<(String, String)>)| TableRow {
+            suite,
+            case,
+            params: params.as_slice(),
+            metric,
+            variant,
+        };
+        let mut shown: Vec<&ExtraColumn> = Vec::new();
+        for kind in [ColumnKind::Peer, ColumnKind::Metric] {
+            shown.extend(extras.iter().filter(|extra| {
+                extra.kind == kind && labels.iter().any(|label| (extra.cell)(&table_row(label)).is_some())
+            }));
         }
         text.push_str("| case |");
         for key in &keys {
             let _ = write!(text, " {key} |");
         }
-        for (header, _, _) in &columns {
-            let _ = write!(text, " {header} |");
+        for column in &columns {
+            let _ = write!(text, " {} |", column.header);
+        }
+        for extra in &shown {
+            let _ = write!(text, " {} |", extra.header);
         }
         text.push_str("\n|---|");
-        text.push_str(&"---:|".repeat(keys.len() + columns.len()));
+        text.push_str(&"---:|".repeat(keys.len() + columns.len() + shown.len()));
         text.push('\n');
-        for (case, params) in &labels {
+        for label in &labels {
+            let (case, params) = label;
             let _ = write!(text, "| {case} |");
             for key in &keys {
                 let value = params.iter().find(|(name, _)| name == key).map_or("-", |(_, value)| value.as_str());
                 let _ = write!(text, " {value} |");
             }
-            for (_, mode, cpus) in &columns {
-                let cell = group
+            for column in &columns {
+                let value = group
                     .iter()
-                    .find(|row| row.case == *case && row.params == **params && row.mode == *mode && row.cpu == cpus[0])
-                    .map_or("-".into(), |row| number(row.median));
-                let _ = write!(text, " {cell} |");
+                    .find(|row| {
+                        row.case == *case
+                            && row.params == **params
+                            && row.mode == column.mode
+                            && row.cpu == column.cpus[0]
+                    })
+                    .map_or("-".into(), |row| cell(row));
+                let _ = write!(text, " {value} |");
+            }
+            for extra in &shown {
+                let value = (extra.cell)(&table_row(label)).unwrap_or_else(|| "-".into());
+                let _ = write!(text, " {value} |");
             }
             text.push('\n');
         }
@@ -345,7 +504,11 @@ pub fn fidelity_flips(rows: &[&Row]) -> Vec<String> {
 }
 
 fn range(row: &Row) -> String {
-    if row.min == row.max { number(row.median) } else { format!("{}..{}", number(row.min), number(row.max)) }
+    if row.min == row.max {
+        figure(row, row.median)
+    } else {
+        format!("{}..{}", figure(row, row.min), figure(row, row.max))
+    }
 }
 
 fn fidelity_section(rows: &[&Row], heading: &str) -> String {
@@ -399,7 +562,7 @@ fn modes_explained(rows: &[Row]) -> String {
     if !icount.is_empty() {
         let list: Vec<_> = icount
             .iter()
-            .map(|(cpu, row)| format!("{} instructions under `{}`", number(row.median), cpu.name()))
+            .map(|(cpu, row)| format!("{} instructions under `{}`", figure(row, row.median), cpu.name()))
             .collect();
         let _ = write!(text, " A PAC-signed call (bl, paciasp, autiasp, ret) costs {}.", list.join(", "));
     }
@@ -408,12 +571,11 @@ fn modes_explained(rows: &[Row]) -> String {
     text.push_str(
         "- **wall** (no icount): the counters run on virtual nanoseconds that track host time, so \
          figures are what the emulation costs on this host, medians of N reps with min and max, \
-         noisy (+-30% between runs). This is where QEMU's software PAC algorithms show: QARMA5 \
+         noisy (+-30% between runs), so a cell shows only the digits its min..max spread supports. This is where QEMU's software PAC algorithms show: QARMA5 \
          costs hundreds of ns per PAC operation under TCG.",
     );
     if !wall.is_empty() {
-        let list: Vec<_> =
-            wall.iter().map(|(cpu, row)| format!("{} ns under `{}`", number(row.median), cpu.name())).collect();
+        let list: Vec<_> = wall.iter().map(|(cpu, row)| format!("{} ns under `{}`", cell(row), cpu.name())).collect();
         let _ = write!(text, " A PAC-signed call costs {}", list.join(", "));
         let off = find(rows, "baseline", "call-pac", CpuVariant::MaxNoPauth, Mode::Wall);
         let qarma5 = find(rows, "baseline", "call-pac", CpuVariant::MaxQarma5, Mode::Wall);
@@ -471,15 +633,31 @@ fn provenance_lines(provenance: &Provenance, rows: &[&Row]) -> String {
     text
 }
 
-/// report.md: provenance, what the modes measure, then per suite its tables and fidelity.
+/// The chart's file name beside report.md and the pages (`chart::draw` writes it).
+pub fn chart_file(suite: &str) -> String {
+    format!("{suite}.svg")
+}
+
+/// How report.md and a page show a suite's chart: a relative image link to the SVG beside them.
+fn chart_link(suite: &str) -> String {
+    format!("![`{suite}` chart: every panel of the tables below]({})\n\n", chart_file(suite))
+}
+
+/// report.md: provenance, what the modes measure, then per suite its chart, tables and fidelity.
 pub fn render(provenance: &Provenance, rows: &[Row]) -> String {
+    render_with(provenance, rows, &[])
+}
+
+/// `render` with the caller's extra columns in the tables.
+pub fn render_with(provenance: &Provenance, rows: &[Row], extras: &[ExtraColumn]) -> String {
     let all: Vec<&Row> = rows.iter().collect();
     let mut text = format!("# tracelab benchmark report\n\n{}\n", provenance_lines(provenance, &all));
     text.push_str(&modes_explained(rows));
     for suite in suites_of(rows) {
         let in_suite: Vec<&Row> = rows.iter().filter(|row| row.suite == suite).collect();
         let _ = writeln!(text, "## {suite}\n");
-        text.push_str(&suite_tables(&in_suite, None));
+        text.push_str(&chart_link(suite));
+        text.push_str(&suite_tables(&in_suite, None, extras));
     }
     text.push_str(&fidelity_section(&all, "##"));
     text
@@ -488,6 +666,11 @@ pub fn render(provenance: &Provenance, rows: &[Row]) -> String {
 /// The docs/results pages: `(suite, markdown)`, one per suite, linking each metric to its
 /// definition in docs/reference/bench.md.
 pub fn pages(provenance: &Provenance, rows: &[Row]) -> Vec<(String, String)> {
+    pages_with(provenance, rows, &[])
+}
+
+/// `pages` with the caller's extra columns in the tables.
+pub fn pages_with(provenance: &Provenance, rows: &[Row], extras: &[ExtraColumn]) -> Vec<(String, String)> {
     suites_of(rows)
         .into_iter()
         .map(|suite| {
@@ -518,8 +701,10 @@ pub fn pages(provenance: &Provenance, rows: &[Row]) -> Vec<(String, String)> {
                     suite
                 );
             }
-            text.push_str("\n## Tables\n\n");
-            text.push_str(&suite_tables(&in_suite, Some(&format!("../reference/bench.md#{suite}"))));
+            text.push_str("\n## Chart\n\n");
+            text.push_str(&chart_link(suite));
+            text.push_str("## Tables\n\n");
+            text.push_str(&suite_tables(&in_suite, Some(&format!("../reference/bench.md#{suite}")), extras));
             text.push_str(&fidelity_section(&in_suite, "##"));
             (suite.to_string(), text)
         })
@@ -563,7 +748,101 @@ mod tests {
             ),
             "{text}"
         );
-        assert!(text.contains("| fp | 4 | 843 | 5049 | 632 |"), "{text}");
+        // Wall figures of one rep: three significant digits.
+        assert!(text.contains("| fp | 4 | 843 | 5050 | 632 |"), "{text}");
+    }
+
+    #[test]
+    fn figures_show_the_digits_their_mode_supports() {
+        // icount: whole instructions, one decimal where the fraction is real.
+        assert_eq!(instructions(843.0), "843");
+        assert_eq!(instructions(2.001), "2");
+        assert_eq!(instructions(197.152), "197.2");
+        assert_eq!(instructions(0.04), "0");
+        // Noisy figures: the spread's leading digit, a second one when it starts with 1 or 2.
+        assert_eq!(noisy_place(1323.4, 1290.0, 1340.0), 1);
+        assert_eq!(noisy_place(1323.4, 1315.0, 1327.0), 0);
+        assert_eq!(noisy_place(5.43, 5.1, 5.6), -1);
+        assert_eq!(noisy_place(5049.0, 5049.0, 5049.0), 1);
+        assert_eq!(noisy_place(0.0012, 0.0011, 0.0012), -3);
+        let wall =
+            rows(&[("probes kprobe-push method=simulate per_hit ns", OFF, Mode::Wall, &[1301.7, 1323.4, 1338.2])]);
+        assert_eq!(cell(&wall[0]), "1320 (1300..1340)");
+        let tight =
+            rows(&[("probes kprobe-push method=simulate per_hit ns", OFF, Mode::Wall, &[1315.2, 1323.4, 1327.9])]);
+        assert_eq!(cell(&tight[0]), "1323 (1315..1328)");
+        let small =
+            rows(&[("ftrace call-ops relevant=1,irrelevant=0 overhead ns", OFF, Mode::Wall, &[2.04, 2.51, 3.3])]);
+        assert_eq!(cell(&small[0]), "2.5 (2.0..3.3)");
+        let exact = rows(&[("stacktrace fp+depot depth=4 per_trace insn", OFF, Mode::Icount, &[197.152])]);
+        assert_eq!(cell(&exact[0]), "197.2");
+        // Counts keep their figures.
+        let rate = rows(&[("depot saturation distinct=1 hit_rate percent", OFF, Mode::Icount, &[99.01])]);
+        assert_eq!(cell(&rate[0]), "99.01");
+    }
+
+    #[test]
+    fn every_table_shows_the_spread_and_says_so() {
+        let rows = rows(&[
+            ("ftrace call-ops relevant=1,irrelevant=0 overhead insn", OFF, Mode::Icount, &[3.0]),
+            ("ftrace call-ops relevant=1,irrelevant=0 overhead ns", OFF, Mode::Wall, &[2.04, 2.51, 3.3]),
+        ]);
+        let text = render(&provenance(), &rows);
+        assert!(text.contains("| call-ops | 1 | 0 | 3 | 2.5 (2.0..3.3) |"), "{text}");
+        assert!(
+            text.contains("Icount cells are exact (one deterministic rep: min = max); other cells are the median (min..max of the reps)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn report_and_pages_embed_their_charts() {
+        let rows = rows(&[("baseline call - per_op insn", OFF, Mode::Icount, &[2.0])]);
+        let text = render(&provenance(), &rows);
+        assert!(
+            text.contains("## baseline\n\n![`baseline` chart: every panel of the tables below](baseline.svg)\n"),
+            "{text}"
+        );
+        let pages = pages(&provenance(), &rows);
+        assert!(pages[0].1.contains("## Chart\n\n![`baseline` chart: every panel of the tables below](baseline.svg)"));
+        assert_eq!(chart_file("baseline"), "baseline.svg");
+    }
+
+    #[test]
+    fn extra_columns_stand_beside_the_measured_ones_where_they_know_a_row() {
+        let rows = rows(&[
+            ("ftrace call-ops relevant=1,irrelevant=0 overhead insn", OFF, Mode::Icount, &[3.0]),
+            ("ftrace list relevant=1,irrelevant=0 overhead insn", OFF, Mode::Icount, &[12.0]),
+            ("baseline call - per_op insn", OFF, Mode::Icount, &[2.0]),
+        ]);
+        let extras = [
+            ExtraColumn {
+                header: "L1D refills per op".into(),
+                kind: ColumnKind::Metric,
+                cell: Box::new(|row: &TableRow| (row.suite == "ftrace").then(|| "0.5".to_string())),
+            },
+            ExtraColumn {
+                header: "Linux ns".into(),
+                kind: ColumnKind::Peer,
+                cell: Box::new(|row: &TableRow| {
+                    (row.case == "call-ops" && row.metric == "overhead").then(|| "1.87".to_string())
+                }),
+            },
+        ];
+        let text = render_with(&provenance(), &rows, &extras);
+        // Peers first, then further metrics; a row the column does not know gets `-`.
+        assert!(
+            text.contains(
+                "| case | relevant | irrelevant | icount insn `max,pauth=off` | Linux ns | L1D refills per op |"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("| call-ops | 1 | 0 | 3 | 1.87 | 0.5 |"), "{text}");
+        assert!(text.contains("| list | 1 | 0 | 12 | - | 0.5 |"), "{text}");
+        // A table whose rows no column knows is left as it was.
+        assert!(text.contains("| case | icount insn `max,pauth=off` |\n|---|---:|\n| call | 2 |"), "{text}");
+        let pages = pages_with(&provenance(), &rows, &extras);
+        assert!(pages.iter().any(|(suite, text)| suite == "ftrace" && text.contains("| Linux ns |")));
     }
 
     #[test]

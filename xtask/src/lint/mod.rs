@@ -1,10 +1,12 @@
 //! `cargo xtask lint`: the tree's own checks first (the greps of `docs/architecture.md`, the
-//! words of the project's making), then rustfmt and clippy (`-D warnings`) on the host crates,
-//! xtask, and the kernel for each board, built as the `full` variant (the one with every
-//! attribute in use), and as `mte` on virt (the code only that variant compiles).
+//! words of the project's making, actionlint on the CI workflows when it is installed), then
+//! rustfmt and clippy (`-D warnings`) on the host crates, xtask, and the kernel for each board,
+//! built as the `full` variant (the one with every attribute in use), and as `mte` on virt (the
+//! code only that variant compiles).
 
 mod claims;
 mod words;
+mod workflows;
 
 use crate::Failure;
 use crate::build::{self, Board, BuildVariant, KERNEL_TARGET};
@@ -49,7 +51,8 @@ fn cargo(what: &str, configure: impl FnOnce(&mut Command)) -> Result<(), Failure
 pub fn run() -> Result<u8, Failure> {
     // The tree's own checks take seconds: run both and report both before the slow toolchain
     // ones, and fail at the end so one finding does not hide the other.
-    let findings: Vec<String> = [architecture_claims(), project_words()].into_iter().filter_map(Result::err).collect();
+    let findings: Vec<String> =
+        [architecture_claims(), project_words(), workflows::check()].into_iter().filter_map(Result::err).collect();
     cargo("rustfmt --check", |command| {
         command.args(["fmt", "--all", "--", "--check"]);
     })?;

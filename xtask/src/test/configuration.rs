@@ -31,6 +31,12 @@ pub fn run_selection(
     let Selection { variants, cpus, boards, levels, .. } = selection;
     let mut timed_out = false;
     let mut unmatched = false;
+    // Each configuration run in the order listed here is one unit of `--shard`'s partition.
+    let mut ordinal = 0;
+    let mut mine = || {
+        ordinal += 1;
+        super::shard::owns(args, ordinal - 1)
+    };
     'variants: for &variant in variants {
         let build_name = format!("{}{}", variant.name(), sanitizer.suffix());
         let mte = variant == BuildVariant::Mte;
@@ -47,7 +53,7 @@ pub fn run_selection(
                     .collect()
             };
             for (cpu, el, gic) in configurations {
-                {
+                if mine() {
                     let machine =
                         Machine { board: Board::Virt, cpu, el, gic, icount: true, dtb: None, mte, smp: selection.smp };
                     let run = run_configuration(&machine, &build_name, &image, args, "", tally)?;
@@ -63,7 +69,7 @@ pub fn run_selection(
             if selection.smp4 && !mte && cpus.contains(&DEFAULT_PAUTH_CPU) {
                 let first = Some(&variant) == variants.first();
                 let extra = if first { &SMP4_FIRST_VARIANT_LEVELS[..] } else { &[] };
-                for &(el, gic) in SMP4_LEVELS.iter().chain(extra) {
+                for &(el, gic) in SMP4_LEVELS.iter().chain(extra).filter(|_| mine()) {
                     let cpu = DEFAULT_PAUTH_CPU;
                     let machine =
                         Machine { board: Board::Virt, cpu, el, gic, icount: true, dtb: None, mte: false, smp: 4 };
@@ -71,7 +77,7 @@ pub fn run_selection(
                 }
                 // The `smp_*` concurrency tests once more without icount: multi-threaded TCG, so
                 // the CPUs really overlap (their overlap witnesses must reach 2).
-                if first && args.filter.is_empty() {
+                if first && args.filter.is_empty() && mine() {
                     let cpu = DEFAULT_PAUTH_CPU;
                     let machine = Machine {
                         board: Board::Virt,
@@ -89,13 +95,18 @@ pub fn run_selection(
             }
             // The whole suite again with the function tracer on every traceable function, from
             // boot to the end (ftrace: "tracing `*` does not hang the kernel").
-            if variant != BuildVariant::Plain && !mte && selection.ftrace {
+            if variant != BuildVariant::Plain && !mte && selection.ftrace && mine() {
                 let cpu = selection.ftrace_cpu();
                 let machine =
                     Machine { board: Board::Virt, cpu, el: 1, gic: 3, icount: true, dtb: None, mte: false, smp: 1 };
                 timed_out |= run_configuration(&machine, &build_name, &image, args, "ftrace=*", tally)?.timed_out;
             }
-            if variant != BuildVariant::Plain && !mte && "probe_sweep".contains(args.filter.as_str()) {
+            if variant != BuildVariant::Plain
+                && !mte
+                && !args.list
+                && "probe_sweep".contains(args.filter.as_str())
+                && mine()
+            {
                 if crate::stress::sample(&image, variant, cpus[0])? {
                     tally.passed += 1;
                 } else {
@@ -116,13 +127,15 @@ pub fn run_selection(
                 mte: false,
                 smp: selection.smp,
             };
-            let run = run_configuration(&machine, &build_name, &image, args, "", tally)?;
-            timed_out |= run.timed_out;
-            if run.unmatched {
-                unmatched = true;
-                break;
+            if mine() {
+                let run = run_configuration(&machine, &build_name, &image, args, "", tally)?;
+                timed_out |= run.timed_out;
+                if run.unmatched {
+                    unmatched = true;
+                    break;
+                }
             }
-            if selection.smp4 && Some(&variant) == variants.first() {
+            if selection.smp4 && Some(&variant) == variants.first() && mine() {
                 let machine = Machine { smp: 4, ..machine };
                 timed_out |= run_configuration(&machine, &build_name, &image, args, "", tally)?.timed_out;
             }
@@ -187,13 +200,17 @@ pub fn run_configuration(
     // the 4 vCPUs, the `smp_` set's churn holds every CPU per round, and another QEMU beside it
     // about triples the run's time. Twice the timeout.
     let timeout = if machine.icount { args.timeout } else { 2 * args.timeout };
-    let result = qemu::run(machine, image, &bootargs, Some(Duration::from_secs(timeout)), &mut |_| {})?;
     let configuration = format!(
         "{} variant {}{}{extra_bootargs}",
         machine.describe(),
         build_name,
         if extra_bootargs.is_empty() { "" } else { " " }
     );
+    if args.list {
+        let timeout = Duration::from_secs(timeout);
+        return super::list::list_configuration(machine, image, &bootargs, &configuration, timeout, tally);
+    }
+    let result = qemu::run(machine, image, &bootargs, Some(Duration::from_secs(timeout)), &mut |_| {})?;
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
     let mut failed_tests = Vec::new();
     let mut running = None;
@@ -239,6 +256,10 @@ pub fn run_configuration(
         problems.push("no `tests done` line".into());
     }
     let ktap = Ktap::parse(result.log.iter().map(|line| line.text.as_str()));
+    if let Some(dir) = &args.ktap {
+        let saved = super::ktap::save(dir, &configuration, result.log.iter().map(|line| line.text.as_str()));
+        saved.map_err(|error| Failure::usage(format!("--ktap {}: {error}", dir.display())))?;
+    }
     if done && !args.filter.is_empty() && ktap.plan == Some(0) && problems.is_empty() {
         return Ok(ConfigurationRun { timed_out: false, unmatched: true });
     }
@@ -280,13 +301,18 @@ pub fn run_configuration(
         "kernel tests [{configuration}]: {verdict}: {passed} passed, {failed} failed, {skipped} skipped ({:.1} s)",
         result.elapsed.as_secs_f64()
     );
+    if args.verbose {
+        let results = ["test ok: ", "test skipped: ", "test FAILED: "];
+        let texts = result.log.iter().map(|line| line.text.as_str());
+        texts.filter(|text| results.iter().any(|start| text.starts_with(start))).for_each(|text| println!("  {text}"));
+    }
     if verdict != "ok" {
         for problem in &problems {
             println!("  {problem}");
         }
         println!("  --- kernel log ---");
         for line in &result.log {
-            println!("  {line}");
+            println!("  {}", line.render(args.log_style));
         }
         if !result.stderr.trim().is_empty() {
             println!("  --- qemu stderr ---\n{}", result.stderr);
@@ -351,6 +377,7 @@ mod tests {
             level: Some(defmt_parser::Level::Info),
             timestamp: timestamp.map(str::to_string),
             text: "x".into(),
+            linux: None,
         };
         assert_eq!(timestamps_run_forward(&[line(Some("0.000900")), line(Some("1.000001"))]), Ok(()));
         assert!(

@@ -221,7 +221,7 @@ mod tests {
             "  fp #0 kernel::panic_too+0x90/0x90 0xffffff804009fb78",
         ]
         .into_iter()
-        .map(|text| crate::log::LogLine { level: None, timestamp: None, text: text.into() })
+        .map(crate::log::LogLine::plain)
         .collect();
         assert!(names_under(&log, "cpu 1:", "panic_witness"));
         assert!(names_under(&log, "cpu 1: stopped", "panic_witness"));

@@ -70,6 +70,50 @@ impl Ktap {
     }
 }
 
+/// A run's KTAP as a file kunit.py reads (`kunit.py parse FILE`): from `KTAP version 1` on,
+/// the KTAP lines without their timestamps; a failed check's line (`test FAILED: ...`) as a
+/// KTAP diagnostic (`# ...`) before its `not ok`.
+pub fn document<'a>(lines: impl Iterator<Item = &'a str>) -> String {
+    let mut text = String::new();
+    for line in lines.map(str::trim).skip_while(|line| *line != "KTAP version 1") {
+        let result = line.starts_with("ok ") || line.starts_with("not ok ");
+        if line == "KTAP version 1"
+            || result
+            || line.strip_prefix("1..").is_some_and(|count| count.parse::<usize>().is_ok())
+        {
+            text.push_str(line);
+            text.push('\n');
+        } else if line.starts_with("test FAILED: ") {
+            text.push_str(&format!("# {line}\n"));
+        }
+    }
+    text
+}
+
+/// Writes [`document`] of a configuration's log as `DIR/NAME.ktap`, NAME the configuration's
+/// label in lower case with every run of other characters than letters and digits as one `-`.
+pub fn save<'a>(
+    dir: &std::path::Path,
+    configuration: &str,
+    lines: impl Iterator<Item = &'a str>,
+) -> std::io::Result<std::path::PathBuf> {
+    let mut name = String::new();
+    for character in configuration.chars() {
+        if character.is_ascii_alphanumeric() {
+            name.push(character.to_ascii_lowercase());
+        } else if !name.is_empty() && !name.ends_with('-') {
+            name.push('-');
+        }
+    }
+    let path = dir.join(format!("{}.ktap", name.trim_end_matches('-')));
+    std::fs::create_dir_all(dir)?;
+    // Written whole and renamed: a reader never sees half a file.
+    let partial = path.with_extension("ktap.partial");
+    std::fs::write(&partial, document(lines))?;
+    std::fs::rename(&partial, &path)?;
+    Ok(path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,6 +132,21 @@ mod tests {
         );
         assert_eq!(ktap.results[2], KtapResult { ok: false, number: 3, name: "d".into(), skip: None });
         assert_eq!(ktap.agrees_with(1, 1, 1), Ok(()));
+    }
+
+    #[test]
+    fn the_saved_document_is_ktap_alone() {
+        // The lines as the decoder hands them over: no level word.
+        let run = RUN.replace("ERROR ", "");
+        assert_eq!(
+            document(run.lines()),
+            "KTAP version 1\n1..3\nok 1 a\nok 2 b c # SKIP no SCS in plain\n# test FAILED: d\nnot ok 3 d\n"
+        );
+        let dir = std::env::temp_dir().join(format!("tracelab-ktap-{}", std::process::id()));
+        let path = save(&dir, "virt, max,pauth=off, EL1, GICv2 variant full", run.lines()).unwrap();
+        assert_eq!(path.file_name().unwrap(), "virt-max-pauth-off-el1-gicv2-variant-full.ktap");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), document(run.lines()));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

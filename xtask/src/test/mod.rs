@@ -20,12 +20,16 @@
 
 mod args;
 mod bench;
+mod concurrent;
 mod configuration;
+mod docs_commands;
 mod failure;
 mod host;
 mod ktap;
+mod list;
 mod matrix;
 mod rpi4;
+mod shard;
 mod tally;
 
 use crate::Failure;
@@ -36,12 +40,13 @@ use std::time::Instant;
 use tally::Tally;
 
 pub use args::TestArgs;
+pub use shard::merge;
 
 pub fn run(args: &TestArgs) -> Result<u8, Failure> {
     let start = Instant::now();
     let mut tally = Tally::default();
     crate::names::check_test_filter(&args.filter)?;
-    if !args.no_host {
+    if !args.no_host && !args.list && shard::owns_the_rest(args) {
         host::host_tests(&mut tally)?;
     }
     qemu::ensure_installed()?;
@@ -62,11 +67,23 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
         return Ok(2);
     }
     let mut timed_out = outcome.timed_out;
-    timed_out |= configuration::kasan_short_granules(&selection, sanitizer, args, &mut tally)?;
-    if args.filter.is_empty() && rpi4_dtb.is_some() {
+    timed_out |=
+        shard::owns_the_rest(args) && configuration::kasan_short_granules(&selection, sanitizer, args, &mut tally)?;
+    // A listing runs nothing else: its failures are listings that went wrong.
+    if args.list {
+        tally.failures.iter().for_each(|failure| println!("failed: {failure}"));
+        return Ok(if timed_out {
+            124
+        } else if tally.failed == 0 {
+            0
+        } else {
+            1
+        });
+    }
+    if args.filter.is_empty() && rpi4_dtb.is_some() && shard::owns_the_rest(args) {
         rpi4::rpi4_checks(&args.boot_files, &mut tally)?;
     }
-    if args.filter.is_empty() {
+    if args.filter.is_empty() && shard::owns_the_rest(args) {
         let image = build::kernel(Board::Virt, BuildVariant::Full)?;
         failure::failure_paths(&image, &mut tally)?;
         if variants.contains(&BuildVariant::Mte) && boards.contains(&Board::Virt) {
@@ -75,6 +92,8 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
         let prod = build::kernel(Board::Virt, BuildVariant::Prod)?;
         bench::bench_harness(&prod, &mut tally)?;
         bench::killed_bench_writes_nothing(&mut tally)?;
+        concurrent::demo_and_bench_at_once(&mut tally)?;
+        docs_commands::docs_commands(&mut tally)?;
         crate::profile::self_test(&mut |name, problem| tally.check(name, problem.as_ref()))?;
         crate::probe_spec::self_test(&mut |name, problem| tally.check(name, problem.as_ref()))?;
         tally.check("icount regression gate", crate::bench::gate::check(&prod)?.as_ref());
@@ -84,6 +103,9 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
         tally.failures.extend(failures);
     }
     eprintln!("xtask: test took {:.0} s", start.elapsed().as_secs_f64());
+    if let Some(part) = args.shard {
+        shard::save(args, part, &tally, timed_out)?;
+    }
     for failure in &tally.failures {
         println!("failed: {failure}");
     }
