@@ -1,5 +1,5 @@
-//! `save_stack(mode)`: frame-pointer or shadow-call-stack traces of the running context (task or
-//! IRQ), optionally deduplicated in the stack depot; and the backtraces printed by reports.
+//! `save_stack(mode)`: frame-pointer, shadow-call-stack or SFrame traces of the running context
+//! (task or IRQ), optionally deduplicated in the stack depot; and the backtraces printed by reports.
 //!
 //! Glue between crates/unwind (the walkers), the stack slots (task/stacks.rs: which stacks are
 //! declared to the walker, in the order a walk may move between them) and crates/stackdepot.
@@ -23,8 +23,9 @@ use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 use stackdepot::{DepotError, DepotHandle, StackDepot};
 use unwind::{
-    AddressLayout, FrameStart, FrameWalker, ReturnRepair, ShadowSegment, ShadowStack, ShadowWalker, StackKind,
-    StackMemory, StackRange, StackSet, Trace, TraceOptions, Walked,
+    AddressLayout, Corruption, FrameStart, FrameWalker, Registers, ReturnRepair, SFrameStart, SFrameTable,
+    SFrameWalker, ShadowSegment, ShadowStack, ShadowWalker, StackKind, StackMemory, StackRange, StackSet, StopReason,
+    TableError, Trace, TraceOptions, Walked,
 };
 
 /// Which walker.
@@ -34,6 +35,9 @@ pub enum Mode {
     FramePointer,
     /// Copy the shadow call stack.
     ShadowCallStack,
+    /// Unwind SP, FP and the return address by the SFrame table ([`sframe_table`]), which
+    /// describes every instruction of compiled code, prologues and epilogues included.
+    SFrame,
 }
 
 /// The kernel's address layout: `64 - T1SZ` VA bits (TCR_EL1), code in the upper half.
@@ -134,6 +138,9 @@ unsafe extern "C" {
     static __stack_slots_start: u8;
     /// Where hijacked returns land (probes/kretprobe.rs).
     static kretprobe_trampoline: u32;
+    /// The SFrame table's reservation (kernel.ld), filled by xtask after linking.
+    static __sframe_start: u8;
+    static __sframe_end: u8;
 }
 
 /// The address of a symbol of the kernel image, PC-relative in two instructions (`adrp`, `add`:
@@ -356,7 +363,77 @@ fn collect_shadow_chained(x18: u64, options: TraceOptions, buffer: &mut [MaybeUn
     ShadowWalker::new(&KernelMemory, LAYOUT).with_repair(&WalkRepair).walk(&segments[..count], options, buffer)
 }
 
-/// [`collect_frames`] or [`collect_shadow`], for callers that pick the walker at run time
+/// The kernel's SFrame table: `.sframe` (kernel.ld's reservation in read-only data, filled by
+/// xtask/src/sframe.rs from the compiler's `.eh_frame` after linking), its header checked. The
+/// header's sub-sections must lie inside the reservation, and every lookup bounds-checks its
+/// reads against them, so a corrupt entry met during a walk stops it (`UnwindTable`) rather
+/// than reading past the table. [`Fault::SFrameTableTruncated`] shows the table cut after its
+/// header. Always inlined: a walk's fixed cost is the two addresses and the header's checks.
+#[inline(always)]
+pub fn sframe_table() -> Result<SFrameTable<'static>, TableError> {
+    let start = image_address!(__sframe_start);
+    let end = image_address!(__sframe_end);
+    let length = if uninstrumented::load_bool(inject::flag(Fault::SFrameTableTruncated)) {
+        unwind::sframe::HEADER_SIZE
+    } else {
+        (end - start) as usize
+    };
+    // SAFETY: [__sframe_start, __sframe_end) is the reservation in the kernel's read-only data
+    // (kernel.ld), mapped for the kernel's lifetime and written only before the image is loaded.
+    let bytes = unsafe { core::slice::from_raw_parts(start as *const u8, length) };
+    SFrameTable::new(bytes, start)
+}
+
+/// What a walk reports when the table is refused: no entries, the table's address.
+#[inline(never)]
+#[cold]
+fn table_refused() -> Walked {
+    let address = image_address!(__sframe_start);
+    Walked { len: 0, exception_pcs: 0, stop: StopReason::Corrupt { address, corruption: Corruption::UnwindTable } }
+}
+
+/// The point a call-site walk starts from: a return address into the running function (the
+/// instruction after this one's `adr`, so the lookup at `pc - 1` finds this point's row), and
+/// its SP and x29 at that point.
+#[inline(always)]
+fn call_site() -> (u64, u64, u64) {
+    let (pc, sp, fp);
+    // SAFETY: reads the PC (`adr` of the next instruction), SP and x29 into three registers;
+    // reads no memory, no stack, no flags. Not `pure`: each inlined copy has its own PC.
+    unsafe {
+        core::arch::asm!(
+            "adr {pc}, 2f",
+            "2:",
+            "mov {sp}, sp",
+            "mov {fp}, x29",
+            pc = out(reg) pc,
+            sp = out(reg) sp,
+            fp = out(reg) fp,
+            options(nomem, nostack, preserves_flags)
+        )
+    };
+    (pc, sp, fp)
+}
+
+/// Unwinds the running context by the SFrame table into `buffer`: the same entries as
+/// [`collect_frames`] (entry 0 is the return address of the function this is inlined into).
+/// Always inlined, as `collect_frames`; from an IRQ stack the walk ends at the exception
+/// boundary (the vectors have no rows: the marker's interrupted PC is the last entry).
+///
+/// Fixed cost outside the loop: the table's header, the call site's PC, SP and x29, SP's slot,
+/// the trampoline of hijacked returns, the buffer's bounds.
+#[inline(always)]
+pub fn collect_sframe(options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
+    let Ok(table) = sframe_table() else {
+        return table_refused();
+    };
+    let (pc, sp, fp) = call_site();
+    let stacks = RunningStacks::new(slot_of(sp));
+    let walker = SFrameWalker::over(&KernelMemory, &stacks, &table, LAYOUT).with_repair(&WalkRepair);
+    walker.walk(SFrameStart::CallSite { pc, sp, fp }, options, buffer)
+}
+
+/// [`collect_frames`], [`collect_shadow`] or [`collect_sframe`], for callers that pick the walker at run time
 /// (`save_stack`, the heap, the profiler, reports). Always inlined: the entry the walk reports
 /// first is the return address of the function this is inlined into.
 #[inline(always)]
@@ -364,6 +441,7 @@ pub fn collect(mode: Mode, options: TraceOptions, buffer: &mut [MaybeUninit<u64>
     match mode {
         Mode::FramePointer => collect_frames(options, buffer),
         Mode::ShadowCallStack => collect_shadow(options, buffer),
+        Mode::SFrame => collect_sframe(options, buffer),
     }
 }
 
@@ -388,7 +466,7 @@ pub fn capture(mode: Mode, options: TraceOptions) -> Trace {
 }
 
 /// Traces of an interrupted context, from its saved frame (for reports): FP from its x29 and
-/// PC; SCS from its x18 and PC.
+/// PC; SCS from its x18 and PC; SFrame from its PC, SP, x29 and x30.
 pub fn of_frame(frame: &ExceptionFrame, slot: Slot, mode: Mode) -> Trace {
     // Hijacked returns are known for the running task only.
     let repair = (slot == crate::task::current_slot()).then_some(&Repair as &dyn ReturnRepair);
@@ -407,6 +485,18 @@ pub fn of_frame(frame: &ExceptionFrame, slot: Slot, mode: Mode) -> Trace {
             let walker = ShadowWalker::new(&KernelMemory, LAYOUT);
             let walker = if let Some(repair) = repair { walker.with_repair(repair) } else { walker };
             trace.fill(|buffer| walker.walk(&[segment], TraceOptions::ALL, buffer));
+        }
+        Mode::SFrame => {
+            trace.fill(|buffer| {
+                let Ok(table) = sframe_table() else {
+                    return table_refused();
+                };
+                let stacks = [stack_range(slot, StackKind::Task)];
+                let walker = SFrameWalker::new(&KernelMemory, &stacks, &table, LAYOUT);
+                let walker = if let Some(repair) = repair { walker.with_repair(repair) } else { walker };
+                let registers = Registers { pc: frame.elr, sp: frame.sp, fp: frame.x[29], lr: frame.x[30] };
+                walker.walk(SFrameStart::Interrupted(registers), TraceOptions::ALL, buffer)
+            });
         }
     }
     trace
@@ -470,7 +560,11 @@ pub fn set_mode(mode: Mode) {
 }
 
 pub fn mode() -> Mode {
-    if MODE.load(Ordering::Relaxed) == Mode::ShadowCallStack as u8 { Mode::ShadowCallStack } else { Mode::FramePointer }
+    match MODE.load(Ordering::Relaxed) {
+        mode if mode == Mode::ShadowCallStack as u8 => Mode::ShadowCallStack,
+        mode if mode == Mode::SFrame as u8 => Mode::SFrame,
+        _ => Mode::FramePointer,
+    }
 }
 
 /// Saves the caller's stack in the current mode into the depot.
@@ -586,6 +680,9 @@ pub fn sample_allocation() -> bool {
 pub struct IrqCapture {
     pub frame_pointer: Trace,
     pub shadow: Trace,
+    /// The SFrame walk of the interrupted context from its saved registers (the vectors have
+    /// no rows, so a walk from the handler would stop at the exception boundary).
+    pub sframe: Trace,
     /// The interrupted PC.
     pub pc: u64,
 }
@@ -619,7 +716,7 @@ pub fn on_tick() {
 }
 
 /// Both traces from inside an IRQ handler (through the IRQ stack into the interrupted context),
-/// with the interrupted PC.
+/// the SFrame walk of the interrupted context, and the interrupted PC.
 #[inline(never)]
 pub fn capture_interrupted() -> IrqCapture {
     let frame = stacks::this_cpu().irq_frame.load(Ordering::Relaxed);
@@ -627,7 +724,13 @@ pub fn capture_interrupted() -> IrqCapture {
     let pc = if frame.is_null() { 0 } else { unsafe { (*frame).elr } };
     let frame_pointer = capture(Mode::FramePointer, TraceOptions::ALL);
     let shadow = capture(Mode::ShadowCallStack, TraceOptions::ALL);
-    IrqCapture { frame_pointer, shadow, pc }
+    let sframe = if frame.is_null() {
+        Trace::new()
+    } else {
+        // SAFETY: as above.
+        of_frame(unsafe { &*frame }, crate::task::current_slot(), Mode::SFrame)
+    };
+    IrqCapture { frame_pointer, shadow, sframe, pc }
 }
 
 /// `kasan.stack_sample=N` (N >= 1, default 1): collect one allocation stack in N, for
