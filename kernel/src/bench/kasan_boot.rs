@@ -37,7 +37,7 @@ use crate::stacktrace;
 use core::hint::black_box;
 
 /// The cases: name, heap stack mode, allocation-stack sampling period (`kasan.stack_sample`).
-const CASES: [(&str, Stacks, u32); 8] = [
+const CASES: [(&str, Stacks, u32); 10] = [
     ("no-stacks", Stacks::None, 1),
     ("fp", Stacks::FramePointer, 1),
     ("fp-no-depot", Stacks::FramePointerNoDepot, 1),
@@ -46,6 +46,8 @@ const CASES: [(&str, Stacks, u32); 8] = [
     ("fp-instrumented", Stacks::FramePointerInstrumented, 1),
     ("scs-sample8", Stacks::ShadowCallStack, 8),
     ("fp-sample8", Stacks::FramePointer, 8),
+    ("sframe", Stacks::SFrame, 1),
+    ("sframe-no-depot", Stacks::SFrameNoDepot, 1),
 ];
 
 /// Allocations per run.
@@ -248,7 +250,7 @@ pub fn run(plan: &Plan) {
             row("kasan-boot", name, "-", "overhead_pct", "percent", overhead);
         }
         let total_of = |name: &str| CASES.iter().position(|case| case.0 == name).map_or(0.0, |index| totals[index]);
-        for (case, no_depot) in [("fp", "fp-no-depot"), ("scs", "scs-no-depot")] {
+        for (case, no_depot) in [("fp", "fp-no-depot"), ("scs", "scs-no-depot"), ("sframe", "sframe-no-depot")] {
             let walk = (total_of(no_depot) - total_of("no-stacks")) / collections;
             let depot = (total_of(case) - total_of(no_depot)) / collections;
             row("kasan-boot", case, "-", "walk_per_collection", plan.unit(), walk);
