@@ -20,12 +20,12 @@ use crate::sync::{IrqSpinLock, StaticBlocks};
 use crate::task::stacks::{self, SLOT_SIZE, Slot};
 use core::cell::UnsafeCell;
 use core::mem::MaybeUninit;
-use core::sync::atomic::{AtomicU8, AtomicU32, Ordering};
+use core::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use stackdepot::{DepotError, DepotHandle, StackDepot};
 use unwind::{
-    AddressLayout, Corruption, FrameStart, FrameWalker, Registers, ReturnRepair, SFrameStart, SFrameTable,
+    AddressLayout, Corruption, FrameStart, FrameWalker, Registers, ReturnRepair, RowLookup, SFrameStart, SFrameTable,
     SFrameWalker, ShadowSegment, ShadowStack, ShadowWalker, StackKind, StackMemory, StackRange, StackSet, StopReason,
-    TableError, Trace, TraceOptions, Walked,
+    TableError, Trace, TraceOptions, UnwindRow, Walked,
 };
 
 /// Which walker.
@@ -392,6 +392,76 @@ fn table_refused() -> Walked {
     Walked { len: 0, exception_pcs: 0, stop: StopReason::Corrupt { address, corruption: Corruption::UnwindTable } }
 }
 
+/// Rows found in the table, by the address looked up: direct-mapped, one word per entry (the
+/// address's low 32 bits, then the row packed in 32 bits, never 0: `UnwindRow::pack`), so an
+/// entry is read and written in one access and CPUs filling it at once cannot tear it. A walk
+/// meets the same return addresses again and again (the heap's call sites, a tick's callers):
+/// a hit replaces the search of ~800 functions and the scan of a function's rows by one load.
+/// The table never changes, so an entry is never stale; rows that do not pack are not cached.
+static ROW_CACHE: [AtomicU64; ROW_CACHE_ENTRIES] = [const { AtomicU64::new(0) }; ROW_CACHE_ENTRIES];
+/// 16 KiB: the return addresses of the kernel's hot paths fit with few conflicts.
+const ROW_CACHE_ENTRIES: usize = 2048;
+
+/// The entry of `pc`: its instruction index folded with the bits above, so that call sites a
+/// multiple of the cache's span apart (8 KiB of text) do not all meet in one entry.
+#[inline(always)]
+fn row_cache_index(pc: u64) -> usize {
+    ((pc >> 2) ^ (pc >> 13) ^ (pc >> 24)) as usize % ROW_CACHE_ENTRIES
+}
+
+/// The table with [`ROW_CACHE`] in front of it. Addresses outside the table's 4 GiB window
+/// (which the kernel's text shares) go to the table.
+struct CachedRows<'t> {
+    table: &'t SFrameTable<'t>,
+    /// The window's upper 32 bits.
+    window: u64,
+}
+
+impl RowLookup for CachedRows<'_> {
+    #[inline(always)]
+    #[sanitize(kernel_hwaddress = "off")]
+    fn find(&self, pc: u64) -> Result<Option<UnwindRow>, TableError> {
+        let entry = &ROW_CACHE[row_cache_index(pc)];
+        let word = uninstrumented::load_u64(entry);
+        // Both halves in one compare: the address's low half, and a row (never 0) in the high.
+        let packed = if pc >> 32 == self.window && word & 0xffff_ffff == pc & 0xffff_ffff && word >> 32 != 0 {
+            (word >> 32) as u32
+        } else {
+            self.fill(pc, entry)
+        };
+        // Rows decode in registers on the hot path; what a packed word cannot say (no row, a
+        // corrupt entry, a row too large to pack) is asked of the table again, out of line.
+        if packed != 0 { Ok(Some(UnwindRow::unpack(packed))) } else { self.table_find(pc) }
+    }
+}
+
+impl CachedRows<'_> {
+    /// A cache miss: the row from the table, packed (0 if there is none, the entry is corrupt
+    /// or the row does not pack), and cached if it packs and `pc` is in the window.
+    #[inline(never)]
+    #[sanitize(kernel_hwaddress = "off")]
+    fn fill(&self, pc: u64, entry: &AtomicU64) -> u32 {
+        let Ok(Some(row)) = self.table.find(pc) else {
+            return 0;
+        };
+        let Some(packed) = row.pack() else {
+            return 0;
+        };
+        if pc >> 32 == self.window {
+            uninstrumented::store_u64(entry, (packed as u64) << 32 | pc & 0xffff_ffff);
+        }
+        packed
+    }
+
+    /// The table's answer where no packed row can give it.
+    #[cold]
+    #[inline(never)]
+    #[sanitize(kernel_hwaddress = "off")]
+    fn table_find(&self, pc: u64) -> Result<Option<UnwindRow>, TableError> {
+        self.table.find(pc)
+    }
+}
+
 /// The point a call-site walk starts from: a return address into the running function (the
 /// instruction after this one's `adr`, so the lookup at `pc - 1` finds this point's row), and
 /// its SP and x29 at that point.
@@ -429,7 +499,8 @@ pub fn collect_sframe(options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) ->
     };
     let (pc, sp, fp) = call_site();
     let stacks = RunningStacks::new(slot_of(sp));
-    let walker = SFrameWalker::over(&KernelMemory, &stacks, &table, LAYOUT).with_repair(&WalkRepair);
+    let rows = CachedRows { table: &table, window: table.address() >> 32 };
+    let walker = SFrameWalker::over(&KernelMemory, &stacks, &rows, LAYOUT).with_repair(&WalkRepair);
     walker.walk(SFrameStart::CallSite { pc, sp, fp }, options, buffer)
 }
 
@@ -492,7 +563,8 @@ pub fn of_frame(frame: &ExceptionFrame, slot: Slot, mode: Mode) -> Trace {
                     return table_refused();
                 };
                 let stacks = [stack_range(slot, StackKind::Task)];
-                let walker = SFrameWalker::new(&KernelMemory, &stacks, &table, LAYOUT);
+                let rows = CachedRows { table: &table, window: table.address() >> 32 };
+                let walker = SFrameWalker::new(&KernelMemory, &stacks, &rows, LAYOUT);
                 let walker = if let Some(repair) = repair { walker.with_repair(repair) } else { walker };
                 let registers = Registers { pc: frame.elr, sp: frame.sp, fp: frame.x[29], lr: frame.x[30] };
                 walker.walk(SFrameStart::Interrupted(registers), TraceOptions::ALL, buffer)
