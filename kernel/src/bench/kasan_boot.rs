@@ -14,12 +14,13 @@
 //! retired: they would equal `fp`/`scs`); `fp-instrumented`: `fp` with the walker and its
 //! memory read compiled with the sanitizer's checks (each frame-record word through the check
 //! thunk, as Linux builds its unwinder by default); `fp-sample8`, `scs-sample8`: `fp`, `scs` with
-//! one allocation stack in 8 collected (`kasan.stack_sample=8`; free stacks always). Each case
+//! one allocation stack in 8 collected (`kasan.stack_sample=8`; free stacks always); `sframe`
+//! and `sframe-no-depot`: the walk by the SFrame table, with and without the depot. Each case
 //! runs once unmeasured first, so the depot already holds the workload's stacks (steady state:
 //! saves are lookup hits, as most are in a running kernel) and one case's new records are not
 //! charged to another.
 //!
-//! Rows: `total` per case, `overhead_pct` relative to `no-stacks`; on `fp` and `scs`,
+//! Rows: `total` per case, `overhead_pct` relative to `no-stacks`; on `fp`, `scs` and `sframe`,
 //! `walk_per_collection` ((X-no-depot - no-stacks) / collections) and `depot_per_collection`
 //! ((X - X-no-depot) / collections), derived from the case totals, where collections = the
 //! workload's allocations + frees; the allocator's share of the `no-stacks` total
