@@ -559,20 +559,35 @@ pub fn of_frame(frame: &ExceptionFrame, slot: Slot, mode: Mode) -> Trace {
             trace.fill(|buffer| walker.walk(&[segment], TraceOptions::ALL, buffer));
         }
         Mode::SFrame => {
-            trace.fill(|buffer| {
-                let Ok(table) = sframe_table() else {
-                    return table_refused();
-                };
-                let stacks = [stack_range(slot, StackKind::Task)];
-                let rows = CachedRows { table: &table, window: table.address() >> 32 };
-                let walker = SFrameWalker::new(&KernelMemory, &stacks, &rows, LAYOUT);
-                let walker = if let Some(repair) = repair { walker.with_repair(repair) } else { walker };
-                let registers = Registers { pc: frame.elr, sp: frame.sp, fp: frame.x[29], lr: frame.x[30] };
-                walker.walk(SFrameStart::Interrupted(registers), TraceOptions::ALL, buffer)
-            });
+            trace.fill(|buffer| collect_sframe_of(frame, slot, TraceOptions::ALL, buffer));
         }
     }
     trace
+}
+
+/// The SFrame walk of an interrupted context from its saved PC, SP, x29 and x30 (its PC first,
+/// as an exception PC), on the task stack of `slot`: what a walk from the handler cannot give
+/// (the vectors have no rows, so it stops at the exception boundary). For reports, the IRQ
+/// capture and the profiler's samples.
+#[inline(never)]
+#[sanitize(kernel_hwaddress = "off")]
+pub fn collect_sframe_of(
+    frame: &ExceptionFrame,
+    slot: Slot,
+    options: TraceOptions,
+    buffer: &mut [MaybeUninit<u64>],
+) -> Walked {
+    let Ok(table) = sframe_table() else {
+        return table_refused();
+    };
+    // Hijacked returns are known for the running task only.
+    let repair = (slot == crate::task::current_slot()).then_some(&Repair as &dyn ReturnRepair);
+    let stacks = [stack_range(slot, StackKind::Task)];
+    let rows = CachedRows { table: &table, window: table.address() >> 32 };
+    let walker = SFrameWalker::new(&KernelMemory, &stacks, &rows, LAYOUT);
+    let walker = if let Some(repair) = repair { walker.with_repair(repair) } else { walker };
+    let registers = Registers { pc: frame.elr, sp: frame.sp, fp: frame.x[29], lr: frame.x[30] };
+    walker.walk(SFrameStart::Interrupted(registers), options, buffer)
 }
 
 /// Prints a trace, one symbolizable line per entry, and why it ended.

@@ -1,8 +1,10 @@
 //! `cargo xtask profile`: a kernel workload under the sampling profiler (kernel/src/profile/),
-//! its samples folded into symbolized stacks, flame graphs per unwinder and FP-vs-SCS.
+//! its samples folded into symbolized stacks, flame graphs per unwinder, FP-vs-SCS and
+//! FP-vs-SFrame.
 //!
-//! The kernel dumps one `profile: sample COUNT fp [..] scs [..]` line per distinct pair of
-//! stacks (addresses, the interrupted PC first) and a `profile: summary key=value ...` line.
+//! The kernel dumps one `profile: sample COUNT fp [..] scs [..] sframe [..]` line per distinct
+//! triple of stacks (addresses, the interrupted PC first; `[]` for an unwinder not run) and a
+//! `profile: summary key=value ...` line.
 //! Here the stacks are symbolized with the kernel ELF, folded (`root;...;leaf COUNT`, the format
 //! flamegraph.pl and inferno read), compared pair by pair (the agreement figure, each
 //! difference explained by what the interrupted function's code was doing at its PC) and drawn.
@@ -56,7 +58,12 @@ pub struct ProfileArgs {
 pub enum UnwinderChoice {
     Fp,
     Scs,
+    /// fp and scs.
     Both,
+    /// The SFrame walk of the interrupted context, from its saved registers.
+    Sframe,
+    /// fp, scs and sframe.
+    All,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
@@ -70,8 +77,12 @@ pub struct Profile {
     /// Folded text per unwinder (`None`: not run).
     pub fp: Option<String>,
     pub scs: Option<String>,
+    pub sframe: Option<String>,
     pub summary: BTreeMap<String, u64>,
     pub comparison: Option<Comparison>,
+    /// Against the SFrame walk: (the other unwinder, samples identical after symbolization,
+    /// samples both walked).
+    pub sframe_agreement: Vec<(&'static str, u64, u64)>,
     pub workload_passed: bool,
 }
 
@@ -91,6 +102,8 @@ fn unwinder_word(choice: UnwinderChoice) -> &'static str {
         UnwinderChoice::Fp => "fp",
         UnwinderChoice::Scs => "scs",
         UnwinderChoice::Both => "both",
+        UnwinderChoice::Sframe => "sframe",
+        UnwinderChoice::All => "all",
     }
 }
 
@@ -111,8 +124,10 @@ pub fn validate(args: &ProfileArgs) -> Result<(), Failure> {
             args.every
         )));
     }
-    if args.variant == BuildVariant::Plain && args.unwinder != UnwinderChoice::Fp {
-        return Err(Failure::usage("variant plain has no shadow call stack: use --unwinder fp or --variant full|prod"));
+    if args.variant == BuildVariant::Plain && !matches!(args.unwinder, UnwinderChoice::Fp | UnwinderChoice::Sframe) {
+        return Err(Failure::usage(
+            "variant plain has no shadow call stack: use --unwinder fp|sframe or --variant full|prod",
+        ));
     }
     Ok(())
 }
@@ -207,8 +222,24 @@ pub fn collect(args: &ProfileArgs) -> Result<Profile, Failure> {
     };
     let fp = fold(|sample| &sample.fp);
     let scs = fold(|sample| &sample.scs);
+    let sframe = fold(|sample| &sample.sframe);
     let comparison = (fp.is_some() && scs.is_some()).then(|| compare(&samples, &symbolizer, &code));
-    Ok(Profile { fp, scs, summary, comparison, workload_passed: status == 0 })
+    let picks: [(&'static str, fn(&Sample) -> &Vec<u64>); 2] =
+        [("FP", |sample| &sample.fp), ("SCS", |sample| &sample.scs)];
+    let mut sframe_agreement = Vec::new();
+    for (name, pick) in picks {
+        let (mut identical, mut total) = (0, 0);
+        for sample in samples.iter().filter(|sample| !pick(sample).is_empty() && !sample.sframe.is_empty()) {
+            total += sample.count;
+            if symbolize(&symbolizer, &code, pick(sample)) == symbolize(&symbolizer, &code, &sample.sframe) {
+                identical += sample.count;
+            }
+        }
+        if total > 0 {
+            sframe_agreement.push((name, identical, total));
+        }
+    }
+    Ok(Profile { fp, scs, sframe, summary, comparison, sframe_agreement, workload_passed: status == 0 })
 }
 
 pub fn run(args: &ProfileArgs) -> Result<u8, Failure> {
@@ -216,7 +247,7 @@ pub fn run(args: &ProfileArgs) -> Result<u8, Failure> {
     let out = args.out.clone().unwrap_or_else(|| build::target_dir().join("profile").join(&args.workload));
     std::fs::create_dir_all(&out).map_err(|error| Failure::usage(format!("{}: {error}", out.display())))?;
     let mut written = Vec::new();
-    for (name, folded) in [("fp", &profile.fp), ("scs", &profile.scs)] {
+    for (name, folded) in [("fp", &profile.fp), ("scs", &profile.scs), ("sframe", &profile.sframe)] {
         if let Some(folded) = folded {
             write(&out.join(format!("{name}.folded")), folded.as_bytes(), &mut written)?;
             let title = format!("{} ({} unwinder)", args.workload, name.to_uppercase());
@@ -228,6 +259,12 @@ pub fn run(args: &ProfileArgs) -> Result<u8, Failure> {
         write(&out.join("fp-vs-scs.folded"), difference.as_bytes(), &mut written)?;
         let title = format!("{}: FP -> SCS (red: more samples in SCS, blue: fewer)", args.workload);
         write(&out.join("fp-vs-scs.svg"), &flame_graph(&difference, &title)?, &mut written)?;
+    }
+    if let (Some(fp), Some(sframe)) = (&profile.fp, &profile.sframe) {
+        let difference = differential(fp, sframe)?;
+        write(&out.join("fp-vs-sframe.folded"), difference.as_bytes(), &mut written)?;
+        let title = format!("{}: FP -> SFrame (red: more samples in SFrame, blue: fewer)", args.workload);
+        write(&out.join("fp-vs-sframe.svg"), &flame_graph(&difference, &title)?, &mut written)?;
     }
     print_report(args, &profile);
     for path in written {
@@ -274,13 +311,21 @@ fn print_report(args: &ProfileArgs, profile: &Profile) {
             println!("      other, where they part: {place}: {count}");
         }
     }
+    for (other, identical, total) in &profile.sframe_agreement {
+        println!(
+            "  {other}/SFrame agreement: {identical}/{total} samples identical after symbolization ({:.1}%)",
+            100.0 * *identical as f64 / (*total).max(1) as f64
+        );
+    }
     let per_sample = |key: &str, ran: bool| {
         if ran { format!("{:.0}", get(key) as f64 / samples as f64) } else { "(not run)".to_string() }
     };
     println!(
-        "  cost per sample (instructions): FP walk+depot {}, SCS walk+depot {}, whole sample path {}, interrupt entry {}",
+        "  cost per sample (instructions): FP walk+depot {}, SCS walk+depot {}, SFrame walk+depot {}, whole sample \
+         path {}, interrupt entry {}",
         per_sample("fp_walk", profile.fp.is_some()),
         per_sample("scs_walk", profile.scs.is_some()),
+        per_sample("sframe_walk", profile.sframe.is_some()),
         per_sample("handler", true),
         get("entry_min")
     );
@@ -307,17 +352,19 @@ struct Sample {
     count: u64,
     fp: Vec<u64>,
     scs: Vec<u64>,
+    sframe: Vec<u64>,
 }
 
-/// `COUNT fp [A, B] scs [C]`.
+/// `COUNT fp [A, B] scs [C] sframe [D]` (a line without `sframe` has no SFrame stack).
 fn parse_sample(text: &str) -> Option<Sample> {
     let (count, rest) = text.split_once(" fp ")?;
-    let (fp, scs) = rest.split_once(" scs ")?;
+    let (fp, rest) = rest.split_once(" scs ")?;
+    let (scs, sframe) = rest.split_once(" sframe ").unwrap_or((rest, "[]"));
     let list = |text: &str| -> Option<Vec<u64>> {
         let inner = text.trim().strip_prefix('[')?.strip_suffix(']')?;
         inner.split(',').filter(|word| !word.trim().is_empty()).map(|word| word.trim().parse().ok()).collect()
     };
-    Some(Sample { count: count.trim().parse().ok()?, fp: list(fp)?, scs: list(scs)? })
+    Some(Sample { count: count.trim().parse().ok()?, fp: list(fp)?, scs: list(scs)?, sframe: list(sframe)? })
 }
 
 /// Function names, innermost first: the first address is an exact PC, the others return
@@ -628,8 +675,11 @@ mod tests {
     #[test]
     fn parses_a_sample_line() {
         let sample = parse_sample("18 fp [1, 2, 3] scs []").expect("parses");
-        assert_eq!((sample.count, sample.fp, sample.scs), (18, vec![1, 2, 3], vec![]));
+        assert_eq!((sample.count, sample.fp, sample.scs, sample.sframe), (18, vec![1, 2, 3], vec![], vec![]));
         assert!(parse_sample("18 fp [1, x] scs []").is_none());
+        let sample = parse_sample("7 fp [] scs [4] sframe [4, 5]").expect("parses");
+        assert_eq!((sample.count, sample.fp, sample.scs, sample.sframe), (7, vec![], vec![4], vec![4, 5]));
+        assert!(parse_sample("7 fp [] scs [4] sframe [4, y]").is_none());
     }
 
     #[test]
