@@ -80,10 +80,20 @@ pub struct Profile {
     pub sframe: Option<String>,
     pub summary: BTreeMap<String, u64>,
     pub comparison: Option<Comparison>,
-    /// Against the SFrame walk: (the other unwinder, samples identical after symbolization,
-    /// samples both walked).
-    pub sframe_agreement: Vec<(&'static str, u64, u64)>,
+    /// Against the SFrame walk, per other unwinder.
+    pub sframe_agreement: Vec<SFrameAgreement>,
     pub workload_passed: bool,
+}
+
+/// FP or SCS against the SFrame walk, sample by sample.
+#[derive(Default, Debug)]
+pub struct SFrameAgreement {
+    /// `FP` or `SCS`.
+    pub other: &'static str,
+    pub samples: u64,
+    pub identical: u64,
+    /// Differences by kind, with their sample counts.
+    pub causes: BTreeMap<&'static str, u64>,
 }
 
 /// FP against SCS, sample by sample.
@@ -228,15 +238,27 @@ pub fn collect(args: &ProfileArgs) -> Result<Profile, Failure> {
         [("FP", |sample| &sample.fp), ("SCS", |sample| &sample.scs)];
     let mut sframe_agreement = Vec::new();
     for (name, pick) in picks {
-        let (mut identical, mut total) = (0, 0);
+        let mut agreement = SFrameAgreement { other: name, ..SFrameAgreement::default() };
         for sample in samples.iter().filter(|sample| !pick(sample).is_empty() && !sample.sframe.is_empty()) {
-            total += sample.count;
-            if symbolize(&symbolizer, &code, pick(sample)) == symbolize(&symbolizer, &code, &sample.sframe) {
-                identical += sample.count;
-            }
+            agreement.samples += sample.count;
+            let other = symbolize(&symbolizer, &code, pick(sample));
+            let sframe = symbolize(&symbolizer, &code, &sample.sframe);
+            let cause = if other == sframe {
+                agreement.identical += sample.count;
+                continue;
+            } else if sframe.len() == 1 {
+                "SFrame stops at the PC (code without rows: assembly, sanitizer check thunks)"
+            } else if one_more(&sframe, &other) {
+                "SFrame has the caller the other misses (leaf, prologue or epilogue window)"
+            } else if one_more(&other, &sframe) {
+                "the other has one more frame"
+            } else {
+                "other (the walks differ beyond the interrupted function)"
+            };
+            *agreement.causes.entry(cause).or_default() += sample.count;
         }
-        if total > 0 {
-            sframe_agreement.push((name, identical, total));
+        if agreement.samples > 0 {
+            sframe_agreement.push(agreement);
         }
     }
     Ok(Profile { fp, scs, sframe, summary, comparison, sframe_agreement, workload_passed: status == 0 })
@@ -311,11 +333,17 @@ fn print_report(args: &ProfileArgs, profile: &Profile) {
             println!("      other, where they part: {place}: {count}");
         }
     }
-    for (other, identical, total) in &profile.sframe_agreement {
+    for agreement in &profile.sframe_agreement {
         println!(
-            "  {other}/SFrame agreement: {identical}/{total} samples identical after symbolization ({:.1}%)",
-            100.0 * *identical as f64 / (*total).max(1) as f64
+            "  {}/SFrame agreement: {}/{} samples identical after symbolization ({:.1}%)",
+            agreement.other,
+            agreement.identical,
+            agreement.samples,
+            100.0 * agreement.identical as f64 / agreement.samples.max(1) as f64
         );
+        for (cause, count) in &agreement.causes {
+            println!("    differ: {cause}: {count}");
+        }
     }
     let per_sample = |key: &str, ran: bool| {
         if ran { format!("{:.0}", get(key) as f64 / samples as f64) } else { "(not run)".to_string() }
