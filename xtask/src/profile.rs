@@ -234,8 +234,7 @@ pub fn collect(args: &ProfileArgs) -> Result<Profile, Failure> {
     let scs = fold(|sample| &sample.scs);
     let sframe = fold(|sample| &sample.sframe);
     let comparison = (fp.is_some() && scs.is_some()).then(|| compare(&samples, &symbolizer, &code));
-    let picks: [(&'static str, fn(&Sample) -> &Vec<u64>); 2] =
-        [("FP", |sample| &sample.fp), ("SCS", |sample| &sample.scs)];
+    let picks: [(&'static str, StackOf); 2] = [("FP", |sample| &sample.fp), ("SCS", |sample| &sample.scs)];
     let mut sframe_agreement = Vec::new();
     for (name, pick) in picks {
         let mut agreement = SFrameAgreement { other: name, ..SFrameAgreement::default() };
@@ -375,6 +374,9 @@ fn print_report(args: &ProfileArgs, profile: &Profile) {
         println!("  the workload itself reported a failure (exit status 1); the profile is complete");
     }
 }
+
+/// One unwinder's stack of a sample.
+type StackOf = fn(&Sample) -> &Vec<u64>;
 
 struct Sample {
     count: u64,
