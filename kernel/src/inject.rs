@@ -74,6 +74,9 @@ faults! {
     /// The sanitizer's tag generator: every CPU draws from CPU 0's state (one state shared by
     /// all CPUs, unsynchronised).
     TagStateShared = "tag-state-shared",
+    /// The SFrame walk sees its table cut after the header (`stacktrace::sframe_table`): a
+    /// corrupt table, which every walk must refuse.
+    SFrameTableTruncated = "sframe-table-truncated",
 }
 
 const COUNT: usize = Fault::ALL.len();

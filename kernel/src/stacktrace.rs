@@ -1,5 +1,5 @@
-//! `save_stack(mode)`: frame-pointer or shadow-call-stack traces of the running context (task or
-//! IRQ), optionally deduplicated in the stack depot; and the backtraces printed by reports.
+//! `save_stack(mode)`: frame-pointer, shadow-call-stack or SFrame traces of the running context
+//! (task or IRQ), optionally deduplicated in the stack depot; and the backtraces printed by reports.
 //!
 //! Glue between crates/unwind (the walkers), the stack slots (task/stacks.rs: which stacks are
 //! declared to the walker, in the order a walk may move between them) and crates/stackdepot.
@@ -20,11 +20,12 @@ use crate::sync::{IrqSpinLock, StaticBlocks};
 use crate::task::stacks::{self, SLOT_SIZE, Slot};
 use core::cell::UnsafeCell;
 use core::mem::MaybeUninit;
-use core::sync::atomic::{AtomicU8, AtomicU32, Ordering};
+use core::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use stackdepot::{DepotError, DepotHandle, StackDepot};
 use unwind::{
-    AddressLayout, FrameStart, FrameWalker, ReturnRepair, ShadowSegment, ShadowStack, ShadowWalker, StackKind,
-    StackMemory, StackRange, StackSet, Trace, TraceOptions, Walked,
+    AddressLayout, Corruption, FrameStart, FrameWalker, Registers, ReturnRepair, RowLookup, SFrameStart, SFrameTable,
+    SFrameWalker, ShadowSegment, ShadowStack, ShadowWalker, StackKind, StackMemory, StackRange, StackSet, StopReason,
+    TableError, Trace, TraceOptions, UnwindRow, Walked,
 };
 
 /// Which walker.
@@ -34,6 +35,9 @@ pub enum Mode {
     FramePointer,
     /// Copy the shadow call stack.
     ShadowCallStack,
+    /// Unwind SP, FP and the return address by the SFrame table ([`sframe_table`]), which
+    /// describes every instruction of compiled code, prologues and epilogues included.
+    SFrame,
 }
 
 /// The kernel's address layout: `64 - T1SZ` VA bits (TCR_EL1), code in the upper half.
@@ -134,6 +138,9 @@ unsafe extern "C" {
     static __stack_slots_start: u8;
     /// Where hijacked returns land (probes/kretprobe.rs).
     static kretprobe_trampoline: u32;
+    /// The SFrame table's reservation (kernel.ld), filled by xtask after linking.
+    static __sframe_start: u8;
+    static __sframe_end: u8;
 }
 
 /// The address of a symbol of the kernel image, PC-relative in two instructions (`adrp`, `add`:
@@ -356,7 +363,149 @@ fn collect_shadow_chained(x18: u64, options: TraceOptions, buffer: &mut [MaybeUn
     ShadowWalker::new(&KernelMemory, LAYOUT).with_repair(&WalkRepair).walk(&segments[..count], options, buffer)
 }
 
-/// [`collect_frames`] or [`collect_shadow`], for callers that pick the walker at run time
+/// The kernel's SFrame table: `.sframe` (kernel.ld's reservation in read-only data, filled by
+/// xtask/src/sframe.rs from the compiler's `.eh_frame` after linking), its header checked. The
+/// header's sub-sections must lie inside the reservation, and every lookup bounds-checks its
+/// reads against them, so a corrupt entry met during a walk stops it (`UnwindTable`) rather
+/// than reading past the table. [`Fault::SFrameTableTruncated`] shows the table cut after its
+/// header. Always inlined: a walk's fixed cost is the two addresses and the header's checks.
+#[inline(always)]
+pub fn sframe_table() -> Result<SFrameTable<'static>, TableError> {
+    let start = image_address!(__sframe_start);
+    let end = image_address!(__sframe_end);
+    let length = if uninstrumented::load_bool(inject::flag(Fault::SFrameTableTruncated)) {
+        unwind::sframe::HEADER_SIZE
+    } else {
+        (end - start) as usize
+    };
+    // SAFETY: [__sframe_start, __sframe_end) is the reservation in the kernel's read-only data
+    // (kernel.ld), mapped for the kernel's lifetime and written only before the image is loaded.
+    let bytes = unsafe { core::slice::from_raw_parts(start as *const u8, length) };
+    SFrameTable::new(bytes, start)
+}
+
+/// What a walk reports when the table is refused: no entries, the table's address.
+#[inline(never)]
+#[cold]
+fn table_refused() -> Walked {
+    let address = image_address!(__sframe_start);
+    Walked { len: 0, exception_pcs: 0, stop: StopReason::Corrupt { address, corruption: Corruption::UnwindTable } }
+}
+
+/// Rows found in the table, by the address looked up: direct-mapped, one word per entry (the
+/// address's low 32 bits, then the row packed in 32 bits, never 0: `UnwindRow::pack`), so an
+/// entry is read and written in one access and CPUs filling it at once cannot tear it. A walk
+/// meets the same return addresses again and again (the heap's call sites, a tick's callers):
+/// a hit replaces the search of ~800 functions and the scan of a function's rows by one load.
+/// The table never changes, so an entry is never stale; rows that do not pack are not cached.
+static ROW_CACHE: [AtomicU64; ROW_CACHE_ENTRIES] = [const { AtomicU64::new(0) }; ROW_CACHE_ENTRIES];
+/// 16 KiB: the return addresses of the kernel's hot paths fit with few conflicts.
+const ROW_CACHE_ENTRIES: usize = 2048;
+
+/// The entry of `pc`: its instruction index folded with the bits above, so that call sites a
+/// multiple of the cache's span apart (8 KiB of text) do not all meet in one entry.
+#[inline(always)]
+fn row_cache_index(pc: u64) -> usize {
+    ((pc >> 2) ^ (pc >> 13) ^ (pc >> 24)) as usize % ROW_CACHE_ENTRIES
+}
+
+/// The table with [`ROW_CACHE`] in front of it. Addresses outside the table's 4 GiB window
+/// (which the kernel's text shares) go to the table.
+struct CachedRows<'t> {
+    table: &'t SFrameTable<'t>,
+    /// The window's upper 32 bits.
+    window: u64,
+}
+
+impl RowLookup for CachedRows<'_> {
+    /// Inlined into the walk, which is exempt from the sanitizer; its one memory access is the
+    /// entry's uninstrumented load.
+    #[inline(always)]
+    fn find(&self, pc: u64) -> Result<Option<UnwindRow>, TableError> {
+        let entry = &ROW_CACHE[row_cache_index(pc)];
+        let word = uninstrumented::load_u64(entry);
+        // Both halves in one compare: the address's low half, and a row (never 0) in the high.
+        let packed = if pc >> 32 == self.window && word & 0xffff_ffff == pc & 0xffff_ffff && word >> 32 != 0 {
+            (word >> 32) as u32
+        } else {
+            self.fill(pc, entry)
+        };
+        // Rows decode in registers on the hot path; what a packed word cannot say (no row, a
+        // corrupt entry, a row too large to pack) is asked of the table again, out of line.
+        if packed != 0 { Ok(Some(UnwindRow::unpack(packed))) } else { self.table_find(pc) }
+    }
+}
+
+impl CachedRows<'_> {
+    /// A cache miss: the row from the table, packed (0 if there is none, the entry is corrupt
+    /// or the row does not pack), and cached if it packs and `pc` is in the window.
+    #[inline(never)]
+    #[sanitize(kernel_hwaddress = "off")]
+    fn fill(&self, pc: u64, entry: &AtomicU64) -> u32 {
+        let Ok(Some(row)) = self.table.find(pc) else {
+            return 0;
+        };
+        let Some(packed) = row.pack() else {
+            return 0;
+        };
+        if pc >> 32 == self.window {
+            uninstrumented::store_u64(entry, (packed as u64) << 32 | pc & 0xffff_ffff);
+        }
+        packed
+    }
+
+    /// The table's answer where no packed row can give it.
+    #[cold]
+    #[inline(never)]
+    #[sanitize(kernel_hwaddress = "off")]
+    fn table_find(&self, pc: u64) -> Result<Option<UnwindRow>, TableError> {
+        self.table.find(pc)
+    }
+}
+
+/// The point a call-site walk starts from: a return address into the running function (the
+/// instruction after this one's `adr`, so the lookup at `pc - 1` finds this point's row), and
+/// its SP and x29 at that point.
+#[inline(always)]
+fn call_site() -> (u64, u64, u64) {
+    let (pc, sp, fp);
+    // SAFETY: reads the PC (`adr` of the next instruction), SP and x29 into three registers;
+    // reads no memory, no stack, no flags. Not `pure`: each inlined copy has its own PC.
+    unsafe {
+        core::arch::asm!(
+            "adr {pc}, 2f",
+            "2:",
+            "mov {sp}, sp",
+            "mov {fp}, x29",
+            pc = out(reg) pc,
+            sp = out(reg) sp,
+            fp = out(reg) fp,
+            options(nomem, nostack, preserves_flags)
+        )
+    };
+    (pc, sp, fp)
+}
+
+/// Unwinds the running context by the SFrame table into `buffer`: the same entries as
+/// [`collect_frames`] (entry 0 is the return address of the function this is inlined into).
+/// Always inlined, as `collect_frames`; from an IRQ stack the walk ends at the exception
+/// boundary (the vectors have no rows: the marker's interrupted PC is the last entry).
+///
+/// Fixed cost outside the loop: the table's header, the call site's PC, SP and x29, SP's slot,
+/// the trampoline of hijacked returns, the buffer's bounds.
+#[inline(always)]
+pub fn collect_sframe(options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
+    let Ok(table) = sframe_table() else {
+        return table_refused();
+    };
+    let (pc, sp, fp) = call_site();
+    let stacks = RunningStacks::new(slot_of(sp));
+    let rows = CachedRows { table: &table, window: table.address() >> 32 };
+    let walker = SFrameWalker::over(&KernelMemory, &stacks, &rows, LAYOUT).with_repair(&WalkRepair);
+    walker.walk(SFrameStart::CallSite { pc, sp, fp }, options, buffer)
+}
+
+/// [`collect_frames`], [`collect_shadow`] or [`collect_sframe`], for callers that pick the walker at run time
 /// (`save_stack`, the heap, the profiler, reports). Always inlined: the entry the walk reports
 /// first is the return address of the function this is inlined into.
 #[inline(always)]
@@ -364,6 +513,7 @@ pub fn collect(mode: Mode, options: TraceOptions, buffer: &mut [MaybeUninit<u64>
     match mode {
         Mode::FramePointer => collect_frames(options, buffer),
         Mode::ShadowCallStack => collect_shadow(options, buffer),
+        Mode::SFrame => collect_sframe(options, buffer),
     }
 }
 
@@ -388,7 +538,7 @@ pub fn capture(mode: Mode, options: TraceOptions) -> Trace {
 }
 
 /// Traces of an interrupted context, from its saved frame (for reports): FP from its x29 and
-/// PC; SCS from its x18 and PC.
+/// PC; SCS from its x18 and PC; SFrame from its PC, SP, x29 and x30.
 pub fn of_frame(frame: &ExceptionFrame, slot: Slot, mode: Mode) -> Trace {
     // Hijacked returns are known for the running task only.
     let repair = (slot == crate::task::current_slot()).then_some(&Repair as &dyn ReturnRepair);
@@ -408,8 +558,36 @@ pub fn of_frame(frame: &ExceptionFrame, slot: Slot, mode: Mode) -> Trace {
             let walker = if let Some(repair) = repair { walker.with_repair(repair) } else { walker };
             trace.fill(|buffer| walker.walk(&[segment], TraceOptions::ALL, buffer));
         }
+        Mode::SFrame => {
+            trace.fill(|buffer| collect_sframe_of(frame, slot, TraceOptions::ALL, buffer));
+        }
     }
     trace
+}
+
+/// The SFrame walk of an interrupted context from its saved PC, SP, x29 and x30 (its PC first,
+/// as an exception PC), on the task stack of `slot`: what a walk from the handler cannot give
+/// (the vectors have no rows, so it stops at the exception boundary). For reports, the IRQ
+/// capture and the profiler's samples.
+#[inline(never)]
+#[sanitize(kernel_hwaddress = "off")]
+pub fn collect_sframe_of(
+    frame: &ExceptionFrame,
+    slot: Slot,
+    options: TraceOptions,
+    buffer: &mut [MaybeUninit<u64>],
+) -> Walked {
+    let Ok(table) = sframe_table() else {
+        return table_refused();
+    };
+    // Hijacked returns are known for the running task only.
+    let repair = (slot == crate::task::current_slot()).then_some(&Repair as &dyn ReturnRepair);
+    let stacks = [stack_range(slot, StackKind::Task)];
+    let rows = CachedRows { table: &table, window: table.address() >> 32 };
+    let walker = SFrameWalker::new(&KernelMemory, &stacks, &rows, LAYOUT);
+    let walker = if let Some(repair) = repair { walker.with_repair(repair) } else { walker };
+    let registers = Registers { pc: frame.elr, sp: frame.sp, fp: frame.x[29], lr: frame.x[30] };
+    walker.walk(SFrameStart::Interrupted(registers), options, buffer)
 }
 
 /// Prints a trace, one symbolizable line per entry, and why it ended.
@@ -470,7 +648,11 @@ pub fn set_mode(mode: Mode) {
 }
 
 pub fn mode() -> Mode {
-    if MODE.load(Ordering::Relaxed) == Mode::ShadowCallStack as u8 { Mode::ShadowCallStack } else { Mode::FramePointer }
+    match MODE.load(Ordering::Relaxed) {
+        mode if mode == Mode::ShadowCallStack as u8 => Mode::ShadowCallStack,
+        mode if mode == Mode::SFrame as u8 => Mode::SFrame,
+        _ => Mode::FramePointer,
+    }
 }
 
 /// Saves the caller's stack in the current mode into the depot.
@@ -586,6 +768,9 @@ pub fn sample_allocation() -> bool {
 pub struct IrqCapture {
     pub frame_pointer: Trace,
     pub shadow: Trace,
+    /// The SFrame walk of the interrupted context from its saved registers (the vectors have
+    /// no rows, so a walk from the handler would stop at the exception boundary).
+    pub sframe: Trace,
     /// The interrupted PC.
     pub pc: u64,
 }
@@ -619,7 +804,7 @@ pub fn on_tick() {
 }
 
 /// Both traces from inside an IRQ handler (through the IRQ stack into the interrupted context),
-/// with the interrupted PC.
+/// the SFrame walk of the interrupted context, and the interrupted PC.
 #[inline(never)]
 pub fn capture_interrupted() -> IrqCapture {
     let frame = stacks::this_cpu().irq_frame.load(Ordering::Relaxed);
@@ -627,7 +812,13 @@ pub fn capture_interrupted() -> IrqCapture {
     let pc = if frame.is_null() { 0 } else { unsafe { (*frame).elr } };
     let frame_pointer = capture(Mode::FramePointer, TraceOptions::ALL);
     let shadow = capture(Mode::ShadowCallStack, TraceOptions::ALL);
-    IrqCapture { frame_pointer, shadow, pc }
+    let sframe = if frame.is_null() {
+        Trace::new()
+    } else {
+        // SAFETY: as above.
+        of_frame(unsafe { &*frame }, crate::task::current_slot(), Mode::SFrame)
+    };
+    IrqCapture { frame_pointer, shadow, sframe, pc }
 }
 
 /// `kasan.stack_sample=N` (N >= 1, default 1): collect one allocation stack in N, for

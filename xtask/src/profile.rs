@@ -1,8 +1,10 @@
 //! `cargo xtask profile`: a kernel workload under the sampling profiler (kernel/src/profile/),
-//! its samples folded into symbolized stacks, flame graphs per unwinder and FP-vs-SCS.
+//! its samples folded into symbolized stacks, flame graphs per unwinder, FP-vs-SCS and
+//! FP-vs-SFrame.
 //!
-//! The kernel dumps one `profile: sample COUNT fp [..] scs [..]` line per distinct pair of
-//! stacks (addresses, the interrupted PC first) and a `profile: summary key=value ...` line.
+//! The kernel dumps one `profile: sample COUNT fp [..] scs [..] sframe [..]` line per distinct
+//! triple of stacks (addresses, the interrupted PC first; `[]` for an unwinder not run) and a
+//! `profile: summary key=value ...` line.
 //! Here the stacks are symbolized with the kernel ELF, folded (`root;...;leaf COUNT`, the format
 //! flamegraph.pl and inferno read), compared pair by pair (the agreement figure, each
 //! difference explained by what the interrupted function's code was doing at its PC) and drawn.
@@ -56,7 +58,12 @@ pub struct ProfileArgs {
 pub enum UnwinderChoice {
     Fp,
     Scs,
+    /// fp and scs.
     Both,
+    /// The SFrame walk of the interrupted context, from its saved registers.
+    Sframe,
+    /// fp, scs and sframe.
+    All,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
@@ -70,9 +77,23 @@ pub struct Profile {
     /// Folded text per unwinder (`None`: not run).
     pub fp: Option<String>,
     pub scs: Option<String>,
+    pub sframe: Option<String>,
     pub summary: BTreeMap<String, u64>,
     pub comparison: Option<Comparison>,
+    /// Against the SFrame walk, per other unwinder.
+    pub sframe_agreement: Vec<SFrameAgreement>,
     pub workload_passed: bool,
+}
+
+/// FP or SCS against the SFrame walk, sample by sample.
+#[derive(Default, Debug)]
+pub struct SFrameAgreement {
+    /// `FP` or `SCS`.
+    pub other: &'static str,
+    pub samples: u64,
+    pub identical: u64,
+    /// Differences by kind, with their sample counts.
+    pub causes: BTreeMap<&'static str, u64>,
 }
 
 /// FP against SCS, sample by sample.
@@ -91,6 +112,8 @@ fn unwinder_word(choice: UnwinderChoice) -> &'static str {
         UnwinderChoice::Fp => "fp",
         UnwinderChoice::Scs => "scs",
         UnwinderChoice::Both => "both",
+        UnwinderChoice::Sframe => "sframe",
+        UnwinderChoice::All => "all",
     }
 }
 
@@ -111,8 +134,10 @@ pub fn validate(args: &ProfileArgs) -> Result<(), Failure> {
             args.every
         )));
     }
-    if args.variant == BuildVariant::Plain && args.unwinder != UnwinderChoice::Fp {
-        return Err(Failure::usage("variant plain has no shadow call stack: use --unwinder fp or --variant full|prod"));
+    if args.variant == BuildVariant::Plain && !matches!(args.unwinder, UnwinderChoice::Fp | UnwinderChoice::Sframe) {
+        return Err(Failure::usage(
+            "variant plain has no shadow call stack: use --unwinder fp|sframe or --variant full|prod",
+        ));
     }
     Ok(())
 }
@@ -207,8 +232,35 @@ pub fn collect(args: &ProfileArgs) -> Result<Profile, Failure> {
     };
     let fp = fold(|sample| &sample.fp);
     let scs = fold(|sample| &sample.scs);
+    let sframe = fold(|sample| &sample.sframe);
     let comparison = (fp.is_some() && scs.is_some()).then(|| compare(&samples, &symbolizer, &code));
-    Ok(Profile { fp, scs, summary, comparison, workload_passed: status == 0 })
+    let picks: [(&'static str, StackOf); 2] = [("FP", |sample| &sample.fp), ("SCS", |sample| &sample.scs)];
+    let mut sframe_agreement = Vec::new();
+    for (name, pick) in picks {
+        let mut agreement = SFrameAgreement { other: name, ..SFrameAgreement::default() };
+        for sample in samples.iter().filter(|sample| !pick(sample).is_empty() && !sample.sframe.is_empty()) {
+            agreement.samples += sample.count;
+            let other = symbolize(&symbolizer, &code, pick(sample));
+            let sframe = symbolize(&symbolizer, &code, &sample.sframe);
+            let cause = if other == sframe {
+                agreement.identical += sample.count;
+                continue;
+            } else if sframe.len() == 1 {
+                "SFrame stops at the PC (code without rows: assembly, sanitizer check thunks)"
+            } else if one_more(&sframe, &other) {
+                "SFrame has the caller the other misses (leaf, prologue or epilogue window)"
+            } else if one_more(&other, &sframe) {
+                "the other has one more frame"
+            } else {
+                "other (the walks differ beyond the interrupted function)"
+            };
+            *agreement.causes.entry(cause).or_default() += sample.count;
+        }
+        if agreement.samples > 0 {
+            sframe_agreement.push(agreement);
+        }
+    }
+    Ok(Profile { fp, scs, sframe, summary, comparison, sframe_agreement, workload_passed: status == 0 })
 }
 
 pub fn run(args: &ProfileArgs) -> Result<u8, Failure> {
@@ -219,7 +271,7 @@ pub fn run(args: &ProfileArgs) -> Result<u8, Failure> {
     let _lock = crate::atomic::lock_dir(&out, "profile output")
         .map_err(|error| Failure::usage(format!("lock for {}: {error}", out.display())))?;
     let mut written = Vec::new();
-    for (name, folded) in [("fp", &profile.fp), ("scs", &profile.scs)] {
+    for (name, folded) in [("fp", &profile.fp), ("scs", &profile.scs), ("sframe", &profile.sframe)] {
         if let Some(folded) = folded {
             write(&out.join(format!("{name}.folded")), folded.as_bytes(), &mut written)?;
             let title = format!("{} ({} unwinder)", args.workload, name.to_uppercase());
@@ -231,6 +283,12 @@ pub fn run(args: &ProfileArgs) -> Result<u8, Failure> {
         write(&out.join("fp-vs-scs.folded"), difference.as_bytes(), &mut written)?;
         let title = format!("{}: FP -> SCS (red: more samples in SCS, blue: fewer)", args.workload);
         write(&out.join("fp-vs-scs.svg"), &flame_graph(&difference, &title)?, &mut written)?;
+    }
+    if let (Some(fp), Some(sframe)) = (&profile.fp, &profile.sframe) {
+        let difference = differential(fp, sframe)?;
+        write(&out.join("fp-vs-sframe.folded"), difference.as_bytes(), &mut written)?;
+        let title = format!("{}: FP -> SFrame (red: more samples in SFrame, blue: fewer)", args.workload);
+        write(&out.join("fp-vs-sframe.svg"), &flame_graph(&difference, &title)?, &mut written)?;
     }
     print_report(args, &profile);
     for path in written {
@@ -277,13 +335,27 @@ fn print_report(args: &ProfileArgs, profile: &Profile) {
             println!("      other, where they part: {place}: {count}");
         }
     }
+    for agreement in &profile.sframe_agreement {
+        println!(
+            "  {}/SFrame agreement: {}/{} samples identical after symbolization ({:.1}%)",
+            agreement.other,
+            agreement.identical,
+            agreement.samples,
+            100.0 * agreement.identical as f64 / agreement.samples.max(1) as f64
+        );
+        for (cause, count) in &agreement.causes {
+            println!("    differ: {cause}: {count}");
+        }
+    }
     let per_sample = |key: &str, ran: bool| {
         if ran { format!("{:.0}", get(key) as f64 / samples as f64) } else { "(not run)".to_string() }
     };
     println!(
-        "  cost per sample (instructions): FP walk+depot {}, SCS walk+depot {}, whole sample path {}, interrupt entry {}",
+        "  cost per sample (instructions): FP walk+depot {}, SCS walk+depot {}, SFrame walk+depot {}, whole sample \
+         path {}, interrupt entry {}",
         per_sample("fp_walk", profile.fp.is_some()),
         per_sample("scs_walk", profile.scs.is_some()),
+        per_sample("sframe_walk", profile.sframe.is_some()),
         per_sample("handler", true),
         get("entry_min")
     );
@@ -306,21 +378,26 @@ fn print_report(args: &ProfileArgs, profile: &Profile) {
     }
 }
 
+/// One unwinder's stack of a sample.
+type StackOf = fn(&Sample) -> &Vec<u64>;
+
 struct Sample {
     count: u64,
     fp: Vec<u64>,
     scs: Vec<u64>,
+    sframe: Vec<u64>,
 }
 
-/// `COUNT fp [A, B] scs [C]`.
+/// `COUNT fp [A, B] scs [C] sframe [D]` (a line without `sframe` has no SFrame stack).
 fn parse_sample(text: &str) -> Option<Sample> {
     let (count, rest) = text.split_once(" fp ")?;
-    let (fp, scs) = rest.split_once(" scs ")?;
+    let (fp, rest) = rest.split_once(" scs ")?;
+    let (scs, sframe) = rest.split_once(" sframe ").unwrap_or((rest, "[]"));
     let list = |text: &str| -> Option<Vec<u64>> {
         let inner = text.trim().strip_prefix('[')?.strip_suffix(']')?;
         inner.split(',').filter(|word| !word.trim().is_empty()).map(|word| word.trim().parse().ok()).collect()
     };
-    Some(Sample { count: count.trim().parse().ok()?, fp: list(fp)?, scs: list(scs)? })
+    Some(Sample { count: count.trim().parse().ok()?, fp: list(fp)?, scs: list(scs)?, sframe: list(sframe)? })
 }
 
 /// Function names, innermost first: the first address is an exact PC, the others return
@@ -631,8 +708,11 @@ mod tests {
     #[test]
     fn parses_a_sample_line() {
         let sample = parse_sample("18 fp [1, 2, 3] scs []").expect("parses");
-        assert_eq!((sample.count, sample.fp, sample.scs), (18, vec![1, 2, 3], vec![]));
+        assert_eq!((sample.count, sample.fp, sample.scs, sample.sframe), (18, vec![1, 2, 3], vec![], vec![]));
         assert!(parse_sample("18 fp [1, x] scs []").is_none());
+        let sample = parse_sample("7 fp [] scs [4] sframe [4, 5]").expect("parses");
+        assert_eq!((sample.count, sample.fp, sample.scs, sample.sframe), (7, vec![], vec![4], vec![4, 5]));
+        assert!(parse_sample("7 fp [] scs [4] sframe [4, y]").is_none());
     }
 
     #[test]

@@ -3,9 +3,10 @@
 //! The target emits call-frame information (CFI) for every compiled function; no assembler
 //! here writes a usable AArch64 SFrame section for this kernel (the shadow call stack's
 //! `DW_CFA_val_expression` is refused or dropped), so xtask converts it, as objtool generates
-//! ORC tables. The linker script keeps `.eh_frame` and reserves `.sframe` (zeros) in a segment
-//! nothing loads; [`embed`] fills `.sframe` in place, so no address moves and the loaded image
-//! is the same with or without the table.
+//! ORC tables. The linker script keeps `.eh_frame` in a segment nothing loads and reserves
+//! `.sframe` (zeros) in the loaded read-only data, after everything the code's layout depends
+//! on; [`embed`] fills `.sframe` in place, so no address moves, and fails the build when the
+//! table outgrows the reservation. The kernel reads it (`stacktrace`'s `sframe` mode).
 //!
 //! Conversion, per FDE row (gimli evaluates the CFI): the CFA is SP or x29 plus an offset; x30
 //! (RA) and x29 (FP) are in their registers or at CFA-relative slots; the PAC state is

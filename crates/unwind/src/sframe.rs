@@ -86,6 +86,74 @@ impl UnwindRow {
     /// A leaf's row, or the entry of any function: CFA = SP, RA in x30, FP in x29.
     pub const ENTRY: Self =
         Self { cfa_base: CfaBase::StackPointer, cfa_offset: 0, ra_offset: None, fp_offset: None, ra_signed: false };
+
+    /// The row in 32 bits (never 0), for a cache that reads and writes an entry in one access,
+    /// or `None` if it does not fit: bit 0 set, bit 1 the CFA is FP-based, bit 2 the RA is
+    /// signed, bits 3 and 4 the RA and FP are saved, bits 5-15 the CFA offset / 8, bits 16-23
+    /// and 24-31 minus the RA and FP offsets / 8. Every offset must be a multiple of 8, the CFA
+    /// offset in 0..=16376 and the slots in -2040..=-8 (the kernel's frames all are).
+    pub const fn pack(&self) -> Option<u32> {
+        let cfa = self.cfa_offset;
+        if cfa < 0 || cfa % 8 != 0 || cfa / 8 > 0x7ff {
+            return None;
+        }
+        let mut word = 1 | (cfa as u32 / 8) << 5;
+        if let CfaBase::FramePointer = self.cfa_base {
+            word |= 1 << 1;
+        }
+        if self.ra_signed {
+            word |= 1 << 2;
+        }
+        if let Some(offset) = self.ra_offset {
+            match pack_slot(offset) {
+                Some(slot) => word |= 1 << 3 | slot << 16,
+                None => return None,
+            }
+        }
+        if let Some(offset) = self.fp_offset {
+            match pack_slot(offset) {
+                Some(slot) => word |= 1 << 4 | slot << 24,
+                None => return None,
+            }
+        }
+        Some(word)
+    }
+
+    /// The row [`pack`](Self::pack) made `word` from.
+    #[inline(always)]
+    pub const fn unpack(word: u32) -> Self {
+        Self {
+            cfa_base: if word & (1 << 1) != 0 { CfaBase::FramePointer } else { CfaBase::StackPointer },
+            cfa_offset: ((word >> 5) & 0x7ff) as i32 * 8,
+            ra_offset: unpack_slot(word, 1 << 3, 16),
+            fp_offset: unpack_slot(word, 1 << 4, 24),
+            ra_signed: word & (1 << 2) != 0,
+        }
+    }
+}
+
+/// The slot offset [`UnwindRow::pack`] stored at `shift` if bit `present` is set.
+#[inline(always)]
+const fn unpack_slot(word: u32, present: u32, shift: u32) -> Option<i32> {
+    if word & present != 0 { Some(-(((word >> shift) & 0xff) as i32) * 8) } else { None }
+}
+
+/// A saved slot's offset as [`UnwindRow::pack`] stores it: minus the offset / 8, 1..=255.
+const fn pack_slot(offset: i32) -> Option<u32> {
+    if offset >= 0 || offset % 8 != 0 || -offset / 8 > 0xff { None } else { Some((-offset / 8) as u32) }
+}
+
+/// Where a walk finds the row at an address: the table itself, or a cache in front of it.
+pub trait RowLookup {
+    /// As [`SFrameTable::find`].
+    fn find(&self, pc: u64) -> Result<Option<UnwindRow>, TableError>;
+}
+
+impl RowLookup for SFrameTable<'_> {
+    #[inline(always)]
+    fn find(&self, pc: u64) -> Result<Option<UnwindRow>, TableError> {
+        SFrameTable::find(self, pc)
+    }
 }
 
 /// What is wrong with a table (found by [`SFrameTable::new`], a lookup or [`SFrameTable::check`]).
@@ -138,6 +206,9 @@ pub struct FunctionEntry {
 #[derive(Clone, Copy, Debug)]
 pub struct SFrameTable<'a> {
     bytes: &'a [u8],
+    /// The FDE sub-section as descriptors (`len` of them): the search reads these fixed-size
+    /// arrays, so a probe costs one bounds check, not one per byte.
+    descriptors: &'a [[u8; FDE_SIZE]],
     address: u64,
     pc_relative: bool,
     fdes: usize,
@@ -234,8 +305,13 @@ impl<'a> SFrameTable<'a> {
         if fdes_end > bytes.len() || fres_end > bytes.len() {
             return Err(TableError::Truncated);
         }
+        let descriptors = match bytes[fdes..fdes_end].as_chunks::<FDE_SIZE>() {
+            (descriptors, []) => descriptors,
+            _ => return Err(TableError::Truncated),
+        };
         Ok(Self {
             bytes,
+            descriptors,
             address,
             pc_relative: flags & FLAG_FDE_FUNC_START_PCREL != 0,
             fdes,
@@ -264,11 +340,8 @@ impl<'a> SFrameTable<'a> {
     #[inline(always)]
     fn start_of(&self, index: usize) -> u64 {
         let at = self.fdes + index * FDE_SIZE;
-        let bytes = self.bytes;
-        let relative = (bytes[at] as u32
-            | (bytes[at + 1] as u32) << 8
-            | (bytes[at + 2] as u32) << 16
-            | (bytes[at + 3] as u32) << 24) as i32 as i64 as u64;
+        let descriptor = &self.descriptors[index];
+        let relative = i32::from_le_bytes([descriptor[0], descriptor[1], descriptor[2], descriptor[3]]) as i64 as u64;
         let base = if self.pc_relative { self.address.wrapping_add(at as u64) } else { self.address };
         base.wrapping_add(relative)
     }
@@ -278,14 +351,16 @@ impl<'a> SFrameTable<'a> {
         if index >= self.functions {
             return None;
         }
-        let at = self.fdes + index * FDE_SIZE;
-        // In bounds: `new` checked the whole FDE sub-section.
+        let descriptor = &self.descriptors[index];
+        let word = |at: usize| {
+            u32::from_le_bytes([descriptor[at], descriptor[at + 1], descriptor[at + 2], descriptor[at + 3]])
+        };
         Some(FunctionEntry {
             start: self.start_of(index),
-            size: read_u32(self.bytes, at + 4).ok()?,
-            first_row: read_u32(self.bytes, at + 8).ok()?,
-            rows: read_u32(self.bytes, at + 12).ok()?,
-            info: self.bytes[at + 16],
+            size: word(4),
+            first_row: word(8),
+            rows: word(12),
+            info: descriptor[16],
         })
     }
 
@@ -293,12 +368,23 @@ impl<'a> SFrameTable<'a> {
     #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline]
     pub fn function_index(&self, pc: u64) -> Option<usize> {
+        let descriptors = self.descriptors;
+        // start_of(i) = first + i * step + the descriptor's relative start.
+        let (first, step) = if self.pc_relative {
+            (self.address.wrapping_add(self.fdes as u64), FDE_SIZE as u64)
+        } else {
+            (self.address, 0)
+        };
+        let start = |index: usize, descriptor: &[u8; FDE_SIZE]| {
+            let relative = i32::from_le_bytes([descriptor[0], descriptor[1], descriptor[2], descriptor[3]]);
+            first.wrapping_add(index as u64 * step).wrapping_add(relative as i64 as u64)
+        };
         // Invariant: every FDE below `low` starts at or before `pc`, every one from `high` after.
         let mut low = 0;
-        let mut high = self.functions;
+        let mut high = descriptors.len();
         while low < high {
             let middle = low + (high - low) / 2;
-            if self.start_of(middle) <= pc {
+            if start(middle, &descriptors[middle]) <= pc {
                 low = middle + 1;
             } else {
                 high = middle;
@@ -308,16 +394,14 @@ impl<'a> SFrameTable<'a> {
             return None;
         }
         let index = low - 1;
-        let at = self.fdes + index * FDE_SIZE + 4;
-        let size = self.bytes[at] as u64
-            | (self.bytes[at + 1] as u64) << 8
-            | (self.bytes[at + 2] as u64) << 16
-            | (self.bytes[at + 3] as u64) << 24;
-        if pc - self.start_of(index) < size { Some(index) } else { None }
+        let descriptor = &descriptors[index];
+        let size = u32::from_le_bytes([descriptor[4], descriptor[5], descriptor[6], descriptor[7]]);
+        if pc.wrapping_sub(start(index, descriptor)) < u64::from(size) { Some(index) } else { None }
     }
 
     /// The row that applies at `pc`: `Ok(None)` if no function (or no row) covers it, `Err` if
-    /// the function's entry or rows are corrupt.
+    /// the function's entry or rows are corrupt. The scan reads each row's start and info byte
+    /// (enough to step over it) and decodes only the row it stops at.
     #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline]
     pub fn find(&self, pc: u64) -> Result<Option<UnwindRow>, TableError> {
@@ -331,18 +415,40 @@ impl<'a> SFrameTable<'a> {
         };
         let offset = pc - function.start;
         let (mut at, width) = or_stop!(self.rows_of(index, &function), Err);
+        let rows = &self.bytes[..self.fres_end];
         let mut found = None;
         let mut left = function.rows;
         while left > 0 {
-            let stored = or_stop!(self.row_at(index, at, width), Err);
-            if stored.start as u64 > offset {
+            let start = match width {
+                1 => or_stop!(read_u8(rows, at), Err) as u32,
+                2 => or_stop!(read_u16(rows, at), Err) as u32,
+                _ => or_stop!(read_u32(rows, at), Err),
+            };
+            if start as u64 > offset {
                 break;
             }
-            found = Some(stored.row);
-            at = stored.next;
+            let info = or_stop!(read_u8(rows, at + width), Err);
+            let count = ((info >> 1) & 0xf) as usize;
+            let offset_width = match (info >> 5) & 3 {
+                0 => 1,
+                1 => 2,
+                2 => 4,
+                _ => return Err(TableError::BadRow { index }),
+            };
+            if count == 0 || count > 3 {
+                return Err(TableError::BadRow { index });
+            }
+            found = Some(at);
+            at += width + 1 + count * offset_width;
             left -= 1;
         }
-        Ok(found)
+        match found {
+            Some(at) => match self.row_at(index, at, width) {
+                Ok(stored) => Ok(Some(stored.row)),
+                Err(error) => Err(error),
+            },
+            None => Ok(None),
+        }
     }
 
     /// Where FDE `index`'s rows start and the width of their start offsets.

@@ -26,7 +26,7 @@ use core::mem::MaybeUninit;
 use crate::frame::{FRAME_RECORD_SIZE, FrameMarker};
 use crate::pac::AddressLayout;
 use crate::repair::ReturnRepair;
-use crate::sframe::{CfaBase, SFrameTable};
+use crate::sframe::{CfaBase, RowLookup, SFrameTable};
 use crate::stack::{StackMemory, StackRange, StackSet};
 use crate::trace::{Corruption, Sink, StopReason, TraceOptions, Walked};
 
@@ -61,11 +61,12 @@ pub enum SFrameStart {
     },
 }
 
-/// Walks frames by an [`SFrameTable`] over `memory`, reading only inside `stacks`.
-pub struct SFrameWalker<'a, M: ?Sized, S: ?Sized = [StackRange]> {
+/// Walks frames by an [`SFrameTable`] (or a [`RowLookup`] in front of one) over `memory`,
+/// reading only inside `stacks`.
+pub struct SFrameWalker<'a, M: ?Sized, S: ?Sized = [StackRange], T: ?Sized = SFrameTable<'a>> {
     memory: &'a M,
     stacks: &'a S,
-    table: &'a SFrameTable<'a>,
+    table: &'a T,
     layout: AddressLayout,
     repair: Option<&'a dyn ReturnRepair>,
 }
@@ -82,23 +83,25 @@ struct Frame {
     exact: bool,
 }
 
-impl<'a, M> SFrameWalker<'a, M>
+impl<'a, M, T> SFrameWalker<'a, M, [StackRange], T>
 where
     M: StackMemory + ?Sized,
+    T: RowLookup + ?Sized,
 {
     /// A walker over `memory` limited to `stacks`, reading `table`.
-    pub fn new(memory: &'a M, stacks: &'a [StackRange], table: &'a SFrameTable<'a>, layout: AddressLayout) -> Self {
+    pub fn new(memory: &'a M, stacks: &'a [StackRange], table: &'a T, layout: AddressLayout) -> Self {
         Self { memory, stacks, table, layout, repair: None }
     }
 }
 
-impl<'a, M, S> SFrameWalker<'a, M, S>
+impl<'a, M, S, T> SFrameWalker<'a, M, S, T>
 where
     M: StackMemory + ?Sized,
     S: StackSet + ?Sized,
+    T: RowLookup + ?Sized,
 {
     /// A walker over `memory` limited to the stacks `stacks` declares (see [`StackSet`]).
-    pub fn over(memory: &'a M, stacks: &'a S, table: &'a SFrameTable<'a>, layout: AddressLayout) -> Self {
+    pub fn over(memory: &'a M, stacks: &'a S, table: &'a T, layout: AddressLayout) -> Self {
         Self { memory, stacks, table, layout, repair: None }
     }
 

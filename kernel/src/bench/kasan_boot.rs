@@ -14,12 +14,13 @@
 //! retired: they would equal `fp`/`scs`); `fp-instrumented`: `fp` with the walker and its
 //! memory read compiled with the sanitizer's checks (each frame-record word through the check
 //! thunk, as Linux builds its unwinder by default); `fp-sample8`, `scs-sample8`: `fp`, `scs` with
-//! one allocation stack in 8 collected (`kasan.stack_sample=8`; free stacks always). Each case
+//! one allocation stack in 8 collected (`kasan.stack_sample=8`; free stacks always); `sframe`
+//! and `sframe-no-depot`: the walk by the SFrame table, with and without the depot. Each case
 //! runs once unmeasured first, so the depot already holds the workload's stacks (steady state:
 //! saves are lookup hits, as most are in a running kernel) and one case's new records are not
 //! charged to another.
 //!
-//! Rows: `total` per case, `overhead_pct` relative to `no-stacks`; on `fp` and `scs`,
+//! Rows: `total` per case, `overhead_pct` relative to `no-stacks`; on `fp`, `scs` and `sframe`,
 //! `walk_per_collection` ((X-no-depot - no-stacks) / collections) and `depot_per_collection`
 //! ((X - X-no-depot) / collections), derived from the case totals, where collections = the
 //! workload's allocations + frees; the allocator's share of the `no-stacks` total
@@ -37,7 +38,7 @@ use crate::stacktrace;
 use core::hint::black_box;
 
 /// The cases: name, heap stack mode, allocation-stack sampling period (`kasan.stack_sample`).
-const CASES: [(&str, Stacks, u32); 8] = [
+const CASES: [(&str, Stacks, u32); 10] = [
     ("no-stacks", Stacks::None, 1),
     ("fp", Stacks::FramePointer, 1),
     ("fp-no-depot", Stacks::FramePointerNoDepot, 1),
@@ -46,6 +47,8 @@ const CASES: [(&str, Stacks, u32); 8] = [
     ("fp-instrumented", Stacks::FramePointerInstrumented, 1),
     ("scs-sample8", Stacks::ShadowCallStack, 8),
     ("fp-sample8", Stacks::FramePointer, 8),
+    ("sframe", Stacks::SFrame, 1),
+    ("sframe-no-depot", Stacks::SFrameNoDepot, 1),
 ];
 
 /// Allocations per run.
@@ -248,7 +251,7 @@ pub fn run(plan: &Plan) {
             row("kasan-boot", name, "-", "overhead_pct", "percent", overhead);
         }
         let total_of = |name: &str| CASES.iter().position(|case| case.0 == name).map_or(0.0, |index| totals[index]);
-        for (case, no_depot) in [("fp", "fp-no-depot"), ("scs", "scs-no-depot")] {
+        for (case, no_depot) in [("fp", "fp-no-depot"), ("scs", "scs-no-depot"), ("sframe", "sframe-no-depot")] {
             let walk = (total_of(no_depot) - total_of("no-stacks")) / collections;
             let depot = (total_of(case) - total_of(no_depot)) / collections;
             row("kasan-boot", case, "-", "walk_per_collection", plan.unit(), walk);

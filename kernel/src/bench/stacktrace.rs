@@ -1,9 +1,9 @@
-//! Suite `stacktrace`: what one stack trace costs, frame-pointer walk vs shadow-call-stack copy,
-//! with and without the stack depot, at depths 4 to 64 (BENCH.md).
+//! Suite `stacktrace`: what one stack trace costs, frame-pointer walk vs shadow-call-stack copy
+//! vs SFrame walk, with and without the stack depot, at depths 4 to 64 (BENCH.md).
 //!
 //! A recursion of `depth` frames is built, then the leaf takes N traces of exactly `depth`
-//! entries through `stacktrace::collect_frames` or `collect_shadow` (the entry points every collection
-//! uses),
+//! entries through `stacktrace::collect_frames`, `collect_shadow` or `collect_sframe` (the entry
+//! points every collection uses),
 //! into a buffer on the stack; per_trace = (that loop - the same loop without the trace) / N.
 //! With `+depot`, each trace is also saved in the depot: after the first save it is a lookup hit,
 //! as most of the allocation stacks a sanitizer saves are.
@@ -15,12 +15,19 @@ use core::mem::MaybeUninit;
 use unwind::TraceOptions;
 
 const DEPTHS: [usize; 5] = [4, 8, 16, 32, 64];
-const CASES: [(&str, Mode, bool); 4] = [
+const CASES: [(&str, Mode, bool); 6] = [
     ("fp", Mode::FramePointer, false),
     ("scs", Mode::ShadowCallStack, false),
     ("fp+depot", Mode::FramePointer, true),
     ("scs+depot", Mode::ShadowCallStack, true),
+    ("sframe", Mode::SFrame, false),
+    ("sframe+depot", Mode::SFrame, true),
 ];
+
+/// `trace_once`'s walker: its const parameter.
+const FRAMES: u8 = 0;
+const SHADOW: u8 = 1;
+const SFRAME: u8 = 2;
 
 /// Recurses `remaining` more frames, then measures at the leaf.
 #[inline(never)]
@@ -36,13 +43,13 @@ fn recurse(remaining: usize, leaf: &mut dyn FnMut()) -> usize {
 /// function per walker, as the heap and `save_stack` reach them), saved in the depot with `DEPOT`.
 #[inline(never)]
 #[sanitize(kernel_hwaddress = "off")]
-fn trace_once<const SHADOW: bool, const DEPOT: bool>(depth: usize) {
+fn trace_once<const WALKER: u8, const DEPOT: bool>(depth: usize) {
     let mut buffer = [MaybeUninit::uninit(); unwind::MAX_FRAMES];
     let options = TraceOptions::new(0, depth);
-    let walked = if SHADOW {
-        stacktrace::collect_shadow(options, &mut buffer)
-    } else {
-        stacktrace::collect_frames(options, &mut buffer)
+    let walked = match WALKER {
+        SHADOW => stacktrace::collect_shadow(options, &mut buffer),
+        SFRAME => stacktrace::collect_sframe(options, &mut buffer),
+        _ => stacktrace::collect_frames(options, &mut buffer),
     };
     // What the heap and `save_stack` use of a walk: its entries (the stop reason is for
     // reports, which print it from a `Trace`).
@@ -57,10 +64,12 @@ fn trace_once<const SHADOW: bool, const DEPOT: bool>(depth: usize) {
 /// The trace function of a case.
 fn trace_function(mode: Mode, depot: bool) -> fn(usize) {
     match (mode, depot) {
-        (Mode::FramePointer, false) => trace_once::<false, false>,
-        (Mode::ShadowCallStack, false) => trace_once::<true, false>,
-        (Mode::FramePointer, true) => trace_once::<false, true>,
-        (Mode::ShadowCallStack, true) => trace_once::<true, true>,
+        (Mode::FramePointer, false) => trace_once::<FRAMES, false>,
+        (Mode::ShadowCallStack, false) => trace_once::<SHADOW, false>,
+        (Mode::SFrame, false) => trace_once::<SFRAME, false>,
+        (Mode::FramePointer, true) => trace_once::<FRAMES, true>,
+        (Mode::ShadowCallStack, true) => trace_once::<SHADOW, true>,
+        (Mode::SFrame, true) => trace_once::<SFRAME, true>,
     }
 }
 

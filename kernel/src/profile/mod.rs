@@ -53,7 +53,7 @@ impl Request {
         Self { workload: "", unwinders: Unwinders::Both, clock: Clock::Pmu { every: 100_003 }, broken: None }
     }
 
-    /// `profile.workload=NAME profile.unwinder=fp|scs|both profile.every=N profile.clock=pmu|timer
+    /// `profile.workload=NAME profile.unwinder=fp|scs|both|sframe|all profile.every=N profile.clock=pmu|timer
     /// profile.break=fp|scs`.
     pub fn from_args(args: &Args) -> Self {
         let mut request = Self::new();
@@ -62,7 +62,10 @@ impl Request {
                 (key::PROFILE_WORKLOAD, name) => request.workload = name,
                 (key::PROFILE_UNWINDER, name) => match Unwinders::parse(name) {
                     Some(unwinders) => request.unwinders = unwinders,
-                    None => defmt::warn!("cmdline: profile.unwinder={=str} is not fp|scs|both, keeping both", name),
+                    None => defmt::warn!(
+                        "cmdline: profile.unwinder={=str} is not fp|scs|both|sframe|all, keeping both",
+                        name
+                    ),
                 },
                 (key::PROFILE_EVERY, every) => match every.parse::<u64>() {
                     Ok(every) if every >= 1 => request.clock = Clock::Pmu { every },

@@ -1,5 +1,5 @@
 //! The sample path (hard-IRQ context): walk, cut at the interrupted PC, save in the depot,
-//! count per (FP handle, SCS handle); and the per-CPU tables' dump.
+//! count per (FP handle, SCS handle, SFrame handle); and the per-CPU tables' dump.
 
 use super::{Clock, Request, SHARE_CHECK_AFTER, SHARE_LIMIT_PERCENT};
 use crate::arch::counters;
@@ -18,7 +18,12 @@ use unwind::TraceOptions;
 pub enum Unwinders {
     FramePointer,
     ShadowCallStack,
+    /// The frame and shadow walks.
     Both,
+    /// The SFrame walk of the interrupted context, from its saved registers.
+    SFrame,
+    /// All three.
+    All,
 }
 
 impl Unwinders {
@@ -27,6 +32,8 @@ impl Unwinders {
             Self::FramePointer => "fp",
             Self::ShadowCallStack => "scs",
             Self::Both => "both",
+            Self::SFrame => "sframe",
+            Self::All => "all",
         }
     }
 
@@ -35,6 +42,8 @@ impl Unwinders {
             "fp" => Some(Self::FramePointer),
             "scs" => Some(Self::ShadowCallStack),
             "both" => Some(Self::Both),
+            "sframe" => Some(Self::SFrame),
+            "all" => Some(Self::All),
             _ => None,
         }
     }
@@ -44,6 +53,8 @@ impl Unwinders {
             Self::FramePointer => FP,
             Self::ShadowCallStack => SCS,
             Self::Both => FP | SCS,
+            Self::SFrame => SFRAME,
+            Self::All => FP | SCS | SFRAME,
         }
     }
 }
@@ -51,6 +62,7 @@ impl Unwinders {
 const FP: u8 = 1;
 const SCS: u8 = 2;
 const TIMER: u8 = 4;
+const SFRAME: u8 = 8;
 
 /// What the sample path runs: the unwinder bits and TIMER when the tick is the clock; 0 = off.
 static ACTIVE: AtomicU8 = AtomicU8::new(0);
@@ -69,6 +81,7 @@ struct Counters {
     lost_unwound: AtomicU64,
     fp_walk: AtomicU64,
     scs_walk: AtomicU64,
+    sframe_walk: AtomicU64,
     /// Counter ticks of the sample path, from its first instruction to its last.
     handler: AtomicU64,
     /// PMU clock only: events from the overflow to the sample path: the exception entry and
@@ -95,6 +108,7 @@ static COUNTERS: Counters = Counters {
     lost_unwound: AtomicU64::new(0),
     fp_walk: AtomicU64::new(0),
     scs_walk: AtomicU64::new(0),
+    sframe_walk: AtomicU64::new(0),
     handler: AtomicU64::new(0),
     entry: AtomicU64::new(0),
     entry_min: AtomicU64::new(u64::MAX),
@@ -105,11 +119,12 @@ fn add(counter: &AtomicU64, value: u64) {
     counter.fetch_add(value, Ordering::Relaxed);
 }
 
-/// Distinct (FP handle, SCS handle) pairs and their counts: open addressing on the pair.
+/// Distinct (FP handle, SCS handle, SFrame handle) triples and their counts: open addressing
+/// on the triple (each handle 32 bits, 0 for a walker not run).
 const TABLE_SIZE: usize = 2048;
 
 struct Table {
-    keys: [u64; TABLE_SIZE],
+    keys: [u128; TABLE_SIZE],
     counts: [u32; TABLE_SIZE],
 }
 
@@ -119,15 +134,16 @@ impl Table {
     }
 
     /// Empties the table in place: a new `Table` assigned through the lock would be built on
-    /// the stack first (24 KiB, most of the boot stack the profiled workload runs on).
+    /// the stack first (40 KiB, more than the boot stack the profiled workload runs on).
     fn clear(&mut self) {
         self.keys.fill(0);
         self.counts.fill(0);
     }
 
     /// Counts one sample of `key` (never 0); false when the table is full.
-    fn count(&mut self, key: u64) -> bool {
-        let mut index = (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 53) as usize % TABLE_SIZE;
+    fn count(&mut self, key: u128) -> bool {
+        let folded = (key as u64) ^ ((key >> 64) as u64).rotate_left(32);
+        let mut index = (folded.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 53) as usize % TABLE_SIZE;
         for _ in 0..TABLE_SIZE {
             if self.keys[index] == key || self.keys[index] == 0 {
                 self.keys[index] = key;
@@ -157,6 +173,7 @@ pub(super) fn start(request: &Request, event: Option<pmu::Event>) -> Result<(), 
         &COUNTERS.lost_unwound,
         &COUNTERS.fp_walk,
         &COUNTERS.scs_walk,
+        &COUNTERS.sframe_walk,
         &COUNTERS.handler,
         &COUNTERS.entry,
         &COUNTERS.delayed,
@@ -169,8 +186,11 @@ pub(super) fn start(request: &Request, event: Option<pmu::Event>) -> Result<(), 
     inject::set(Fault::ProfileBrokenFramePointer, request.broken == Some(Mode::FramePointer));
     inject::set(Fault::ProfileBrokenShadowCallStack, request.broken == Some(Mode::ShadowCallStack));
     let timer = if request.clock == Clock::Timer { TIMER } else { 0 };
-    let unwinders =
-        if crate::build_info::SHADOW_CALL_STACK { request.unwinders.bits() } else { request.unwinders.bits() & FP };
+    let unwinders = if crate::build_info::SHADOW_CALL_STACK {
+        request.unwinders.bits()
+    } else {
+        request.unwinders.bits() & (FP | SFRAME)
+    };
     if unwinders == 0 {
         defmt::error!("profile: this build has no shadow call stack (variant {=str})", crate::build_info::VARIANT);
         return Err("no shadow call stack");
@@ -208,7 +228,7 @@ impl Summary {
             Clock::Timer => crate::drivers::timer::frequency() / crate::drivers::timer::hz().max(1),
         };
         defmt::info!(
-            "profile: summary clock={=str} period={=u64} counter_hz={=u64} samples={=u64} stored={=u64} lost_depot_full={=u64} lost_depot_busy={=u64} lost_table_full={=u64} lost_unwound={=u64} fp_walk={=u64} scs_walk={=u64} handler={=u64} entry={=u64} entry_min={=u64} delayed={=u64} workload={=u64} refused={=bool}",
+            "profile: summary clock={=str} period={=u64} counter_hz={=u64} samples={=u64} stored={=u64} lost_depot_full={=u64} lost_depot_busy={=u64} lost_table_full={=u64} lost_unwound={=u64} fp_walk={=u64} scs_walk={=u64} sframe_walk={=u64} handler={=u64} entry={=u64} entry_min={=u64} delayed={=u64} workload={=u64} refused={=bool}",
             event.map_or("timer", pmu::Event::name),
             period,
             crate::drivers::timer::frequency(),
@@ -220,6 +240,7 @@ impl Summary {
             get(&COUNTERS.lost_unwound),
             get(&COUNTERS.fp_walk),
             get(&COUNTERS.scs_walk),
+            get(&COUNTERS.sframe_walk),
             get(&COUNTERS.handler),
             get(&COUNTERS.entry),
             if get(&COUNTERS.entry_min) == u64::MAX { 0 } else { get(&COUNTERS.entry_min) },
@@ -290,12 +311,23 @@ fn sample(active: u8) {
             add(cost, counters::virtual_count() - start);
             saved.map(DepotHandle::to_raw)
         };
-        walk(FP, Mode::FramePointer, &COUNTERS.fp_walk)
-            .and_then(|fp| walk(SCS, Mode::ShadowCallStack, &COUNTERS.scs_walk).map(|scs| (fp, scs)))
+        let sframe = || -> Result<u32, Lost> {
+            if active & SFRAME == 0 {
+                return Ok(0);
+            }
+            let start = counters::virtual_count();
+            let saved = save_interrupted_sframe(frame, user);
+            add(&COUNTERS.sframe_walk, counters::virtual_count() - start);
+            saved.map(DepotHandle::to_raw)
+        };
+        walk(FP, Mode::FramePointer, &COUNTERS.fp_walk).and_then(|fp| {
+            walk(SCS, Mode::ShadowCallStack, &COUNTERS.scs_walk)
+                .and_then(|scs| sframe().map(|sframe| (fp, scs, sframe)))
+        })
     };
     match outcome {
-        Ok((fp, scs)) => {
-            let key = u64::from(fp) << 32 | u64::from(scs);
+        Ok((fp, scs, sframe)) => {
+            let key = u128::from(fp) << 64 | u128::from(scs) << 32 | u128::from(sframe);
             if TABLES[crate::arch::percpu::this_cpu_index()].lock().count(key) {
                 add(&COUNTERS.stored, 1);
             } else {
@@ -352,10 +384,24 @@ fn save_interrupted(mode: Mode, pc: u64, user: bool, broken: bool) -> Result<Dep
     DEPOT.try_save(entries).map_err(Lost::Depot)
 }
 
-/// Prints every counted pair with both stacks (`[]` for an unwinder not run), one line each.
+/// The SFrame walk of the interrupted context from its saved registers (its PC first), saved
+/// in the depot without spinning.
+#[inline(never)]
+#[sanitize(kernel_hwaddress = "off")]
+fn save_interrupted_sframe(frame: &crate::arch::exception::ExceptionFrame, user: bool) -> Result<DepotHandle, Lost> {
+    if user {
+        return DEPOT.try_save(&[frame.elr]).map_err(Lost::Depot);
+    }
+    let mut buffer = [MaybeUninit::uninit(); unwind::MAX_FRAMES];
+    let walked = stacktrace::collect_sframe_of(frame, crate::task::current_slot(), TraceOptions::ALL, &mut buffer);
+    DEPOT.try_save(walked.entries(&buffer)).map_err(Lost::Depot)
+}
+
+/// Prints every counted triple with its stacks (`[]` for an unwinder not run), one line each.
 pub(super) fn dump() {
     let mut fp = [0u64; stackdepot::MAX_FRAMES];
     let mut scs = [0u64; stackdepot::MAX_FRAMES];
+    let mut sframe = [0u64; stackdepot::MAX_FRAMES];
     for table in &TABLES {
         let table = table.lock();
         for (&key, &count) in table.keys.iter().zip(table.counts.iter()) {
@@ -365,9 +411,16 @@ pub(super) fn dump() {
             let fetch = |raw: u32, buffer: &mut [u64; stackdepot::MAX_FRAMES]| -> usize {
                 DepotHandle::from_raw(raw).and_then(|handle| DEPOT.fetch(handle, buffer)).map_or(0, <[u64]>::len)
             };
-            let fp_len = fetch((key >> 32) as u32, &mut fp);
-            let scs_len = fetch(key as u32, &mut scs);
-            defmt::info!("profile: sample {=u32} fp {=[?]} scs {=[?]}", count, &fp[..fp_len], &scs[..scs_len]);
+            let fp_len = fetch((key >> 64) as u32, &mut fp);
+            let scs_len = fetch((key >> 32) as u32, &mut scs);
+            let sframe_len = fetch(key as u32, &mut sframe);
+            defmt::info!(
+                "profile: sample {=u32} fp {=[?]} scs {=[?]} sframe {=[?]}",
+                count,
+                &fp[..fp_len],
+                &scs[..scs_len],
+                &sframe[..sframe_len]
+            );
         }
     }
 }

@@ -653,7 +653,10 @@ fn kasan_stack_modes(_: &Context) -> Outcome {
             result = Err(fail("no ring entries for the object"));
             break;
         };
-        let depot = !matches!(mode, Stacks::None | Stacks::FramePointerNoDepot | Stacks::ShadowCallStackNoDepot);
+        let depot = !matches!(
+            mode,
+            Stacks::None | Stacks::FramePointerNoDepot | Stacks::ShadowCallStackNoDepot | Stacks::SFrameNoDepot
+        );
         let saved = allocated.stack != 0 && freed.stack != 0;
         let named = names(allocated.stack, site) && names(freed.stack, site);
         if saved != depot || (depot && !named) {

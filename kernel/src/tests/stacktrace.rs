@@ -1,5 +1,6 @@
-//! Tasks, overflow detection, and the frame-pointer and shadow-call-stack walkers on real stacks:
-//! random recursive call chains, IRQs at random and at known points, PAC bits, corrupted records.
+//! Tasks, overflow detection, and the frame-pointer, shadow-call-stack and SFrame walkers on real
+//! stacks: random recursive call chains, IRQs at random and at known points, PAC bits, corrupted
+//! records and tables.
 
 use super::{Context, Outcome, Test, Verdict, check, check_eq};
 use crate::arch::cpu;
@@ -18,6 +19,8 @@ pub const TESTS: &[Test] = &[
     Test { name: "shadow_stack_overflow_kills_only_the_task", run: shadow_stack_overflow_kills_only_the_task },
     Test { name: "shadow_stack_high_water_mark", run: shadow_stack_high_water_mark },
     Test { name: "fp_and_scs_traces_agree_on_random_chains", run: fp_and_scs_traces_agree_on_random_chains },
+    Test { name: "sframe_and_fp_traces_agree_on_random_chains", run: sframe_and_fp_traces_agree_on_random_chains },
+    Test { name: "corrupted_sframe_table_is_refused", run: corrupted_sframe_table_is_refused },
     Test { name: "traces_agree_in_irqs_at_random_points", run: traces_agree_in_irqs_at_random_points },
     Test { name: "traces_agree_in_an_irq_at_a_known_point", run: traces_agree_in_an_irq_at_a_known_point },
     Test { name: "corrupted_frame_record_stops_the_walk", run: corrupted_frame_record_stops_the_walk },
@@ -152,6 +155,8 @@ fn shadow_stack_high_water_mark(_: &Context) -> Outcome {
 enum Leaf {
     /// Capture both traces and compare them.
     Compare,
+    /// Capture the frame and SFrame traces and compare them.
+    CompareSFrame,
     /// Spin a little (IRQs land anywhere in the chain).
     Spin,
     /// Wait for the timer IRQ at a known instruction.
@@ -226,6 +231,7 @@ fn is_chain_code(address: u64) -> bool {
 fn leaf(chain: &mut Chain) -> u64 {
     match chain.leaf {
         Leaf::Compare => chain.result = Some(compare_at_leaf(chain.depth)),
+        Leaf::CompareSFrame => chain.result = Some(compare_sframe_at_leaf(chain.depth)),
         Leaf::Spin => {
             for _ in 0..(chain.random() % 4) {
                 core::hint::spin_loop();
@@ -322,6 +328,104 @@ fn fp_and_scs_traces_agree_on_random_chains(_: &Context) -> Outcome {
     Ok(Verdict::Passed)
 }
 
+/// The frame and SFrame traces from one function, as [`capture_both`].
+#[inline(never)]
+fn capture_fp_and_sframe() -> (Trace, Trace) {
+    let both = (
+        stacktrace::capture(Mode::FramePointer, TraceOptions::ALL),
+        stacktrace::capture(Mode::SFrame, TraceOptions::ALL),
+    );
+    black_box(&both);
+    both
+}
+
+/// At a chain's leaf: the SFrame walk gives the frame walk's entries (after entry 0, a return
+/// into `capture_fp_and_sframe` from its two calls) and ends the same way, at the task's end.
+#[inline(never)]
+fn compare_sframe_at_leaf(depth: usize) -> Result<SavedReturn, &'static str> {
+    let (fp, sframe) = capture_fp_and_sframe();
+    if fp.addresses()[1..] != sframe.addresses()[1..] || fp.stop_reason() != sframe.stop_reason() {
+        stacktrace::print("fp", &fp);
+        stacktrace::print("sframe", &sframe);
+        return Err("FP and SFrame traces differ");
+    }
+    // Entry 2 returns into leaf, the next `depth` (as far as the trace reaches) into the chain.
+    let chain_entries = depth.min(sframe.len() - 3);
+    if !sframe.addresses()[3..3 + chain_entries].iter().all(|&address| is_chain_function(address - 4)) {
+        return Err("an SFrame entry is not in a chain function");
+    }
+    // No saved return to report: the frame test counts those.
+    Ok(SavedReturn { frame: 0, saved: 0 })
+}
+
+fn sframe_and_fp_traces_agree_on_random_chains(_: &Context) -> Outcome {
+    if crate::build_info::VARIANT == "plain" {
+        return Ok(Verdict::Skipped("variant plain keeps no frame records"));
+    }
+    let mut chain = Chain { seed: 0x5f4a_3e00, leaf: Leaf::CompareSFrame, depth: 0, result: None };
+    for _ in 0..500 {
+        chain.depth = 1 + (chain.random() % 100) as usize;
+        chain.result = None;
+        let depth = chain.depth;
+        black_box(next(&mut chain, depth));
+        match chain.result {
+            Some(Ok(_)) => {}
+            Some(Err(what)) => {
+                defmt::error!("  chain depth {=usize}: {=str}", chain.depth, what);
+                return Err(super::fail(what));
+            }
+            None => return Err(super::fail("the leaf did not run")),
+        }
+    }
+    Ok(Verdict::Passed)
+}
+
+/// The loaded table passes the whole-table check; cut after its header (a test-only switch),
+/// every SFrame walk is refused with `UnwindTable` and no entry, and works again once restored.
+fn corrupted_sframe_table_is_refused(_: &Context) -> Outcome {
+    use unwind::{Corruption, StopReason, TableError};
+    let rows = stacktrace::sframe_table().and_then(|table| table.check());
+    defmt::info!("  loaded SFrame table: {=usize} rows", rows.unwrap_or(0));
+    check!(rows.is_ok_and(|rows| rows > 1000));
+    {
+        let _cut = crate::inject::Injected::new(crate::inject::Fault::SFrameTableTruncated);
+        check!(stacktrace::sframe_table().err() == Some(TableError::Truncated));
+        let trace = black_box(stacktrace::capture(Mode::SFrame, TraceOptions::ALL));
+        let refused = matches!(trace.stop_reason(), StopReason::Corrupt { corruption: Corruption::UnwindTable, .. });
+        if !refused {
+            stacktrace::print("sframe", &trace);
+        }
+        check!(refused && trace.is_empty());
+    }
+    let trace = black_box(stacktrace::capture(Mode::SFrame, TraceOptions::ALL));
+    check!(trace.len() > 2 && trace.stop_reason() == StopReason::EndOfTask);
+    Ok(Verdict::Passed)
+}
+
+/// The SFrame walk of an interrupted context against the frame and shadow walks' part past the
+/// exception boundary (from the interrupted PC on): equal to the one that holds the extra frame
+/// of a prologue/epilogue window (or to both outside one), or one frame longer still where both
+/// miss the caller (from the first instruction until the shadow-stack push, and after the pop):
+/// the table describes every instruction. Compared as far as the shorter trace reaches.
+fn sframe_agrees(capture: &stacktrace::IrqCapture, difference: ViewDifference) -> bool {
+    fn after_boundary(trace: &Trace) -> &[u64] {
+        let addresses = trace.addresses();
+        let from = trace.entries().position(|entry| entry.kind == unwind::EntryKind::ExceptionPc);
+        from.map_or(&addresses[..0], |from| &addresses[from..])
+    }
+    let reference = match difference {
+        ViewDifference::ShadowHasExtraFrame => after_boundary(&capture.shadow),
+        _ => after_boundary(&capture.frame_pointer),
+    };
+    let sframe = capture.sframe.addresses();
+    if reference.is_empty() || sframe.is_empty() || sframe[0] != reference[0] {
+        return false;
+    }
+    let same = sframe.iter().zip(reference).all(|(a, b)| a == b);
+    let one_more = sframe.len() > 1 && sframe[2..].iter().zip(&reference[1..]).all(|(a, b)| a == b);
+    same || one_more
+}
+
 /// Compares an IRQ-time capture: equal, or one frame apart where the helper says the interrupted
 /// PC is in a prologue/epilogue window.
 fn check_irq_capture(capture: &stacktrace::IrqCapture, require_agreement: bool) -> Result<bool, &'static str> {
@@ -340,6 +444,12 @@ fn check_irq_capture(capture: &stacktrace::IrqCapture, require_agreement: bool) 
     };
     if !agree {
         return Err("IRQ-time traces differ beyond the prologue/epilogue window");
+    }
+    if !sframe_agrees(capture, difference) {
+        stacktrace::print("fp", &capture.frame_pointer);
+        stacktrace::print("scs", &capture.shadow);
+        stacktrace::print("sframe", &capture.sframe);
+        return Err("the SFrame walk of the interrupted context differs from the frame and shadow walks");
     }
     if require_agreement && difference != ViewDifference::Agree {
         return Err("the known point is in a prologue/epilogue window");
@@ -575,8 +685,10 @@ fn save_stack_switches_mode_at_run_time(_: &Context) -> Outcome {
     let before = stacktrace::mode();
     let fp = save_here(Mode::FramePointer);
     let scs = save_here(Mode::ShadowCallStack);
+    let sframe = save_here(Mode::SFrame);
     stacktrace::set_mode(before);
-    let (Ok(fp), Ok(scs)) = (fp, scs) else { return Err(super::fail("save_stack failed")) };
+    let (Ok(fp), Ok(scs), Ok(sframe)) = (fp, scs, sframe) else { return Err(super::fail("save_stack failed")) };
+    check!(fp == sframe);
     // Both walkers see the same return addresses from the same call site: one depot record.
     if fp != scs {
         let mut frames = [0u64; unwind::MAX_FRAMES];
@@ -624,6 +736,7 @@ fn short_buffer_stops_at_its_length(_: &Context) -> Outcome {
     if crate::build_info::SHADOW_CALL_STACK {
         collect_both_lengths(Mode::ShadowCallStack).map_err(super::fail)?;
     }
+    collect_both_lengths(Mode::SFrame).map_err(super::fail)?;
     Ok(Verdict::Passed)
 }
 

@@ -208,3 +208,48 @@ fn lookups_on_random_bytes_never_panic() {
         }
     }
 }
+
+#[test]
+fn packed_rows_read_back_and_unpackable_rows_are_refused() {
+    let mut packed = 0;
+    for function in sample() {
+        for (_, row) in function.rows {
+            // The huge function's frame is past what a packed row holds.
+            let Some(word) = row.pack() else {
+                assert!(row.cfa_offset > 16376, "{row:?}");
+                continue;
+            };
+            assert_ne!(word, 0);
+            assert_eq!(UnwindRow::unpack(word), row);
+            packed += 1;
+        }
+    }
+    assert!(packed > 5);
+    for base in [CfaBase::StackPointer, CfaBase::FramePointer] {
+        for ra_signed in [false, true] {
+            for (cfa, ra, fp) in
+                [(0, None, None), (16376, Some(-8), Some(-2040)), (32, Some(-2040), None), (48, None, Some(-16))]
+            {
+                let row = UnwindRow { cfa_base: base, cfa_offset: cfa, ra_offset: ra, fp_offset: fp, ra_signed };
+                assert_eq!(row.pack().map(UnwindRow::unpack), Some(row));
+            }
+        }
+    }
+    for (cfa, ra, fp) in [
+        (-16, None, None),
+        (12, None, None),
+        (16384, None, None),
+        (16, Some(-2048), None),
+        (16, Some(8), None),
+        (16, None, Some(-12)),
+    ] {
+        let row = UnwindRow {
+            cfa_base: CfaBase::StackPointer,
+            cfa_offset: cfa,
+            ra_offset: ra,
+            fp_offset: fp,
+            ra_signed: false,
+        };
+        assert_eq!(row.pack(), None, "{row:?}");
+    }
+}

@@ -157,16 +157,21 @@ pub enum Stacks {
     /// The frame walk compiled with the sanitizer's checks on every word it reads (as Linux
     /// builds its unwinder by default), with the depot.
     FramePointerInstrumented,
+    /// The SFrame walk (`stacktrace::collect_sframe`), with the depot.
+    SFrame,
+    SFrameNoDepot,
 }
 
 impl Stacks {
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 8] = [
         Self::None,
         Self::FramePointer,
         Self::FramePointerNoDepot,
         Self::ShadowCallStack,
         Self::ShadowCallStackNoDepot,
         Self::FramePointerInstrumented,
+        Self::SFrame,
+        Self::SFrameNoDepot,
     ];
 
     pub fn name(self) -> &'static str {
@@ -177,6 +182,8 @@ impl Stacks {
             Self::ShadowCallStack => "scs",
             Self::ShadowCallStackNoDepot => "scs-no-depot",
             Self::FramePointerInstrumented => "fp-instrumented",
+            Self::SFrame => "sframe",
+            Self::SFrameNoDepot => "sframe-no-depot",
         }
     }
 
@@ -189,6 +196,8 @@ impl Stacks {
             Self::ShadowCallStack => Some((Mode::ShadowCallStack, true, false)),
             Self::ShadowCallStackNoDepot => Some((Mode::ShadowCallStack, false, false)),
             Self::FramePointerInstrumented => Some((Mode::FramePointer, true, true)),
+            Self::SFrame => Some((Mode::SFrame, true, false)),
+            Self::SFrameNoDepot => Some((Mode::SFrame, false, false)),
         }
     }
 }
