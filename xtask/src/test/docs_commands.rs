@@ -95,11 +95,26 @@ pub const ACCOUNTS: &[(&str, Account)] = &[
         },
     ),
     (
-        "cargo xtask profile [--unwinder fp|scs|both] [--every N | --hz N] [--variant V] [--cpu V] [--out DIR] \
+        "cargo xtask profile [--unwinder fp|scs|sframe|both|all] [--every N | --hz N] [--variant V] [--cpu V] [--out DIR] \
          [--timeout S] WORKLOAD",
         Excluded {
             reason: "the synopsis",
             covered_by: "`cargo xtask profile --unwinder both kasan-boot` here, the profiler's self-test in `cargo xtask test`",
+        },
+    ),
+    ("cargo xtask profile --unwinder all --cpu max,pauth=off kasan-boot", Verbatim { status: 0 }),
+    (
+        "cargo xtask profile --unwinder sframe|all",
+        Excluded {
+            reason: "names the option's two new values in prose",
+            covered_by: "`cargo xtask profile --unwinder all --cpu max,pauth=off kasan-boot` here (all three walkers)",
+        },
+    ),
+    (
+        "cargo xtask bench kasan-boot --mode icount --cpu max,pauth=off",
+        Excluded {
+            reason: "every stack-collection case of the workload (minutes under icount)",
+            covered_by: "`cargo xtask profile --unwinder all --cpu max,pauth=off kasan-boot` here (the same workload, every walker)",
         },
     ),
     (
@@ -110,7 +125,7 @@ pub const ACCOUNTS: &[(&str, Account)] = &[
         },
     ),
     (
-        "cargo xtask profile [--unwinder fp|scs|both] [--every N | --hz N] [--variant full|prod|plain] [--cpu VARIANT] \
+        "cargo xtask profile [--unwinder fp|scs|sframe|both|all] [--every N | --hz N] [--variant full|prod|plain] [--cpu VARIANT] \
          [--out DIR] [--timeout S] WORKLOAD",
         Excluded {
             reason: "the synopsis",
