@@ -155,6 +155,17 @@ const VECTOR_NAMES: [&str; 16] = [
 /// The line prefix; xtask keeps only lines that start with it.
 pub const PREFIX: &str = "events window: ";
 
+/// The plugin's last line, written when QEMU exits: `events end: windows=N unclosed=M`. A file
+/// without it, or with windows left open, is not a whole run's.
+pub const END_PREFIX: &str = "events end: ";
+
+/// Reads the end line: (windows, unclosed).
+pub fn parse_end(line: &str) -> Option<(usize, usize)> {
+    let rest = line.strip_prefix(END_PREFIX)?;
+    let (windows, unclosed) = rest.split_once(' ')?;
+    Some((windows.strip_prefix("windows=")?.parse().ok()?, unclosed.strip_prefix("unclosed=")?.parse().ok()?))
+}
+
 /// What one window counted on one CPU.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct WindowCounts {
@@ -239,5 +250,7 @@ mod tests {
         assert_eq!(WindowCounts::parse(short), None);
         assert_eq!(WindowCounts::parse(&format!("{line} extra=1")), None);
         assert_eq!(WindowCounts::parse("bench row: baseline loop - per_op insn 2"), None);
+        assert_eq!(parse_end("events end: windows=12 unclosed=0"), Some((12, 0)));
+        assert_eq!(parse_end("events end: windows=12"), None);
     }
 }
