@@ -13,6 +13,9 @@
 //! with it, in a callback that runs only when a branch is pending), and exceptions, which API
 //! v4 cannot report: they are counted as executions of the 16 vector entries at
 //! `vectors=ADDRESS` (each entry's first instruction).
+//!
+//! The kernel's row marker (`hint #0x7f`, outside every window) gets a line saying how many
+//! windows its vCPU had closed, so that xtask can find the windows a row's figure came from.
 // SPDX-License-Identifier: GPL-2.0-or-later
 
 use events::{Branch, Class, Counter, VectorEntry, WindowCounts, classify};
@@ -39,8 +42,22 @@ struct Windows {
 struct WindowState {
     /// Per vCPU: the counters at the window's opening read, while one is open.
     open: Vec<Option<[u64; Counter::COUNT]>>,
-    /// One line per closed window, in closing order.
+    /// Per vCPU: the windows closed so far.
+    closed: Vec<usize>,
+    /// One line per closed window and per row marker, in the order they came.
     lines: Vec<String>,
+}
+
+impl WindowState {
+    /// `vcpu`'s index in the per-vCPU vectors, grown on its first use.
+    fn slot(&mut self, vcpu: VCPUIndex) -> usize {
+        let slot = vcpu as usize;
+        if self.open.len() <= slot {
+            self.open.resize(slot + 1, None);
+            self.closed.resize(slot + 1, 0);
+        }
+        slot
+    }
 }
 
 impl Windows {
@@ -60,18 +77,24 @@ impl Windows {
     fn marker(&self, vcpu: VCPUIndex) {
         let now = self.counters(vcpu);
         let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let slot = vcpu as usize;
-        if state.open.len() <= slot {
-            state.open.resize(slot + 1, None);
-        }
+        let slot = state.slot(vcpu);
         match state.open[slot].take() {
             None => state.open[slot] = Some(now),
             Some(opened) => {
                 let mut line = String::new();
                 let _ = WindowCounts::between(vcpu, &opened, &now).write_line(&mut line);
                 state.lines.push(line);
+                state.closed[slot] += 1;
             }
         }
+    }
+
+    /// The kernel's row marker on `vcpu`: notes how many windows that vCPU had closed.
+    fn row(&self, vcpu: VCPUIndex) {
+        let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let slot = state.slot(vcpu);
+        let line = format!("{}cpu={vcpu} windows={}", events::window::ROW_PREFIX, state.closed[slot]);
+        state.lines.push(line);
     }
 
     /// The first instruction of a block ran while a conditional branch was pending.
@@ -163,11 +186,8 @@ impl Register for EventsPlugin {
                 text.push('\n');
             }
             let unclosed = state.open.iter().filter(|window| window.is_some()).count();
-            text.push_str(&format!(
-                "{}windows={} unclosed={unclosed}\n",
-                events::window::END_PREFIX,
-                state.lines.len()
-            ));
+            let windows: usize = state.closed.iter().sum();
+            text.push_str(&format!("{}windows={windows} unclosed={unclosed}\n", events::window::END_PREFIX));
             match &out {
                 Some(path) => {
                     let partial = path.with_extension("partial");
@@ -207,6 +227,10 @@ impl HasCallbacks for EventsPlugin {
             if class.window_marker {
                 let marker = windows.clone();
                 instruction.register_execute_callback(move |vcpu| marker.marker(vcpu));
+            }
+            if class.row_marker {
+                let marker = windows.clone();
+                instruction.register_execute_callback(move |vcpu| marker.row(vcpu));
             }
             for (counter, amount) in self.increments(&class, vaddr) {
                 qemu_plugin::qemu_plugin_register_vcpu_insn_exec_inline_per_vcpu(

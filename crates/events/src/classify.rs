@@ -70,7 +70,13 @@ pub struct Class {
     pub pointer_authentication: bool,
     /// `mrs Xt, pmccntr_el0`: the counter read that opens and closes every measured window.
     pub window_marker: bool,
+    /// `hint #0x7f` ([`ROW_MARKER`]): the kernel is about to say which windows a row's figure
+    /// came from (outside every window; a NOP to the CPU).
+    pub row_marker: bool,
 }
+
+/// `hint #0x7f`, the row marker.
+pub const ROW_MARKER: u32 = 0xd503_2fff;
 
 /// `mrs Xt, pmccntr_el0` (op0=3, op1=3, CRn=9, CRm=13, op2=0) without its Rt field.
 pub const MRS_PMCCNTR_EL0: u32 = 0xd53b_9d00;
@@ -302,6 +308,7 @@ fn branch_system(word: u32) -> Class {
                 // Hints: pac*/aut*/xpaclri live here so that they are NOPs without PAuth.
                 let hint = (crm << 3) | op2;
                 class.pointer_authentication = matches!(hint, 7 | 8 | 10 | 12 | 14 | 24..=31);
+                class.row_marker = word == ROW_MARKER;
             }
             (0b00, 0b0011) if !read && op1 == 0b011 => match op2 {
                 0b100 => class.dsb = true,
@@ -344,6 +351,7 @@ mod tests {
         assert_eq!(class_of(0xd100_0400), Class::default()); // sub x0, x0, #1
         assert_eq!(class_of(0xd503_201f), Class::default()); // nop
         assert_eq!(class_of(0xd503_2fdf), Class::default()); // hint #0x7e
+        assert_eq!(class_of(0xd503_2fff), Class { row_marker: true, ..Class::default() }); // hint #0x7f
     }
 
     #[test]

@@ -155,6 +155,17 @@ const VECTOR_NAMES: [&str; 16] = [
 /// The line prefix; xtask keeps only lines that start with it.
 pub const PREFIX: &str = "events window: ";
 
+/// The line the plugin writes where the kernel's row marker ran: `events row: cpu=C windows=N`,
+/// N the windows CPU C had closed by then. The k-th such line belongs to the k-th
+/// `bench events:` line of the kernel's log.
+pub const ROW_PREFIX: &str = "events row: ";
+
+/// Reads a row marker's line: (cpu, windows closed).
+pub fn parse_row(line: &str) -> Option<(u32, usize)> {
+    let (cpu, windows) = line.strip_prefix(ROW_PREFIX)?.split_once(' ')?;
+    Some((cpu.strip_prefix("cpu=")?.parse().ok()?, windows.strip_prefix("windows=")?.parse().ok()?))
+}
+
 /// The plugin's last line, written when QEMU exits: `events end: windows=N unclosed=M`. A file
 /// without it, or with windows left open, is not a whole run's.
 pub const END_PREFIX: &str = "events end: ";
@@ -252,5 +263,7 @@ mod tests {
         assert_eq!(WindowCounts::parse("bench row: baseline loop - per_op insn 2"), None);
         assert_eq!(parse_end("events end: windows=12 unclosed=0"), Some((12, 0)));
         assert_eq!(parse_end("events end: windows=12"), None);
+        assert_eq!(parse_row("events row: cpu=0 windows=7"), Some((0, 7)));
+        assert_eq!(parse_row("events row: cpu=0"), None);
     }
 }

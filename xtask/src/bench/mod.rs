@@ -5,6 +5,7 @@
 mod chart;
 mod compare;
 mod complete;
+mod events;
 pub mod gate;
 mod report;
 mod results;
@@ -183,6 +184,10 @@ pub struct BenchArgs {
     /// `cargo xtask test` that a killed run exits non-zero and writes nothing (board virt).
     #[arg(long, hide = true, value_name = "N")]
     pub terminate_qemu_after_rows: Option<u32>,
+    /// Also count, in each row's windows, exceptions, barriers, maintenance, memory traffic
+    /// and branches (a QEMU plugin; icount mode on board virt): new metrics `METRIC.EVENT`.
+    #[arg(long, conflicts_with = "update_baseline")]
+    pub events: bool,
 }
 
 #[derive(clap::Subcommand)]
@@ -225,6 +230,9 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     }
     if args.terminate_qemu_after_rows.is_some() && args.board != Board::Virt {
         return Err(Failure::usage("--terminate-qemu-after-rows stops QEMU on board virt"));
+    }
+    if args.events && (args.board != Board::Virt || args.mode != ModeArg::Icount) {
+        return Err(Failure::usage("--events counts in QEMU's icount mode: it needs --mode icount on board virt"));
     }
     let saved = match &args.save {
         Some(name) => Some(save_slot(&saved_root(), name, args.force)?),
@@ -291,6 +299,7 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
         .iter()
         .map(|(variant, _)| build::kernel_with(args.board, *variant, sanitizer))
         .collect::<Result<Vec<_>, _>>()?;
+    let plugin = if args.events { Some(events::build_plugin()?) } else { None };
 
     // The tree as it is when the kernels were built: a commit made while QEMU runs is not theirs.
     // icount is deterministic and runs one rep whatever --reps says.
@@ -321,6 +330,7 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
                     serial: args.serial.as_deref(),
                     smp: args.smp,
                     terminate_after_rows: args.terminate_qemu_after_rows,
+                    events: plugin.as_deref(),
                 };
                 match measure(&plan) {
                     Ok(mut more) => {
@@ -347,12 +357,13 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     provenance.date = Some(utc_now());
     let out = args.out.clone().unwrap_or_else(|| target_dir().join("bench"));
     let json = results::to_json(&provenance, &rows);
-    let report = report::render(&provenance, &rows);
+    let report = events::render(&provenance, &rows);
+    let charted = events::measured(&rows);
     write_file(&out.join("results.json"), &json)?;
     write_file(&out.join("report.md"), &report)?;
     for suite in &suites {
         let path = out.join(report::chart_file(suite.name));
-        chart::draw(&path, suite.name, &rows)
+        chart::draw(&path, suite.name, &charted)
             .map_err(|error| Failure::usage(format!("{}: {error}", path.display())))?;
     }
     print!("{}", summary::summary(&rows, &out.join("report.md")));
@@ -362,7 +373,7 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
         write_file(&slot.join("report.md"), &report)?;
         for suite in &suites {
             let path = slot.join(report::chart_file(suite.name));
-            chart::draw(&path, suite.name, &rows)
+            chart::draw(&path, suite.name, &charted)
                 .map_err(|error| Failure::usage(format!("{}: {error}", path.display())))?;
         }
         eprintln!("xtask: saved as {} (compare with `cargo xtask bench compare`)", slot.display());
@@ -394,6 +405,8 @@ pub struct RunPlan<'a> {
     pub smp: u8,
     /// SIGTERM to QEMU after this many row lines (`--terminate-qemu-after-rows`, virt only).
     pub terminate_after_rows: Option<u32>,
+    /// The events plugin to load (`--events`, icount on virt).
+    pub events: Option<&'a Path>,
 }
 
 /// Runs the kernel's bench mode once and returns its samples, or why the run failed.
@@ -421,16 +434,26 @@ pub fn measure(plan: &RunPlan) -> Result<Vec<Sample>, Failure> {
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
         bootargs.push_str(&format!(" {}={cores}", protocol::cmdline::BENCH_HOST_CPUS));
     }
+    let plugin = match plan.events {
+        Some(plugin) => {
+            bootargs.push_str(&format!(" {}=1", protocol::cmdline::BENCH_EVENTS));
+            let file = format!("windows-{}-{}.txt", plan.variant.name(), plan.cpu.name().replace([',', '='], "_"));
+            Some(events::PluginRun::new(plugin, &plan.image.elf, target_dir().join("events-plugin").join(file))?)
+        }
+        None => None,
+    };
+    let extra = plugin.as_ref().map_or(&[][..], |plugin| &plugin.qemu_args[..]);
     let (ending, log) = match (plan.board, plan.serial) {
         (Board::Virt, _) => {
             let mut rows = 0;
-            let result = qemu::run_watched(&machine, plan.image, &bootargs, Some(plan.timeout), &mut |line| {
-                rows += u32::from(protocol::bench::Row::fields(&line.text).is_some());
-                match plan.terminate_after_rows {
-                    Some(after) if rows >= after => qemu::Watch::Terminate,
-                    _ => qemu::Watch::Continue,
-                }
-            })?;
+            let result =
+                qemu::run_watched_with(&machine, plan.image, &bootargs, extra, Some(plan.timeout), &mut |line| {
+                    rows += u32::from(protocol::bench::Row::fields(&line.text).is_some());
+                    match plan.terminate_after_rows {
+                        Some(after) if rows >= after => qemu::Watch::Terminate,
+                        _ => qemu::Watch::Continue,
+                    }
+                })?;
             (result.ending, result.log)
         }
         // QEMU raspi4b, read through a pseudo-terminal as a real board's serial line.
@@ -487,6 +510,12 @@ pub fn measure(plan: &RunPlan) -> Result<Vec<Sample>, Failure> {
                 row.ok_or_else(|| Failure { status: 1, message: format!("malformed bench row: {}", line.text) })?;
             samples.push(Sample::from_row(&row, plan.cpu, plan.variant, plan.mode));
         }
+    }
+    if let Some(plugin) = &plugin {
+        let windows = events::read_windows(&plugin.windows)?;
+        let lines: Vec<&str> = log.iter().map(|line| line.text.as_str()).collect();
+        let mut counted = events::samples(&lines, &windows, &samples)?;
+        samples.append(&mut counted);
     }
     Ok(samples)
 }
@@ -551,11 +580,12 @@ fn write_file(path: &Path, text: &str) -> Result<(), Failure> {
 
 /// docs/results-style pages: one <suite>.md per suite in `results`.
 fn write_pages(dir: &Path, results: &results::Results) -> Result<u8, Failure> {
-    let pages = report::pages(&results.provenance, &results.rows);
+    let pages = events::pages(&results.provenance, &results.rows);
+    let charted = events::measured(&results.rows);
     for (suite, text) in &pages {
         write_file(&dir.join(format!("{suite}.md")), text)?;
         let chart = dir.join(report::chart_file(suite));
-        chart::draw(&chart, suite, &results.rows)
+        chart::draw(&chart, suite, &charted)
             .map_err(|error| Failure::usage(format!("{}: {error}", chart.display())))?;
     }
     let names: Vec<_> = pages.iter().map(|(suite, _)| format!("{suite}.md and .svg")).collect();

@@ -1,0 +1,349 @@
+//! `bench --events`: the events plugin's per-window counts turned into metrics of each row.
+//!
+//! xtask builds the plugin (`crates/events-plugin`, its own GPL-2.0-or-later workspace) with
+//! the pinned toolchain, loads it into each icount run with the kernel's vector table address,
+//! and boots the kernel with `bench.events=1`, so that after each row it can tie to its windows
+//! the kernel says which (`protocol::bench::RowWindows`). A row whose figure is
+//! (window A - window B) / N gets, for each counted event, the metric
+//! `METRIC.EVENT` = (count in A - count in B) / N: `per_hit.exceptions`, `per_op.dsb`, ...
+//! The instruction counts double as a check: the plugin's (A - B) / N must be the row's own
+//! figure, or the windows were numbered differently on the two sides and nothing is kept.
+
+use super::report::{self, ColumnKind, ExtraColumn, TableRow};
+use super::results::{Provenance, Row, Sample};
+use crate::Failure;
+use crate::build;
+use events::{Counter, WindowCounts};
+use object::{Object, ObjectSymbol};
+use protocol::bench::RowWindows;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The plugin's manifest, relative to the workspace root.
+const MANIFEST: &str = "crates/events-plugin/Cargo.toml";
+/// The symbol of the kernel's vector table (vectors.S): the plugin counts executions of its 16
+/// entries as exceptions taken.
+const VECTORS_SYMBOL: &str = "exception_vectors";
+
+/// Builds the plugin (release, pinned toolchain: cargo runs from the workspace root, whose
+/// `rust-toolchain.toml` rustup reads) into `target/events-plugin` and returns the library.
+pub fn build_plugin() -> Result<PathBuf, Failure> {
+    let root = build::workspace_root();
+    let target = super::target_dir().join("events-plugin");
+    eprintln!("xtask: building the events plugin");
+    let status = Command::new(env!("CARGO"))
+        .current_dir(&root)
+        .args(["build", "--release", "--quiet", "--manifest-path", MANIFEST, "--target-dir"])
+        .arg(&target)
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .status()
+        .map_err(|error| Failure::usage(format!("cannot run cargo: {error}")))?;
+    if !status.success() {
+        return Err(Failure { status: 1, message: "events plugin build failed".into() });
+    }
+    Ok(target.join("release/libtracelab_events_plugin.so"))
+}
+
+/// What one icount run with the plugin needs: its QEMU arguments and where it writes.
+pub struct PluginRun {
+    pub windows: PathBuf,
+    pub qemu_args: Vec<String>,
+}
+
+impl PluginRun {
+    /// Arguments for a run of the kernel `elf`, writing its windows to `windows` (removed first,
+    /// so a stale file cannot pass for this run's).
+    pub fn new(plugin: &Path, elf: &Path, windows: PathBuf) -> Result<Self, Failure> {
+        let data = std::fs::read(elf).map_err(|error| Failure::usage(format!("{}: {error}", elf.display())))?;
+        let file =
+            object::File::parse(&*data).map_err(|error| Failure::usage(format!("{}: {error}", elf.display())))?;
+        let vectors = file
+            .symbols()
+            .find(|symbol| symbol.name() == Ok(VECTORS_SYMBOL))
+            .map(|symbol| symbol.address())
+            .ok_or_else(|| Failure { status: 1, message: format!("kernel ELF has no {VECTORS_SYMBOL}") })?;
+        let _ = std::fs::remove_file(&windows);
+        let argument = format!("{},out={},vectors={vectors:#x}", plugin.display(), windows.display());
+        Ok(Self { windows, qemu_args: vec!["-plugin".into(), argument] })
+    }
+}
+
+/// What the plugin wrote for one run.
+#[derive(Debug, Default)]
+pub struct PluginLog {
+    /// Per vCPU, its windows in closing order.
+    pub windows: Vec<Vec<WindowCounts>>,
+    /// Each row marker's (vCPU, windows it had closed), in the order they ran.
+    pub rows: Vec<(u32, usize)>,
+}
+
+/// Reads the plugin's file. A file without its end line, or with a window left open, is not a
+/// whole run's.
+pub fn read_windows(path: &Path) -> Result<PluginLog, Failure> {
+    let text = std::fs::read_to_string(path).map_err(|error| Failure {
+        status: 1,
+        message: format!("events plugin wrote nothing ({}: {error})", path.display()),
+    })?;
+    let mut log = PluginLog::default();
+    let mut end = None;
+    for line in text.lines() {
+        if let Some(window) = WindowCounts::parse(line) {
+            let cpu = window.cpu as usize;
+            if log.windows.len() <= cpu {
+                log.windows.resize(cpu + 1, Vec::new());
+            }
+            log.windows[cpu].push(window);
+        } else if let Some(row) = events::window::parse_row(line) {
+            log.rows.push(row);
+        } else if let Some(counts) = events::window::parse_end(line) {
+            end = Some(counts);
+        } else {
+            return Err(Failure { status: 1, message: format!("{}: not a plugin line: {line}", path.display()) });
+        }
+    }
+    let windows: usize = log.windows.iter().map(Vec::len).sum();
+    match end {
+        Some((count, 0)) if count == windows => Ok(log),
+        Some((count, unclosed)) => Err(Failure {
+            status: 1,
+            message: format!("{}: {count} windows said, {windows} read, {unclosed} left open", path.display()),
+        }),
+        None => Err(Failure { status: 1, message: format!("{}: no end line (QEMU did not exit)", path.display()) }),
+    }
+}
+
+/// The unit of an event metric.
+fn unit(counter: Counter) -> &'static str {
+    match counter {
+        Counter::BytesLoaded | Counter::BytesStored => "bytes",
+        _ => "events",
+    }
+}
+
+/// The event metrics of every row the kernel tied to its windows: one sample per counter
+/// (vector entries only where the row's count is not zero), shaped like the row's own sample.
+/// The k-th `bench events:` line belongs to the plugin's k-th row marker; its windows are the
+/// latest of that vCPU's windows before the marker whose instruction counts are the costs the
+/// line names (under icount a window's cost is its instruction count).
+pub fn samples(log: &[&str], plugin: &PluginLog, rows: &[Sample]) -> Result<Vec<Sample>, Failure> {
+    let mut samples = Vec::new();
+    let tied: Vec<(&str, RowWindows)> = log
+        .iter()
+        .filter_map(|line| RowWindows::from_line(line).map(|parsed| (*line, parsed)))
+        .map(|(line, parsed)| {
+            parsed
+                .map(|parsed| (line, parsed))
+                .ok_or_else(|| Failure { status: 1, message: format!("malformed events line: {line}") })
+        })
+        .collect::<Result<_, _>>()?;
+    if tied.len() != plugin.rows.len() {
+        return Err(Failure {
+            status: 1,
+            message: format!(
+                "{} events lines in the log, {} row markers seen by the plugin",
+                tied.len(),
+                plugin.rows.len()
+            ),
+        });
+    }
+    for ((line, tied), &(cpu, closed)) in tied.iter().zip(&plugin.rows) {
+        let before = plugin.windows.get(cpu as usize).map_or(&[][..], |windows| &windows[..closed.min(windows.len())]);
+        let window = |cost: u64| {
+            before.iter().rev().find(|window| window.get(Counter::Instructions) == cost).ok_or_else(|| Failure {
+                status: 1,
+                message: format!("{line}: no window of {cost} instructions on CPU {cpu} before the row marker"),
+            })
+        };
+        let measured = window(tied.measured)?;
+        let reference = tied.reference.map(window).transpose()?;
+        let per_operation = |counter: Counter| {
+            let base = reference.map_or(0.0, |reference| reference.get(counter) as f64);
+            (measured.get(counter) as f64 - base) / tied.per as f64
+        };
+        let params: Vec<(String, String)> = if tied.params == "-" {
+            Vec::new()
+        } else {
+            tied.params
+                .split(',')
+                .filter_map(|pair| pair.split_once('='))
+                .map(|(key, value)| (key.to_string(), value.to_string()))
+                .collect()
+        };
+        // The row this line follows: the last one of that identity (a rep's).
+        let Some(row) = rows.iter().rev().find(|row| {
+            row.suite == tied.suite && row.case == tied.case && row.metric == tied.metric && row.params == params
+        }) else {
+            return Err(Failure { status: 1, message: format!("{line}: no such row") });
+        };
+        for counter in Counter::all().filter(|counter| *counter != Counter::Instructions) {
+            let value = per_operation(counter);
+            if matches!(counter, Counter::Vector(_)) && value == 0.0 {
+                continue;
+            }
+            samples.push(Sample {
+                metric: format!("{}.{}", tied.metric, counter.name()),
+                unit: unit(counter).into(),
+                value,
+                ..row.clone()
+            });
+        }
+    }
+    Ok(samples)
+}
+
+/// The counters report tables show beside each row's figure, in this order (every counter is
+/// in results.json).
+const COLUMNS: [Counter; 13] = [
+    Counter::Exceptions,
+    Counter::ExceptionReturns,
+    Counter::Isb,
+    Counter::Dsb,
+    Counter::Dmb,
+    Counter::CacheMaintenance,
+    Counter::Tlbi,
+    Counter::SystemRegisters,
+    Counter::PointerAuthentication,
+    Counter::Loads,
+    Counter::Stores,
+    Counter::TakenBranches,
+    Counter::IndirectBranches,
+];
+
+/// An event metric (`per_hit.exceptions`): its row's metric and the counter.
+fn event_metric(metric: &str) -> Option<(&str, Counter)> {
+    let (row_metric, event) = metric.split_once('.')?;
+    Counter::all().find(|counter| counter.name() == event).map(|counter| (row_metric, counter))
+}
+
+/// The rows without the event metrics: what tables and charts show as rows of their own.
+pub fn measured(rows: &[Row]) -> Vec<Row> {
+    rows.iter().filter(|row| event_metric(&row.metric).is_none()).cloned().collect()
+}
+
+/// One table column per shown counter, holding the events per operation of each row's figure
+/// (several CPU variants' values, in the table's order, where they differ).
+pub fn columns(rows: &[Row]) -> Vec<ExtraColumn<'_>> {
+    COLUMNS
+        .into_iter()
+        .filter(|counter| rows.iter().any(|row| event_metric(&row.metric).is_some_and(|(_, event)| event == *counter)))
+        .map(|counter| ExtraColumn {
+            header: format!("{} (events)", counter.name()),
+            kind: ColumnKind::Metric,
+            cell: Box::new(move |table: &TableRow| {
+                let metric = format!("{}.{}", table.metric, counter.name());
+                let values: Vec<String> = report::distinct(
+                    rows.iter()
+                        .filter(|row| {
+                            row.suite == table.suite
+                                && row.case == table.case
+                                && row.params == table.params
+                                && row.variant == table.variant
+                                && row.metric == metric
+                        })
+                        .map(|row| report::number(row.median)),
+                );
+                (!values.is_empty()).then(|| values.join(" / "))
+            }),
+        })
+        .collect()
+}
+
+/// report.md: the measured rows' tables with the event columns (a run without events renders
+/// as the report always did).
+pub fn render(provenance: &Provenance, rows: &[Row]) -> String {
+    let columns = columns(rows);
+    if columns.is_empty() {
+        report::render(provenance, rows)
+    } else {
+        report::render_with(provenance, &measured(rows), &columns)
+    }
+}
+
+/// The docs/results pages, likewise.
+pub fn pages(provenance: &Provenance, rows: &[Row]) -> Vec<(String, String)> {
+    let columns = columns(rows);
+    if columns.is_empty() {
+        report::pages(provenance, rows)
+    } else {
+        report::pages_with(provenance, &measured(rows), &columns)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::Mode;
+    use crate::build::BuildVariant;
+    use crate::qemu::CpuVariant;
+
+    fn window(cpu: u32, instructions: u64, exceptions: u64) -> WindowCounts {
+        let mut values = [0; Counter::COUNT];
+        values[Counter::Instructions.index()] = instructions;
+        values[Counter::Exceptions.index()] = exceptions;
+        values[Counter::Vector(events::VectorEntry(4)).index()] = exceptions;
+        WindowCounts { cpu, values }
+    }
+
+    fn row(value: f64) -> Sample {
+        Sample {
+            suite: "probes".into(),
+            case: "kprobe-push".into(),
+            params: vec![("method".into(), "single-step".into())],
+            metric: "per_hit".into(),
+            unit: "insn".into(),
+            value,
+            cpu: CpuVariant::ALL[0],
+            variant: BuildVariant::Prod,
+            mode: Mode::Icount,
+        }
+    }
+
+    #[test]
+    fn a_rows_events_take_its_arithmetic() {
+        // Two windows of 31000 instructions: the later one before the marker is the row's.
+        let plugin = PluginLog {
+            windows: vec![vec![window(0, 31_000, 0), window(0, 1000, 0), window(0, 31_000, 200), window(0, 31_000, 9)]],
+            rows: vec![(0, 3)],
+        };
+        let line = "bench events: probes kprobe-push method=single-step per_hit measured=31000 reference=1000 per=100";
+        let samples = samples(&[line], &plugin, &[row(300.0)]).unwrap();
+        let find = |metric: &str| samples.iter().find(|sample| sample.metric == metric).map(|sample| sample.value);
+        assert_eq!(find("per_hit.exceptions"), Some(2.0));
+        assert_eq!(find("per_hit.vector.sync.current_spx"), Some(2.0));
+        assert_eq!(find("per_hit.vector.irq.current_spx"), None);
+        assert_eq!(find("per_hit.dsb"), Some(0.0));
+        assert!(samples.iter().all(|sample| sample.case == "kprobe-push" && sample.params == row(0.0).params));
+    }
+
+    #[test]
+    fn a_row_without_its_windows_is_refused() {
+        let plugin = PluginLog { windows: vec![vec![window(0, 1000, 0), window(0, 31_000, 200)]], rows: vec![(0, 2)] };
+        let line = "bench events: probes kprobe-push method=single-step per_hit measured=31000 reference=1000 per=100";
+        let missing =
+            "bench events: probes kprobe-push method=single-step per_hit measured=31001 reference=1000 per=100";
+        assert!(samples(&[missing], &plugin, &[row(300.0)]).is_err());
+        let early = PluginLog { rows: vec![(0, 1)], ..plugin };
+        assert!(samples(&[line], &early, &[row(300.0)]).is_err());
+        let unmarked = PluginLog { rows: Vec::new(), ..early };
+        assert!(samples(&[line], &unmarked, &[row(300.0)]).is_err());
+    }
+
+    #[test]
+    fn a_file_without_its_end_is_refused() {
+        let dir = std::env::temp_dir().join(format!("tracelab-events-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("windows.txt");
+        let mut line = String::new();
+        window(0, 5, 0).write_line(&mut line).unwrap();
+        std::fs::write(&path, format!("{line}\n")).unwrap();
+        assert!(read_windows(&path).is_err());
+        std::fs::write(&path, format!("{line}\nevents row: cpu=0 windows=1\nevents end: windows=1 unclosed=0\n"))
+            .unwrap();
+        let log = read_windows(&path).unwrap();
+        assert_eq!((log.windows[0].len(), log.rows.clone()), (1, vec![(0, 1)]));
+        std::fs::write(&path, format!("{line}\nevents end: windows=1 unclosed=1\n")).unwrap();
+        assert!(read_windows(&path).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
