@@ -270,6 +270,70 @@ pub fn pages(provenance: &Provenance, rows: &[Row]) -> Vec<(String, String)> {
     }
 }
 
+/// What `cargo xtask test` checks (`check [events plugin counts]`): the plugin builds, and one
+/// icount run of `baseline` and `probes` with it gives the counts the code fixes: a BRK round
+/// trip is one exception and one `eret`, a PAC-signed call two PAC instructions, a call two
+/// taken branches (`blr`, `ret`); a kprobe hit takes two exceptions single-stepped or BRK-stepped, one
+/// simulated, none through a detour. None when all hold, else what did not.
+pub fn self_test(image: &build::KernelImage) -> Result<Option<String>, Failure> {
+    let plugin = build_plugin()?;
+    let plan = super::RunPlan {
+        board: build::Board::Virt,
+        image,
+        variant: build::BuildVariant::Prod,
+        suites: &["baseline", "probes"],
+        cpu: crate::qemu::CpuVariant::MaxNoPauth,
+        mode: super::Mode::Icount,
+        reps: 1,
+        timeout: std::time::Duration::from_secs(300),
+        dtb: None,
+        serial: None,
+        smp: 1,
+        terminate_after_rows: None,
+        events: Some(&plugin),
+    };
+    let samples = match super::measure(&plan) {
+        Ok(samples) => samples,
+        Err(failure) => return Ok(Some(failure.message)),
+    };
+    let value = |suite: &str, case: &str, method: Option<&str>, metric: &str| {
+        samples
+            .iter()
+            .find(|sample| {
+                sample.suite == suite
+                    && sample.case == case
+                    && sample.metric == metric
+                    && method.is_none_or(|method| {
+                        sample.params.iter().any(|(key, value)| key == "method" && value == method)
+                    })
+            })
+            .map(|sample| sample.value)
+    };
+    let expected = [
+        ("baseline", "brk-roundtrip", None, "per_op.exceptions", 1.0),
+        ("baseline", "brk-roundtrip", None, "per_op.vector.sync.current_spx", 1.0),
+        ("baseline", "brk-roundtrip", None, "per_op.eret", 1.0),
+        ("baseline", "call-pac", None, "per_op.pac", 2.0),
+        ("baseline", "call-scs", None, "per_op.stores", 1.0),
+        ("baseline", "call-scs", None, "per_op.bytes_stored", 8.0),
+        ("baseline", "call", None, "per_op.taken_branches", 2.0),
+        ("baseline", "call", None, "per_op.calls", 1.0),
+        ("probes", "kprobe-push", Some("single-step"), "per_hit.exceptions", 2.0),
+        ("probes", "kprobe-push", Some("brk-step"), "per_hit.exceptions", 2.0),
+        ("probes", "kprobe-push", Some("simulate"), "per_hit.exceptions", 1.0),
+        ("probes", "kprobe-push", Some("detour"), "per_hit.exceptions", 0.0),
+    ];
+    let wrong: Vec<String> = expected
+        .iter()
+        .filter_map(|&(suite, case, method, metric, want)| {
+            let got = value(suite, case, method, metric);
+            (got != Some(want))
+                .then(|| format!("{suite} {case} {} {metric}: {got:?}, not {want}", method.unwrap_or("-")))
+        })
+        .collect();
+    Ok((!wrong.is_empty()).then(|| wrong.join("; ")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

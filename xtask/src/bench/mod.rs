@@ -5,7 +5,7 @@
 mod chart;
 mod compare;
 mod complete;
-mod events;
+pub mod events;
 pub mod gate;
 mod report;
 mod results;
