@@ -14,16 +14,22 @@
 //! v4 cannot report: they are counted as executions of the 16 vector entries at
 //! `vectors=ADDRESS` (each entry's first instruction).
 //!
+//! With `cache=on` every instruction fetch (once per 64-byte line entered) and every data
+//! access (its physical address, from a per-access callback) also goes through the cache model
+//! of `events::cache` (the Cortex-A72's), whose misses are counted like the other events: far
+//! dearer to emulate than the inline counts, so it is a mode of its own.
+//!
 //! The kernel's row marker (`hint #0x7f`, outside every window) gets a line saying how many
 //! windows its vCPU had closed, so that xtask can find the windows a row's figure came from.
 // SPDX-License-Identifier: GPL-2.0-or-later
 
+use events::cache::{Access, Hierarchy, Misses};
 use events::{Branch, Class, Counter, VectorEntry, WindowCounts, classify};
 use qemu_plugin::install::{Args, Info};
 use qemu_plugin::plugin::{HasCallbacks, Register};
 use qemu_plugin::register;
 use qemu_plugin::sys::{qemu_plugin_cond, qemu_plugin_op, qemu_plugin_scoreboard, qemu_plugin_u64};
-use qemu_plugin::{PluginId, TranslationBlock, VCPUIndex};
+use qemu_plugin::{MemRW, PluginId, TranslationBlock, VCPUIndex};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -97,6 +103,23 @@ impl Windows {
         state.lines.push(line);
     }
 
+    /// One access through the cache model; its misses go to `vcpu`'s counters.
+    fn cache_access(&self, model: &Mutex<Hierarchy>, vcpu: VCPUIndex, kind: Access, address: u64, size: usize) {
+        let mut model = model.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let before = model.misses;
+        model.access(vcpu as usize, kind, address, size);
+        let Misses { l1i, l1d, l2 } = model.misses;
+        for (counter, added) in [
+            (Counter::L1iMisses, l1i - before.l1i),
+            (Counter::L1dMisses, l1d - before.l1d),
+            (Counter::L2Misses, l2 - before.l2),
+        ] {
+            if added > 0 {
+                let _ = qemu_plugin::qemu_plugin_u64_add(self.entry(counter.index()), vcpu, added);
+            }
+        }
+    }
+
     /// The first instruction of a block ran while a conditional branch was pending.
     fn resolve_branch(&self, vcpu: VCPUIndex, block_start: u64) {
         let pending = self.entry(PENDING);
@@ -109,6 +132,8 @@ impl Windows {
 
 struct EventsPlugin {
     windows: Option<Arc<Windows>>,
+    /// `cache=on`: the cache model every fetch and data access goes through.
+    cache: Option<Arc<Mutex<Hierarchy>>>,
     out: Option<PathBuf>,
     vectors: Option<u64>,
 }
@@ -158,6 +183,8 @@ impl Register for EventsPlugin {
         for argument in &args.raw {
             match argument.split_once('=') {
                 Some(("out", path)) => self.out = Some(PathBuf::from(path)),
+                Some(("cache", "on")) => self.cache = Some(Arc::new(Mutex::new(Hierarchy::pi4(4)))),
+                Some(("cache", "off")) => self.cache = None,
                 Some(("vectors", address)) => {
                     let digits = address.trim_start_matches("0x");
                     self.vectors = Some(u64::from_str_radix(digits, 16).map_err(|error| {
@@ -166,7 +193,7 @@ impl Register for EventsPlugin {
                 }
                 _ => {
                     return Err(std::io::Error::other(format!(
-                        "unknown argument {argument:?} (out=PATH, vectors=0xADDRESS)"
+                        "unknown argument {argument:?} (out=PATH, vectors=0xADDRESS, cache=on|off)"
                     ))
                     .into());
                 }
@@ -178,6 +205,7 @@ impl Register for EventsPlugin {
         let windows = Arc::new(Windows { scoreboard: scoreboard as usize, state: Mutex::default() });
         self.windows = Some(windows.clone());
         let out = self.out.clone();
+        let cache = if self.cache.is_some() { "on" } else { "off" };
         qemu_plugin::qemu_plugin_register_atexit_cb(id, move |_| {
             let state = windows.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let mut text = String::new();
@@ -187,7 +215,10 @@ impl Register for EventsPlugin {
             }
             let unclosed = state.open.iter().filter(|window| window.is_some()).count();
             let windows: usize = state.closed.iter().sum();
-            text.push_str(&format!("{}windows={windows} unclosed={unclosed}\n", events::window::END_PREFIX));
+            text.push_str(&format!(
+                "{}windows={windows} unclosed={unclosed} cache={cache}\n",
+                events::window::END_PREFIX
+            ));
             match &out {
                 Some(path) => {
                     let partial = path.with_extension("partial");
@@ -205,6 +236,7 @@ impl HasCallbacks for EventsPlugin {
     fn on_translation_block_translate(&mut self, _: PluginId, tb: TranslationBlock) -> qemu_plugin::Result<()> {
         let Some(windows) = self.windows.clone() else { return Ok(()) };
         let block_start = tb.vaddr();
+        let mut previous_vaddr = block_start;
         for (index, instruction) in tb.instructions().enumerate() {
             let vaddr = instruction.vaddr();
             let bytes = instruction.data();
@@ -232,6 +264,30 @@ impl HasCallbacks for EventsPlugin {
                 let marker = windows.clone();
                 instruction.register_execute_callback(move |vcpu| marker.row(vcpu));
             }
+            if let Some(model) = &self.cache {
+                // A fetch per line entered: the instructions after it in the same line hit.
+                if index == 0 || vaddr / LINE != previous_vaddr / LINE {
+                    let (fetcher, model) = (windows.clone(), model.clone());
+                    instruction.register_execute_callback(move |vcpu| {
+                        fetcher.cache_access(&model, vcpu, Access::Fetch, vaddr, 4)
+                    });
+                }
+                if class.load || class.store {
+                    let (accessor, model) = (windows.clone(), model.clone());
+                    instruction.register_memory_access_callback(
+                        move |vcpu, info, address| {
+                            // Device accesses (the UART) are not cached.
+                            let Some(physical) = info.hwaddr(address).filter(|hwaddr| !hwaddr.is_io()) else {
+                                return;
+                            };
+                            let size = 1usize << info.size_shift();
+                            accessor.cache_access(&model, vcpu, Access::Data, physical.hwaddr(), size);
+                        },
+                        MemRW::QEMU_PLUGIN_MEM_RW,
+                    );
+                }
+            }
+            previous_vaddr = vaddr;
             for (counter, amount) in self.increments(&class, vaddr) {
                 qemu_plugin::qemu_plugin_register_vcpu_insn_exec_inline_per_vcpu(
                     instruction.clone(),
@@ -253,4 +309,7 @@ impl HasCallbacks for EventsPlugin {
     }
 }
 
-register!(EventsPlugin { windows: None, out: None, vectors: None });
+/// The model's line size, for fetches.
+const LINE: u64 = events::cache::A72_L1I.line as u64;
+
+register!(EventsPlugin { windows: None, cache: None, out: None, vectors: None });

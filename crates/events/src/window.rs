@@ -33,7 +33,11 @@ pub enum Counter {
     Tlbi,
     SystemRegisters,
     PointerAuthentication,
-    /// Per vector entry, `VectorEntry::ALL` order.
+    /// Modelled misses (`crate::cache`), counted only in the plugin's cache mode (0 otherwise).
+    L1iMisses,
+    L1dMisses,
+    L2Misses,
+    /// Per vector entry, in entry order.
     Vector(VectorEntry),
 }
 
@@ -63,7 +67,7 @@ impl VectorEntry {
 }
 
 impl Counter {
-    pub const COUNT: usize = 18 + 16;
+    pub const COUNT: usize = FIXED.len() + 16;
 
     /// Every counter, in line order.
     pub fn all() -> impl Iterator<Item = Counter> {
@@ -71,37 +75,16 @@ impl Counter {
     }
 
     pub fn from_index(index: usize) -> Counter {
-        use Counter::*;
-        const FIXED: [Counter; 18] = [
-            Instructions,
-            Loads,
-            Stores,
-            BytesLoaded,
-            BytesStored,
-            TakenBranches,
-            IndirectBranches,
-            Calls,
-            Returns,
-            Exceptions,
-            ExceptionReturns,
-            Isb,
-            Dsb,
-            Dmb,
-            CacheMaintenance,
-            Tlbi,
-            SystemRegisters,
-            PointerAuthentication,
-        ];
         match FIXED.get(index) {
             Some(counter) => *counter,
-            None => Vector(VectorEntry((index - FIXED.len()) as u8)),
+            None => Counter::Vector(VectorEntry((index - FIXED.len()) as u8)),
         }
     }
 
     /// The counter's place in a line and in the plugin's per-CPU scoreboard.
     pub fn index(self) -> usize {
         match self {
-            Counter::Vector(entry) => 18 + entry.0 as usize,
+            Counter::Vector(entry) => FIXED.len() + entry.0 as usize,
             fixed => Counter::all().position(|counter| counter == fixed).unwrap_or(0),
         }
     }
@@ -128,8 +111,46 @@ impl Counter {
             Tlbi => "tlbi",
             SystemRegisters => "msr_mrs",
             PointerAuthentication => "pac",
+            L1iMisses => "l1i_misses",
+            L1dMisses => "l1d_misses",
+            L2Misses => "l2_misses",
             Vector(entry) => VECTOR_NAMES[entry.0 as usize],
         }
+    }
+}
+
+/// The counters before the vector entries, in line order.
+const FIXED: [Counter; 21] = {
+    use Counter::*;
+    [
+        Instructions,
+        Loads,
+        Stores,
+        BytesLoaded,
+        BytesStored,
+        TakenBranches,
+        IndirectBranches,
+        Calls,
+        Returns,
+        Exceptions,
+        ExceptionReturns,
+        Isb,
+        Dsb,
+        Dmb,
+        CacheMaintenance,
+        Tlbi,
+        SystemRegisters,
+        PointerAuthentication,
+        L1iMisses,
+        L1dMisses,
+        L2Misses,
+    ]
+};
+
+impl Counter {
+    /// A modelled miss count, meaningful only from the plugin's cache mode.
+    pub fn modelled(self) -> bool {
+        matches!(self, Counter::L1iMisses | Counter::L1dMisses | Counter::L2Misses)
     }
 }
 
@@ -166,15 +187,21 @@ pub fn parse_row(line: &str) -> Option<(u32, usize)> {
     Some((cpu.strip_prefix("cpu=")?.parse().ok()?, windows.strip_prefix("windows=")?.parse().ok()?))
 }
 
-/// The plugin's last line, written when QEMU exits: `events end: windows=N unclosed=M`. A file
-/// without it, or with windows left open, is not a whole run's.
+/// The plugin's last line, written when QEMU exits: `events end: windows=N unclosed=M
+/// cache=on|off`. A file without it, or with windows left open, is not a whole run's.
 pub const END_PREFIX: &str = "events end: ";
 
-/// Reads the end line: (windows, unclosed).
-pub fn parse_end(line: &str) -> Option<(usize, usize)> {
-    let rest = line.strip_prefix(END_PREFIX)?;
-    let (windows, unclosed) = rest.split_once(' ')?;
-    Some((windows.strip_prefix("windows=")?.parse().ok()?, unclosed.strip_prefix("unclosed=")?.parse().ok()?))
+/// Reads the end line: (windows, unclosed, whether the cache mode counted misses).
+pub fn parse_end(line: &str) -> Option<(usize, usize, bool)> {
+    let mut words = line.strip_prefix(END_PREFIX)?.split(' ');
+    let windows = words.next()?.strip_prefix("windows=")?.parse().ok()?;
+    let unclosed = words.next()?.strip_prefix("unclosed=")?.parse().ok()?;
+    let cache = match words.next()?.strip_prefix("cache=")? {
+        "on" => true,
+        "off" => false,
+        _ => return None,
+    };
+    words.next().is_none().then_some((windows, unclosed, cache))
 }
 
 /// What one window counted on one CPU.
@@ -261,8 +288,9 @@ mod tests {
         assert_eq!(WindowCounts::parse(short), None);
         assert_eq!(WindowCounts::parse(&format!("{line} extra=1")), None);
         assert_eq!(WindowCounts::parse("bench row: baseline loop - per_op insn 2"), None);
-        assert_eq!(parse_end("events end: windows=12 unclosed=0"), Some((12, 0)));
-        assert_eq!(parse_end("events end: windows=12"), None);
+        assert_eq!(parse_end("events end: windows=12 unclosed=0 cache=off"), Some((12, 0, false)));
+        assert_eq!(parse_end("events end: windows=12 unclosed=0 cache=on"), Some((12, 0, true)));
+        assert_eq!(parse_end("events end: windows=12 unclosed=0"), None);
         assert_eq!(parse_row("events row: cpu=0 windows=7"), Some((0, 7)));
         assert_eq!(parse_row("events row: cpu=0"), None);
     }

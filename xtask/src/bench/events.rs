@@ -25,6 +25,13 @@ const MANIFEST: &str = "crates/events-plugin/Cargo.toml";
 /// entries as exceptions taken.
 const VECTORS_SYMBOL: &str = "exception_vectors";
 
+/// The plugin as a run loads it.
+pub struct Plugin {
+    pub library: PathBuf,
+    /// `--cache`: the cache mode (per-access callbacks through the Cortex-A72 cache model).
+    pub cache: bool,
+}
+
 /// Builds the plugin (release, pinned toolchain: cargo runs from the workspace root, whose
 /// `rust-toolchain.toml` rustup reads) into `target/events-plugin` and returns the library.
 pub fn build_plugin() -> Result<PathBuf, Failure> {
@@ -54,7 +61,7 @@ pub struct PluginRun {
 impl PluginRun {
     /// Arguments for a run of the kernel `elf`, writing its windows to `windows` (removed first,
     /// so a stale file cannot pass for this run's).
-    pub fn new(plugin: &Path, elf: &Path, windows: PathBuf) -> Result<Self, Failure> {
+    pub fn new(plugin: &Plugin, elf: &Path, windows: PathBuf) -> Result<Self, Failure> {
         let data = std::fs::read(elf).map_err(|error| Failure::usage(format!("{}: {error}", elf.display())))?;
         let file =
             object::File::parse(&*data).map_err(|error| Failure::usage(format!("{}: {error}", elf.display())))?;
@@ -64,7 +71,12 @@ impl PluginRun {
             .map(|symbol| symbol.address())
             .ok_or_else(|| Failure { status: 1, message: format!("kernel ELF has no {VECTORS_SYMBOL}") })?;
         let _ = std::fs::remove_file(&windows);
-        let argument = format!("{},out={},vectors={vectors:#x}", plugin.display(), windows.display());
+        let argument = format!(
+            "{},out={},vectors={vectors:#x},cache={}",
+            plugin.library.display(),
+            windows.display(),
+            if plugin.cache { "on" } else { "off" }
+        );
         Ok(Self { windows, qemu_args: vec!["-plugin".into(), argument] })
     }
 }
@@ -76,6 +88,8 @@ pub struct PluginLog {
     pub windows: Vec<Vec<WindowCounts>>,
     /// Each row marker's (vCPU, windows it had closed), in the order they ran.
     pub rows: Vec<(u32, usize)>,
+    /// The cache mode counted modelled misses.
+    pub cache: bool,
 }
 
 /// Reads the plugin's file. A file without its end line, or with a window left open, is not a
@@ -104,8 +118,8 @@ pub fn read_windows(path: &Path) -> Result<PluginLog, Failure> {
     }
     let windows: usize = log.windows.iter().map(Vec::len).sum();
     match end {
-        Some((count, 0)) if count == windows => Ok(log),
-        Some((count, unclosed)) => Err(Failure {
+        Some((count, 0, cache)) if count == windows => Ok(PluginLog { cache, ..log }),
+        Some((count, unclosed, _)) => Err(Failure {
             status: 1,
             message: format!("{}: {count} windows said, {windows} read, {unclosed} left open", path.display()),
         }),
@@ -176,7 +190,8 @@ pub fn samples(log: &[&str], plugin: &PluginLog, rows: &[Sample]) -> Result<Vec<
         }) else {
             return Err(Failure { status: 1, message: format!("{line}: no such row") });
         };
-        for counter in Counter::all().filter(|counter| *counter != Counter::Instructions) {
+        let shown = |counter: &Counter| *counter != Counter::Instructions && (plugin.cache || !counter.modelled());
+        for counter in Counter::all().filter(shown) {
             let value = per_operation(counter);
             if matches!(counter, Counter::Vector(_)) && value == 0.0 {
                 continue;
@@ -194,7 +209,7 @@ pub fn samples(log: &[&str], plugin: &PluginLog, rows: &[Sample]) -> Result<Vec<
 
 /// The counters report tables show beside each row's figure, in this order (every counter is
 /// in results.json).
-const COLUMNS: [Counter; 13] = [
+const COLUMNS: [Counter; 16] = [
     Counter::Exceptions,
     Counter::ExceptionReturns,
     Counter::Isb,
@@ -208,6 +223,9 @@ const COLUMNS: [Counter; 13] = [
     Counter::Stores,
     Counter::TakenBranches,
     Counter::IndirectBranches,
+    Counter::L1iMisses,
+    Counter::L1dMisses,
+    Counter::L2Misses,
 ];
 
 /// An event metric (`per_hit.exceptions`): its row's metric and the counter.
@@ -276,7 +294,7 @@ pub fn pages(provenance: &Provenance, rows: &[Row]) -> Vec<(String, String)> {
 /// taken branches (`blr`, `ret`); a kprobe hit takes two exceptions single-stepped or BRK-stepped, one
 /// simulated, none through a detour. None when all hold, else what did not.
 pub fn self_test(image: &build::KernelImage) -> Result<Option<String>, Failure> {
-    let plugin = build_plugin()?;
+    let plugin = Plugin { library: build_plugin()?, cache: false };
     let plan = super::RunPlan {
         board: build::Board::Virt,
         image,
@@ -369,6 +387,7 @@ mod tests {
         let plugin = PluginLog {
             windows: vec![vec![window(0, 31_000, 0), window(0, 1000, 0), window(0, 31_000, 200), window(0, 31_000, 9)]],
             rows: vec![(0, 3)],
+            cache: false,
         };
         let line = "bench events: probes kprobe-push method=single-step per_hit measured=31000 reference=1000 per=100";
         let samples = samples(&[line], &plugin, &[row(300.0)]).unwrap();
@@ -382,7 +401,11 @@ mod tests {
 
     #[test]
     fn a_row_without_its_windows_is_refused() {
-        let plugin = PluginLog { windows: vec![vec![window(0, 1000, 0), window(0, 31_000, 200)]], rows: vec![(0, 2)] };
+        let plugin = PluginLog {
+            windows: vec![vec![window(0, 1000, 0), window(0, 31_000, 200)]],
+            rows: vec![(0, 2)],
+            cache: false,
+        };
         let line = "bench events: probes kprobe-push method=single-step per_hit measured=31000 reference=1000 per=100";
         let missing =
             "bench events: probes kprobe-push method=single-step per_hit measured=31001 reference=1000 per=100";
@@ -402,11 +425,14 @@ mod tests {
         window(0, 5, 0).write_line(&mut line).unwrap();
         std::fs::write(&path, format!("{line}\n")).unwrap();
         assert!(read_windows(&path).is_err());
-        std::fs::write(&path, format!("{line}\nevents row: cpu=0 windows=1\nevents end: windows=1 unclosed=0\n"))
-            .unwrap();
+        std::fs::write(
+            &path,
+            format!("{line}\nevents row: cpu=0 windows=1\nevents end: windows=1 unclosed=0 cache=off\n"),
+        )
+        .unwrap();
         let log = read_windows(&path).unwrap();
         assert_eq!((log.windows[0].len(), log.rows.clone()), (1, vec![(0, 1)]));
-        std::fs::write(&path, format!("{line}\nevents end: windows=1 unclosed=1\n")).unwrap();
+        std::fs::write(&path, format!("{line}\nevents end: windows=1 unclosed=1 cache=off\n")).unwrap();
         assert!(read_windows(&path).is_err());
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -188,6 +188,10 @@ pub struct BenchArgs {
     /// and branches (a QEMU plugin; icount mode on board virt): new metrics `METRIC.EVENT`.
     #[arg(long, conflicts_with = "update_baseline")]
     pub events: bool,
+    /// With --events: also model the Cortex-A72's caches on every access (per-access callbacks,
+    /// slower): metrics `METRIC.l1i_misses`, `.l1d_misses`, `.l2_misses`.
+    #[arg(long, requires = "events")]
+    pub cache: bool,
 }
 
 #[derive(clap::Subcommand)]
@@ -299,7 +303,8 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
         .iter()
         .map(|(variant, _)| build::kernel_with(args.board, *variant, sanitizer))
         .collect::<Result<Vec<_>, _>>()?;
-    let plugin = if args.events { Some(events::build_plugin()?) } else { None };
+    let plugin =
+        if args.events { Some(events::Plugin { library: events::build_plugin()?, cache: args.cache }) } else { None };
 
     // The tree as it is when the kernels were built: a commit made while QEMU runs is not theirs.
     // icount is deterministic and runs one rep whatever --reps says.
@@ -330,7 +335,7 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
                     serial: args.serial.as_deref(),
                     smp: args.smp,
                     terminate_after_rows: args.terminate_qemu_after_rows,
-                    events: plugin.as_deref(),
+                    events: plugin.as_ref(),
                 };
                 match measure(&plan) {
                     Ok(mut more) => {
@@ -406,7 +411,7 @@ pub struct RunPlan<'a> {
     /// SIGTERM to QEMU after this many row lines (`--terminate-qemu-after-rows`, virt only).
     pub terminate_after_rows: Option<u32>,
     /// The events plugin to load (`--events`, icount on virt).
-    pub events: Option<&'a Path>,
+    pub events: Option<&'a events::Plugin>,
 }
 
 /// Runs the kernel's bench mode once and returns its samples, or why the run failed.
