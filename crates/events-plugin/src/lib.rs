@@ -24,6 +24,7 @@
 // SPDX-License-Identifier: GPL-2.0-or-later
 
 use events::cache::{Access, Hierarchy, Misses};
+use events::window::CacheMode;
 use events::{Branch, Class, Counter, VectorEntry, WindowCounts, classify};
 use qemu_plugin::install::{Args, Info};
 use qemu_plugin::plugin::{HasCallbacks, Register};
@@ -132,8 +133,11 @@ impl Windows {
 
 struct EventsPlugin {
     windows: Option<Arc<Windows>>,
-    /// `cache=on`: the cache model every fetch and data access goes through.
+    /// `cache=warm|cold`: the cache model every fetch and data access goes through.
     cache: Option<Arc<Mutex<Hierarchy>>>,
+    /// `evict=ADDRESS:...` (`cache=cold`): executing one of these empties the model.
+    evict: Vec<u64>,
+    cache_mode: CacheMode,
     out: Option<PathBuf>,
     vectors: Option<u64>,
 }
@@ -183,8 +187,21 @@ impl Register for EventsPlugin {
         for argument in &args.raw {
             match argument.split_once('=') {
                 Some(("out", path)) => self.out = Some(PathBuf::from(path)),
-                Some(("cache", "on")) => self.cache = Some(Arc::new(Mutex::new(Hierarchy::pi4(4)))),
+                Some(("cache", mode))
+                    if [CacheMode::Warm, CacheMode::Cold].iter().any(|known| known.name() == mode) =>
+                {
+                    self.cache = Some(Arc::new(Mutex::new(Hierarchy::pi4(4))));
+                    self.cache_mode = if mode == "cold" { CacheMode::Cold } else { CacheMode::Warm };
+                }
                 Some(("cache", "off")) => self.cache = None,
+                Some(("evict", addresses)) => {
+                    for address in addresses.split(':') {
+                        let digits = address.trim_start_matches("0x");
+                        self.evict.push(u64::from_str_radix(digits, 16).map_err(|error| {
+                            qemu_plugin::Error::from(std::io::Error::other(format!("evict={address}: {error}")))
+                        })?);
+                    }
+                }
                 Some(("vectors", address)) => {
                     let digits = address.trim_start_matches("0x");
                     self.vectors = Some(u64::from_str_radix(digits, 16).map_err(|error| {
@@ -193,7 +210,7 @@ impl Register for EventsPlugin {
                 }
                 _ => {
                     return Err(std::io::Error::other(format!(
-                        "unknown argument {argument:?} (out=PATH, vectors=0xADDRESS, cache=on|off)"
+                        "unknown argument {argument:?} (out=PATH, vectors=0xADDRESS, cache=off|warm|cold, evict=0xADDRESS:...)"
                     ))
                     .into());
                 }
@@ -205,7 +222,7 @@ impl Register for EventsPlugin {
         let windows = Arc::new(Windows { scoreboard: scoreboard as usize, state: Mutex::default() });
         self.windows = Some(windows.clone());
         let out = self.out.clone();
-        let cache = if self.cache.is_some() { "on" } else { "off" };
+        let cache = if self.cache.is_some() { self.cache_mode.name() } else { "off" };
         qemu_plugin::qemu_plugin_register_atexit_cb(id, move |_| {
             let state = windows.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let mut text = String::new();
@@ -265,6 +282,13 @@ impl HasCallbacks for EventsPlugin {
                 instruction.register_execute_callback(move |vcpu| marker.row(vcpu));
             }
             if let Some(model) = &self.cache {
+                // Emptied before this instruction is fetched: the hit starts cold.
+                if self.cache_mode == CacheMode::Cold && self.evict.contains(&vaddr) {
+                    let model = model.clone();
+                    instruction.register_execute_callback(move |_| {
+                        model.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clear();
+                    });
+                }
                 // A fetch per line entered: the instructions after it in the same line hit.
                 if index == 0 || vaddr / LINE != previous_vaddr / LINE {
                     let (fetcher, model) = (windows.clone(), model.clone());
@@ -312,4 +336,11 @@ impl HasCallbacks for EventsPlugin {
 /// The model's line size, for fetches.
 const LINE: u64 = events::cache::A72_L1I.line as u64;
 
-register!(EventsPlugin { windows: None, cache: None, out: None, vectors: None });
+register!(EventsPlugin {
+    windows: None,
+    cache: None,
+    evict: Vec::new(),
+    cache_mode: CacheMode::Off,
+    out: None,
+    vectors: None
+});

@@ -187,20 +187,41 @@ pub fn parse_row(line: &str) -> Option<(u32, usize)> {
     Some((cpu.strip_prefix("cpu=")?.parse().ok()?, windows.strip_prefix("windows=")?.parse().ok()?))
 }
 
+/// Whether and how the plugin ran its cache model.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub enum CacheMode {
+    /// No model: the miss counters stay 0.
+    #[default]
+    Off,
+    /// The model runs across the whole boot: a measuring loop's hits find what the previous
+    /// ones left.
+    Warm,
+    /// As `Warm`, but the model is emptied whenever an eviction address (a probe target's first
+    /// instruction) executes: every hit starts with empty caches.
+    Cold,
+}
+
+impl CacheMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheMode::Off => "off",
+            CacheMode::Warm => "warm",
+            CacheMode::Cold => "cold",
+        }
+    }
+}
+
 /// The plugin's last line, written when QEMU exits: `events end: windows=N unclosed=M
-/// cache=on|off`. A file without it, or with windows left open, is not a whole run's.
+/// cache=off|warm|cold`. A file without it, or with windows left open, is not a whole run's.
 pub const END_PREFIX: &str = "events end: ";
 
-/// Reads the end line: (windows, unclosed, whether the cache mode counted misses).
-pub fn parse_end(line: &str) -> Option<(usize, usize, bool)> {
+/// Reads the end line: (windows, unclosed, the cache mode).
+pub fn parse_end(line: &str) -> Option<(usize, usize, CacheMode)> {
     let mut words = line.strip_prefix(END_PREFIX)?.split(' ');
     let windows = words.next()?.strip_prefix("windows=")?.parse().ok()?;
     let unclosed = words.next()?.strip_prefix("unclosed=")?.parse().ok()?;
-    let cache = match words.next()?.strip_prefix("cache=")? {
-        "on" => true,
-        "off" => false,
-        _ => return None,
-    };
+    let cache = words.next()?.strip_prefix("cache=")?;
+    let cache = [CacheMode::Off, CacheMode::Warm, CacheMode::Cold].into_iter().find(|mode| mode.name() == cache)?;
     words.next().is_none().then_some((windows, unclosed, cache))
 }
 
@@ -288,8 +309,9 @@ mod tests {
         assert_eq!(WindowCounts::parse(short), None);
         assert_eq!(WindowCounts::parse(&format!("{line} extra=1")), None);
         assert_eq!(WindowCounts::parse("bench row: baseline loop - per_op insn 2"), None);
-        assert_eq!(parse_end("events end: windows=12 unclosed=0 cache=off"), Some((12, 0, false)));
-        assert_eq!(parse_end("events end: windows=12 unclosed=0 cache=on"), Some((12, 0, true)));
+        assert_eq!(parse_end("events end: windows=12 unclosed=0 cache=off"), Some((12, 0, CacheMode::Off)));
+        assert_eq!(parse_end("events end: windows=12 unclosed=0 cache=cold"), Some((12, 0, CacheMode::Cold)));
+        assert_eq!(parse_end("events end: windows=12 unclosed=0 cache=on"), None);
         assert_eq!(parse_end("events end: windows=12 unclosed=0"), None);
         assert_eq!(parse_row("events row: cpu=0 windows=7"), Some((0, 7)));
         assert_eq!(parse_row("events row: cpu=0"), None);

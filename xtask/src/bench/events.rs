@@ -13,6 +13,7 @@ use super::report::{self, ColumnKind, ExtraColumn, TableRow};
 use super::results::{Provenance, Row, Sample};
 use crate::Failure;
 use crate::build;
+use events::window::CacheMode;
 use events::{Counter, WindowCounts};
 use object::{Object, ObjectSymbol};
 use protocol::bench::RowWindows;
@@ -29,8 +30,12 @@ const VECTORS_SYMBOL: &str = "exception_vectors";
 pub struct Plugin {
     pub library: PathBuf,
     /// `--cache`: the cache mode (per-access callbacks through the Cortex-A72 cache model).
-    pub cache: bool,
+    pub cache: CacheMode,
 }
+
+/// The kernel probe targets whose first instruction empties the model in the cold cache mode,
+/// so that every hit on them (and every unprobed call) starts with empty caches.
+const COLD_TARGETS: [&str; 3] = ["bench_probe_target_nop", "bench_probe_target_push", "bench_probe_target_ret"];
 
 /// Builds the plugin (release, pinned toolchain: cargo runs from the workspace root, whose
 /// `rust-toolchain.toml` rustup reads) into `target/events-plugin` and returns the library.
@@ -65,18 +70,24 @@ impl PluginRun {
         let data = std::fs::read(elf).map_err(|error| Failure::usage(format!("{}: {error}", elf.display())))?;
         let file =
             object::File::parse(&*data).map_err(|error| Failure::usage(format!("{}: {error}", elf.display())))?;
-        let vectors = file
-            .symbols()
-            .find(|symbol| symbol.name() == Ok(VECTORS_SYMBOL))
-            .map(|symbol| symbol.address())
-            .ok_or_else(|| Failure { status: 1, message: format!("kernel ELF has no {VECTORS_SYMBOL}") })?;
+        let address = |name: &str| {
+            file.symbols()
+                .find(|symbol| symbol.name() == Ok(name))
+                .map(|symbol| symbol.address())
+                .ok_or_else(|| Failure { status: 1, message: format!("kernel ELF has no {name}") })
+        };
+        let vectors = address(VECTORS_SYMBOL)?;
         let _ = std::fs::remove_file(&windows);
-        let argument = format!(
+        let mut argument = format!(
             "{},out={},vectors={vectors:#x},cache={}",
             plugin.library.display(),
             windows.display(),
-            if plugin.cache { "on" } else { "off" }
+            plugin.cache.name()
         );
+        if plugin.cache == CacheMode::Cold {
+            let targets = COLD_TARGETS.map(|name| address(name).map(|target| format!("{target:#x}")));
+            argument.push_str(&format!(",evict={}", targets.into_iter().collect::<Result<Vec<_>, _>>()?.join(":")));
+        }
         Ok(Self { windows, qemu_args: vec!["-plugin".into(), argument] })
     }
 }
@@ -88,8 +99,8 @@ pub struct PluginLog {
     pub windows: Vec<Vec<WindowCounts>>,
     /// Each row marker's (vCPU, windows it had closed), in the order they ran.
     pub rows: Vec<(u32, usize)>,
-    /// The cache mode counted modelled misses.
-    pub cache: bool,
+    /// How the cache model ran.
+    pub cache: CacheMode,
 }
 
 /// Reads the plugin's file. A file without its end line, or with a window left open, is not a
@@ -190,14 +201,18 @@ pub fn samples(log: &[&str], plugin: &PluginLog, rows: &[Sample]) -> Result<Vec<
         }) else {
             return Err(Failure { status: 1, message: format!("{line}: no such row") });
         };
-        let shown = |counter: &Counter| *counter != Counter::Instructions && (plugin.cache || !counter.modelled());
+        let shown = |counter: &Counter| {
+            *counter != Counter::Instructions && (plugin.cache != CacheMode::Off || !counter.modelled())
+        };
         for counter in Counter::all().filter(shown) {
             let value = per_operation(counter);
             if matches!(counter, Counter::Vector(_)) && value == 0.0 {
                 continue;
             }
+            // Cold misses are other figures than warm ones: `l1d_misses_cold`.
+            let cold = if counter.modelled() && plugin.cache == CacheMode::Cold { "_cold" } else { "" };
             samples.push(Sample {
-                metric: format!("{}.{}", tied.metric, counter.name()),
+                metric: format!("{}.{}{cold}", tied.metric, counter.name()),
                 unit: unit(counter).into(),
                 value,
                 ..row.clone()
@@ -228,10 +243,12 @@ const COLUMNS: [Counter; 16] = [
     Counter::L2Misses,
 ];
 
-/// An event metric (`per_hit.exceptions`): its row's metric and the counter.
-fn event_metric(metric: &str) -> Option<(&str, Counter)> {
+/// An event metric (`per_hit.exceptions`, `per_hit.l1d_misses_cold`): its row's metric and the
+/// event's name.
+fn event_metric(metric: &str) -> Option<(&str, &str)> {
     let (row_metric, event) = metric.split_once('.')?;
-    Counter::all().find(|counter| counter.name() == event).map(|counter| (row_metric, counter))
+    let counter = event.strip_suffix("_cold").unwrap_or(event);
+    Counter::all().any(|known| known.name() == counter).then_some((row_metric, event))
 }
 
 /// The rows without the event metrics: what tables and charts show as rows of their own.
@@ -239,17 +256,20 @@ pub fn measured(rows: &[Row]) -> Vec<Row> {
     rows.iter().filter(|row| event_metric(&row.metric).is_none()).cloned().collect()
 }
 
-/// One table column per shown counter, holding the events per operation of each row's figure
+/// One table column per shown event, holding the events per operation of each row's figure
 /// (several CPU variants' values, in the table's order, where they differ).
 pub fn columns(rows: &[Row]) -> Vec<ExtraColumn<'_>> {
-    COLUMNS
-        .into_iter()
-        .filter(|counter| rows.iter().any(|row| event_metric(&row.metric).is_some_and(|(_, event)| event == *counter)))
-        .map(|counter| ExtraColumn {
-            header: format!("{} (events)", counter.name()),
+    let names = COLUMNS.into_iter().flat_map(|counter| {
+        let cold = counter.modelled().then(|| format!("{}_cold", counter.name()));
+        core::iter::once(counter.name().to_string()).chain(cold)
+    });
+    names
+        .filter(|name| rows.iter().any(|row| event_metric(&row.metric).is_some_and(|(_, event)| event == name)))
+        .map(|name| ExtraColumn {
+            header: format!("{name} (events)"),
             kind: ColumnKind::Metric,
             cell: Box::new(move |table: &TableRow| {
-                let metric = format!("{}.{}", table.metric, counter.name());
+                let metric = format!("{}.{name}", table.metric);
                 let values: Vec<String> = report::distinct(
                     rows.iter()
                         .filter(|row| {
@@ -294,7 +314,7 @@ pub fn pages(provenance: &Provenance, rows: &[Row]) -> Vec<(String, String)> {
 /// taken branches (`blr`, `ret`); a kprobe hit takes two exceptions single-stepped or BRK-stepped, one
 /// simulated, none through a detour. None when all hold, else what did not.
 pub fn self_test(image: &build::KernelImage) -> Result<Option<String>, Failure> {
-    let plugin = Plugin { library: build_plugin()?, cache: false };
+    let plugin = Plugin { library: build_plugin()?, cache: CacheMode::Off };
     let plan = super::RunPlan {
         board: build::Board::Virt,
         image,
@@ -387,7 +407,7 @@ mod tests {
         let plugin = PluginLog {
             windows: vec![vec![window(0, 31_000, 0), window(0, 1000, 0), window(0, 31_000, 200), window(0, 31_000, 9)]],
             rows: vec![(0, 3)],
-            cache: false,
+            cache: CacheMode::Off,
         };
         let line = "bench events: probes kprobe-push method=single-step per_hit measured=31000 reference=1000 per=100";
         let samples = samples(&[line], &plugin, &[row(300.0)]).unwrap();
@@ -404,7 +424,7 @@ mod tests {
         let plugin = PluginLog {
             windows: vec![vec![window(0, 1000, 0), window(0, 31_000, 200)]],
             rows: vec![(0, 2)],
-            cache: false,
+            cache: CacheMode::Off,
         };
         let line = "bench events: probes kprobe-push method=single-step per_hit measured=31000 reference=1000 per=100";
         let missing =

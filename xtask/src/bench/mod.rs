@@ -189,9 +189,17 @@ pub struct BenchArgs {
     #[arg(long, conflicts_with = "update_baseline")]
     pub events: bool,
     /// With --events: also model the Cortex-A72's caches on every access (per-access callbacks,
-    /// slower): metrics `METRIC.l1i_misses`, `.l1d_misses`, `.l2_misses`.
-    #[arg(long, requires = "events")]
-    pub cache: bool,
+    /// slower): metrics `METRIC.l1i_misses`, `.l1d_misses`, `.l2_misses`; `cold` empties the
+    /// model at each kernel probe target's entry (`METRIC.l1d_misses_cold`, ...).
+    #[arg(long, requires = "events", value_enum, num_args = 0..=1, default_missing_value = "warm")]
+    pub cache: Option<CacheArg>,
+}
+
+/// `--cache warm|cold` (`--events`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum CacheArg {
+    Warm,
+    Cold,
 }
 
 #[derive(clap::Subcommand)]
@@ -303,8 +311,12 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
         .iter()
         .map(|(variant, _)| build::kernel_with(args.board, *variant, sanitizer))
         .collect::<Result<Vec<_>, _>>()?;
-    let plugin =
-        if args.events { Some(events::Plugin { library: events::build_plugin()?, cache: args.cache }) } else { None };
+    let cache = match args.cache {
+        None => ::events::window::CacheMode::Off,
+        Some(CacheArg::Warm) => ::events::window::CacheMode::Warm,
+        Some(CacheArg::Cold) => ::events::window::CacheMode::Cold,
+    };
+    let plugin = if args.events { Some(events::Plugin { library: events::build_plugin()?, cache }) } else { None };
 
     // The tree as it is when the kernels were built: a commit made while QEMU runs is not theirs.
     // icount is deterministic and runs one rep whatever --reps says.
