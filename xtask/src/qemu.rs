@@ -258,10 +258,11 @@ impl Machine {
         Ok(())
     }
 
-    fn command(&self, image: &build::KernelImage, bootargs: &str, gdb: bool) -> Command {
+    fn command(&self, image: &build::KernelImage, bootargs: &str, gdb: bool, extra: &[String]) -> Command {
         let mut command = self.machine_command();
         command.args(["-display", "none", "-monitor", "none", "-serial", "stdio"]);
         self.common_args(&mut command, image, bootargs);
+        command.args(extra);
         if gdb {
             command.args(["-s", "-S"]);
         }
@@ -448,12 +449,24 @@ pub fn run_watched(
     timeout: Option<Duration>,
     on_line: &mut dyn FnMut(&LogLine) -> Watch,
 ) -> Result<RunResult, Failure> {
+    run_watched_with(machine, image, bootargs, &[], timeout, on_line)
+}
+
+/// [`run_watched`] with further QEMU arguments (`-plugin ...` for `bench --events`).
+pub fn run_watched_with(
+    machine: &Machine,
+    image: &build::KernelImage,
+    bootargs: &str,
+    extra: &[String],
+    timeout: Option<Duration>,
+    on_line: &mut dyn FnMut(&LogLine) -> Watch,
+) -> Result<RunResult, Failure> {
     ensure_installed()?;
     let elf = std::fs::read(&image.elf).map_err(|error| Failure::usage(format!("{}: {error}", image.elf.display())))?;
     let start = Instant::now();
     let mut child = QemuProcess(
         machine
-            .command(image, bootargs, timeout.is_none())
+            .command(image, bootargs, timeout.is_none(), extra)
             .spawn()
             .map_err(|error| Failure::usage(format!("cannot start qemu-system-aarch64: {error}")))?,
     );

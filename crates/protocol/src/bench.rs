@@ -110,6 +110,48 @@ impl<'a> Row<'a> {
     }
 }
 
+/// What starts the line that ties a row to its measured windows, written after the row when
+/// the kernel runs with `bench.events=1` (`cargo xtask bench --events`):
+/// `bench events: SUITE CASE PARAMS METRIC measured=A reference=B per=N`. The row's figure is
+/// (A - B) / N (B `-`: A / N), A and B the costs of two windows on the cycle counter. Just
+/// before the line the kernel executes the marker `hint #0x7f`, at which the events plugin
+/// notes how many windows the CPU had closed: the windows are the latest ones before the marker
+/// with those costs, and xtask gives each counted event the same arithmetic.
+pub const EVENTS_PREFIX: &str = "bench events: ";
+
+/// A row's windows (see [`EVENTS_PREFIX`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct RowWindows<'a> {
+    pub suite: &'a str,
+    pub case: &'a str,
+    pub params: &'a str,
+    pub metric: &'a str,
+    pub measured: u64,
+    pub reference: Option<u64>,
+    pub per: u64,
+}
+
+impl<'a> RowWindows<'a> {
+    /// A log line's windows: None when the line is not one, `Some(None)` when malformed.
+    pub fn from_line(line: &'a str) -> Option<Option<Self>> {
+        let fields = line.strip_prefix(EVENTS_PREFIX)?;
+        let mut words = fields.split_whitespace();
+        let mut next = || words.next();
+        let mut parse = || -> Option<Self> {
+            let (suite, case, params, metric) = (next()?, next()?, next()?, next()?);
+            let measured = next()?.strip_prefix("measured=")?.parse().ok()?;
+            let reference = match next()?.strip_prefix("reference=")? {
+                "-" => None,
+                cost => Some(cost.parse().ok()?),
+            };
+            let per = next()?.strip_prefix("per=")?.parse().ok()?;
+            Some(Self { suite, case, params, metric, measured, reference, per })
+        };
+        let windows = parse();
+        Some(windows.filter(|windows| next().is_none() && windows.per > 0))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,6 +196,27 @@ mod tests {
         ] {
             assert_eq!(Row::parse(malformed), None, "{malformed}");
             assert_eq!(Row::from_line(&format!("{ROW_PREFIX}{malformed}")), Some(None), "{malformed}");
+        }
+    }
+
+    #[test]
+    fn a_rows_windows_read_back() {
+        let line = "bench events: probes kprobe-push method=simulate per_hit measured=1900 reference=40 per=10";
+        let windows = RowWindows::from_line(line).expect("an events line").expect("well formed");
+        assert_eq!(
+            (windows.case, windows.measured, windows.reference, windows.per),
+            ("kprobe-push", 1900, Some(40), 10)
+        );
+        let alone = "bench events: baseline loop - per_op measured=20010 reference=- per=10000";
+        assert_eq!(RowWindows::from_line(alone).flatten().map(|windows| windows.reference), Some(None));
+        assert_eq!(RowWindows::from_line("bench row: baseline loop - per_op insn 2"), None);
+        for malformed in [
+            "bench events: baseline loop - per_op measured=0 reference=- per=0",
+            "bench events: baseline loop - per_op measured=0 reference=-",
+            "bench events: baseline loop - per_op measured=x reference=- per=1",
+            "bench events: baseline loop - per_op measured=0 reference=- per=1 extra",
+        ] {
+            assert_eq!(RowWindows::from_line(malformed), Some(None), "{malformed}");
         }
     }
 }

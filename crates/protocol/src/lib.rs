@@ -143,6 +143,9 @@ pub mod cmdline {
     /// this many CPUs at once, since more vCPUs than host cores would time the host's
     /// scheduler, not the kernel.
     pub const BENCH_HOST_CPUS: &str = "bench.host-cpus";
+    /// `bench.events=1`: after each row it can tie to its windows, the kernel writes which
+    /// (`bench::EVENTS_PREFIX`), for the events plugin's counts (`cargo xtask bench --events`).
+    pub const BENCH_EVENTS: &str = "bench.events";
     /// Test-only: `inject=NAME,...` turns on the kernel's named fault switches (`kernel/src/inject.rs`)
     /// from boot, for failure paths that must be caught before any test runs.
     pub const INJECT: &str = "inject";
@@ -164,7 +167,7 @@ pub mod cmdline {
     /// Every key above: the kernel warns about a word whose key is none of these (keys with a
     /// dot or an underscore aside: the `sweep.*` family, and Linux's module parameters that
     /// firmware adds).
-    pub const ALL: [&str; 30] = [
+    pub const ALL: [&str; 31] = [
         RUN,
         FILTER,
         HZ,
@@ -194,6 +197,7 @@ pub mod cmdline {
         PROFILE_CLOCK,
         PROFILE_BREAK,
         BENCH_HOST_CPUS,
+        BENCH_EVENTS,
         INJECT,
     ];
 }

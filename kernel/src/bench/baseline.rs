@@ -3,7 +3,7 @@
 //! exception round trip. The loops are assembly so that every build variant and CPU executes
 //! exactly the same instructions around the mechanism measured.
 
-use super::{Plan, row};
+use super::{Plan, row, row_windows};
 use crate::arch::exception::BRK_BENCH;
 
 // Each loop: x0 = iterations (>= 1), counter in x19 (callee-saved, so the called function may use
@@ -105,6 +105,8 @@ pub fn run(plan: &Plan) {
                 (cost as f64 - alone as f64) / iterations as f64
             };
             row("baseline", case, "-", "per_op", plan.unit(), per_op);
+            let reference = (case != "loop").then_some(alone);
+            row_windows("baseline", case, "-", "per_op", cost, reference, iterations);
         }
     }
 }

@@ -18,7 +18,7 @@ pub(crate) mod stacktrace;
 use crate::arch::counters;
 use crate::args::Args;
 use crate::sync::IrqMask;
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use protocol::cmdline as key;
 use protocol::suite::Suite;
 
@@ -71,6 +71,8 @@ impl Request {
                 (key::CLOCK, "cycles") => request.plan.clock = Clock::Cycles,
                 (key::CLOCK, "ns") => request.plan.clock = Clock::Nanoseconds,
                 (key::CLOCK, other) => Args::ignoring(key::CLOCK, other),
+                (key::BENCH_EVENTS, "1") => EVENTS.store(true, Ordering::Relaxed),
+                (key::BENCH_EVENTS, other) => Args::ignoring(key::BENCH_EVENTS, other),
                 (key::BENCH_HOST_CPUS, cpus) => match cpus.parse::<usize>() {
                     Ok(cpus) if cpus >= 1 => request.plan.host_cpus = Some(cpus),
                     _ => defmt::warn!("cmdline: bench.host-cpus={=str} is not a positive number", cpus),
@@ -135,6 +137,58 @@ impl core::fmt::Write for Label {
         if take < text.len() { Err(core::fmt::Error) } else { Ok(()) }
     }
 }
+
+/// `bench.events=1`: say each row's windows after it (a property of the boot, like the command
+/// line it comes from).
+static EVENTS: AtomicBool = AtomicBool::new(false);
+
+/// After a row whose figure is (`measured` - `reference`) / `per` (or `measured` / `per`), the
+/// two windows' costs on the cycle counter: marks the place in the instruction stream (the
+/// events plugin notes how many windows this CPU had closed when `hint #0x7f` ran) and says
+/// the costs, so that xtask finds the windows among those and gives the plugin's counts the
+/// row's arithmetic. Nothing without `bench.events=1`; never inside a window, so no figure
+/// moves, and the measuring code is not touched.
+#[inline(never)]
+pub fn row_windows(
+    suite: &str,
+    case: &str,
+    params: &str,
+    metric: &str,
+    measured: u64,
+    reference: Option<u64>,
+    per: u64,
+) {
+    if !EVENTS.load(Ordering::Relaxed) {
+        return;
+    }
+    // SAFETY: a hint the architecture leaves unallocated executes as a NOP (ARM ARM C6.2.126
+    // HINT); the plugin recognises it. No register or memory is touched.
+    unsafe { core::arch::asm!("hint #0x7f", options(nomem, nostack, preserves_flags)) };
+    match reference {
+        Some(reference) => defmt::info!(
+            "bench events: {=str} {=str} {=str} {=str} measured={=u64} reference={=u64} per={=u64}",
+            suite,
+            case,
+            params,
+            metric,
+            measured,
+            reference,
+            per
+        ),
+        None => defmt::info!(
+            "bench events: {=str} {=str} {=str} {=str} measured={=u64} reference=- per={=u64}",
+            suite,
+            case,
+            params,
+            metric,
+            measured,
+            per
+        ),
+    }
+}
+
+const _: () =
+    assert!(protocol::same_str(protocol::bench::EVENTS_PREFIX, "bench events: "), "the events line's literals");
 
 /// Emits one result row. defmt wants a literal format string: its prefix is
 /// `protocol::bench::ROW_PREFIX`, which xtask's one reader parses (checked below).

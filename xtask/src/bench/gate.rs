@@ -167,6 +167,7 @@ pub fn check(image: &KernelImage) -> Result<Option<String>, Failure> {
         serial: None,
         smp: 1,
         terminate_after_rows: None,
+        events: None,
     };
     let started = std::time::Instant::now();
     let rows = match super::measure(&plan) {

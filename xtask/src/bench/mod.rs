@@ -5,6 +5,7 @@
 mod chart;
 mod compare;
 mod complete;
+pub mod events;
 pub mod gate;
 mod report;
 mod report_out;
@@ -193,6 +194,22 @@ pub struct BenchArgs {
     #[arg(long, value_name = "K/N", value_parser = crate::shard::Shard::parse,
           conflicts_with_all = ["update_baseline", "save", "report", "serial", "terminate_qemu_after_rows"])]
     pub shard: Option<crate::shard::Shard>,
+    /// Also count, in each row's windows, exceptions, barriers, maintenance, memory traffic
+    /// and branches (a QEMU plugin; icount mode on board virt): new metrics `METRIC.EVENT`.
+    #[arg(long, conflicts_with = "update_baseline")]
+    pub events: bool,
+    /// With --events: also model the Cortex-A72's caches on every access (per-access callbacks,
+    /// slower): metrics `METRIC.l1i_misses`, `.l1d_misses`, `.l2_misses`; `cold` empties the
+    /// model at each kernel probe target's entry (`METRIC.l1d_misses_cold`, ...).
+    #[arg(long, requires = "events", value_enum, num_args = 0..=1, default_missing_value = "warm")]
+    pub cache: Option<CacheArg>,
+}
+
+/// `--cache warm|cold` (`--events`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum CacheArg {
+    Warm,
+    Cold,
 }
 
 #[derive(clap::Subcommand)]
@@ -239,6 +256,9 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     }
     if args.terminate_qemu_after_rows.is_some() && args.board != Board::Virt {
         return Err(Failure::usage("--terminate-qemu-after-rows stops QEMU on board virt"));
+    }
+    if args.events && (args.board != Board::Virt || args.mode != ModeArg::Icount) {
+        return Err(Failure::usage("--events counts in QEMU's icount mode: it needs --mode icount on board virt"));
     }
     let saved = match &args.save {
         Some(name) => Some(save_slot(&saved_root(), name, args.force)?),
@@ -305,6 +325,12 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
         .iter()
         .map(|(variant, _)| build::kernel_with(args.board, *variant, sanitizer))
         .collect::<Result<Vec<_>, _>>()?;
+    let cache = match args.cache {
+        None => ::events::window::CacheMode::Off,
+        Some(CacheArg::Warm) => ::events::window::CacheMode::Warm,
+        Some(CacheArg::Cold) => ::events::window::CacheMode::Cold,
+    };
+    let plugin = if args.events { Some(events::Plugin { library: events::build_plugin()?, cache }) } else { None };
 
     // The tree as it is when the kernels were built: a commit made while QEMU runs is not theirs.
     // icount is deterministic and runs one rep whatever --reps says.
@@ -345,6 +371,7 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
                     serial: args.serial.as_deref(),
                     smp: args.smp,
                     terminate_after_rows: args.terminate_qemu_after_rows,
+                    events: plugin.as_ref(),
                 };
                 match measure(&plan) {
                     Ok(mut more) => {
@@ -374,14 +401,15 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
         None => target_dir().join("bench"),
     });
     let json = results::to_json(&provenance, &rows);
-    let report = report::render(&provenance, &rows);
+    let report = events::render(&provenance, &rows);
+    let charted = events::measured(&rows);
     let out_lock = lock_dir(&out)?;
     write_file(&out.join("results.json"), &json)?;
     write_file(&out.join("report.md"), &report)?;
     // A shard may hold no run of a suite: no chart for it.
     for suite in suites.iter().filter(|suite| rows.iter().any(|row| row.suite == suite.name)) {
         let path = out.join(report::chart_file(suite.name));
-        draw_chart(&path, suite.name, &rows)?;
+        draw_chart(&path, suite.name, &charted)?;
     }
     if let Some(part) = args.shard {
         shard::save(args, part, &suites, &out, &plan)?;
@@ -394,7 +422,7 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
         write_file(&slot.join("results.json"), &json)?;
         write_file(&slot.join("report.md"), &report)?;
         for suite in &suites {
-            draw_chart(&slot.join(report::chart_file(suite.name)), suite.name, &rows)?;
+            draw_chart(&slot.join(report::chart_file(suite.name)), suite.name, &charted)?;
         }
         eprintln!("xtask: saved as {} (compare with `cargo xtask bench compare`)", slot.display());
     }
@@ -425,6 +453,8 @@ pub struct RunPlan<'a> {
     pub smp: u8,
     /// SIGTERM to QEMU after this many row lines (`--terminate-qemu-after-rows`, virt only).
     pub terminate_after_rows: Option<u32>,
+    /// The events plugin to load (`--events`, icount on virt).
+    pub events: Option<&'a events::Plugin>,
 }
 
 /// Runs the kernel's bench mode once and returns its samples, or why the run failed.
@@ -452,16 +482,26 @@ pub fn measure(plan: &RunPlan) -> Result<Vec<Sample>, Failure> {
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
         bootargs.push_str(&format!(" {}={cores}", protocol::cmdline::BENCH_HOST_CPUS));
     }
+    let plugin = match plan.events {
+        Some(plugin) => {
+            bootargs.push_str(&format!(" {}=1", protocol::cmdline::BENCH_EVENTS));
+            let file = format!("windows-{}-{}.txt", plan.variant.name(), plan.cpu.name().replace([',', '='], "_"));
+            Some(events::PluginRun::new(plugin, &plan.image.elf, target_dir().join("events-plugin").join(file))?)
+        }
+        None => None,
+    };
+    let extra = plugin.as_ref().map_or(&[][..], |plugin| &plugin.qemu_args[..]);
     let (ending, log) = match (plan.board, plan.serial) {
         (Board::Virt, _) => {
             let mut rows = 0;
-            let result = qemu::run_watched(&machine, plan.image, &bootargs, Some(plan.timeout), &mut |line| {
-                rows += u32::from(protocol::bench::Row::fields(&line.text).is_some());
-                match plan.terminate_after_rows {
-                    Some(after) if rows >= after => qemu::Watch::Terminate,
-                    _ => qemu::Watch::Continue,
-                }
-            })?;
+            let result =
+                qemu::run_watched_with(&machine, plan.image, &bootargs, extra, Some(plan.timeout), &mut |line| {
+                    rows += u32::from(protocol::bench::Row::fields(&line.text).is_some());
+                    match plan.terminate_after_rows {
+                        Some(after) if rows >= after => qemu::Watch::Terminate,
+                        _ => qemu::Watch::Continue,
+                    }
+                })?;
             (result.ending, result.log)
         }
         // QEMU raspi4b, read through a pseudo-terminal as a real board's serial line.
@@ -518,6 +558,12 @@ pub fn measure(plan: &RunPlan) -> Result<Vec<Sample>, Failure> {
                 row.ok_or_else(|| Failure { status: 1, message: format!("malformed bench row: {}", line.text) })?;
             samples.push(Sample::from_row(&row, plan.cpu, plan.variant, plan.mode));
         }
+    }
+    if let Some(plugin) = &plugin {
+        let windows = events::read_windows(&plugin.windows)?;
+        let lines: Vec<&str> = log.iter().map(|line| line.text.as_str()).collect();
+        let mut counted = events::samples(&lines, &windows, &samples)?;
+        samples.append(&mut counted);
     }
     Ok(samples)
 }
@@ -599,11 +645,12 @@ fn lock_dir(dir: &Path) -> Result<crate::atomic::Lock, Failure> {
 
 /// docs/results-style pages: one <suite>.md per suite in `results`.
 fn write_pages(dir: &Path, results: &results::Results) -> Result<u8, Failure> {
-    let pages = report::pages(&results.provenance, &results.rows);
+    let pages = events::pages(&results.provenance, &results.rows);
+    let charted = events::measured(&results.rows);
     let _lock = lock_dir(dir)?;
     for (suite, text) in &pages {
         write_file(&dir.join(format!("{suite}.md")), text)?;
-        draw_chart(&dir.join(report::chart_file(suite)), suite, &results.rows)?;
+        draw_chart(&dir.join(report::chart_file(suite)), suite, &charted)?;
     }
     let names: Vec<_> = pages.iter().map(|(suite, _)| format!("{suite}.md and .svg")).collect();
     eprintln!("xtask: wrote {} in {}", names.join(", "), dir.display());

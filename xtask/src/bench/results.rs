@@ -12,6 +12,7 @@ use serde_json::{Map, Value, json};
 pub const SCHEMA: u64 = 2;
 
 /// One measured value: one rep of one case's metric in one configuration.
+#[derive(Clone)]
 pub struct Sample {
     pub suite: String,
     pub case: String,

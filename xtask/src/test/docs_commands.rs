@@ -117,6 +117,29 @@ pub const ACCOUNTS: &[(&str, Account)] = &[
             covered_by: "`cargo xtask profile --unwinder all --cpu max,pauth=off kasan-boot` here (the same workload, every walker)",
         },
     ),
+    // Events: one run as the docs show it; the other spellings are covered by it.
+    ("cargo xtask bench probes --events --mode icount --cpu max,pauth=off", Verbatim { status: 0 }),
+    (
+        "cargo xtask bench --events",
+        Excluded {
+            reason: "names the flag in prose",
+            covered_by: "`cargo xtask bench probes --events --mode icount --cpu max,pauth=off` here",
+        },
+    ),
+    (
+        "cargo xtask bench ... --events --mode icount",
+        Excluded {
+            reason: "a template",
+            covered_by: "`cargo xtask bench probes --events --mode icount --cpu max,pauth=off` here",
+        },
+    ),
+    (
+        "cargo xtask bench SUITE... --events --mode icount",
+        Excluded {
+            reason: "a template",
+            covered_by: "`cargo xtask bench probes --events --mode icount --cpu max,pauth=off` here",
+        },
+    ),
     (
         "cargo xtask profile",
         Excluded {
@@ -271,7 +294,7 @@ pub const ACCOUNTS: &[(&str, Account)] = &[
     (
         "cargo xtask bench [SUITE...] [--cpu VARIANT]... [--variant full|prod|plain] [--mode icount|wall|both] \
          [--kasan-short-granules] [--reps N] [--out DIR] [--save NAME [--force]] [--report DIR] [--board virt|rpi4] \
-         [--serial PATH]",
+         [--serial PATH] [--events [--cache [warm|cold]]]",
         Excluded { reason: "the synopsis", covered_by: "the bench runs here and the icount regression gate" },
     ),
     (

@@ -97,6 +97,7 @@ pub fn run(args: &TestArgs) -> Result<u8, Failure> {
         crate::profile::self_test(&mut |name, problem| tally.check(name, problem.as_ref()))?;
         crate::probe_spec::self_test(&mut |name, problem| tally.check(name, problem.as_ref()))?;
         tally.check("icount regression gate", crate::bench::gate::check(&prod)?.as_ref());
+        tally.check("events plugin counts", crate::bench::events::self_test(&prod)?.as_ref());
         let (passed, failures) = crate::demo::test(&args.variants, &args.cpus, &args.boards)?;
         tally.passed += passed;
         tally.failed += failures.len() as u64;

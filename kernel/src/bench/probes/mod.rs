@@ -74,7 +74,7 @@ mod user;
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use super::{Label, Plan, row};
+use super::{Label, Plan, row, row_windows};
 use crate::probes::{Method, ProbeError, Registers};
 
 pub use kernel::run;
@@ -151,6 +151,7 @@ fn hit_rows(case: &str, method: Method, probed: u64, unprobed: u64, iterations: 
     let params = Label::new(format_args!("method={}", method.name()));
     let per_hit = (probed as f64 - unprobed as f64) / iterations as f64;
     row("probes", case, params.as_str(), "per_hit", unit, per_hit);
+    row_windows("probes", case, params.as_str(), "per_hit", probed, Some(unprobed), iterations);
     // icount: one instruction per virtual ns (shift=0); wall: virtual ns.
     let seconds = probed as f64 / 1e9;
     row("probes", case, params.as_str(), "hits_per_s", "hits_per_s", iterations as f64 / seconds);
@@ -158,5 +159,7 @@ fn hit_rows(case: &str, method: Method, probed: u64, unprobed: u64, iterations: 
 
 /// The `per_call` row of a call loop against the loop without the call.
 fn call_row(plan: &Plan, case: &str, unprobed: u64, alone: u64) {
-    row("probes", case, "-", "per_call", plan.unit(), (unprobed as f64 - alone as f64) / iterations(plan) as f64);
+    let iterations = iterations(plan);
+    row("probes", case, "-", "per_call", plan.unit(), (unprobed as f64 - alone as f64) / iterations as f64);
+    row_windows("probes", case, "-", "per_call", unprobed, Some(alone), iterations);
 }

@@ -1,0 +1,20 @@
+//! The events behind each bench figure: which arm64 instructions count as which event.
+//!
+//! The QEMU plugin in `crates/events-plugin` (GPL-2.0-or-later, outside the workspace) asks
+//! [`classify`] once per instruction it translates and adds the answer to per-CPU counters on
+//! every execution; between the two counter reads that open and close a measured window it
+//! writes one [`window`] line. This crate holds that pure logic under the workspace's licence so
+//! that it is tested on the host like the other crates, and so that xtask parses the lines with
+//! the same names the plugin writes. Nothing here depends on QEMU. [`cache`] is the cache model
+//! with the Cortex-A72's geometry that the plugin's cache mode feeds.
+#![cfg_attr(not(test), no_std)]
+#![forbid(unsafe_code)]
+
+extern crate alloc;
+
+pub mod cache;
+pub mod classify;
+pub mod window;
+
+pub use classify::{Branch, Class, classify};
+pub use window::{Counter, VectorEntry, WindowCounts};
