@@ -132,6 +132,16 @@ pub const fn ldr_literal(rt: u8, offset: i64) -> Insn {
     Insn(0x5800_0000 | (word_field(offset, 19) << 5) | rt as u32)
 }
 
+/// `LDR Wt, label` (C6.2 "LDR (literal)", 32-bit), `offset` bytes from the instruction.
+pub const fn ldr_w_literal(rt: u8, offset: i64) -> Insn {
+    Insn(0x1800_0000 | (word_field(offset, 19) << 5) | rt as u32)
+}
+
+/// `LDRSW Xt, label` (C6.2 "LDRSW (literal)"), `offset` bytes from the instruction.
+pub const fn ldrsw_literal(rt: u8, offset: i64) -> Insn {
+    Insn(0x9800_0000 | (word_field(offset, 19) << 5) | rt as u32)
+}
+
 /// `MRS Xt, NZCV` (C6.2 "MRS", op0=3 op1=3 CRn=4 CRm=2 op2=0).
 pub const fn mrs_nzcv(rt: u8) -> Insn {
     Insn(0xd53b_4200 | rt as u32)

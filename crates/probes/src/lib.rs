@@ -187,11 +187,12 @@ pub use classify::{Classification, RejectReason, classify};
 pub use encode::{
     BRANCH_MAX_BACKWARD, BRANCH_MAX_FORWARD, BranchError, IMM19_MAX_BACKWARD, IMM19_MAX_FORWARD, NOP, add_immediate,
     b_cond, blr, br, compare_branch, encode_b, encode_bl, encode_brk, ldp_offset, ldr_literal, ldr_unsigned,
-    ldr_w_unsigned, ldrsw_unsigned, mov_sp, mrs_nzcv, msr_nzcv, stp_offset, str_unsigned, sub_immediate, test_branch,
+    ldr_w_literal, ldr_w_unsigned, ldrsw_literal, ldrsw_unsigned, mov_sp, mrs_nzcv, msr_nzcv, stp_offset, str_unsigned,
+    sub_immediate, test_branch,
 };
 pub use insn::{Description, Insn};
 pub use plan::{Method, Plan, Refusal, Rules, Text, is_frame_push, plan, runs_anywhere};
-pub use relocate::{LITERAL_POOL, RelocateError, TRAMPOLINE_WORDS, Trampoline, detour_trampoline, relocate};
+pub use relocate::{LITERAL_POOL, RelocateError, TRAMPOLINE_WORDS, Trampoline, detour_trampoline, injected, relocate};
 pub use simulate::{
     Access, Condition, Exception, Fault, Indexing, IndirectBranch, LiteralSize, Memory, Register, RegisterFile,
     Registers, Simulated, SimulationConfig, simulate,

@@ -6,11 +6,26 @@
 //! [`Registers`](crate::Registers) layout below SP, calls `entry(probe, &mut registers)`,
 //! restores them, then [`relocate`]s the displaced instruction and branches back. Encodings are
 //! the named encoders of `encode.rs` (Arm ARM C6.2).
+//!
+//! What the relocated forms do not reproduce:
+//! - `BLR Xn` becomes `LDR X30, =next; BR Xn`. `BR` sets PSTATE.BTYPE to 01 (11 from a guarded
+//!   page unless Xn is x16 or x17) where `BLR` sets 10, so a target whose landing pad is
+//!   `BTI c` would take a Branch Target exception under BTI (`BTI j` or `BTI jc` would pass).
+//!   This is latent: the kernel is built without BTI and its text is not mapped guarded. A
+//!   `BLR` from the trampoline is no remedy (its link would point into the trampoline); under
+//!   BTI the relocator would have to load the return address and branch through x16 or x17
+//!   into a `BTI c`-compatible target, or refuse `BLR`.
+//! - `LDR Xt, <literal>` becomes `LDR Xt, =address; LDR Xt, [Xt]`: the same load, which faults
+//!   where the original does. With `Rt` = XZR there is no register to hold the address, so the
+//!   load is re-encoded PC-relative from the trampoline (`LDR XZR, <literal>` again), which
+//!   reaches +-1 MiB; a literal farther away is refused ([`RelocateError::LiteralOutOfRange`])
+//!   rather than relocated without its load.
 
 use crate::classify::{Classification, RejectReason};
 use crate::encode::{
-    add_immediate, b_cond, blr, br, compare_branch, encode_b, ldp_offset, ldr_literal, ldr_unsigned, ldr_w_unsigned,
-    ldrsw_unsigned, mov_sp, mrs_nzcv, msr_nzcv, stp_offset, str_unsigned, sub_immediate, test_branch,
+    IMM19_MAX_BACKWARD, IMM19_MAX_FORWARD, add_immediate, b_cond, blr, br, compare_branch, encode_b, ldp_offset,
+    ldr_literal, ldr_unsigned, ldr_w_literal, ldr_w_unsigned, ldrsw_literal, ldrsw_unsigned, mov_sp, mrs_nzcv,
+    msr_nzcv, stp_offset, str_unsigned, sub_immediate, test_branch,
 };
 use crate::simulate::{IndirectBranch, LiteralSize, Simulated};
 
@@ -40,6 +55,9 @@ pub enum RelocateError {
     OutOfBranchRange,
     /// The code or the literal pool does not fit in the chunk.
     TooLong,
+    /// `LDR XZR, <literal>` (any size) whose literal is beyond +-1 MiB of the trampoline: the
+    /// load can only be kept PC-relative, since no register is free to hold its address.
+    LiteralOutOfRange,
 }
 
 /// A trampoline being assembled at `base`: code from word 0, literals from [`LITERAL_POOL`].
@@ -184,6 +202,7 @@ pub fn relocate(
             if rn.number() == 30 {
                 return Err(RelocateError::BlrX30);
             }
+            // BR, not BLR, so that X30 is `next`: BTYPE differs (latent, see the module notes).
             asm.load_literal(30, next)?;
             asm.emit(br(rn.number()))?;
         }
@@ -198,29 +217,105 @@ pub fn relocate(
             asm.branch(target(offset))?;
         }
         Classification::Simulate(Simulated::TestBranch { rt, bit, if_nonzero, offset }) => {
-            asm.emit(test_branch(rt.number(), bit, if_nonzero, OVER_ONE))?;
+            asm.emit(test_branch(rt.number(), injected::test_bit(bit), if_nonzero, OVER_ONE))?;
             asm.branch(next)?;
             asm.branch(target(offset))?;
         }
         Classification::Simulate(Simulated::Adr { rd, offset, page }) => {
             if rd.number() != 31 {
-                let base = if page { address & !0xfff } else { address };
+                let pc = injected::adr_pc(address);
+                let base = if page { pc & !0xfff } else { pc };
                 asm.load_literal(rd.number(), base.wrapping_add_signed(offset))?;
             }
             asm.branch(next)?;
         }
         Classification::Simulate(Simulated::LoadLiteral { rt, size, offset }) => {
             let rt = rt.number();
+            let literal = injected::literal_address(target(offset));
             if rt != 31 {
-                asm.load_literal(rt, target(offset))?;
+                asm.load_literal(rt, literal)?;
                 asm.emit(match size {
                     LiteralSize::Word => ldr_w_unsigned(rt, rt, 0),
                     LiteralSize::Doubleword => ldr_unsigned(rt, rt, 0),
                     LiteralSize::SignedWord => ldrsw_unsigned(rt, rt, 0),
+                })?;
+            } else {
+                // The load into XZR is kept for its fault; only a PC-relative form can address it.
+                let from_here = literal.wrapping_sub(asm.here()) as i64;
+                if !(IMM19_MAX_BACKWARD..=IMM19_MAX_FORWARD).contains(&from_here) {
+                    return Err(RelocateError::LiteralOutOfRange);
+                }
+                asm.emit(match size {
+                    LiteralSize::Word => ldr_w_literal(rt, from_here),
+                    LiteralSize::Doubleword => ldr_literal(rt, from_here),
+                    LiteralSize::SignedWord => ldrsw_literal(rt, from_here),
                 })?;
             }
             asm.branch(next)?;
         }
     }
     Ok(())
+}
+
+/// Deliberate relocator bugs for the independent check (`tools/check_relocator.py`), which must
+/// find each of them. Only the `injected-bugs` feature compiles the switch; without it every
+/// function here is the identity and the kernel never builds it.
+pub mod injected {
+    /// A deliberate bug in the relocated sequences.
+    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+    pub enum Bug {
+        /// `LDR (literal)` loads from 4 bytes past its literal.
+        LiteralOffsetByFour,
+        /// `TBZ`/`TBNZ` test bit `b40` only, dropping `b5` (bits 32..=63 become 0..=31).
+        TestBitHighDropped,
+        /// `ADR`/`ADRP` are based at the probed address + 4.
+        AdrBasedAtNextPc,
+    }
+
+    impl Bug {
+        /// Every bug, in the order the check reports them.
+        pub const ALL: [Self; 3] = [Self::LiteralOffsetByFour, Self::TestBitHighDropped, Self::AdrBasedAtNextPc];
+
+        /// The name the check's command line uses.
+        pub const fn name(self) -> &'static str {
+            match self {
+                Self::LiteralOffsetByFour => "literal-offset-by-4",
+                Self::TestBitHighDropped => "tbz-bit5-dropped",
+                Self::AdrBasedAtNextPc => "adr-based-at-pc-plus-4",
+            }
+        }
+    }
+
+    #[cfg(feature = "injected-bugs")]
+    static ACTIVE: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::new(0);
+
+    /// Makes the relocator commit `bug` from now on (`None`: relocate correctly).
+    #[cfg(feature = "injected-bugs")]
+    pub fn inject(bug: Option<Bug>) {
+        let value = bug.map_or(0, |bug| 1 + Bug::ALL.iter().position(|&each| each == bug).unwrap_or(0) as u8);
+        ACTIVE.store(value, core::sync::atomic::Ordering::Relaxed);
+    }
+
+    #[cfg(feature = "injected-bugs")]
+    fn active(bug: Bug) -> bool {
+        let value = ACTIVE.load(core::sync::atomic::Ordering::Relaxed);
+        value != 0 && Bug::ALL.get(usize::from(value) - 1) == Some(&bug)
+    }
+
+    #[cfg(not(feature = "injected-bugs"))]
+    const fn active(_: Bug) -> bool {
+        false
+    }
+
+    pub(super) fn literal_address(address: u64) -> u64 {
+        if active(Bug::LiteralOffsetByFour) { address.wrapping_add(4) } else { address }
+    }
+
+    pub(super) fn test_bit(bit: u8) -> u8 {
+        if active(Bug::TestBitHighDropped) { bit & 31 } else { bit }
+    }
+
+    pub(super) fn adr_pc(address: u64) -> u64 {
+        if active(Bug::AdrBasedAtNextPc) { address.wrapping_add(4) } else { address }
+    }
 }

@@ -1,6 +1,7 @@
 //! Host test of the detour relocator: every PC-relative form it accepts, relocated into a
 //! trampoline and run there through the crate's simulator, must have the effect the original
-//! instruction has at its original address (registers, flags, memory, next PC), at the edges
+//! instruction has at its original address (registers, flags, memory written and loaded, next
+//! PC), at the edges
 //! of each form's offset range. Input words are encoded here by hand from the Arm ARM C6.2
 //! layouts, independently of the crate's encoders.
 
@@ -16,6 +17,8 @@ use probes::{
 #[derive(Clone, Default, PartialEq, Eq, Debug)]
 struct SparseMemory {
     written: HashMap<u64, u8>,
+    /// Every load's address and size in bytes, in order (a load into XZR leaves no other trace).
+    loads: Vec<(u64, u8)>,
 }
 
 fn background(address: u64) -> u8 {
@@ -38,9 +41,11 @@ impl SparseMemory {
 
 impl Memory for SparseMemory {
     fn read_u32(&mut self, address: u64) -> Result<u32, Fault> {
+        self.loads.push((address, 4));
         Ok(u32::from_le_bytes(self.bytes(address)))
     }
     fn read_u64(&mut self, address: u64) -> Result<u64, Fault> {
+        self.loads.push((address, 8));
         Ok(u64::from_le_bytes(self.bytes(address)))
     }
     fn write_pair(&mut self, address: u64, values: [u64; 2]) -> Result<(), Fault> {
@@ -138,7 +143,10 @@ fn compare(word: u32, base: u64, seed: u64, registers_setup: impl Fn(&mut Regist
     assert_eq!(relocated.pstate & pstate_mask, expected.pstate & pstate_mask, "pstate: {context}");
     assert_eq!(relocated.pstate & NZCV_MASK, expected.pstate & NZCV_MASK);
     memory.written.retain(|address, _| !chunk.contains(address));
-    assert_eq!(memory, expected_memory, "memory: {context}");
+    assert_eq!(memory.written, expected_memory.written, "memory: {context}");
+    // The trampoline's own literals are the relocation's business; every other load must stay.
+    memory.loads.retain(|(address, _)| !chunk.contains(address));
+    assert_eq!(memory.loads, expected_memory.loads, "loads: {context}");
     Ok(())
 }
 
@@ -156,6 +164,13 @@ fn check(word: u32, target: u64, seeds: &[u64], setup: impl Fn(&mut Registers, u
                     assert!(
                         !(-(128 * MIB) + 0x200..=128 * MIB - 0x200).contains(&distance),
                         "{word:#010x}: refused a reachable target {target:#x} from {base:#x}"
+                    );
+                }
+                Err(RelocateError::LiteralOutOfRange) => {
+                    let distance = target.wrapping_sub(base) as i64;
+                    assert!(
+                        !(-MIB + 0x200..=MIB - 0x200).contains(&distance),
+                        "{word:#010x}: refused a reachable literal {target:#x} from {base:#x}"
                     );
                 }
                 Err(error) => panic!("{word:#010x}: {error:?}"),
@@ -275,11 +290,13 @@ fn load_literal_every_size() {
         for opc in [0u32, 1, 2] {
             for rt in [0, 16, 30, 31] {
                 let word = (opc << 30) | 0x1800_0000 | (((offset >> 2) as u32 & 0x7ffff) << 5) | rt;
-                compared += check(word, target(0), &[0], no_setup);
+                compared += check(word, target(offset), &[0], no_setup);
             }
         }
     }
-    assert_eq!(compared, 6 * 3 * 4 * 3);
+    // LDR XZR reaches its literal PC-relative from the trampoline: of the 6 offsets x 3
+    // trampolines, 6 are within +-1 MiB of it, the others are refused.
+    assert_eq!(compared, 6 * 3 * 3 * 3 + 3 * 6);
 }
 
 #[test]
@@ -333,4 +350,79 @@ fn detour_trampoline_saves_calls_restores_and_fits() {
     )
     .unwrap();
     assert_eq!(registers.pc, ADDRESS + 64);
+}
+
+/// The relocated word at `index` of `trampoline`'s code, decoded by the crate.
+fn relocated_form(trampoline: &Trampoline, index: usize) -> Simulated {
+    match classify(Insn(trampoline.code()[index])) {
+        Classification::Simulate(form) => form,
+        other => panic!("{:#010x}: {other:?}", trampoline.code()[index]),
+    }
+}
+
+#[test]
+fn ldr_xzr_literal_keeps_its_load() {
+    // LDR XZR, .+0x100; LDR WZR, .-8; LDRSW XZR, .+0xffffc: the load is the only effect left
+    // (it can fault), so the relocated sequence must still perform it, from the trampoline.
+    for (word, offset, size) in [(0x5800_081f_u32, 0x100_i64, 8u8), (0x18ff_ffdf, -8, 4), (0x987f_ffff, MIB - 4, 4)] {
+        let base = (ADDRESS + 0x1_0000) & !0x1ff;
+        let mut trampoline = Trampoline::new(base, encode_brk(0x006).0);
+        relocate(&mut trampoline, ADDRESS, word, &classify(Insn(word))).expect("within +-1 MiB");
+        assert_eq!(trampoline.code().len(), 2, "{word:#010x}: the load, then B next");
+        let Simulated::LoadLiteral { rt, offset: relocated, .. } = relocated_form(&trampoline, 0) else {
+            panic!("{word:#010x}: relocated as {:#010x}", trampoline.code()[0]);
+        };
+        assert_eq!(rt.number(), 31);
+        assert_eq!(base.wrapping_add_signed(relocated), target(offset), "{word:#010x}: the same literal");
+        assert!(trampoline.code()[0] & 0xff00_0000 == word & 0xff00_0000, "{word:#010x}: the same size");
+        let mut registers = initial_registers(base, 0);
+        let mut memory = SparseMemory::default();
+        for _ in 0..2 {
+            let fetched = trampoline.code()[((registers.pc - base) / 4) as usize];
+            execute(fetched, &mut registers, &mut memory);
+        }
+        assert_eq!(memory.loads, [(target(offset), size)], "{word:#010x}");
+        assert_eq!(registers.pc, ADDRESS + 4);
+    }
+}
+
+#[test]
+fn ldr_xzr_literal_beyond_reach_is_refused() {
+    let word = 0x5800_001f; // LDR XZR, .
+    for base in [(ADDRESS + 2 * MIB as u64) & !0x1ff, (ADDRESS - 2 * MIB as u64) & !0x1ff] {
+        let mut trampoline = Trampoline::new(base, 0);
+        assert_eq!(
+            relocate(&mut trampoline, ADDRESS, word, &classify(Insn(word))),
+            Err(RelocateError::LiteralOutOfRange)
+        );
+    }
+}
+
+#[test]
+fn blr_becomes_ldr_x30_then_br() {
+    // BLR X7 relocates as `LDR X30, =next; BR X7`. BR writes BTYPE 01 where BLR writes 10: a
+    // target starting with `BTI c` would trap under BTI. Latent (the kernel is built without
+    // BTI); this pins the sequence so that enabling BTI meets this test.
+    let word = 0xd63f_00e0; // BLR X7
+    let base = (ADDRESS + 0x2_0000) & !0x1ff;
+    let mut trampoline = Trampoline::new(base, encode_brk(0x006).0);
+    relocate(&mut trampoline, ADDRESS, word, &classify(Insn(word))).expect("relocates");
+    let code = trampoline.code();
+    let literal_offset = 4 * LITERAL_POOL as i64;
+    assert_eq!(code, [probes::ldr_literal(30, literal_offset).0, probes::br(7).0]);
+    assert_eq!(code, [0x5800_0e1e, 0xd61f_00e0], "LDR X30, .+448; BR X7");
+    let literals = trampoline.literals();
+    assert_eq!(u64::from(literals[0]) | u64::from(literals[1]) << 32, ADDRESS + 4);
+
+    let mut registers = initial_registers(base, 0);
+    registers.x[7] = ADDRESS + 0x40_0000;
+    let mut memory = SparseMemory::default();
+    for (index, word) in trampoline.words().iter().enumerate() {
+        memory.put(base + 4 * index as u64, &word.to_le_bytes());
+    }
+    execute(code[0], &mut registers, &mut memory);
+    execute(code[1], &mut registers, &mut memory);
+    assert_eq!(registers.x[30], ADDRESS + 4);
+    assert_eq!(registers.pc, ADDRESS + 0x40_0000);
+    assert_eq!(registers.pstate & BTYPE_MASK, 1 << 10, "BR's BTYPE (BLR would give 10)");
 }

@@ -97,6 +97,7 @@ pub fn write_detour(
             RelocateError::BlrX30 => ProbeError::DetourBlrX30,
             RelocateError::OutOfBranchRange => ProbeError::OutOfBranchRange,
             RelocateError::TooLong => ProbeError::NoSpace,
+            RelocateError::LiteralOutOfRange => ProbeError::DetourLiteralOutOfRange,
         },
     )?;
     write(base, trampoline.code());
