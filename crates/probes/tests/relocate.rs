@@ -325,19 +325,28 @@ fn blr_x30_is_refused() {
 fn detour_trampoline_saves_calls_restores_and_fits() {
     let word = 0x9400_0010; // BL .+64
     let base = ADDRESS + 0x20_0000;
-    let trampoline =
-        probes::detour_trampoline(base, 0, ADDRESS, word, &classify(Insn(word)), 0x1234, 0x5678).expect("fits");
+    let (probe, entry, refuse) = (0x1234, 0x5678, 0x9abc);
+    let trampoline = probes::detour_trampoline(base, 0, ADDRESS, word, &classify(Insn(word)), probe, entry, refuse)
+        .expect("fits");
     assert!(trampoline.code().len() <= LITERAL_POOL);
-    // Literals: the probed address, the probe, the entry, then BL's return address.
+    // Literals: the probed address, the probe, the entry (beyond BL's reach from here), the
+    // probe and the refusal stub again, then BL's return address.
     let literal = |index: usize| {
         u64::from(trampoline.literals()[2 * index]) | u64::from(trampoline.literals()[2 * index + 1]) << 32
     };
-    assert_eq!([literal(0), literal(1), literal(2), literal(3)], [ADDRESS, 0x1234, 0x5678, ADDRESS + 4]);
-    // The registers are restored before the relocated part, which is LDR X30 then B target.
+    assert_eq!((0..6).map(literal).collect::<Vec<_>>(), [ADDRESS, probe, entry, probe, refuse, ADDRESS + 4]);
     let code = trampoline.code();
-    assert_eq!(code[0], 0xd104_43ff, "SUB SP, SP, #272");
-    assert_eq!(code[1], 0xa90007e0, "STP X0, X1, [SP]");
-    assert_eq!(code[code.len() - 3], 0x910443ff, "ADD SP, SP, #272");
+    assert_eq!(code[0], 0xa9af_07e0, "STP X0, X1, [SP, #-272]!");
+    assert_eq!(code[1], 0xa9010fe2, "STP X2, X3, [SP, #16]");
+    // After the entry: the handler's sp and pc against x19 and x21, a skip over the refusal.
+    let call = code.iter().position(|&word| word == 0xd63f_0200).expect("BLR X16");
+    assert_eq!(
+        code[call + 1..call + 5],
+        [0xa94f_87e0, 0xeb13_001f, 0xfa55_0020, 0x5400_00a0],
+        "LDP X0, X1, [SP, #248]; CMP X0, X19; CCMP X1, X21, #0, EQ; B.EQ .+20"
+    );
+    assert_eq!(code[call + 8], 0xd63f_0200, "BLR X16 (the refusal stub)");
+    assert_eq!(code[code.len() - 3], 0xa8d1_07e0, "LDP X0, X1, [SP], #272");
     let mut registers = initial_registers(base + 4 * (code.len() as u64 - 1), 0);
     probes::simulate(
         &match classify(Insn(code[code.len() - 1])) {
@@ -350,6 +359,28 @@ fn detour_trampoline_saves_calls_restores_and_fits() {
     )
     .unwrap();
     assert_eq!(registers.pc, ADDRESS + 64);
+}
+
+#[test]
+fn detour_trampoline_calls_with_bl_in_reach() {
+    let word = 0xd503_201f; // NOP
+    let base = ADDRESS + 0x20_0000;
+    let (entry, refuse) = (ADDRESS + 0x1000, ADDRESS + 0x1040);
+    let trampoline =
+        probes::detour_trampoline(base, 0, ADDRESS, word, &classify(Insn(word)), 0x1234, entry, refuse).expect("fits");
+    let code = trampoline.code();
+    let calls: Vec<u64> = code
+        .iter()
+        .enumerate()
+        .filter(|(_, word)| *word & 0xfc00_0000 == 0x9400_0000)
+        .map(|(index, word)| {
+            let at = base + 4 * index as u64;
+            at.wrapping_add_signed(i64::from(((word << 6) as i32) >> 6) * 4)
+        })
+        .collect();
+    assert_eq!(calls, [entry, refuse]);
+    // No literal for either stub: the probed address and the probe twice.
+    assert_eq!(trampoline.literals().len(), 2 * 3);
 }
 
 /// The relocated word at `index` of `trampoline`'s code, decoded by the crate.
