@@ -326,8 +326,8 @@ fn detour_trampoline_saves_calls_restores_and_fits() {
     let word = 0x9400_0010; // BL .+64
     let base = ADDRESS + 0x20_0000;
     let (probe, entry, refuse) = (0x1234, 0x5678, 0x9abc);
-    let trampoline = probes::detour_trampoline(base, 0, ADDRESS, word, &classify(Insn(word)), probe, entry, refuse)
-        .expect("fits");
+    let trampoline =
+        probes::detour_trampoline(base, 0, ADDRESS, word, &classify(Insn(word)), probe, entry, refuse).expect("fits");
     assert!(trampoline.code().len() <= LITERAL_POOL);
     // Literals: the probed address, the probe, the entry (beyond BL's reach from here), the
     // probe and the refusal stub again, then BL's return address.

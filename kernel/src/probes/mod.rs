@@ -50,8 +50,8 @@ pub use refuse::is_noprobe;
 /// A handler: sees (and may change) the probed context's registers. For a kernel probe `pc` is
 /// the probed address in a pre-handler and the next PC in a post-handler; for a user probe, the
 /// probed address (for a return handler, the real return address, with x0 the return value).
-/// Changing `pc` or `sp` is not supported: a detour refuses it (counted by [`refused_changes`],
-/// logged, undone).
+/// Changing `pc` or `sp` is not supported: a kernel detour refuses it (counted by
+/// [`refused_changes`], logged, undone).
 pub type Handler = fn(&mut Registers);
 
 /// Whether a task interrupted at `pc` on this CPU must not be switched away (the trap layer
