@@ -168,6 +168,13 @@
 //! impls are its code: exempt them too, or keep the memory accesses checked
 //! on purpose (the probed instruction's own access was checked by the
 //! instrumentation around it, not by the instruction).
+//!
+//! # Cargo feature `injected-bugs`
+//!
+//! Host only: compiles [`injected::inject`], which switches on one of three deliberate relocator
+//! bugs so that the independent relocator check (`tools/check_relocator.py`, Unicorn) can show
+//! that it catches them. Without the feature the switch does not exist and the relocator's hooks
+//! are the identity.
 #![cfg_attr(not(test), no_std)]
 #![cfg_attr(feature = "kernel", feature(sanitize))]
 // Deny, not forbid: the one exception is the simulator's no-probe `link_section` in the kernel
