@@ -90,8 +90,9 @@
 //! against the Arm ARM, family by family (representatives are unit tests in
 //! `tests/classify.rs`), and any new one fails the test:
 //! - the primary was wrong, now fixed: reserved values in ADD/SUB
-//!   (immediate, shifted, and extended register with a shift above 4, which
-//!   both decoders accepted and the relocator check's emulator rejected), logical (shifted and immediate:
+//!   (immediate, shifted, and extended register with a shift above 4), 32-bit
+//!   MOVN/MOVZ/MOVK with hw<1> = 1 (these two both decoders accepted; the
+//!   relocator check's emulator, QEMU's core, raised them as UNDEFINED), logical (shifted and immediate:
 //!   DecodeBitMasks), bitfield, EXTR, scalar FP (`ftype = 10`, FCVT to the
 //!   same size, fixed-point scale), SIMD&FP loads/stores (128-bit with size
 //!   != 00, literal `opc = 11`), register-offset `option<1> = 0`, CASP with
