@@ -101,6 +101,30 @@ pub const fn stp_offset(rt: u8, rt2: u8, rn: u8, offset: i64) -> Insn {
     Insn(0xa900_0000 | (((offset / 8) as u32 & 0x7f) << 15) | ((rt2 as u32) << 10) | ((rn as u32) << 5) | rt as u32)
 }
 
+/// `STP Xt, Xt2, [Xn|SP, #offset]!` (C6.2 "STP", pre-index): `offset` a multiple of 8 in
+/// [-512, 504].
+pub const fn stp_pre_index(rt: u8, rt2: u8, rn: u8, offset: i64) -> Insn {
+    Insn(0xa980_0000 | (((offset / 8) as u32 & 0x7f) << 15) | ((rt2 as u32) << 10) | ((rn as u32) << 5) | rt as u32)
+}
+
+/// `LDP Xt, Xt2, [Xn|SP], #offset` (C6.2 "LDP", post-index).
+pub const fn ldp_post_index(rt: u8, rt2: u8, rn: u8, offset: i64) -> Insn {
+    Insn(0xa8c0_0000 | (((offset / 8) as u32 & 0x7f) << 15) | ((rt2 as u32) << 10) | ((rn as u32) << 5) | rt as u32)
+}
+
+/// `CMP Xn, Xm` (C6.2 "CMP (shifted register)": `SUBS XZR, Xn, Xm`).
+pub const fn cmp_register(rn: u8, rm: u8) -> Insn {
+    Insn(0xeb00_001f | ((rm as u32) << 16) | ((rn as u32) << 5))
+}
+
+/// `CCMP Xn, Xm, #nzcv, condition` (C6.2 "CCMP (register)"): the flags of `CMP Xn, Xm` if
+/// `condition` holds, else `nzcv`.
+pub const fn ccmp_register(rn: u8, rm: u8, nzcv: u8, condition: u8) -> Insn {
+    Insn(
+        0xfa40_0000 | ((rm as u32) << 16) | ((condition as u32 & 0xf) << 12) | ((rn as u32) << 5) | (nzcv as u32 & 0xf),
+    )
+}
+
 /// `LDP Xt, Xt2, [Xn|SP, #offset]` (C6.2 "LDP", signed offset).
 pub const fn ldp_offset(rt: u8, rt2: u8, rn: u8, offset: i64) -> Insn {
     Insn(0xa940_0000 | (((offset / 8) as u32 & 0x7f) << 15) | ((rt2 as u32) << 10) | ((rn as u32) << 5) | rt as u32)
@@ -130,6 +154,16 @@ pub const fn ldrsw_unsigned(rt: u8, rn: u8, offset: u32) -> Insn {
 /// `LDR Xt, label` (C6.2 "LDR (literal)", 64-bit), `offset` bytes from the instruction.
 pub const fn ldr_literal(rt: u8, offset: i64) -> Insn {
     Insn(0x5800_0000 | (word_field(offset, 19) << 5) | rt as u32)
+}
+
+/// `LDR Wt, label` (C6.2 "LDR (literal)", 32-bit), `offset` bytes from the instruction.
+pub const fn ldr_w_literal(rt: u8, offset: i64) -> Insn {
+    Insn(0x1800_0000 | (word_field(offset, 19) << 5) | rt as u32)
+}
+
+/// `LDRSW Xt, label` (C6.2 "LDRSW (literal)"), `offset` bytes from the instruction.
+pub const fn ldrsw_literal(rt: u8, offset: i64) -> Insn {
+    Insn(0x9800_0000 | (word_field(offset, 19) << 5) | rt as u32)
 }
 
 /// `MRS Xt, NZCV` (C6.2 "MRS", op0=3 op1=3 CRn=4 CRm=2 op2=0).

@@ -90,7 +90,9 @@
 //! against the Arm ARM, family by family (representatives are unit tests in
 //! `tests/classify.rs`), and any new one fails the test:
 //! - the primary was wrong, now fixed: reserved values in ADD/SUB
-//!   (immediate and shifted), logical (shifted and immediate:
+//!   (immediate, shifted, and extended register with a shift above 4), 32-bit
+//!   MOVN/MOVZ/MOVK with hw<1> = 1 (these two both decoders accepted; the
+//!   relocator check's emulator, QEMU's core, raised them as UNDEFINED), logical (shifted and immediate:
 //!   DecodeBitMasks), bitfield, EXTR, scalar FP (`ftype = 10`, FCVT to the
 //!   same size, fixed-point scale), SIMD&FP loads/stores (128-bit with size
 //!   != 00, literal `opc = 11`), register-offset `option<1> = 0`, CASP with
@@ -168,6 +170,13 @@
 //! impls are its code: exempt them too, or keep the memory accesses checked
 //! on purpose (the probed instruction's own access was checked by the
 //! instrumentation around it, not by the instruction).
+//!
+//! # Cargo feature `injected-bugs`
+//!
+//! Host only: compiles [`injected::inject`], which switches on one of three deliberate relocator
+//! bugs so that the independent relocator check (`tools/check_relocator.py`, Unicorn) can show
+//! that it catches them. Without the feature the switch does not exist and the relocator's hooks
+//! are the identity.
 #![cfg_attr(not(test), no_std)]
 #![cfg_attr(feature = "kernel", feature(sanitize))]
 // Deny, not forbid: the one exception is the simulator's no-probe `link_section` in the kernel
@@ -186,12 +195,13 @@ mod simulate;
 pub use classify::{Classification, RejectReason, classify};
 pub use encode::{
     BRANCH_MAX_BACKWARD, BRANCH_MAX_FORWARD, BranchError, IMM19_MAX_BACKWARD, IMM19_MAX_FORWARD, NOP, add_immediate,
-    b_cond, blr, br, compare_branch, encode_b, encode_bl, encode_brk, ldp_offset, ldr_literal, ldr_unsigned,
-    ldr_w_unsigned, ldrsw_unsigned, mov_sp, mrs_nzcv, msr_nzcv, stp_offset, str_unsigned, sub_immediate, test_branch,
+    b_cond, blr, br, ccmp_register, cmp_register, compare_branch, encode_b, encode_bl, encode_brk, ldp_offset,
+    ldp_post_index, ldr_literal, ldr_unsigned, ldr_w_literal, ldr_w_unsigned, ldrsw_literal, ldrsw_unsigned, mov_sp,
+    mrs_nzcv, msr_nzcv, stp_offset, stp_pre_index, str_unsigned, sub_immediate, test_branch,
 };
 pub use insn::{Description, Insn};
 pub use plan::{Method, Plan, Refusal, Rules, Text, is_frame_push, plan, runs_anywhere};
-pub use relocate::{LITERAL_POOL, RelocateError, TRAMPOLINE_WORDS, Trampoline, detour_trampoline, relocate};
+pub use relocate::{LITERAL_POOL, RelocateError, TRAMPOLINE_WORDS, Trampoline, detour_trampoline, injected, relocate};
 pub use simulate::{
     Access, Condition, Exception, Fault, Indexing, IndirectBranch, LiteralSize, Memory, Register, RegisterFile,
     Registers, Simulated, SimulationConfig, simulate,

@@ -43,6 +43,12 @@ pub(crate) fn is_reserved(insn: Insn, description: &Description) -> bool {
         // forms need imm6<5> = 0; logical (shifted register) has only the latter.
         InsnClass::ADDSUB_SHIFT => insn.field(22, 2) == 0b11 || (!sf && insn.bit(15)),
         InsnClass::LOG_SHIFT => !sf && insn.bit(15),
+        // ADD/SUB (extended register): a left shift (imm3) above 4 is UNDEFINED (C6.2 "ADD
+        // (extended register)": "if shift > 4 then UNDEFINED").
+        InsnClass::ADDSUB_EXT => insn.field(10, 3) > 4,
+        // MOVN/MOVZ/MOVK: 32-bit forms need hw<1> = 0 (C6.2 "MOVZ": "if sf == '0' && hw<1> == '1'
+        // then UNDEFINED").
+        InsnClass::MOVEWIDE => !sf && insn.bit(22),
         // SBFM/BFM/UBFM: N must equal sf; 32-bit forms need immr<5> = imms<5> = 0.
         InsnClass::BITFIELD => insn.bit(22) != sf || (!sf && (insn.bit(21) || insn.bit(15))),
         // EXTR: N must equal sf; 32-bit needs imms<5> = 0.

@@ -370,3 +370,23 @@ fn advanced_simd_reserved_sizes_resolved_by_the_arm_arm() {
         assert_eq!(class(word), Classification::StepOutOfLine, "{word:#010x}");
     }
 }
+
+#[test]
+fn add_sub_extended_shift_above_four_is_unallocated() {
+    // SUBS W4, W0, W12, UXTW #5 and ADD X0, X0, X12, UXTX #7: C6.2 makes shift > 4 UNDEFINED
+    // (QEMU raises it); #4 is the largest allocated shift.
+    for (reserved, allocated) in [(0x6b2c_9404_u32, 0x6b2c_9004_u32), (0x8b2c_7c00, 0x8b2c_7000)] {
+        assert_eq!(rejected(reserved), RejectReason::Unallocated, "{reserved:#010x}");
+        assert_eq!(class(allocated), Classification::StepOutOfLine, "{allocated:#010x}");
+    }
+}
+
+#[test]
+fn move_wide_32_bit_upper_halves_are_unallocated() {
+    // MOVK W9, #0xe7c4, LSL #48 and MOVN W17, #0x1fc0, LSL #32: a 32-bit register has no such
+    // half (C6.2: UNDEFINED, and QEMU raises it); LSL #16 is the largest allocated shift.
+    for (reserved, allocated) in [(0x72fc_f889_u32, 0x72bc_f889_u32), (0x12c3_f811, 0x12a3_f811)] {
+        assert_eq!(rejected(reserved), RejectReason::Unallocated, "{reserved:#010x}");
+        assert_eq!(class(allocated), Classification::StepOutOfLine, "{allocated:#010x}");
+    }
+}

@@ -45,6 +45,9 @@ pub enum ProbeError {
     DetourPostHandler,
     /// A branch between the probe, its trampoline and the target is beyond +-128 MiB.
     OutOfBranchRange,
+    /// `Detour` on `LDR XZR, <literal>` whose literal is beyond +-1 MiB of the trampoline: the
+    /// load (kept for its fault) can only be re-encoded PC-relative.
+    DetourLiteralOutOfRange,
     /// Every probe record, or every slot chunk, is in use.
     NoSpace,
 }
@@ -87,6 +90,7 @@ impl ProbeError {
             Self::DetourBlrX30 => "detour cannot rewrite BLR X30 (no free register for the return address)",
             Self::DetourPostHandler => "detour runs handlers before the instruction only: no post-handler",
             Self::OutOfBranchRange => "branch beyond +-128 MiB between probe, trampoline and target",
+            Self::DetourLiteralOutOfRange => "detour cannot reach the literal of LDR XZR (beyond +-1 MiB)",
             Self::NoSpace => "no free probe record or slot",
         }
     }

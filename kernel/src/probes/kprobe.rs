@@ -40,6 +40,8 @@ pub struct Probe {
     chunk: Option<usize>,
     pub(super) hits: AtomicU64,
     pub(super) missed: AtomicU64,
+    /// Detour hits whose pre-handler changed `pc` or `sp`, refused (`kprobe_hit.rs`).
+    pub(super) refused: AtomicU64,
 }
 
 /// Probe records, and the number of them.
@@ -206,8 +208,17 @@ fn prepare(
         Action::Simulate(_) | Action::SimulateFramePush => {}
         Action::CpuSlot(never) => match never {},
     }
-    let probe =
-        Probe { address, original, action, pre, post, chunk, hits: AtomicU64::new(0), missed: AtomicU64::new(0) };
+    let probe = Probe {
+        address,
+        original,
+        action,
+        pre,
+        post,
+        chunk,
+        hits: AtomicU64::new(0),
+        missed: AtomicU64::new(0),
+        refused: AtomicU64::new(0),
+    };
     // SAFETY: the record is free (its bit is clear) and unpublished; we hold the lock.
     unsafe { record_pointer(record).write(probe) };
     registry.records_used |= 1 << record;
@@ -387,6 +398,12 @@ fn unpublish(address: u64) {
 /// Hits and missed (re-entrant) hits of the probe at `address`.
 pub fn counts(address: u64) -> Option<(u64, u64)> {
     lookup(address).map(|probe| (probe.hits.load(Ordering::Relaxed), probe.missed.load(Ordering::Relaxed)))
+}
+
+/// How many hits of the detour probe at `address` had a pre-handler's change of `pc` or `sp`
+/// refused (a detour cannot redirect; other methods' hits are not counted here).
+pub fn refused_changes(address: u64) -> Option<u64> {
+    lookup(address).map(|probe| probe.refused.load(Ordering::Relaxed))
 }
 
 /// The start of the slot area (for the no-probe checks in the tests).

@@ -429,12 +429,14 @@ pub fn must_not_preempt(pc: u64) -> bool {
 // may call the kernel-hwaddress check thunks or out-of-line atomics there.) With the status
 // already not IDLE (a re-entered hit), `detour_reentered` runs instead. The stub's return
 // address waits in x20, which `detour_hit` preserves and the trampoline restores.
+// `probe_detour_refuse`, the same stub around `detour_refused`, is where a trampoline calls when
+// the pre-handler changed pc or sp (with the status not IDLE it is called all the same: it
+// touches only the probe's count and the saved registers).
 core::arch::global_asm!(
     r#"
-    .section .text.noprobe.detour_entry, "ax"
-    .balign 4
-    .global probe_detour_entry
-probe_detour_entry:
+    .macro detour_stub name, hit, reentered
+    .global \name
+\name:
     hint #34
     mov x20, x30
     mrs x9, tpidr_el1
@@ -443,41 +445,77 @@ probe_detour_entry:
     str x0, [x9, #{current}]
     mov w10, #{active}
     str w10, [x9, #{status}]
-    bl {hit}
+    bl \hit
     mrs x9, tpidr_el1
     str wzr, [x9, #{status}]
     mov x30, x20
     ret
-1:  bl {reentered}
+1:  bl \reentered
     mov x30, x20
     ret
-probe_detour_entry_end:
-    .if probe_detour_entry_end - probe_detour_entry != {bytes}
-    .error "DETOUR_ENTRY_BYTES does not match probe_detour_entry"
+    .endm
+
+    .section .text.noprobe.detour_entry, "ax"
+    .balign 4
+    detour_stub probe_detour_entry, {hit}, {reentered}
+    detour_stub probe_detour_refuse, {refused}, {refused}
+probe_detour_stubs_end:
+    .if probe_detour_stubs_end - probe_detour_entry != {bytes}
+    .error "DETOUR_ENTRY_BYTES does not match the detour stubs"
     .endif
+    .purgem detour_stub
 "#,
     status = const PROBE_CONTROL + core::mem::offset_of!(ProbeControl, status),
     current = const PROBE_CONTROL + core::mem::offset_of!(ProbeControl, current),
     active = const ACTIVE,
     hit = sym detour_hit,
     reentered = sym detour_reentered,
+    refused = sym detour_refused,
     bytes = const DETOUR_ENTRY_BYTES,
 );
 
 /// Where `ProbeControl` is in `PerCpu` (TPIDR_EL1 points at this CPU's).
 const PROBE_CONTROL: usize = core::mem::offset_of!(crate::arch::percpu::PerCpu, probe);
-/// The size of `probe_detour_entry` (16 instructions; the assembler checks it).
-const DETOUR_ENTRY_BYTES: u64 = 16 * 4;
+/// The size of `probe_detour_entry` and `probe_detour_refuse` (16 instructions each; the
+/// assembler checks it).
+const DETOUR_ENTRY_BYTES: u64 = 2 * 16 * 4;
 const _: () = assert!(IDLE == 0, "probe_detour_entry stores wzr for IDLE");
 
 /// Called by `probe_detour_entry`, this CPU's status ACTIVE and `current` the probe, with the
 /// probe and the registers the trampoline saved (x0..x30, the SP before the trampoline, pc = the
 /// probed address, pstate = NZCV only). Changes to x0..x30 and NZCV are restored into the
-/// context; changes to sp and pc are ignored.
+/// context; a change of sp or pc makes the trampoline call [`detour_refused`].
 #[unsafe(link_section = ".text.noprobe")]
 extern "C" fn detour_hit(probe: &Probe, registers: &mut Registers) {
     probe.hits.fetch_add(1, Ordering::Relaxed);
     (probe.pre)(registers);
+}
+
+/// Called by `probe_detour_refuse` (the same stub as `probe_detour_entry`) when a detour's
+/// pre-handler changed `pc` or `sp`. Linux's contract (a pre-handler that sets the PC and
+/// returns nonzero skips the instruction) cannot be kept by a detour: after its restore every
+/// register holds the context's value, none is left to branch to another PC, and SP is the
+/// trampoline's own (`crates/probes`, `relocate.rs`). Rather than ignore the change silently, it
+/// is refused: counted ([`refused_changes`](super::kprobe::refused_changes)), logged as an
+/// error, and undone, so the instruction runs at the probed address with the original SP, as in
+/// a hit whose handler changed neither. A probe that must redirect uses another method.
+#[unsafe(link_section = ".text.noprobe")]
+#[cold]
+extern "C" fn detour_refused(probe: &Probe, registers: &mut Registers) {
+    // The trampoline saved the SP before it just above the save area.
+    let sp = registers as *const Registers as u64 + core::mem::size_of::<Registers>() as u64;
+    let pc = probe.address;
+    probe.refused.fetch_add(1, Ordering::Relaxed);
+    defmt::error!(
+        "kprobe at {=u64:#x}: a detour cannot honour a pre-handler's change of pc ({=u64:#x} -> {=u64:#x}) or sp ({=u64:#x} -> {=u64:#x}): refused, the instruction runs unchanged",
+        probe.address,
+        pc,
+        registers.pc,
+        sp,
+        registers.sp
+    );
+    registers.pc = pc;
+    registers.sp = sp;
 }
 
 /// Called by `probe_detour_entry` when this CPU already handles a probe: the hit is missed (the

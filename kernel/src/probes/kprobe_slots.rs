@@ -35,6 +35,8 @@ unsafe extern "C" {
     /// Where every detour trampoline calls: the hit path's entry stub (`kprobe_hit.rs`), named
     /// here by its link name so that the trampolines' builder does not depend on the hit path.
     static probe_detour_entry: u32;
+    /// Where a trampoline calls when the pre-handler changed pc or sp (`kprobe_hit.rs`).
+    static probe_detour_refuse: u32;
 }
 
 /// The detour entry stub's address (what trampolines call).
@@ -42,6 +44,12 @@ unsafe extern "C" {
 pub fn detour_entry_address() -> u64 {
     // SAFETY: only the address of the asm-defined label is taken.
     unsafe { &probe_detour_entry as *const u32 as u64 }
+}
+
+/// The stub a trampoline calls to refuse a pre-handler's change of pc or sp.
+fn detour_refuse_address() -> u64 {
+    // SAFETY: only the address of the asm-defined label is taken.
+    unsafe { &probe_detour_refuse as *const u32 as u64 }
 }
 
 pub fn chunk_address(chunk: usize) -> u64 {
@@ -80,8 +88,8 @@ const _: () = assert!(CHUNK_WORDS == TRAMPOLINE_WORDS, "one trampoline per chunk
 
 /// Generates the detour trampoline for the probe at `address` (record `probe`) in the chunk at
 /// `base` (`probes::detour_trampoline`: save, call `detour_hit(probe, &mut registers)` through
-/// `probe_detour_entry`,
-/// restore, the relocated instruction, branch back).
+/// `probe_detour_entry`, and `detour_refused` through `probe_detour_refuse` if the pre-handler
+/// changed pc or sp, restore, the relocated instruction, branch back).
 pub fn write_detour(
     base: u64,
     address: u64,
@@ -89,16 +97,18 @@ pub fn write_detour(
     classification: &Classification,
     probe: u64,
 ) -> Result<(), ProbeError> {
-    let entry = detour_entry_address();
+    let (entry, refuse) = (detour_entry_address(), detour_refuse_address());
     let filler = encode_brk(BRK_KPROBE_STEP).0;
-    let trampoline = detour_trampoline(base, filler, address, original, classification, probe, entry).map_err(
-        |error| match error {
-            RelocateError::Rejected(reason) => ProbeError::Rejected(reason),
-            RelocateError::BlrX30 => ProbeError::DetourBlrX30,
-            RelocateError::OutOfBranchRange => ProbeError::OutOfBranchRange,
-            RelocateError::TooLong => ProbeError::NoSpace,
-        },
-    )?;
+    let trampoline =
+        detour_trampoline(base, filler, address, original, classification, probe, entry, refuse).map_err(|error| {
+            match error {
+                RelocateError::Rejected(reason) => ProbeError::Rejected(reason),
+                RelocateError::BlrX30 => ProbeError::DetourBlrX30,
+                RelocateError::OutOfBranchRange => ProbeError::OutOfBranchRange,
+                RelocateError::TooLong => ProbeError::NoSpace,
+                RelocateError::LiteralOutOfRange => ProbeError::DetourLiteralOutOfRange,
+            }
+        })?;
     write(base, trampoline.code());
     write(base + 4 * LITERAL_POOL as u64, trampoline.literals());
     Ok(())

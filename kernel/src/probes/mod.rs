@@ -40,8 +40,8 @@ pub mod uretprobe;
 
 pub use error::ProbeError;
 pub use kprobe::{
-    SLOT_AREA_SIZE, counts, first_patchable_entry, register, register_all, slot_area_address, unregister,
-    unregister_all,
+    SLOT_AREA_SIZE, counts, first_patchable_entry, refused_changes, register, register_all, slot_area_address,
+    unregister, unregister_all,
 };
 pub use kprobe_hit::{on_brk, on_software_step, on_step_brk, simulator_functions, simulator_text};
 pub use probes::{Method, Registers, Text};
@@ -50,7 +50,8 @@ pub use refuse::is_noprobe;
 /// A handler: sees (and may change) the probed context's registers. For a kernel probe `pc` is
 /// the probed address in a pre-handler and the next PC in a post-handler; for a user probe, the
 /// probed address (for a return handler, the real return address, with x0 the return value).
-/// Changing `pc` or `sp` is not supported.
+/// Changing `pc` or `sp` is not supported: a kernel detour refuses it (counted by
+/// [`refused_changes`], logged, undone).
 pub type Handler = fn(&mut Registers);
 
 /// Whether a task interrupted at `pc` on this CPU must not be switched away (the trap layer

@@ -17,6 +17,8 @@ use crate::sync::IrqSpinLock;
 pub const TESTS: &[Test] = &[
     Test { name: "probes_match_unprobed_execution", run: probes_match_unprobed_execution },
     Test { name: "probe_handlers_see_registers", run: probe_handlers_see_registers },
+    Test { name: "probe_detour_refuses_pc_change", run: probe_detour_refuses_pc_change },
+    Test { name: "probe_detour_refuses_sp_change", run: probe_detour_refuses_sp_change },
     Test { name: "probe_refusals_say_why", run: probe_refusals_say_why },
     Test { name: "probe_unregister_all_frees_every_probe", run: probe_unregister_all_frees_every_probe },
     Test { name: "probe_hit_from_handler_is_missed", run: probe_hit_from_handler_is_missed },
@@ -640,6 +642,47 @@ fn probe_handlers_see_registers(_: &Context) -> Outcome {
         check_eq!(unsafe { function(5, 7) }, if method == Method::Simulate { 7 } else { 12 });
     }
     Ok(Verdict::Passed)
+}
+
+/// A pre-handler asking to skip the instruction, Linux-style (the PC past it), that also
+/// changes x1: the x1 change must apply, the PC change be refused.
+fn skip_instruction(registers: &mut Registers) {
+    registers.pc += 4;
+    registers.x[1] += 100;
+}
+
+/// A pre-handler moving SP (which, applied, would unbalance the caller's stack).
+fn move_stack_pointer(registers: &mut Registers) {
+    registers.sp -= 64;
+}
+
+/// A detour probe whose pre-handler changes `pc` or `sp`: the change is refused (counted and
+/// undone), so the instruction still runs at its address with the original SP; `expected` is
+/// what the probed `probe_target_add(5, 7)` then returns.
+fn detour_refuses(change: kprobes::Handler, expected: u64) -> Outcome {
+    let target = probe_target_add as *const () as u64;
+    if let Err(error) = kprobes::register(target, Method::Detour, change, None) {
+        defmt::error!("  detour: {}", error);
+        return Err(fail("registered"));
+    }
+    // SAFETY: the target returns x0 + x1, touching nothing else.
+    let result = unsafe { probe_target_add(5, 7) };
+    let (counts, refused) = (kprobes::counts(target), kprobes::refused_changes(target));
+    check!(kprobes::unregister(target).is_ok());
+    check_eq!(result, expected);
+    check!(counts == Some((1, 0)));
+    check!(refused == Some(1));
+    Ok(Verdict::Passed)
+}
+
+fn probe_detour_refuses_pc_change(_: &Context) -> Outcome {
+    // Skipped, the ADD would leave 5; performed with the pre-handler's x1, 5 + 107.
+    detour_refuses(skip_instruction, 112)
+}
+
+fn probe_detour_refuses_sp_change(_: &Context) -> Outcome {
+    // Applied, the new SP would reach the caller, whose stack would be off by 64 bytes.
+    detour_refuses(move_stack_pointer, 12)
 }
 
 fn ignore(_: &mut Registers) {}

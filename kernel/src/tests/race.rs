@@ -536,7 +536,7 @@ fn registration_stores(method: Method, address: u64) -> usize {
             let classification = probes::classify(probes::Insn(original));
             let base = kprobes::slot_area_address();
             let filler = probes::encode_brk(crate::arch::exception::BRK_KPROBE_STEP).0;
-            match probes::detour_trampoline(base, filler, address, original, &classification, base, base) {
+            match probes::detour_trampoline(base, filler, address, original, &classification, base, base, base) {
                 Ok(trampoline) => trampoline.code().len() + trampoline.literals().len() + 1,
                 Err(_) => 0,
             }
