@@ -8,7 +8,7 @@
 
 use core::hint::black_box;
 
-use super::{Label, Plan, row};
+use super::{Label, Plan, row, row_windows};
 use crate::ftrace::{self, Scheme, tracers::Counter};
 
 const CALLS: u64 = 100_000;
@@ -113,10 +113,13 @@ pub fn run(plan: &Plan) {
             for (relevant, irrelevant) in PAIRS {
                 let Some(cost) = measure(plan, relevant, irrelevant) else { continue };
                 let per_call = cost as f64 / CALLS as f64;
-                let base = *baseline.get_or_insert(per_call);
+                let base_cost = *baseline.get_or_insert(cost);
+                let base = base_cost as f64 / CALLS as f64;
                 let params = Label::new(format_args!("relevant={relevant},irrelevant={irrelevant}"));
                 row("ftrace", name, params.as_str(), "per_call", unit, per_call);
+                row_windows("ftrace", name, params.as_str(), "per_call", cost, None, CALLS);
                 row("ftrace", name, params.as_str(), "overhead", unit, per_call - base);
+                row_windows("ftrace", name, params.as_str(), "overhead", cost, Some(base_cost), CALLS);
             }
         }
     }

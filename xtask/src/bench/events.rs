@@ -13,6 +13,7 @@ use super::report::{self, ColumnKind, ExtraColumn, TableRow};
 use super::results::{Provenance, Row, Sample};
 use crate::Failure;
 use crate::build;
+use events::model::{self, Costs};
 use events::window::CacheMode;
 use events::{Counter, WindowCounts};
 use object::{Object, ObjectSymbol};
@@ -218,6 +219,15 @@ pub fn samples(log: &[&str], plugin: &PluginLog, rows: &[Sample]) -> Result<Vec<
                 ..row.clone()
             });
         }
+        // The cycle model's figure for the row, from the same events: labelled as a model in
+        // its unit and wherever it is shown.
+        let cold = if plugin.cache == CacheMode::Cold { "_cold" } else { "" };
+        samples.push(Sample {
+            metric: format!("{}.{}{cold}", tied.metric, model::METRIC),
+            unit: model::UNIT.into(),
+            value: Costs::a72().cycles(per_operation),
+            ..row.clone()
+        });
     }
     Ok(samples)
 }
@@ -248,7 +258,7 @@ const COLUMNS: [Counter; 16] = [
 fn event_metric(metric: &str) -> Option<(&str, &str)> {
     let (row_metric, event) = metric.split_once('.')?;
     let counter = event.strip_suffix("_cold").unwrap_or(event);
-    Counter::all().any(|known| known.name() == counter).then_some((row_metric, event))
+    (counter == model::METRIC || Counter::all().any(|known| known.name() == counter)).then_some((row_metric, event))
 }
 
 /// The rows without the event metrics: what tables and charts show as rows of their own.
@@ -263,10 +273,17 @@ pub fn columns(rows: &[Row]) -> Vec<ExtraColumn<'_>> {
         let cold = counter.modelled().then(|| format!("{}_cold", counter.name()));
         core::iter::once(counter.name().to_string()).chain(cold)
     });
+    // The model's figures last, headed by what they are: never a measurement.
+    let modelled = [model::METRIC.to_string(), format!("{}_cold", model::METRIC)];
     names
+        .chain(modelled)
         .filter(|name| rows.iter().any(|row| event_metric(&row.metric).is_some_and(|(_, event)| event == name)))
         .map(|name| ExtraColumn {
-            header: format!("{name} (events)"),
+            header: match name.strip_prefix(model::METRIC) {
+                Some("") => model::LABEL.to_string(),
+                Some(_) => format!("cold {}", model::LABEL),
+                None => format!("{name} (events)"),
+            },
             kind: ColumnKind::Metric,
             cell: Box::new(move |table: &TableRow| {
                 let metric = format!("{}.{name}", table.metric);
@@ -416,6 +433,11 @@ mod tests {
         assert_eq!(find("per_hit.vector.sync.current_spx"), Some(2.0));
         assert_eq!(find("per_hit.vector.irq.current_spx"), None);
         assert_eq!(find("per_hit.dsb"), Some(0.0));
+        // The model's figure rides along, in its own unit: 300 instructions at 0.5 cycles and
+        // two exceptions at 40.
+        assert_eq!(find("per_hit.model_cycles"), Some(300.0 * 0.5 + 2.0 * 40.0));
+        let modelled = samples.iter().find(|sample| sample.metric == "per_hit.model_cycles").unwrap();
+        assert_eq!(modelled.unit, "cycles (model)");
         assert!(samples.iter().all(|sample| sample.case == "kprobe-push" && sample.params == row(0.0).params));
     }
 
