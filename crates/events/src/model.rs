@@ -269,6 +269,87 @@ pub fn implied_exception_cost(
     (cost > 0.0).then_some(cost)
 }
 
+/// What each parameter multiplies in [`Costs::cycles`] for one row's events: the row's modelled
+/// cycles are the sum of these times the parameters' values (in the order of [`A72`]). The
+/// mispredict rate is held at `costs`' value (the model multiplies it by the penalty), so its
+/// coefficient is 0 and the penalty's carries it.
+pub fn coefficients(costs: &Costs, events: impl Fn(Counter) -> f64) -> [f64; 16] {
+    let mut coefficients = [0.0; 16];
+    for (index, parameter) in A72.iter().enumerate() {
+        if parameter.name == "indirect_mispredict_rate" {
+            continue;
+        }
+        let mut unit = A72;
+        for other in unit.iter_mut() {
+            other.value = 0.0;
+        }
+        unit[index].value = 1.0;
+        let rate = A72.iter().position(|p| p.name == "indirect_mispredict_rate").unwrap_or(0);
+        unit[rate].value = costs.indirect_mispredict_rate;
+        let mut base = unit;
+        base[index].value = 0.0;
+        coefficients[index] =
+            Costs::from_parameters(&unit).cycles(&events) - Costs::from_parameters(&base).cycles(&events);
+    }
+    coefficients
+}
+
+/// A parameter as a calibration left it.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub struct Fitted {
+    pub parameter: Parameter,
+    pub value: f64,
+    /// Whether any calibration row paid this event at all: a parameter no row pays keeps its
+    /// value, undetermined.
+    pub determined: bool,
+}
+
+/// Calibrates the parameters on rows whose events per operation (`coefficients` of each) and
+/// measured cycles per operation (PMU cycles on the modelled core) are known: the least-squares
+/// fit with each parameter kept within its range (coordinate descent on a convex problem, from
+/// the one parameter set). Returns the fitted parameters and the root-mean-square of the
+/// relative residuals.
+pub fn calibrate(rows: &[([f64; 16], f64)]) -> ([Fitted; 16], f64) {
+    let mut values: [f64; 16] = core::array::from_fn(|index| A72[index].value);
+    let column =
+        |index: usize| rows.iter().map(|(coefficients, _)| coefficients[index] * coefficients[index]).sum::<f64>();
+    let norms: [f64; 16] = core::array::from_fn(column);
+    for _ in 0..2000 {
+        for index in 0..16 {
+            if norms[index] == 0.0 {
+                continue;
+            }
+            let gradient: f64 = rows
+                .iter()
+                .map(|(coefficients, cycles)| {
+                    let modelled: f64 = coefficients.iter().zip(&values).map(|(c, v)| c * v).sum();
+                    coefficients[index] * (cycles - modelled)
+                })
+                .sum();
+            values[index] = (values[index] + gradient / norms[index]).clamp(A72[index].low, A72[index].high);
+        }
+    }
+    let residual = if rows.is_empty() {
+        0.0
+    } else {
+        let squares: f64 = rows
+            .iter()
+            .map(|(coefficients, cycles)| {
+                let modelled: f64 = coefficients.iter().zip(&values).map(|(c, v)| c * v).sum();
+                let relative = if *cycles == 0.0 { 0.0 } else { (modelled - cycles) / cycles };
+                relative * relative
+            })
+            .sum();
+        (squares / rows.len() as f64).sqrt()
+    };
+    let fitted = core::array::from_fn(|index| Fitted {
+        parameter: A72[index],
+        value: values[index],
+        determined: norms[index] > 0.0,
+    });
+    (fitted, residual)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -349,5 +430,66 @@ mod tests {
         // and rows with as many exceptions do not depend on their cost.
         assert_eq!(implied_exception_cost(&costs, row, |counter| row(counter) / 2.0, 2.0), None);
         assert_eq!(implied_exception_cost(&costs, row, row, 1.5), None);
+    }
+
+    /// A synthetic PMU fixture: rows of varied events whose cycles are what a core with known
+    /// costs (each within its range, none at the one set's value) would count.
+    #[test]
+    fn calibration_recovers_a_synthetic_cores_costs() {
+        let mut truth = A72;
+        for parameter in truth.iter_mut() {
+            parameter.value = parameter.low + (parameter.high - parameter.low) * 0.3;
+        }
+        truth[14].value = A72[14].value; // the held mispredict rate
+        let core = Costs::from_parameters(&truth);
+        let mut seed = 12_345u64;
+        let mut next = |limit: u64| {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            ((seed >> 33) % limit) as f64
+        };
+        let counted = [
+            Counter::Loads,
+            Counter::Stores,
+            Counter::TakenBranches,
+            Counter::IndirectBranches,
+            Counter::Exceptions,
+            Counter::ExceptionReturns,
+            Counter::Isb,
+            Counter::Dsb,
+            Counter::Dmb,
+            Counter::CacheMaintenance,
+            Counter::Tlbi,
+            Counter::SystemRegisters,
+            Counter::L1iMisses,
+            Counter::L1dMisses,
+            Counter::L2Misses,
+        ];
+        let rows: alloc::vec::Vec<([f64; 16], f64)> = (0..60)
+            .map(|_| {
+                let mut events = [0.0; Counter::COUNT];
+                for counter in counted {
+                    events[counter.index()] = next(20);
+                }
+                events[Counter::Instructions.index()] = 400.0 + next(400);
+                let events = |counter: Counter| events[counter.index()];
+                (coefficients(&Costs::a72(), events), core.cycles(events))
+            })
+            .collect();
+        let (fitted, residual) = calibrate(&rows);
+        assert!(residual < 1e-6, "residual {residual}");
+        for (fit, truth) in fitted.iter().zip(truth) {
+            assert!(fit.determined || fit.parameter.name == "indirect_mispredict_rate");
+            assert!(
+                (fit.value - truth.value).abs() < 1e-3 * truth.value.max(1.0),
+                "{}: {} not {}",
+                truth.name,
+                fit.value,
+                truth.value
+            );
+        }
+        // Without rows nothing is determined: every parameter keeps the one set's value.
+        let (fitted, residual) = calibrate(&[]);
+        assert_eq!(residual, 0.0);
+        assert!(fitted.iter().all(|fit| !fit.determined && fit.value == fit.parameter.value));
     }
 }
