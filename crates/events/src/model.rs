@@ -307,8 +307,8 @@ pub struct Fitted {
 /// Calibrates the parameters on rows whose events per operation (`coefficients` of each) and
 /// measured cycles per operation (PMU cycles on the modelled core) are known: the least-squares
 /// fit with each parameter kept within its range (coordinate descent on a convex problem, from
-/// the one parameter set). Returns the fitted parameters and the root-mean-square of the
-/// relative residuals.
+/// the one parameter set). Returns the fitted parameters and the largest relative residual
+/// (how far the fitted model stays from the worst-fitted row).
 pub fn calibrate(rows: &[([f64; 16], f64)]) -> ([Fitted; 16], f64) {
     let mut values: [f64; 16] = core::array::from_fn(|index| A72[index].value);
     let column =
@@ -329,19 +329,13 @@ pub fn calibrate(rows: &[([f64; 16], f64)]) -> ([Fitted; 16], f64) {
             values[index] = (values[index] + gradient / norms[index]).clamp(A72[index].low, A72[index].high);
         }
     }
-    let residual = if rows.is_empty() {
-        0.0
-    } else {
-        let squares: f64 = rows
-            .iter()
-            .map(|(coefficients, cycles)| {
-                let modelled: f64 = coefficients.iter().zip(&values).map(|(c, v)| c * v).sum();
-                let relative = if *cycles == 0.0 { 0.0 } else { (modelled - cycles) / cycles };
-                relative * relative
-            })
-            .sum();
-        (squares / rows.len() as f64).sqrt()
-    };
+    let residual = rows
+        .iter()
+        .map(|(coefficients, cycles)| {
+            let modelled: f64 = coefficients.iter().zip(&values).map(|(c, v)| c * v).sum();
+            if *cycles == 0.0 { 0.0 } else { ((modelled - cycles) / cycles).abs() }
+        })
+        .fold(0.0, f64::max);
     let fitted = core::array::from_fn(|index| Fitted {
         parameter: A72[index],
         value: values[index],

@@ -2,6 +2,7 @@
 //! results.json, report.md and one SVG chart per suite; compares two runs; keeps the icount
 //! baseline that `cargo xtask test` gates on (the contract is docs/reference/bench.md).
 
+mod calibrate;
 mod chart;
 mod compare;
 mod complete;
@@ -222,6 +223,15 @@ pub enum BenchCommand {
         /// The run after the change.
         new: String,
     },
+    /// Fit the cycle model's parameters (within their ranges) to a board's PMU cycles and print
+    /// them beside the one parameter set: EVENTS an icount `--events` run, BOARD a `--board rpi4`
+    /// run (saved names or results.json paths). Changes no parameter.
+    Calibrate {
+        /// The icount run with `--events`.
+        events: String,
+        /// The board run (mode hardware).
+        board: String,
+    },
     /// Write one page per suite (<suite>.md: provenance, tables, what each metric means) from
     /// one results.json.
     Report {
@@ -240,6 +250,7 @@ pub enum BenchCommand {
 pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     match &args.command {
         Some(BenchCommand::Compare { old, new }) => return compare::run(old, new),
+        Some(BenchCommand::Calibrate { events, board }) => return calibrate::run(events, board),
         Some(BenchCommand::Report { from, out, force }) => {
             let out = report_out::output_dir(out.as_deref(), *force)?;
             let from = from.clone().unwrap_or_else(|| target_dir().join("bench").display().to_string());
