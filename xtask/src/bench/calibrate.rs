@@ -82,10 +82,14 @@ fn render(rows: &[Equation]) -> String {
     let _ = writeln!(out, "\n| parameter | one set | fitted | range | |\n|---|---:|---:|---|---|");
     for fit in &fitted {
         let parameter = fit.parameter;
-        let note = if !fit.determined {
+        let note = if parameter.name == "indirect_mispredict_rate" {
+            "held: the penalty is fitted"
+        } else if !fit.determined {
             "no row pays it: kept"
-        } else if fit.value <= parameter.low || fit.value >= parameter.high {
-            "at a bound of its range"
+        } else if fit.value <= parameter.low {
+            "at the low end of its range"
+        } else if fit.value >= parameter.high {
+            "at the high end of its range"
         } else {
             ""
         };
