@@ -80,7 +80,7 @@ pub const A72: [Parameter; 16] = [
         low: 0.33,
         high: 1.0,
         source: Source::Guide(
-            "2.1, 3.3: two integer pipes, throughput 2/cycle; 0.33 at the 3-wide dispatch, 1.0 for dependent chains (latency 1)",
+            "sections 2 and 3, integer: two integer pipes, throughput 2/cycle; 0.33 at the 3-wide dispatch, 1.0 for dependent chains (latency 1)",
         ),
     },
     Parameter {
@@ -89,7 +89,7 @@ pub const A72: [Parameter; 16] = [
         low: 1.0,
         high: 4.0,
         source: Source::Guide(
-            "2.1, 3.8: one load pipe, throughput 1/cycle; 4.0 with the load-to-use latency fully exposed",
+            "sections 2 and 3.8, loads: one load pipe, throughput 1/cycle; 4.0 with the load-to-use latency fully exposed",
         ),
     },
     Parameter {
@@ -97,14 +97,18 @@ pub const A72: [Parameter; 16] = [
         value: 1.0,
         low: 1.0,
         high: 2.0,
-        source: Source::Guide("2.1, 3.9: one store pipe, throughput 1/cycle; 2.0 for pairs split in two"),
+        source: Source::Guide(
+            "sections 2 and 3, stores: one store pipe, throughput 1/cycle; 2.0 for pairs split in two",
+        ),
     },
     Parameter {
         name: "taken_branch",
         value: 1.0,
         low: 1.0,
         high: 2.0,
-        source: Source::Guide("2.1, 3.1: one branch pipe, throughput 1/cycle; 2.0 assumed with a fetch bubble"),
+        source: Source::Guide(
+            "sections 2 and 3, branches: one branch pipe, throughput 1/cycle; 2.0 assumed with a fetch bubble",
+        ),
     },
     Parameter {
         name: "exception",
