@@ -45,6 +45,7 @@
 
 mod everywhere;
 mod reentry;
+mod timing;
 mod workload;
 
 use alloc::vec::Vec;
@@ -383,6 +384,7 @@ type BatchHits = [Option<Count>; BATCH];
 /// the heap as every other pass left it (its free lists decide how long `alloc` loops).
 fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits {
     everywhere::heartbeat();
+    let mut clock = timing::Clock::start();
     let mut hits = [None; BATCH];
     let mut armed = [false; BATCH];
     let mut originals = [0u32; BATCH];
@@ -396,7 +398,9 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits 
     // The whole batch is armed in one hold of the other CPUs (`register_all`), not one per
     // probe: on 4 CPUs under TCG a hold is milliseconds, and 96 of them were most of a batch.
     let mut registered = [Ok(()); BATCH];
+    clock.lap(timing::Phase::Checks);
     kprobes::register_all(probes, count_hit, None, &mut registered);
+    clock.lap(timing::Phase::Register);
     for (index, (&(_, method), result)) in probes.iter().zip(registered).enumerate() {
         match result {
             Ok(()) => {
@@ -420,6 +424,7 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits 
         let retries = crate::task::run_queue_retries(0);
         let results = workload::run();
         COUNTING.store(false, Ordering::Relaxed);
+        clock.lap(timing::Phase::Pass);
         waited = crate::task::run_queue_retries(0) != retries;
         sweep.tally.waited += u64::from(waited);
         if let Some(background) = &sweep.background
@@ -435,6 +440,7 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits 
             );
             panic!("sweep hung on cpu {}", cpu);
         }
+        clock.lap(timing::Phase::Waiting);
         COUNTING_ELSEWHERE.store(false, Ordering::Release);
         new_traces = crate::stacktrace::DEPOT.stats().records - traces;
         results
@@ -460,10 +466,12 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits 
         }
     }
     everywhere::heartbeat();
+    clock.lap(timing::Phase::Checks);
     if let Err(error) = kprobes::unregister_all(&disarmed[..count]) {
         defmt::error!("sweep: {=str}: unregister: {}", label, error);
         report(sweep, disarmed[0], probes[0].1, "unregister failed");
     }
+    clock.lap(timing::Phase::Unregister);
     everywhere::heartbeat();
     ARMED_COUNT.store(0, Ordering::Relaxed);
     let mismatches_after = everywhere::mismatches();
@@ -517,6 +525,7 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits 
         defmt::error!("sweep: {=str}: the slot area differs after unregistering", label);
         sweep.tally.failures += 1;
     }
+    clock.lap(timing::Phase::Checks);
     everywhere::heartbeat();
     hits
 }
@@ -666,9 +675,11 @@ fn sweep_kretprobe(sweep: &mut Sweep, function: Function) {
     for method in Method::ALL {
         everywhere::heartbeat();
         let before = slot_hash();
-        match kretprobe::register(function.start, method, None, count_return, 16) {
-            Ok(()) => {}
-            Err(_) => continue,
+        let mut clock = timing::Clock::start();
+        let registered = kretprobe::register(function.start, method, None, count_return, 16);
+        clock.lap(timing::Phase::KretprobeRegister);
+        if registered.is_err() {
+            continue;
         }
         sweep.tally.kretprobes[method_index(method)] += 1;
         RETURNS.store(0, Ordering::Relaxed);
@@ -676,6 +687,7 @@ fn sweep_kretprobe(sweep: &mut Sweep, function: Function) {
         COUNTING.store(true, Ordering::Relaxed);
         let results = workload::run();
         COUNTING.store(false, Ordering::Relaxed);
+        clock.lap(timing::Phase::KretprobePass);
         // A hijacked return the walkers did not repair would save a trace with the trampoline.
         if crate::stacktrace::DEPOT.stats().records != traces {
             report(sweep, function.start, method, "kretprobe: new stack traces");
@@ -684,6 +696,7 @@ fn sweep_kretprobe(sweep: &mut Sweep, function: Function) {
         if sweep.background.is_some() {
             crate::task::cpus::synchronize();
         }
+        clock.lap(timing::Phase::KretprobeUnregister);
         let returns = RETURNS.load(Ordering::Relaxed);
         let address = kretprobe::attach_address(function.start);
         if results != Some(sweep.reference) {
@@ -1108,6 +1121,7 @@ pub fn run(args: &Args) -> bool {
             tally.waited
         );
     }
+    timing::report(tally.batches);
     defmt::info!("sweep done: {=u64} failures", tally.failures);
     tally.failures == 0
 }
