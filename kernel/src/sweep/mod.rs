@@ -792,21 +792,53 @@ fn find_set(chosen: &[Function], seed: u64, set: usize) -> Vec<(u64, Method)> {
     let mut rng = Rng((seed.max(1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
         ^ (set as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9))
         | 1);
-    for _ in 0..SET_CANDIDATES {
-        if members.len() == BATCH {
-            break;
+    // The candidates are tried a chunk at a time: `register_all` arms a chunk in one hold and
+    // `unregister_all` disarms it in one, where a candidate at a time took two holds per
+    // accepted candidate (about a hundred a set). Each is prepared before any word is written,
+    // so a candidate is accepted or refused as it would be alone; a chunk ends before a second
+    // draw of an address it holds (refused with one method, it may be accepted with another),
+    // so the members are the first `BATCH` accepted draws of `SET_CANDIDATES`, as one at a time.
+    let mut drawn = 0;
+    let mut pending = None;
+    while members.len() < BATCH && (pending.is_some() || drawn < SET_CANDIDATES) {
+        let mut chunk = [(0u64, Method::ALL[0]); BATCH];
+        let mut count = 0;
+        while count < BATCH {
+            let candidate = match pending.take() {
+                Some(candidate) => candidate,
+                None if drawn < SET_CANDIDATES => {
+                    drawn += 1;
+                    let function = chosen[rng.below(chosen.len())];
+                    let words = ((function.end - function.start) / 4).max(1) as usize;
+                    let address = function.start + 4 * rng.below(words) as u64;
+                    (address, Method::ALL[rng.below(Method::ALL.len())])
+                }
+                None => break,
+            };
+            if members.iter().any(|&(known, _)| known == candidate.0) {
+                continue;
+            }
+            if chunk[..count].iter().any(|&(known, _)| known == candidate.0) {
+                pending = Some(candidate);
+                break;
+            }
+            chunk[count] = candidate;
+            count += 1;
         }
-        let function = chosen[rng.below(chosen.len())];
-        let words = ((function.end - function.start) / 4).max(1) as usize;
-        let address = function.start + 4 * rng.below(words) as u64;
-        let method = Method::ALL[rng.below(Method::ALL.len())];
-        if members.iter().any(|&(known, _)| known == address) {
-            continue;
+        let mut results = [Ok(()); BATCH];
+        kprobes::register_all(&chunk[..count], ignore_hit, None, &mut results);
+        let mut accepted = [0u64; BATCH];
+        let mut armed = 0;
+        for (&(address, method), result) in chunk[..count].iter().zip(results) {
+            if result.is_ok() {
+                accepted[armed] = address;
+                armed += 1;
+                if members.len() < BATCH {
+                    members.push((address, method));
+                }
+            }
         }
-        if kprobes::register(address, method, ignore_hit, None).is_ok() {
-            let _ = kprobes::unregister(address);
-            members.push((address, method));
-        }
+        let _ = kprobes::unregister_all(&accepted[..armed]);
     }
     members
 }
@@ -881,6 +913,7 @@ pub fn run(args: &Args) -> bool {
     // of the run (of a shard: its own, the others stay empty and are skipped), or the one
     // `sweep.set=K` repeats.
     let shard = options.shard;
+    let mut clock = timing::Clock::start();
     let sets: Vec<Vec<(u64, Method)>> = match options.set {
         Some(set) => alloc::vec![find_set(&chosen, options.seed, set)],
         None if options.probe.is_none() => (0..set_count(options.functions))
@@ -888,6 +921,7 @@ pub fn run(args: &Args) -> bool {
             .collect(),
         None => Vec::new(),
     };
+    clock.lap(timing::Phase::FindSets);
     // The other CPUs loop on the workload from here to the end (their own warm-up and
     // reference first), so CPU 0's reference passes find the heap as the probed ones will.
     SEVERAL_CPUS.store(crate::task::cpus::online() > 1, Ordering::Relaxed);

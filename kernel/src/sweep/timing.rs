@@ -23,9 +23,11 @@ pub enum Phase {
     KretprobePass,
     /// The kretprobe pass: unregistering it and the grace period after.
     KretprobeUnregister,
+    /// Finding the random sets' members (before the other CPUs loop).
+    FindSets,
 }
 
-const PHASES: usize = 8;
+const PHASES: usize = 9;
 
 static SPENT: [AtomicU64; PHASES] = [const { AtomicU64::new(0) }; PHASES];
 
@@ -61,9 +63,10 @@ pub fn report(batches: u64) {
         milliseconds(Phase::Checks)
     );
     defmt::info!(
-        "sweep time: kretprobe pass: register {=u64} ms, cpu 0 pass {=u64} ms, unregister and grace period {=u64} ms",
+        "sweep time: kretprobe pass: register {=u64} ms, cpu 0 pass {=u64} ms, unregister and grace period {=u64} ms; finding the random sets {=u64} ms",
         milliseconds(Phase::KretprobeRegister),
         milliseconds(Phase::KretprobePass),
-        milliseconds(Phase::KretprobeUnregister)
+        milliseconds(Phase::KretprobeUnregister),
+        milliseconds(Phase::FindSets)
     );
 }
