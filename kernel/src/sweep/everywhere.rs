@@ -204,12 +204,7 @@ pub fn armed() -> u64 {
     epoch
 }
 
-/// The wake-up SGI to every other online CPU, after this CPU's earlier stores (the epoch,
-/// `RUNNING`): a CPU it wakes reads them after its `wfi`.
 fn wake_others() {
-    // SAFETY: a barrier only; GICv3's SGI is a system register write, which `dmb` does not
-    // order (Linux's `gic_ipi_send_mask` has the same `dsb`).
-    unsafe { core::arch::asm!("dsb ish", options(nostack, preserves_flags)) };
     for cpu in others() {
         crate::drivers::interrupts::send_wake(cpu);
     }
