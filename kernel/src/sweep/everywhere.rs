@@ -4,9 +4,7 @@
 //! Each batch is an epoch: CPU 0 registers its probes, then [`armed`] starts a new epoch, and
 //! before disarming it waits ([`wait_for_passes`]) until every other CPU has completed a whole
 //! pass that began in that epoch, so every probe the background pass executes was armed for
-//! at least one pass on every CPU. Each other CPU runs one pass per epoch, begun when the epoch
-//! opens, and is idle until the next (each kretprobe of the kretprobe pass opens one too, so
-//! the other CPUs run the workload under it). A background pass whose results differ from that CPU's
+//! at least one pass on every CPU. A background pass whose results differ from that CPU's
 //! unprobed reference is counted with the epoch it began in. The other CPUs take no tick
 //! during the sweep (as CPU 0): their loop is the only thing they run besides IRQs.
 
@@ -22,8 +20,6 @@ static RUNNING: AtomicBool = AtomicBool::new(false);
 static EPOCH: AtomicU64 = AtomicU64::new(0);
 /// Per CPU: the epoch in which its last completed pass began (`u64::MAX`: none yet).
 static COMPLETED_IN: [AtomicU64; CPUS] = [const { AtomicU64::new(u64::MAX) }; CPUS];
-/// Per CPU: the epoch its last pass began in (`u64::MAX`: none yet).
-static STARTED_IN: [AtomicU64; CPUS] = [const { AtomicU64::new(u64::MAX) }; CPUS];
 /// Per CPU: passes whose results differed from its reference, and the epoch the last began in.
 static MISMATCHES: [AtomicU64; CPUS] = [const { AtomicU64::new(0) }; CPUS];
 static MISMATCH_EPOCH: [AtomicU64; CPUS] = [const { AtomicU64::new(0) }; CPUS];
@@ -31,6 +27,9 @@ static MISMATCH_EPOCH: [AtomicU64; CPUS] = [const { AtomicU64::new(0) }; CPUS];
 static PASSES: [AtomicU64; CPUS] = [const { AtomicU64::new(0) }; CPUS];
 /// Per CPU: set once its reference pass is done; cleared when its loop ends.
 static READY: [AtomicBool; CPUS] = [const { AtomicBool::new(false) }; CPUS];
+
+/// The longest wait of a background loop between passes (milliseconds).
+const BREATH_LIMIT_MS: u64 = 50;
 
 /// CPU 0's progress: bumped at every batch's start and end ([`heartbeat`]), with the counter
 /// time of the last bump.
@@ -46,14 +45,6 @@ static WATCHDOG_MS: AtomicU64 = AtomicU64::new(0);
 /// `sweep.watchdog=MS` (the hang check uses a short one: its runs hang on purpose).
 pub fn set_watchdog(milliseconds: u64) {
     WATCHDOG_MS.store(milliseconds, Ordering::Relaxed);
-}
-
-/// The watchdog's limit (milliseconds): `sweep.watchdog`, or [`default_watchdog_ms`].
-fn watchdog_limit_ms() -> u64 {
-    match WATCHDOG_MS.load(Ordering::Relaxed) {
-        0 => default_watchdog_ms(),
-        set => set,
-    }
 }
 
 /// The watchdog when `sweep.watchdog` is not given: a batch takes tens of milliseconds (about 80
@@ -98,19 +89,12 @@ extern "C" fn background_loop(cpu: u64) {
     READY[cpu].store(true, Ordering::Release);
     crate::arch::cpu::send_event();
     let mut seen = (u64::MAX, 0);
-    // The epoch this CPU's last pass began in: one whole pass per epoch is all CPU 0 waits for.
-    let mut passed_in = u64::MAX;
     while RUNNING.load(Ordering::Acquire) {
         watch_cpu0(cpu, &mut seen);
         let epoch = EPOCH.load(Ordering::Acquire);
-        if epoch == passed_in {
-            idle_until_next_epoch(epoch);
-            continue;
-        }
-        passed_in = epoch;
-        STARTED_IN[cpu].store(epoch, Ordering::Release);
-        crate::arch::cpu::send_event();
+        let pass_started = crate::drivers::timer::counter();
         let results = workload::background_pass();
+        let pass_took = crate::drivers::timer::counter().wrapping_sub(pass_started);
         if results != reference {
             MISMATCH_EPOCH[cpu].store(epoch, Ordering::Relaxed);
             MISMATCHES[cpu].fetch_add(1, Ordering::Release);
@@ -118,30 +102,18 @@ extern "C" fn background_loop(cpu: u64) {
         PASSES[cpu].fetch_add(1, Ordering::Relaxed);
         COMPLETED_IN[cpu].store(epoch, Ordering::Release);
         crate::arch::cpu::send_event();
+        // A breath with IRQs unmasked between passes, as long as the pass (at least 1 ms):
+        // four CPUs allocating back to back keep the heap's lock contended, a CPU spinning for
+        // it has IRQs masked, and on a host with fewer cores than QEMU has CPUs the holder's
+        // thread is preempted by the spinners' (a grace period then waited over 100 ms).
+        let breath_started = crate::drivers::timer::counter();
+        let breath = pass_took.max(crate::drivers::timer::frequency() / 1000);
+        let _ = crate::arch::cpu::wait_until(BREATH_LIMIT_MS, || {
+            crate::drivers::timer::counter().wrapping_sub(breath_started) >= breath
+        });
     }
     READY[cpu].store(false, Ordering::Release);
     crate::arch::cpu::send_event();
-}
-
-/// Sleeps in `wfi` (IRQs unmasked around it) until CPU 0 opens an epoch after `epoch` or ends
-/// the loops; both send the wake-up SGI ([`armed`], [`stop`]). The passes CPU 0 does not wait
-/// for, back to back (about ten per batch and CPU on 4 CPUs), contended for the heap's and the
-/// run queue's locks with CPU 0's own pass, and a vCPU spinning in `wfe` (a yield under TCG)
-/// took the host cores CPU 0's vCPU and the holds' answers needed: CPU 0's pass and its holds
-/// were most of a batch's time. IRQs are masked from the check to the `wfi` (which a pending
-/// IRQ still ends), so a wake-up sent in between is not lost. This CPU's timer, stopped for the
-/// sweep, is armed for a quarter of the watchdog's limit meanwhile, so a CPU 0 that makes no
-/// progress is still reported; it fires only if CPU 0 opens no epoch for that long.
-fn idle_until_next_epoch(epoch: u64) {
-    let limit = watchdog_limit_ms();
-    crate::drivers::timer::fire_in(crate::drivers::timer::frequency() * limit / 4000);
-    let daif = crate::arch::cpu::mask_interrupts();
-    if EPOCH.load(Ordering::Acquire) == epoch && RUNNING.load(Ordering::Acquire) {
-        crate::arch::cpu::wait_for_interrupt();
-    }
-    crate::arch::cpu::restore_interrupts(daif);
-    // The tick stays stopped (`stop_tick`): the timer's handler re-arms it one tick on.
-    crate::drivers::timer::fire_in(1 << 60);
 }
 
 /// Starts a looping task on every other online CPU (none on one CPU); returns when each has
@@ -189,25 +161,19 @@ fn watch_cpu0(cpu: usize, seen: &mut (u64, u64)) {
         return;
     }
     let silent_ms = now.wrapping_sub(seen.1) * 1000 / crate::drivers::timer::frequency();
-    let limit = watchdog_limit_ms();
+    let limit = match WATCHDOG_MS.load(Ordering::Relaxed) {
+        0 => default_watchdog_ms(),
+        set => set,
+    };
     if silent_ms >= limit && !REPORTED.swap(true, Ordering::AcqRel) {
         defmt::error!("sweep hung: cpu {=usize} saw cpu 0 make no progress for {=u64} ms", cpu, silent_ms);
         panic!("sweep hung: cpu 0 made no progress for {} ms", silent_ms);
     }
 }
 
-/// A new batch is armed: returns its epoch, in which each other CPU starts one pass (woken
-/// from its idle `wfi` by the wake-up SGI).
+/// A new batch is armed: returns its epoch.
 pub fn armed() -> u64 {
-    let epoch = EPOCH.fetch_add(1, Ordering::AcqRel) + 1;
-    wake_others();
-    epoch
-}
-
-fn wake_others() {
-    for cpu in others() {
-        crate::drivers::interrupts::send_wake(cpu);
-    }
+    EPOCH.fetch_add(1, Ordering::AcqRel) + 1
 }
 
 /// Mismatches so far on each CPU (to compare after a batch).
@@ -218,24 +184,6 @@ pub fn mismatches() -> [u64; CPUS] {
 /// The epoch the last mismatching pass on `cpu` began in.
 pub fn mismatch_epoch(cpu: usize) -> u64 {
     MISMATCH_EPOCH[cpu].load(Ordering::Relaxed)
-}
-
-/// Waits until every background CPU has begun a pass in `epoch` or later: the wake-up SGI that
-/// ends its idle reschedules it at the IRQ's end, under the run queue's lock, and CPU 0's pass,
-/// begun meanwhile, found that lock taken in about one batch in five (on 4 CPUs) rather than
-/// one in twenty-five, and those batches' CPU 0 counts are not compared (`Count::waited`). Err
-/// names the first CPU that did not within [`PASS_TIMEOUT_MS`].
-pub fn wait_for_starts(background: &Background, epoch: u64) -> Result<(), usize> {
-    let started = |cpu: usize| {
-        let started = STARTED_IN[cpu].load(Ordering::Acquire);
-        started != u64::MAX && started >= epoch
-    };
-    let running = || background.tasks.iter().enumerate().filter(|(_, id)| id.is_some()).map(|(cpu, _)| cpu);
-    if crate::arch::cpu::wait_until(PASS_TIMEOUT_MS, || running().all(started)) {
-        Ok(())
-    } else {
-        Err(running().find(|&cpu| !started(cpu)).unwrap_or(usize::MAX))
-    }
 }
 
 /// Waits until every background CPU completed a pass that began in `epoch` or later; Err names
@@ -261,7 +209,6 @@ pub fn passes() -> u64 {
 /// Ends the loops, waits for their tasks, restarts the other CPUs' ticks.
 pub fn stop(background: Background) {
     RUNNING.store(false, Ordering::Release);
-    wake_others();
     for (cpu, id) in background.tasks.iter().enumerate() {
         let Some(id) = *id else { continue };
         task::join(id);

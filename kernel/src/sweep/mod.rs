@@ -420,18 +420,6 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits 
         let traces = crate::stacktrace::DEPOT.stats().records;
         let epoch = everywhere::armed();
         COUNTING_ELSEWHERE.store(true, Ordering::Release);
-        if let Some(background) = &sweep.background
-            && let Err(cpu) = everywhere::wait_for_starts(background, epoch)
-        {
-            defmt::error!(
-                "sweep hung: cpu {=usize} began no pass within {=u64} ms during {=str}",
-                cpu,
-                everywhere::PASS_TIMEOUT_MS,
-                label
-            );
-            panic!("sweep hung on cpu {}", cpu);
-        }
-        clock.lap(timing::Phase::Waiting);
         COUNTING.store(true, Ordering::Relaxed);
         let retries = crate::task::run_queue_retries(0);
         let results = workload::run();
@@ -694,9 +682,6 @@ fn sweep_kretprobe(sweep: &mut Sweep, function: Function) {
             continue;
         }
         sweep.tally.kretprobes[method_index(method)] += 1;
-        // The other CPUs run one pass under it too (not waited for: their returns are not
-        // counted, but they take its entries and hijacked returns beside CPU 0's).
-        everywhere::armed();
         RETURNS.store(0, Ordering::Relaxed);
         let traces = crate::stacktrace::DEPOT.stats().records;
         COUNTING.store(true, Ordering::Relaxed);
