@@ -529,6 +529,7 @@ pub fn sweep(run: &Run, words: &str, timeout: Duration, print: Print) -> Result<
             || text.starts_with("sweep missed:")
             || text.starts_with("sweep done:")
             || text.starts_with("sweep cpus:")
+            || text.starts_with("sweep time:")
             || text.starts_with("sweep: probe hit")
         {
             coverage.push(text.to_string());

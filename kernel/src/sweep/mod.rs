@@ -45,6 +45,7 @@
 
 mod everywhere;
 mod reentry;
+mod timing;
 mod workload;
 
 use alloc::vec::Vec;
@@ -383,6 +384,7 @@ type BatchHits = [Option<Count>; BATCH];
 /// the heap as every other pass left it (its free lists decide how long `alloc` loops).
 fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits {
     everywhere::heartbeat();
+    let mut clock = timing::Clock::start();
     let mut hits = [None; BATCH];
     let mut armed = [false; BATCH];
     let mut originals = [0u32; BATCH];
@@ -396,7 +398,9 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits 
     // The whole batch is armed in one hold of the other CPUs (`register_all`), not one per
     // probe: on 4 CPUs under TCG a hold is milliseconds, and 96 of them were most of a batch.
     let mut registered = [Ok(()); BATCH];
+    clock.lap(timing::Phase::Checks);
     kprobes::register_all(probes, count_hit, None, &mut registered);
+    clock.lap(timing::Phase::Register);
     for (index, (&(_, method), result)) in probes.iter().zip(registered).enumerate() {
         match result {
             Ok(()) => {
@@ -420,6 +424,7 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits 
         let retries = crate::task::run_queue_retries(0);
         let results = workload::run();
         COUNTING.store(false, Ordering::Relaxed);
+        clock.lap(timing::Phase::Pass);
         waited = crate::task::run_queue_retries(0) != retries;
         sweep.tally.waited += u64::from(waited);
         if let Some(background) = &sweep.background
@@ -435,6 +440,7 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits 
             );
             panic!("sweep hung on cpu {}", cpu);
         }
+        clock.lap(timing::Phase::Waiting);
         COUNTING_ELSEWHERE.store(false, Ordering::Release);
         new_traces = crate::stacktrace::DEPOT.stats().records - traces;
         results
@@ -460,10 +466,12 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits 
         }
     }
     everywhere::heartbeat();
+    clock.lap(timing::Phase::Checks);
     if let Err(error) = kprobes::unregister_all(&disarmed[..count]) {
         defmt::error!("sweep: {=str}: unregister: {}", label, error);
         report(sweep, disarmed[0], probes[0].1, "unregister failed");
     }
+    clock.lap(timing::Phase::Unregister);
     everywhere::heartbeat();
     ARMED_COUNT.store(0, Ordering::Relaxed);
     let mismatches_after = everywhere::mismatches();
@@ -517,6 +525,7 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits 
         defmt::error!("sweep: {=str}: the slot area differs after unregistering", label);
         sweep.tally.failures += 1;
     }
+    clock.lap(timing::Phase::Checks);
     everywhere::heartbeat();
     hits
 }
@@ -666,9 +675,11 @@ fn sweep_kretprobe(sweep: &mut Sweep, function: Function) {
     for method in Method::ALL {
         everywhere::heartbeat();
         let before = slot_hash();
-        match kretprobe::register(function.start, method, None, count_return, 16) {
-            Ok(()) => {}
-            Err(_) => continue,
+        let mut clock = timing::Clock::start();
+        let registered = kretprobe::register(function.start, method, None, count_return, 16);
+        clock.lap(timing::Phase::KretprobeRegister);
+        if registered.is_err() {
+            continue;
         }
         sweep.tally.kretprobes[method_index(method)] += 1;
         RETURNS.store(0, Ordering::Relaxed);
@@ -676,6 +687,7 @@ fn sweep_kretprobe(sweep: &mut Sweep, function: Function) {
         COUNTING.store(true, Ordering::Relaxed);
         let results = workload::run();
         COUNTING.store(false, Ordering::Relaxed);
+        clock.lap(timing::Phase::KretprobePass);
         // A hijacked return the walkers did not repair would save a trace with the trampoline.
         if crate::stacktrace::DEPOT.stats().records != traces {
             report(sweep, function.start, method, "kretprobe: new stack traces");
@@ -684,6 +696,7 @@ fn sweep_kretprobe(sweep: &mut Sweep, function: Function) {
         if sweep.background.is_some() {
             crate::task::cpus::synchronize();
         }
+        clock.lap(timing::Phase::KretprobeUnregister);
         let returns = RETURNS.load(Ordering::Relaxed);
         let address = kretprobe::attach_address(function.start);
         if results != Some(sweep.reference) {
@@ -764,21 +777,53 @@ fn find_set(chosen: &[Function], seed: u64, set: usize) -> Vec<(u64, Method)> {
     let mut rng = Rng((seed.max(1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
         ^ (set as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9))
         | 1);
-    for _ in 0..SET_CANDIDATES {
-        if members.len() == BATCH {
-            break;
+    // The candidates are tried a chunk at a time: `register_all` arms a chunk in one hold and
+    // `unregister_all` disarms it in one, where a candidate at a time took two holds per
+    // accepted candidate (about a hundred a set). Each is prepared before any word is written,
+    // so a candidate is accepted or refused as it would be alone; a chunk ends before a second
+    // draw of an address it holds (refused with one method, it may be accepted with another),
+    // so the members are the first `BATCH` accepted draws of `SET_CANDIDATES`, as one at a time.
+    let mut drawn = 0;
+    let mut pending = None;
+    while members.len() < BATCH && (pending.is_some() || drawn < SET_CANDIDATES) {
+        let mut chunk = [(0u64, Method::ALL[0]); BATCH];
+        let mut count = 0;
+        while count < BATCH {
+            let candidate = match pending.take() {
+                Some(candidate) => candidate,
+                None if drawn < SET_CANDIDATES => {
+                    drawn += 1;
+                    let function = chosen[rng.below(chosen.len())];
+                    let words = ((function.end - function.start) / 4).max(1) as usize;
+                    let address = function.start + 4 * rng.below(words) as u64;
+                    (address, Method::ALL[rng.below(Method::ALL.len())])
+                }
+                None => break,
+            };
+            if members.iter().any(|&(known, _)| known == candidate.0) {
+                continue;
+            }
+            if chunk[..count].iter().any(|&(known, _)| known == candidate.0) {
+                pending = Some(candidate);
+                break;
+            }
+            chunk[count] = candidate;
+            count += 1;
         }
-        let function = chosen[rng.below(chosen.len())];
-        let words = ((function.end - function.start) / 4).max(1) as usize;
-        let address = function.start + 4 * rng.below(words) as u64;
-        let method = Method::ALL[rng.below(Method::ALL.len())];
-        if members.iter().any(|&(known, _)| known == address) {
-            continue;
+        let mut results = [Ok(()); BATCH];
+        kprobes::register_all(&chunk[..count], ignore_hit, None, &mut results);
+        let mut accepted = [0u64; BATCH];
+        let mut armed = 0;
+        for (&(address, method), result) in chunk[..count].iter().zip(results) {
+            if result.is_ok() {
+                accepted[armed] = address;
+                armed += 1;
+                if members.len() < BATCH {
+                    members.push((address, method));
+                }
+            }
         }
-        if kprobes::register(address, method, ignore_hit, None).is_ok() {
-            let _ = kprobes::unregister(address);
-            members.push((address, method));
-        }
+        let _ = kprobes::unregister_all(&accepted[..armed]);
     }
     members
 }
@@ -853,6 +898,7 @@ pub fn run(args: &Args) -> bool {
     // of the run (of a shard: its own, the others stay empty and are skipped), or the one
     // `sweep.set=K` repeats.
     let shard = options.shard;
+    let mut clock = timing::Clock::start();
     let sets: Vec<Vec<(u64, Method)>> = match options.set {
         Some(set) => alloc::vec![find_set(&chosen, options.seed, set)],
         None if options.probe.is_none() => (0..set_count(options.functions))
@@ -860,6 +906,7 @@ pub fn run(args: &Args) -> bool {
             .collect(),
         None => Vec::new(),
     };
+    clock.lap(timing::Phase::FindSets);
     // The other CPUs loop on the workload from here to the end (their own warm-up and
     // reference first), so CPU 0's reference passes find the heap as the probed ones will.
     SEVERAL_CPUS.store(crate::task::cpus::online() > 1, Ordering::Relaxed);
@@ -1108,6 +1155,7 @@ pub fn run(args: &Args) -> bool {
             tally.waited
         );
     }
+    timing::report(tally.batches);
     defmt::info!("sweep done: {=u64} failures", tally.failures);
     tally.failures == 0
 }

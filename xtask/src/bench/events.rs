@@ -304,10 +304,11 @@ pub fn columns(rows: &[Row]) -> Vec<ExtraColumn<'_>> {
         .collect()
 }
 
-/// report.md: the measured rows' tables with the event columns (a run without events renders
-/// as the report always did).
-pub fn render(provenance: &Provenance, rows: &[Row]) -> String {
-    let columns = columns(rows);
+/// report.md: the measured rows' tables with the event columns and, given Linux's rows, the peer
+/// column (a run without either renders as the report always did).
+pub fn render(provenance: &Provenance, rows: &[Row], peer: Option<&[Row]>) -> String {
+    let mut columns = columns(rows);
+    columns.extend(peer.map(|peer| super::peer::column(rows, peer)));
     if columns.is_empty() {
         report::render(provenance, rows)
     } else {
@@ -316,8 +317,9 @@ pub fn render(provenance: &Provenance, rows: &[Row]) -> String {
 }
 
 /// The docs/results pages, likewise.
-pub fn pages(provenance: &Provenance, rows: &[Row]) -> Vec<(String, String)> {
-    let columns = columns(rows);
+pub fn pages(provenance: &Provenance, rows: &[Row], peer: Option<&[Row]>) -> Vec<(String, String)> {
+    let mut columns = columns(rows);
+    columns.extend(peer.map(|peer| super::peer::column(rows, peer)));
     if columns.is_empty() {
         report::pages(provenance, rows)
     } else {

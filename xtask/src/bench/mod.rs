@@ -8,6 +8,7 @@ mod compare;
 mod complete;
 pub mod events;
 pub mod gate;
+mod peer;
 mod report;
 mod report_out;
 pub mod results;
@@ -199,6 +200,10 @@ pub struct BenchArgs {
     /// and branches (a QEMU plugin; icount mode on board virt): new metrics `METRIC.EVENT`.
     #[arg(long, conflicts_with = "update_baseline")]
     pub events: bool,
+    /// Linux's rows beside the lab's in report.md (a peer column): `linux` for the last `cargo
+    /// xtask peer linux` run, or a results.json or its directory.
+    #[arg(long, value_name = "linux|RUN")]
+    pub peer: Option<String>,
     /// With --events: also model the Cortex-A72's caches on every access (per-access callbacks,
     /// slower): metrics `METRIC.l1i_misses`, `.l1d_misses`, `.l2_misses`; `cold` empties the
     /// model at each kernel probe target's entry (`METRIC.l1d_misses_cold`, ...).
@@ -244,6 +249,10 @@ pub enum BenchCommand {
         /// Without a directory: replace the tracked docs/results.
         #[arg(long)]
         force: bool,
+        /// Linux's rows beside the lab's (a peer column): `linux` for the last `cargo xtask peer
+        /// linux` run, or a results.json or its directory.
+        #[arg(long, value_name = "linux|RUN")]
+        peer: Option<String>,
     },
 }
 
@@ -251,14 +260,16 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     match &args.command {
         Some(BenchCommand::Compare { old, new }) => return compare::run(old, new),
         Some(BenchCommand::Calibrate { events, board }) => return calibrate::run(events, board),
-        Some(BenchCommand::Report { from, out, force }) => {
+        Some(BenchCommand::Report { from, out, force, peer }) => {
             let out = report_out::output_dir(out.as_deref(), *force)?;
             let from = from.clone().unwrap_or_else(|| target_dir().join("bench").display().to_string());
             let (_, results) = load(&from)?;
-            return write_pages(&out, &results);
+            return write_pages(&out, &results, peer_rows(peer.as_deref())?.as_deref());
         }
         None => {}
     }
+    // Read before anything builds: a missing peer run is a usage error, not a lost bench run.
+    let peer = peer_rows(args.peer.as_deref())?;
     if args.serial.is_some() && args.board != Board::Rpi4 {
         return Err(Failure::usage("--serial reads a real board's results: it needs --board rpi4"));
     }
@@ -412,7 +423,7 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
         None => target_dir().join("bench"),
     });
     let json = results::to_json(&provenance, &rows);
-    let report = events::render(&provenance, &rows);
+    let report = events::render(&provenance, &rows, peer.as_deref());
     let charted = events::measured(&rows);
     let out_lock = lock_dir(&out)?;
     write_file(&out.join("results.json"), &json)?;
@@ -439,7 +450,7 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     }
     let results = results::Results { schema: results::SCHEMA, provenance, rows };
     if let Some(dir) = &args.report {
-        write_pages(dir, &results)?;
+        write_pages(dir, &results, peer.as_deref())?;
     }
     if args.update_baseline {
         gate::update(&results, &json)?;
@@ -654,9 +665,26 @@ fn lock_dir(dir: &Path) -> Result<crate::atomic::Lock, Failure> {
         .map_err(|error| Failure::usage(format!("lock for {}: {error}", dir.display())))
 }
 
+/// The rows of a Linux peer run (`--peer`): `linux` names the last `cargo xtask peer linux`.
+fn peer_rows(peer: Option<&str>) -> Result<Option<Vec<Row>>, Failure> {
+    let Some(peer) = peer else { return Ok(None) };
+    let run = if peer == "linux" {
+        crate::peer::fetch::peer_dir().join("linux").display().to_string()
+    } else {
+        peer.to_string()
+    };
+    let (path, results) = load(&run).map_err(|error| {
+        Failure::usage(format!("--peer {peer}: {} (run `cargo xtask peer linux` first)", error.message))
+    })?;
+    if !results.rows.iter().any(|row| row.suite == protocol::suite::LINUX) {
+        return Err(Failure::usage(format!("--peer {peer}: {} holds no `linux` rows", path.display())));
+    }
+    Ok(Some(results.rows))
+}
+
 /// docs/results-style pages: one <suite>.md per suite in `results`.
-fn write_pages(dir: &Path, results: &results::Results) -> Result<u8, Failure> {
-    let pages = events::pages(&results.provenance, &results.rows);
+fn write_pages(dir: &Path, results: &results::Results, peer: Option<&[Row]>) -> Result<u8, Failure> {
+    let pages = events::pages(&results.provenance, &results.rows, peer);
     let charted = events::measured(&results.rows);
     let _lock = lock_dir(dir)?;
     for (suite, text) in &pages {

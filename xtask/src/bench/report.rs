@@ -89,7 +89,7 @@ pub fn cell(row: &Row) -> String {
 /// One table row as an extra column sees it: a case and its params under one metric of one
 /// build variant (the measured columns are its modes and CPU variants).
 #[derive(Clone, Copy)]
-#[allow(dead_code, reason = "read by extra columns' cells, which no caller supplies yet")]
+
 pub struct TableRow<'a> {
     pub suite: &'a str,
     pub case: &'a str,
@@ -100,7 +100,6 @@ pub struct TableRow<'a> {
 
 /// Where an extra column stands in a table.
 #[derive(Clone, Copy, PartialEq, Eq)]
-#[allow(dead_code, reason = "the report's extension point: no caller supplies extra columns yet")]
 pub enum ColumnKind {
     /// Another system's figure for the same row (Linux's, measured its own way): right after the
     /// measured columns, so the two read side by side.
@@ -116,7 +115,6 @@ pub type ExtraCell<'a> = Box<dyn Fn(&TableRow) -> Option<String> + 'a>;
 /// `None` where the column knows nothing of it (printed `-`); a table shows the column only when
 /// it has a cell for one of its rows, so a column about one suite leaves the others alone.
 /// `render_with` and `pages_with` take a list of them; `render` and `pages` take none.
-#[allow(dead_code, reason = "the report's extension point: no caller supplies extra columns yet")]
 pub struct ExtraColumn<'a> {
     pub header: String,
     pub kind: ColumnKind,

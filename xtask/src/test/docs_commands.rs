@@ -209,7 +209,7 @@ pub const ACCOUNTS: &[(&str, Account)] = &[
         },
     ),
     (
-        "cargo xtask bench report [--from RUN] (DIR | --force)",
+        "cargo xtask bench report [--from RUN] (DIR | --force) [--peer linux|RUN]",
         Excluded { reason: "the synopsis", covered_by: "`bench report --from RUN docs/results` here, run smaller" },
     ),
     // Without DIR or --force it refuses to overwrite the tracked docs/results.
@@ -308,7 +308,7 @@ pub const ACCOUNTS: &[(&str, Account)] = &[
     (
         "cargo xtask bench [SUITE...] [--cpu VARIANT]... [--variant full|prod|plain] [--mode icount|wall|both] \
          [--kasan-short-granules] [--reps N] [--out DIR] [--save NAME [--force]] [--report DIR] [--board virt|rpi4] \
-         [--serial PATH] [--events [--cache [warm|cold]]]",
+         [--serial PATH] [--events [--cache [warm|cold]]] [--peer linux|RUN]",
         Excluded { reason: "the synopsis", covered_by: "the bench runs here and the icount regression gate" },
     ),
     (
@@ -354,6 +354,13 @@ pub const ACCOUNTS: &[(&str, Account)] = &[
         Excluded {
             reason: "the whole sweep in prod (minutes)",
             covered_by: "the sweep sample of `cargo xtask test` in prod",
+        },
+    ),
+    (
+        "cargo xtask stress probes --smp 4 --variant prod --seed 4 --functions 40 --only kernel::mm",
+        Excluded {
+            reason: "the sweep's timing subset (19 functions on 4 CPUs: minutes under load)",
+            covered_by: "the sweep sample on 4 CPUs of `cargo xtask test` (the same path, 8 functions)",
         },
     ),
     (
@@ -557,6 +564,13 @@ pub const ACCOUNTS: &[(&str, Account)] = &[
         Excluded {
             reason: "fetches Debian's arm64 kernel package and boots Linux under icount (minutes, 300 MB)",
             covered_by: "the host tests of the init's line protocol and of the allocation-trace converter",
+        },
+    ),
+    (
+        "cargo xtask bench probes ftrace stacktrace --mode icount --cpu max,pauth=off --peer linux",
+        Excluded {
+            reason: "needs a `cargo xtask peer linux` run (Debian's kernel booted under icount)",
+            covered_by: "the peer column's host tests (the mapping against the baseline's rows) and the bench runs here",
         },
     ),
     (
