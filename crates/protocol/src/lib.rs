@@ -11,6 +11,7 @@
 
 pub mod bench;
 pub mod ksyms;
+pub mod replay;
 
 /// How a kernel run ends: the semihosting exit code, which QEMU turns into its exit status.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
