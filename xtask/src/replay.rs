@@ -1,10 +1,10 @@
 //! Linux's recorded allocations as the replay blob the `kasan-replay` suite's kernel reads.
 //!
 //! The input is the committed `tracelab-alloc-trace 1` file (`xtask/data/linux/`, written by
-//! `peer::alloc`). The kernel does not parse it: the gzip text is 422 KiB, which every image
+//! `peer::alloc`). The kernel does not parse it: the gzip text is 423 KiB, which every image
 //! would carry for one suite, and its addresses and symbol names mean nothing to the lab. xtask
-//! converts it at build time into a compact little-endian blob that only the replay's runs load
-//! into the guest (QEMU `-device loader` at a fixed address), so other images stay as they are.
+//! converts it at build time into a compact little-endian blob for the suite's runs alone to
+//! load into the guest (QEMU `-device loader`), so other images stay as they are.
 //!
 //! What the conversion keeps and why:
 //! - **Frames.** Each distinct recorded return address (`symbol+0xOFFSET`) becomes one of the
