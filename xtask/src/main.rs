@@ -17,7 +17,6 @@ mod measure;
 mod peer;
 mod profile;
 mod qemu;
-#[allow(dead_code, reason = "the `kasan-replay` suite's image build calls the converter; until then its tests do")]
 mod replay;
 mod sdimage;
 mod serial;

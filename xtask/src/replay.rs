@@ -28,10 +28,50 @@
 //! The layout is `protocol::replay`'s, whose reader the kernel uses.
 
 use std::collections::{BTreeSet, HashMap};
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::OnceLock;
 
 use protocol::replay::{CPU_SHIFT, Event, FRAME_FUNCTIONS, FREE_BIT, Header, MAX_RECORDED_DEPTH, SLOT_MASK};
 
 use crate::peer::alloc::MAGIC;
+
+/// The committed boot trace the suite replays.
+const TRACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/linux/kmem-boot.trace.gz");
+
+/// Whether a kernel command line runs the `kasan-replay` suite (`bench=...,kasan-replay,...`):
+/// only those runs load the blob.
+pub fn wants_blob(bootargs: &str) -> bool {
+    bootargs
+        .split_whitespace()
+        .filter_map(|word| word.strip_prefix(protocol::cmdline::BENCH)?.strip_prefix('='))
+        .any(|suites| suites.split(',').any(|suite| suite == protocol::suite::KASAN_REPLAY))
+}
+
+/// QEMU's `-device` argument loading the committed trace's blob at `protocol::replay::
+/// BLOB_ADDRESS`, converting it into `target/replay/` once per xtask run.
+pub fn loader_device() -> Result<String> {
+    static BLOB: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    let path = BLOB.get_or_init(|| {
+        let mut text = String::new();
+        let file = std::fs::File::open(TRACE).map_err(|error| format!("{TRACE}: {error}"))?;
+        flate2::read::GzDecoder::new(file).read_to_string(&mut text).map_err(|error| format!("{TRACE}: {error}"))?;
+        let bytes = parse(&text).map_err(|error| format!("{TRACE}: {error}"))?.encode();
+        if bytes.len() > protocol::replay::SLOTS_OFFSET {
+            return Err(format!("{TRACE}: its blob of {} bytes is past the guest's room for it", bytes.len()));
+        }
+        let dir = crate::build::target_dir().join("replay");
+        std::fs::create_dir_all(&dir).map_err(|error| format!("{}: {error}", dir.display()))?;
+        // Written aside and renamed: another xtask may be loading the same file.
+        let path = dir.join("kmem-boot.blob");
+        let partial = dir.join(format!("kmem-boot.blob.{}", std::process::id()));
+        std::fs::write(&partial, &bytes).map_err(|error| format!("{}: {error}", partial.display()))?;
+        std::fs::rename(&partial, &path).map_err(|error| format!("{}: {error}", path.display()))?;
+        Ok(path)
+    });
+    let path = path.as_ref().map_err(Clone::clone)?;
+    Ok(format!("loader,file={},addr={:#x},force-raw=on", path.display(), protocol::replay::BLOB_ADDRESS))
+}
 
 /// A conversion's failure: what is wrong, and where in the trace.
 type Result<T> = std::result::Result<T, String>;
@@ -220,7 +260,6 @@ impl Blob {
 
 #[cfg(test)]
 mod tests {
-    use std::io::Read;
 
     use super::*;
 

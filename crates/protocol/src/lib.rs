@@ -47,11 +47,12 @@ pub mod suite {
         KasanBoot,
         Cpus,
         CpusHeap,
+        KasanReplay,
     }
 
     impl Suite {
         /// Every suite, in run order.
-        pub const ALL: [Suite; 8] = [
+        pub const ALL: [Suite; 9] = [
             Self::Baseline,
             Self::Stacktrace,
             Self::Depot,
@@ -60,6 +61,7 @@ pub mod suite {
             Self::KasanBoot,
             Self::Cpus,
             Self::CpusHeap,
+            Self::KasanReplay,
         ];
 
         /// The name on the command line (`bench=NAME,...`) and in the SUITE field of its rows.
@@ -73,6 +75,7 @@ pub mod suite {
                 Self::KasanBoot => "kasan-boot",
                 Self::Cpus => "cpus",
                 Self::CpusHeap => "cpus-heap",
+                Self::KasanReplay => "kasan-replay",
             }
         }
 
@@ -104,6 +107,7 @@ pub mod suite {
     pub const KASAN_BOOT: &str = Suite::KasanBoot.name();
     pub const CPUS: &str = Suite::Cpus.name();
     pub const CPUS_HEAP: &str = Suite::CpusHeap.name();
+    pub const KASAN_REPLAY: &str = Suite::KasanReplay.name();
 }
 
 /// Workloads of `run=profile` (`profile.workload=`), as `cargo xtask profile` names them.

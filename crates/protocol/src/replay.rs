@@ -38,6 +38,15 @@ pub const MAX_RECORDED_DEPTH: usize = 48;
 pub const FRAME_FUNCTIONS: usize = 4608;
 /// Bytes between two frame functions: eight instructions.
 pub const FRAME_FUNCTION_STRIDE: usize = 32;
+/// Where QEMU's `-device loader` puts the blob in the guest (physical, `virt`'s RAM starting at
+/// 1 GiB): the last [`REGION_SIZE`] of the suite's 128 MiB guest, above the kernel image, the
+/// sanitizer's shadow and the 16 MiB heap, which take RAM from its start.
+pub const BLOB_ADDRESS: u64 = 0x4000_0000 + (128 << 20) - REGION_SIZE as u64;
+/// The RAM the replay keeps for itself at [`BLOB_ADDRESS`]: the blob, then (at
+/// [`SLOTS_OFFSET`]) its slot table, one pointer per slot.
+pub const REGION_SIZE: usize = 8 << 20;
+/// The largest blob the region holds, and where the slot table starts in it.
+pub const SLOTS_OFFSET: usize = 4 << 20;
 
 /// The blob's counts, as its header gives them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
