@@ -39,13 +39,18 @@ use crate::peer::alloc::MAGIC;
 /// The committed boot trace the suite replays.
 const TRACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/linux/kmem-boot.trace.gz");
 
-/// Whether a kernel command line runs the `kasan-replay` suite (`bench=...,kasan-replay,...`):
-/// only those runs load the blob.
+/// Whether a kernel command line runs the `kasan-replay` suite (`bench=...,kasan-replay,...`)
+/// or the kernel's tests (whose `replayed_boot_prefix_is_clean` replays the trace's first
+/// allocations): only those runs load the blob.
 pub fn wants_blob(bootargs: &str) -> bool {
-    bootargs
-        .split_whitespace()
-        .filter_map(|word| word.strip_prefix(protocol::cmdline::BENCH)?.strip_prefix('='))
-        .any(|suites| suites.split(',').any(|suite| suite == protocol::suite::KASAN_REPLAY))
+    fn value<'a>(word: &'a str, key: &str) -> Option<&'a str> {
+        word.strip_prefix(key)?.strip_prefix('=')
+    }
+    bootargs.split_whitespace().any(|word| {
+        value(word, protocol::cmdline::RUN) == Some("test")
+            || value(word, protocol::cmdline::BENCH)
+                .is_some_and(|suites| suites.split(',').any(|suite| suite == protocol::suite::KASAN_REPLAY))
+    })
 }
 
 /// QEMU's `-device` argument loading the committed trace's blob at `protocol::replay::

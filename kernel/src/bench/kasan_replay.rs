@@ -14,8 +14,8 @@
 //! blocks (a block is the request plus header and guard granules, rounded to a power of two),
 //! more than the 16 MiB heap. The trace is therefore replayed in windows of [`WINDOW`]
 //! allocations: at a window's end the objects still live are freed (`window_frees`) and a later
-//! free of one of them is counted, not replayed (`frees_across_windows`); each window's blocks
-//! peak near 8.3 MB. An allocation the heap refuses anyway is counted (`failed_allocations`),
+//! free of one of them is counted, not replayed (`frees_across_windows`); the heap's blocks then
+//! peak at 8,284,672 bytes (`heap_peak_blocks`). An allocation the heap refuses anyway is counted (`failed_allocations`),
 //! and so is the later free of its slot (`frees_of_failed`): nothing is skipped silently, since
 //! it would change the depot's counts. The slot table (one pointer per slot of the blob) lies in
 //! the replay's own RAM after the blob, not in the heap it measures.
@@ -30,7 +30,8 @@
 //! its saves that found their stack), `hash_collisions`. Case `trace`: the blob's
 //! `distinct_stacks`, `allocations` and `frees` (recorded), and what this replay did with them
 //! (`failed_allocations`, `frees_of_failed`, `window_frees`, `frees_across_windows`, `reports`:
-//! sanitizer reports during the replays).
+//! sanitizer reports during the replays), and `heap_peak_blocks`: the heap's peak in buddy
+//! blocks while replaying, the kernel's own objects included.
 
 use super::{Plan, row};
 use crate::arch::counters;
@@ -110,6 +111,8 @@ fn loaded() -> Option<(Blob<'static>, &'static mut [u64])> {
 struct Counts {
     /// Heap calls that collect a stack (allocations and frees made).
     collections: u64,
+    /// Allocations replayed (made or failed).
+    allocations: u64,
     failed: u64,
     frees_of_failed: u64,
     window_frees: u64,
@@ -117,6 +120,8 @@ struct Counts {
     /// Counter ticks and calls of the timed allocations and frees.
     alloc: (u64, u64),
     free: (u64, u64),
+    /// The heap's peak bytes in buddy blocks, read after each allocation of the timed replay.
+    peak: usize,
 }
 
 /// One allocation's request and result, which the leaf reads through the path's context word.
@@ -164,25 +169,31 @@ fn close_window(slots: &mut [u64], timed: bool, counts: &mut Counts) {
     }
 }
 
-/// Replays the blob's events in order, in windows of [`WINDOW`] allocations.
+/// Replays the blob's events in order, in windows of [`WINDOW`] allocations, up to (not
+/// including) allocation number `limit`.
 #[inline(never)]
-fn replay(blob: &Blob, slots: &mut [u64], timed: bool) -> Counts {
+fn replay(blob: &Blob, slots: &mut [u64], timed: bool, limit: u32) -> Counts {
     let mut counts = Counts::default();
     slots.fill(EMPTY);
     let mut allocations = 0u32;
     for event in blob.events().take(blob.header.events as usize) {
         match event {
             Event::Allocate { slot, size, stack, .. } => {
+                if allocations == limit {
+                    break;
+                }
                 if allocations > 0 && allocations % WINDOW == 0 {
                     close_window(slots, timed, &mut counts);
                 }
                 allocations += 1;
+                counts.allocations += 1;
                 let mut call = Call { size: size as usize, timed, object: None, cost: 0 };
                 let frames = Frames::of(blob.stack(stack).expect("the reader checked every stack"));
                 let path = Path::new(frames.iter(), allocate_leaf, &raw mut call as usize);
                 path.call();
                 if timed {
                     counts.alloc = (counts.alloc.0 + call.cost, counts.alloc.1 + 1);
+                    counts.peak = counts.peak.max(heap::usage().1);
                 }
                 slots[slot as usize] = match call.object {
                     Some(object) => {
@@ -240,6 +251,42 @@ impl Frames {
     }
 }
 
+/// What a replay of a prefix did, for the kernel's test of it.
+pub struct Prefix {
+    pub allocations: u64,
+    pub failed: u64,
+    pub frees_of_failed: u64,
+    pub frees_across_windows: u64,
+    /// Sanitizer reports during the replay.
+    pub reports: u64,
+    /// The depot's lookups and hits during the replay.
+    pub lookups: u64,
+    pub hits: u64,
+}
+
+/// Replays the trace's first `allocations` allocations (and the events between them) with the
+/// heap's stacks in `mode`, as the suite does; `None` when no blob was loaded.
+pub fn replay_prefix(allocations: u32, mode: Stacks) -> Option<Prefix> {
+    let (blob, slots) = loaded()?;
+    let saved = (heap::stacks(), stacktrace::stack_sample());
+    heap::set_stacks(mode);
+    stacktrace::set_stack_sample(1);
+    let (reports, depot) = (crate::mm::kasan::report::count(), stacktrace::DEPOT.stats());
+    let counts = replay(&blob, slots, false, allocations);
+    let after = stacktrace::DEPOT.stats();
+    heap::set_stacks(saved.0);
+    stacktrace::set_stack_sample(saved.1);
+    Some(Prefix {
+        allocations: counts.allocations,
+        failed: counts.failed,
+        frees_of_failed: counts.frees_of_failed,
+        frees_across_windows: counts.frees_across_windows,
+        reports: crate::mm::kasan::report::count() - reports,
+        lookups: after.lookups - depot.lookups,
+        hits: after.hits - depot.hits,
+    })
+}
+
 pub fn run(plan: &Plan) {
     if !crate::build_info::SHADOW_CALL_STACK {
         defmt::warn!("bench kasan-replay: this build has no shadow call stack; run it on `full`");
@@ -255,6 +302,7 @@ pub fn run(plan: &Plan) {
     let reports_before = crate::mm::kasan::report::count();
     let mut depot = None;
     let mut last = Counts::default();
+    let mut peak = 0;
     for _ in 0..plan.reps {
         let mut totals = [0.0f64; CASES.len()];
         let mut collections = 0.0;
@@ -263,7 +311,7 @@ pub fn run(plan: &Plan) {
             stacktrace::set_stack_sample(sample);
             let before = stacktrace::DEPOT.stats();
             let mut counts = Counts::default();
-            let total = plan.measure(|| counts = replay(&blob, slots, false)) as f64;
+            let total = plan.measure(|| counts = replay(&blob, slots, false, u32::MAX)) as f64;
             if name == "fp" && depot.is_none() {
                 depot = Some((before, stacktrace::DEPOT.stats()));
             }
@@ -288,8 +336,9 @@ pub fn run(plan: &Plan) {
         heap::set_stacks(Stacks::None);
         stacktrace::set_stack_sample(1);
         let masked = crate::sync::IrqMask::new();
-        let timed = replay(&blob, slots, true);
+        let timed = replay(&blob, slots, true, u32::MAX);
         drop(masked);
+        peak = timed.peak;
         for (metric, (cost, calls)) in [("alloc_per_call", timed.alloc), ("free_per_call", timed.free)] {
             row(SUITE, "no-stacks", "-", metric, plan.unit(), cost as f64 / calls.max(1) as f64);
         }
@@ -317,4 +366,5 @@ pub fn run(plan: &Plan) {
     ] {
         row(SUITE, "trace", "-", metric, "count", value as f64);
     }
+    row(SUITE, "trace", "-", "heap_peak_blocks", "bytes", peak as f64);
 }

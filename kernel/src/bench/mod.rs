@@ -12,7 +12,7 @@ mod cpus;
 mod depot;
 mod ftrace;
 mod kasan_boot;
-mod kasan_replay;
+pub(crate) mod kasan_replay;
 pub(crate) mod probes;
 pub(crate) mod stacktrace;
 

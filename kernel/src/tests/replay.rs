@@ -2,12 +2,16 @@
 
 use super::{Context, Outcome, Test, Verdict, check, check_eq};
 use crate::arch::cpu;
+use crate::bench::kasan_replay;
+use crate::mm::kasan::heap::Stacks;
 use crate::replay::{self, Path, RETURN_OFFSET};
 use crate::stacktrace::{self, Mode};
 use unwind::{Trace, TraceOptions};
 
-pub const TESTS: &[Test] =
-    &[Test { name: "replayed_stacks_share_what_linux_shares", run: replayed_stacks_share_what_linux_shares }];
+pub const TESTS: &[Test] = &[
+    Test { name: "replayed_stacks_share_what_linux_shares", run: replayed_stacks_share_what_linux_shares },
+    Test { name: "replayed_boot_prefix_is_clean", run: replayed_boot_prefix_is_clean },
+];
 
 /// Where a leaf puts the traces taken inside a replayed stack.
 struct Captured {
@@ -67,5 +71,33 @@ fn replayed_stacks_share_what_linux_shares(_: &Context) -> Outcome {
         check!(traces[0][mode] != traces[1][mode]);
     }
     check!(traces[0][0].is_some());
+    Ok(Verdict::Passed)
+}
+
+/// Allocations of the trace's prefix: a few seconds of QEMU per mode; the whole trace is
+/// `cargo xtask bench kasan-replay`.
+const PREFIX: u32 = 10_000;
+
+/// The first allocations of Linux's recorded boot, replayed through the sanitizer heap with
+/// frame-pointer and shadow-call-stack collection: every allocation made, no report, and the
+/// depot finding repeated stacks.
+fn replayed_boot_prefix_is_clean(_: &Context) -> Outcome {
+    // xtask loads the blob for QEMU virt; the prefix is the suite's: a `full` sanitizer heap
+    // on one CPU.
+    if !crate::mm::kasan::CHECKS_COMPILED_IN || crate::board::CONFIG.name != "qemu-virt" {
+        return Ok(Verdict::Skipped("the replay runs on QEMU virt in variant full"));
+    }
+    if crate::arch::smp::online_count() != 1 {
+        return Ok(Verdict::Skipped("the replay runs on one CPU"));
+    }
+    for mode in [Stacks::FramePointer, Stacks::ShadowCallStack] {
+        let prefix = kasan_replay::replay_prefix(PREFIX, mode).ok_or(super::fail("no replay blob was loaded"))?;
+        check_eq!(prefix.allocations, u64::from(PREFIX));
+        check_eq!(prefix.failed + prefix.frees_of_failed, 0);
+        // The prefix stays inside the first window.
+        check_eq!(prefix.frees_across_windows, 0);
+        check_eq!(prefix.reports, 0);
+        check!(prefix.hits > 0 && prefix.hits < prefix.lookups);
+    }
     Ok(Verdict::Passed)
 }
