@@ -307,7 +307,8 @@ impl Machine {
             .arg("-kernel")
             .arg(&image.raw)
             .args(["-append", &bootargs]);
-        if crate::replay::wants_blob(&bootargs) {
+        // The blob's address is in virt's RAM layout.
+        if self.board == Board::Virt && crate::replay::wants_blob(&bootargs) {
             match crate::replay::loader_device() {
                 Ok(device) => {
                     command.args(["-device", &device]);

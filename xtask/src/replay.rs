@@ -379,6 +379,14 @@ mod tests {
         assert_eq!(protocol::replay::Blob::parse(&bad_frame).unwrap_err(), BlobError::Truncated);
     }
 
+    #[test]
+    fn only_the_suite_and_the_kernel_tests_load_the_blob() {
+        assert!(wants_blob("run=bench bench=baseline,kasan-replay reps=1 clock=cycles"));
+        assert!(wants_blob("run=test hz=100 icount=1 filter=replayed"));
+        assert!(!wants_blob("run=bench bench=kasan-boot reps=1"));
+        assert!(!wants_blob("run=profile profile.workload=kasan-boot"));
+    }
+
     /// The committed boot trace: its counts as its `meta` lines and README give them.
     #[test]
     fn the_committed_trace_converts() {

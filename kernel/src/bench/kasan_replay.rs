@@ -182,7 +182,7 @@ fn replay(blob: &Blob, slots: &mut [u64], timed: bool, limit: u32) -> Counts {
                 if allocations == limit {
                     break;
                 }
-                if allocations > 0 && allocations % WINDOW == 0 {
+                if allocations > 0 && allocations.is_multiple_of(WINDOW) {
                     close_window(slots, timed, &mut counts);
                 }
                 allocations += 1;
