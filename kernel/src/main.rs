@@ -25,6 +25,7 @@ mod panic;
 mod power;
 mod probes;
 mod profile;
+mod replay;
 mod run;
 mod stacktrace;
 mod sweep;

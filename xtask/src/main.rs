@@ -19,6 +19,7 @@ mod peer;
 mod probe_spec;
 mod profile;
 mod qemu;
+mod replay;
 mod sdimage;
 mod serial;
 mod setup;

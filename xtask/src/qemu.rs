@@ -318,6 +318,16 @@ impl Machine {
             .arg("-kernel")
             .arg(&image.raw)
             .args(["-append", &bootargs]);
+        // The blob's address is in virt's RAM layout.
+        if self.board == Board::Virt && crate::replay::wants_blob(&bootargs) {
+            match crate::replay::loader_device() {
+                Ok(device) => {
+                    command.args(["-device", &device]);
+                }
+                // The kernel then finds no blob and its suite fails the run, saying so.
+                Err(error) => eprintln!("xtask: the replay's blob: {error}"),
+            }
+        }
         if self.icount {
             command.args(["-icount", "shift=0,sleep=off"]);
         }

@@ -34,7 +34,8 @@ pub const SUITE_END_PREFIX: &str = "bench suite end: ";
 /// Rows a suite measures once per run whatever `reps=` says, as (suite, case): state read after
 /// the measured work (a depot's size and hit rate when saturated, the sanitizer heap's depot
 /// after its boots), not a cost repeated per rep. Every other row has one value per rep.
-pub const ONCE_PER_RUN: [(&str, &str); 2] = [("depot", "saturation"), ("kasan-boot", "depot")];
+pub const ONCE_PER_RUN: [(&str, &str); 4] =
+    [("depot", "saturation"), ("kasan-boot", "depot"), ("kasan-replay", "depot"), ("kasan-replay", "trace")];
 
 /// Whether a row of `suite` and `case` is measured once per run ([`ONCE_PER_RUN`]).
 pub fn once_per_run(suite: &str, case: &str) -> bool {

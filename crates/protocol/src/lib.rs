@@ -11,6 +11,7 @@
 
 pub mod bench;
 pub mod ksyms;
+pub mod replay;
 
 /// How a kernel run ends: the semihosting exit code, which QEMU turns into its exit status.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -46,11 +47,12 @@ pub mod suite {
         KasanBoot,
         Cpus,
         CpusHeap,
+        KasanReplay,
     }
 
     impl Suite {
         /// Every suite, in run order.
-        pub const ALL: [Suite; 8] = [
+        pub const ALL: [Suite; 9] = [
             Self::Baseline,
             Self::Stacktrace,
             Self::Depot,
@@ -59,6 +61,7 @@ pub mod suite {
             Self::KasanBoot,
             Self::Cpus,
             Self::CpusHeap,
+            Self::KasanReplay,
         ];
 
         /// The name on the command line (`bench=NAME,...`) and in the SUITE field of its rows.
@@ -72,6 +75,7 @@ pub mod suite {
                 Self::KasanBoot => "kasan-boot",
                 Self::Cpus => "cpus",
                 Self::CpusHeap => "cpus-heap",
+                Self::KasanReplay => "kasan-replay",
             }
         }
 
@@ -103,6 +107,7 @@ pub mod suite {
     pub const KASAN_BOOT: &str = Suite::KasanBoot.name();
     pub const CPUS: &str = Suite::Cpus.name();
     pub const CPUS_HEAP: &str = Suite::CpusHeap.name();
+    pub const KASAN_REPLAY: &str = Suite::KasanReplay.name();
 }
 
 /// Workloads of `run=profile` (`profile.workload=`), as `cargo xtask profile` names them.

@@ -12,6 +12,7 @@ mod cpus;
 mod depot;
 mod ftrace;
 mod kasan_boot;
+pub(crate) mod kasan_replay;
 pub(crate) mod probes;
 pub(crate) mod stacktrace;
 
@@ -219,6 +220,7 @@ fn runner(suite: Suite) -> fn(&Plan) {
         Suite::KasanBoot => kasan_boot::run,
         Suite::Cpus => cpus::run,
         Suite::CpusHeap => cpus::run_heap,
+        Suite::KasanReplay => kasan_replay::run,
     }
 }
 

@@ -16,6 +16,7 @@ mod kretprobe;
 mod mte;
 mod probes;
 mod race;
+mod replay;
 mod smp;
 mod stacktrace;
 mod sweep;
@@ -99,6 +100,7 @@ const TESTS: &[&[Test]] = &[
     user::TESTS,
     smp::TESTS,
     race::TESTS,
+    replay::TESTS,
 ];
 
 /// The tests' trap hook (installed by `run`): the probe tests' harness BRKs, then whatever a

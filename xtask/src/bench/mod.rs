@@ -73,6 +73,10 @@ impl Suite {
                 BuildVariant::Full,
                 "the sanitizer heap's alloc+free with stack collection on 1, 2.. CPUs at once (--smp N)",
             ),
+            KasanReplay => (
+                BuildVariant::Full,
+                "Linux's recorded boot allocations replayed on the sanitizer heap with each way of collecting stacks",
+            ),
         };
         Self { name: suite.name(), default_variant, about }
     }

@@ -22,6 +22,7 @@ fn seconds_per_pass(suite: &str) -> f64 {
         "kasan-boot" => 10.0,
         "cpus" => 15.0,
         "cpus-heap" => 8.0,
+        "kasan-replay" => 30.0,
         _ => 10.0,
     }
 }

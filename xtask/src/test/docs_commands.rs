@@ -287,6 +287,13 @@ pub const ACCOUNTS: &[(&str, Account)] = &[
         },
     ),
     (
+        "cargo xtask bench kasan-replay --mode icount --cpu max,pauth=off",
+        Excluded {
+            reason: "the whole replay of Linux's boot allocations in every case: about half a minute",
+            covered_by: "the kernel test `replayed_boot_prefix_is_clean` (the trace's first allocations, `fp` and `scs`)",
+        },
+    ),
+    (
         "cargo xtask bench kasan-boot",
         Excluded {
             reason: "every CPU variant in both modes",
