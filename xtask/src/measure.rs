@@ -81,6 +81,8 @@ pub fn run(args: &MeasureArgs) -> Result<u8, Failure> {
         let counts = stdout.lines().rev().find(|line| line.contains(" passed, ")).unwrap_or("no counts");
         failed |= !output.status.success();
         println!("cargo xtask test (kernels already built): {} ({counts})", minutes(seconds));
+        // The run's own summary of what failed, so a failed timing says why.
+        stdout.lines().filter(|line| line.starts_with("failed: ")).for_each(|line| println!("  {line}"));
     }
     println!("target/ after these runs: {}", gigabytes(disk_use(&build::target_dir())));
     println!("load average at the end: {}", load_average());
