@@ -204,8 +204,8 @@ pub struct BenchArgs {
     /// and branches (a QEMU plugin; icount mode on board virt): new metrics `METRIC.EVENT`.
     #[arg(long, conflicts_with = "update_baseline")]
     pub events: bool,
-    /// Linux's rows beside the lab's in report.md (a peer column): `linux` for the last `cargo
-    /// xtask peer linux` run, or a results.json or its directory.
+    /// Linux's rows beside the lab's in report.md (a peer column): `linux` measures Linux first
+    /// (as `cargo xtask peer linux`), RUN reads another peer run's results.json or its directory.
     #[arg(long, value_name = "linux|RUN")]
     pub peer: Option<String>,
     /// With --events: also model the Cortex-A72's caches on every access (per-access callbacks,
@@ -272,7 +272,13 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
         }
         None => {}
     }
-    // Read before anything builds: a missing peer run is a usage error, not a lost bench run.
+    // `--peer linux` measures Linux first (`cargo xtask peer linux`), so that a failed peer run
+    // costs no lab run; another peer run is read before anything builds.
+    if args.peer.as_deref() == Some("linux") {
+        let linux =
+            crate::peer::PeerArgs { kernel: crate::peer::PeerKernel::Linux, fetch_only: false, alloc_trace: false };
+        crate::peer::run(&linux)?;
+    }
     let peer = peer_rows(args.peer.as_deref())?;
     if args.serial.is_some() && args.board != Board::Rpi4 {
         return Err(Failure::usage("--serial reads a real board's results: it needs --board rpi4"));

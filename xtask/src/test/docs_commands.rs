@@ -408,6 +408,13 @@ pub const ACCOUNTS: &[(&str, Account)] = &[
         },
     ),
     (
+        "cargo xtask measure --no-builds",
+        Excluded {
+            reason: "times a whole `cargo xtask test` (about 11 minutes)",
+            covered_by: "`cargo xtask measure [--variant V]... [--no-builds] [--no-test]` here, run with --no-builds --no-test",
+        },
+    ),
+    (
         "cargo xtask measure",
         Excluded {
             reason: "builds every variant from an empty target directory and runs the whole test: tens of minutes",
@@ -576,7 +583,7 @@ pub const ACCOUNTS: &[(&str, Account)] = &[
     (
         "cargo xtask bench probes ftrace stacktrace --mode icount --cpu max,pauth=off --peer linux",
         Excluded {
-            reason: "needs a `cargo xtask peer linux` run (Debian's kernel booted under icount)",
+            reason: "boots Debian's kernel under icount first (fetching its package the first time)",
             covered_by: "the peer column's host tests (the mapping against the baseline's rows) and the bench runs here",
         },
     ),
