@@ -38,7 +38,8 @@ use crate::stacktrace;
 use core::hint::black_box;
 
 /// The cases: name, heap stack mode, allocation-stack sampling period (`kasan.stack_sample`).
-const CASES: [(&str, Stacks, u32); 10] = [
+/// The SFrame walks come last: the replay takes every case before them (`kasan_replay`).
+pub(super) const CASES: [(&str, Stacks, u32); 10] = [
     ("no-stacks", Stacks::None, 1),
     ("fp", Stacks::FramePointer, 1),
     ("fp-no-depot", Stacks::FramePointerNoDepot, 1),

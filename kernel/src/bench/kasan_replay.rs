@@ -44,17 +44,15 @@ use protocol::replay::{BLOB_ADDRESS, Blob, Event, MAX_RECORDED_DEPTH, REGION_SIZ
 
 const SUITE: &str = "kasan-replay";
 
-/// The cases: name, heap stack mode, allocation-stack sampling period (`kasan.stack_sample`).
-const CASES: [(&str, Stacks, u32); 8] = [
-    ("no-stacks", Stacks::None, 1),
-    ("fp", Stacks::FramePointer, 1),
-    ("fp-no-depot", Stacks::FramePointerNoDepot, 1),
-    ("scs", Stacks::ShadowCallStack, 1),
-    ("scs-no-depot", Stacks::ShadowCallStackNoDepot, 1),
-    ("fp-instrumented", Stacks::FramePointerInstrumented, 1),
-    ("scs-sample8", Stacks::ShadowCallStack, 8),
-    ("fp-sample8", Stacks::FramePointer, 8),
-];
+/// kasan-boot's cases but its last two, the SFrame walks: the replay's frame functions carry no
+/// call-frame information, so an SFrame walk stops in them.
+const CASES: &[(&str, Stacks, u32)] = super::kasan_boot::CASES.split_at(super::kasan_boot::CASES.len() - 2).0;
+const _: () = {
+    let boot = &super::kasan_boot::CASES;
+    assert!(
+        matches!(boot[boot.len() - 2].1, Stacks::SFrame) && matches!(boot[boot.len() - 1].1, Stacks::SFrameNoDepot)
+    );
+};
 
 /// Allocations per window: the committed trace's blocks peak near 8.3 MB in each, against the
 /// heap's 16 MiB.
