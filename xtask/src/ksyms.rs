@@ -3,12 +3,12 @@
 //! ftrace filters tracers by function name (`register("kernel::tests::*")`), so the kernel needs
 //! names for its callsites at run time. The linker script reserves a `.ksyms` section (zeros);
 //! after the build xtask writes every function symbol into it, demangled without the hash,
-//! sorted by address. Addresses do not move: the table is written into the linked image, not
+//! sorted by address: the symbolizer's list (`log::function_symbols`), one table for both. Addresses do not move: the table is written into the linked image, not
 //! linked into it. The layout is `protocol::ksyms` (shared with the kernel's reader,
 //! `kernel/src/symbols/names.rs`).
 
 use crate::Failure;
-use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
+use object::{Object, ObjectSection};
 use protocol::ksyms::serialize;
 #[cfg(test)]
 use protocol::ksyms::{ENTRY, HEADER, MAGIC};
@@ -23,14 +23,10 @@ pub fn embed(elf: &mut [u8]) -> Result<usize, Failure> {
         let (offset, size) = section
             .file_range()
             .ok_or_else(|| Failure { status: 1, message: ".ksyms has no file contents (NOBITS)".into() })?;
-        let mut functions: Vec<(u64, String)> = file
-            .symbols()
-            .filter(|symbol| symbol.kind() == SymbolKind::Text && symbol.is_definition())
-            .filter_map(|symbol| Some((symbol.address(), symbol.name().ok()?)))
-            .map(|(address, name)| (address, format!("{:#}", rustc_demangle::demangle(name))))
-            .collect();
-        functions.sort();
-        functions.dedup_by_key(|(address, _)| *address);
+        // The symbolizer's own list, so the kernel's names (its reports, ftrace's filters) are the
+        // names xtask's symbolizer finds sizes and lines for.
+        let functions: Vec<(u64, String)> =
+            crate::log::function_symbols(&file).into_iter().map(|symbol| (symbol.start, symbol.name)).collect();
         (offset as usize..(offset + size) as usize, serialize(&functions))
     };
     let section = &mut elf[range];

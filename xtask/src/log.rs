@@ -89,6 +89,10 @@ pub struct LinuxState {
     in_trace: bool,
     /// The message of the panic being reported, for Linux's closing `---[ end ... ]---`.
     panic: Option<String>,
+    /// The faulting PC while an unexpected-exception report (Linux's Oops) is being printed:
+    /// its register line becomes `lr :`/`sp :`, and the kernel's closing line ends it as Linux
+    /// ends an Oops.
+    oops: Option<u64>,
 }
 
 /// One symbolized code address, printed the way Linux prints a backtrace entry:
@@ -139,11 +143,11 @@ impl fmt::Display for Frame {
 
 /// A function symbol: start address, size, demangled name and the ELF's own name.
 #[derive(Clone, Debug)]
-struct FunctionSymbol {
-    start: u64,
-    size: u64,
-    name: String,
-    mangled: String,
+pub struct FunctionSymbol {
+    pub start: u64,
+    pub size: u64,
+    pub name: String,
+    pub mangled: String,
 }
 
 /// The kernel ELF's function symbols (for FUNCTION+OFF/SIZE) and its DWARF line tables.
@@ -190,6 +194,12 @@ impl Symbolizer {
     /// address itself, as Linux prints it.
     pub fn return_address(&self, address: u64) -> Option<Frame> {
         self.frame(address, address.checked_sub(4)?)
+    }
+
+    /// The frame of a code address itself (the `pc :` and `lr :` lines of an Oops, which Linux
+    /// prints with `%pS`, not `%pB`).
+    pub fn code_address(&self, address: u64) -> Option<Frame> {
+        self.frame(address, address)
     }
 
     fn frame(&self, address: u64, lookup: u64) -> Option<Frame> {
@@ -340,12 +350,97 @@ pub fn linux_shape(symbolizer: Option<&Symbolizer>, text: &str, state: &mut Linu
     {
         return Some(format!("---[ end Kernel panic - not syncing: {message} ]---\n{text}"));
     }
+    if let Some(report) = ExceptionReport::parse(text) {
+        state.oops = Some(report.elr);
+        return Some(report.linux(symbolizer));
+    }
+    if let Some(pc) = state.oops {
+        if let Some(registers) = oops_registers(symbolizer, text, pc) {
+            return Some(registers);
+        }
+        if exit_sentinel(text).is_some() {
+            state.oops = None;
+            let fatal = "Kernel panic - not syncing: Oops: Fatal exception";
+            return Some(format!("---[ end trace 0000000000000000 ]---\n{fatal}\n---[ end {fatal} ]---\n{text}"));
+        }
+    }
     symbolizer.and_then(|symbolizer| symbolizer.linux(text))
+}
+
+/// The kernel's unexpected-exception line (`arch::exception::report`):
+/// `WHAT: CLASS (ESR 0x..) at ELR 0x.., FAR 0x.., SPSR 0x..`.
+struct ExceptionReport {
+    esr: u64,
+    elr: u64,
+    far: u64,
+}
+
+impl ExceptionReport {
+    fn parse(text: &str) -> Option<Self> {
+        let rest = text
+            .strip_prefix("unexpected synchronous exception: ")
+            .or_else(|| text.strip_prefix("exception from an unexpected vector: "))?;
+        let field = |name: &str| {
+            let (_, value) = rest.split_once(name)?;
+            let value = value.split([',', ')', ' ']).next()?;
+            u64::from_str_radix(value.strip_prefix("0x")?, 16).ok()
+        };
+        Some(Self { esr: field("(ESR ")?, elr: field(" at ELR ")?, far: field(", FAR ")? })
+    }
+
+    /// Linux arm64's Oops header for this syndrome (`die()`'s `Internal error: MSG: ESR [#1]`,
+    /// after `die_kernel_fault()`'s `Unable to handle kernel ...` for an abort), then `pc :`.
+    fn linux(&self, symbolizer: Option<&Symbolizer>) -> String {
+        const PAGE_SIZE: u64 = 4096;
+        let class = self.esr >> 26;
+        let mut lines = Vec::new();
+        let oops = match class {
+            // Instruction and data aborts taken at EL1.
+            0x21 | 0x25 => {
+                let what = if self.far < PAGE_SIZE { "NULL pointer dereference" } else { "paging request" };
+                lines.push(format!("Unable to handle kernel {what} at virtual address {:016x}", self.far));
+                lines.push("Mem abort info:".into());
+                lines.push(format!("  ESR = {:#018x}", self.esr));
+                let name = if class == 0x25 { "DABT" } else { "IABT" };
+                lines.push(format!("  EC = {class:#04x}: {name} (current EL), IL = 32 bits"));
+                "Oops"
+            }
+            0x3c => "Oops - BRK",
+            0x00 => "Oops - Undefined instruction",
+            _ => "Oops",
+        };
+        lines.push(format!("Internal error: {oops}: {:016x} [#1] SMP", self.esr));
+        lines.push("Modules linked in:".into());
+        lines.push(format!("pc : {}", code_symbol(symbolizer, self.elr)));
+        lines.join("\n")
+    }
+}
+
+/// The report's register line (`  x29 0x.. x30 0x.. sp 0x.. x18 0x..`) as an Oops prints
+/// registers: `lr :` (its PAC stripped, as Linux does, with the VA size of the kernel text
+/// `pc` is in), `sp :`, then the general registers it has.
+fn oops_registers(symbolizer: Option<&Symbolizer>, text: &str, pc: u64) -> Option<String> {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let [_, x29, _, x30, _, sp, _, x18] = words.as_slice() else { return None };
+    if !(words[0] == "x29" && words[2] == "x30" && words[4] == "sp" && words[6] == "x18") {
+        return None;
+    }
+    let value = |word: &str| u64::from_str_radix(word.strip_prefix("0x")?, 16).ok();
+    let (x29, x30, sp, x18) = (value(x29)?, value(x30)?, value(sp)?, value(x18)?);
+    let x30 = if pc.leading_ones() > 8 { unwind::strip_pac_va_bits(x30, 64 - pc.leading_ones()) } else { x30 };
+    Some(format!("lr : {}\nsp : {sp:016x}\nx29: {x29:016x} x18: {x18:016x}", code_symbol(symbolizer, x30)))
+}
+
+/// `MANGLED+0xOFF/0xSIZE` of a code address, or the address itself.
+fn code_symbol(symbolizer: Option<&Symbolizer>, address: u64) -> String {
+    symbolizer
+        .and_then(|symbolizer| symbolizer.code_address(address))
+        .map_or_else(|| format!("{address:#x}"), |frame| frame.linux_symbol())
 }
 
 /// The defined function symbols of `file`, demangled without hashes, sorted by address. defmt's
 /// interned strings are symbols too (names with spaces and `=`): not code, left out.
-fn function_symbols(file: &object::File) -> Vec<FunctionSymbol> {
+pub fn function_symbols(file: &object::File) -> Vec<FunctionSymbol> {
     use object::{Object, ObjectSymbol, SymbolKind};
     let mut functions: Vec<FunctionSymbol> = file
         .symbols()
@@ -553,5 +648,56 @@ mod tests {
             Some("---[ end Kernel panic - not syncing: deliberate panic ]---\ntracelab: exit status 3")
         );
         assert_eq!(shape("tracelab: exit status 3"), None);
+    }
+
+    #[test]
+    fn an_unexpected_exception_takes_the_shape_of_an_oops() {
+        let symbolizer = symbolizer();
+        let mut state = LinuxState::default();
+        let mut shape = |text: &str| linux_shape(Some(&symbolizer), text, &mut state);
+        let brk =
+            "unexpected synchronous exception: Brk (ESR 0xf20001ff) at ELR 0xffff000040080034, FAR 0x0, SPSR 0x3c5";
+        assert_eq!(
+            shape(brk).as_deref(),
+            Some(concat!(
+                "Internal error: Oops - BRK: 00000000f20001ff [#1] SMP\n",
+                "Modules linked in:\n",
+                "pc : _RNvCs1a2b3c_6kernel11kernel_main+0x34/0x120"
+            ))
+        );
+        assert_eq!(shape("  immediate: 0x1ff (no owner)"), None);
+        assert_eq!(
+            shape("  x29 0xffff000040ff0f80 x30 0x9a80000040080130 sp 0xffff000040ff0f70 x18 0xffff000041000010")
+                .as_deref(),
+            Some(concat!(
+                "lr : _RNvNtCs1a2b3c_6kernel10stacktrace4walk+0x10/0x40\n",
+                "sp : ffff000040ff0f70\n",
+                "x29: ffff000040ff0f80 x18: ffff000041000010"
+            ))
+        );
+        assert_eq!(
+            shape("tracelab: exit status 3").as_deref(),
+            Some(concat!(
+                "---[ end trace 0000000000000000 ]---\n",
+                "Kernel panic - not syncing: Oops: Fatal exception\n",
+                "---[ end Kernel panic - not syncing: Oops: Fatal exception ]---\n",
+                "tracelab: exit status 3"
+            ))
+        );
+        // Outside an Oops a register-shaped line is left alone.
+        assert_eq!(shape("  x29 0x1 x30 0x2 sp 0x3 x18 0x4"), None);
+        let abort = "unexpected synchronous exception: DataAbort (ESR 0x96000004) at ELR 0x10, FAR 0x8, SPSR 0x3c5";
+        assert_eq!(
+            shape(abort).as_deref(),
+            Some(concat!(
+                "Unable to handle kernel NULL pointer dereference at virtual address 0000000000000008\n",
+                "Mem abort info:\n",
+                "  ESR = 0x0000000096000004\n",
+                "  EC = 0x25: DABT (current EL), IL = 32 bits\n",
+                "Internal error: Oops: 0000000096000004 [#1] SMP\n",
+                "Modules linked in:\n",
+                "pc : 0x10"
+            ))
+        );
     }
 }

@@ -143,6 +143,8 @@ pub enum RunMode {
     Bench,
     UseAfterFree,
     Panic,
+    /// A BRK nobody owns: the unexpected-exception report (an Oops with `--log linux`), exit 3.
+    UnownedBrk,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]

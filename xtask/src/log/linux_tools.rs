@@ -8,6 +8,7 @@
 //! cp target/trace/trace.txt xtask/fixtures/linux/trace.txt
 //! cargo xtask qemu --log linux --run test --filter kasan_oob_right_small > xtask/fixtures/linux/corpus.log
 //! cargo xtask qemu --log linux --run panic > xtask/fixtures/linux/panic.log
+//! cargo xtask qemu --log linux --run unowned-brk > xtask/fixtures/linux/oops.log
 //! ```
 //!
 //! Each pattern below is the tool's own, rewritten for Rust's `regex` where the syntax differs
@@ -20,6 +21,7 @@ use regex::Regex;
 const DEMO: &str = include_str!("../../fixtures/linux/demo.log");
 const CORPUS: &str = include_str!("../../fixtures/linux/corpus.log");
 const PANIC: &str = include_str!("../../fixtures/linux/panic.log");
+const OOPS: &str = include_str!("../../fixtures/linux/oops.log");
 const TRACE: &str = include_str!("../../fixtures/linux/trace.txt");
 
 /// syzkaller 1e72964b0111319984575e60f266d1fa0a98abb5, pkg/report/linux.go, `linuxOopses`
@@ -28,6 +30,12 @@ const SYZKALLER_KASAN: &str =
     r"BUG: KASAN: ([a-z\-]+) in ([a-zA-Z0-9_]+)(?:\.|\+)(?:.*\n)+?.*(Read|Write) (?:of size|at addr) (?:[0-9a-f]+)";
 /// The same file, `linuxOopses` "Kernel panic" title: `Kernel panic - not syncing: (.*)`.
 const SYZKALLER_PANIC: &str = r"Kernel panic - not syncing: (.*)";
+/// The same file, `linuxOopses` "Internal error:" title, the oops arm64's `die()` prints.
+const SYZKALLER_INTERNAL_ERROR: &str = r"Internal error:";
+/// The same file, `linuxRipFrame` (the `pc :` line that names the title's function), its
+/// `(?:[0-9]+:)?{{PC}}`-only alternatives left out.
+const SYZKALLER_RIP_FRAME: &str =
+    r"(?:IP|NIP|pc |PC is at):? (?:(?:[0-9]+:)?(?:\[<?(?:0x)?[0-9a-f]+>?\] +){0,2}([a-zA-Z0-9_]+)(?:\.|\+))";
 /// The same file, `linuxCallTrace`, which starts the stack part of both formats.
 const SYZKALLER_CALL_TRACE: &str = r"(?:Call (?:T|t)race:)|(?:Backtrace:)";
 /// The same file, `linuxStackParams.frameRes[0]`: `^ *(?:{{PC}} ){0,2}{{FUNC}}`, matched on a
@@ -114,10 +122,29 @@ fn a_panic_has_syzkaller_title_and_frames() {
 }
 
 #[test]
+fn an_unexpected_exception_has_syzkaller_title_and_frames() {
+    let start = line_index(OOPS, "Internal error:");
+    assert!(Regex::new(SYZKALLER_INTERNAL_ERROR).unwrap().is_match(OOPS.lines().nth(start).unwrap()));
+    // syzkaller's title is `Internal error in FUNC`, FUNC from the `pc :` line after the title.
+    let rip = Regex::new(SYZKALLER_RIP_FRAME).unwrap();
+    let function = OOPS
+        .lines()
+        .skip(start)
+        .map(without_timestamp)
+        .find_map(|line| rip.captures(line).map(|captures| captures[1].to_string()))
+        .expect("a pc : line");
+    assert!(function.ends_with("11unowned_brk"), "{function}");
+    let frames = frames(OOPS, start);
+    assert!(frames.first().is_some_and(|name| name.ends_with("11unowned_brk")), "{frames:?}");
+    assert!(OOPS.lines().map(without_timestamp).any(|line| line == "---[ end trace 0000000000000000 ]---"));
+}
+
+#[test]
 fn call_trace_lines_are_what_decode_stacktrace_decodes() {
     let decodable = Regex::new(DECODE_STACKTRACE).unwrap();
     let symbol = Regex::new(r"^([A-Za-z0-9_]+)\+0x[0-9a-f]+/0x[0-9a-f]+$").unwrap();
-    for log in [DEMO, CORPUS, PANIC] {
+    // The unowned BRK is raised two calls below the boot code.
+    for (log, frames) in [(DEMO, 3), (CORPUS, 3), (PANIC, 3), (OOPS, 2)] {
         let mut decoded = 0;
         for line in call_trace(log, 0).into_iter().filter(|line| !line.trim().starts_with("0x")) {
             assert!(decodable.is_match(line), "{line}");
@@ -126,7 +153,7 @@ fn call_trace_lines_are_what_decode_stacktrace_decodes() {
             assert!(symbol.is_match(last), "{line}");
             decoded += 1;
         }
-        assert!(decoded >= 3);
+        assert!(decoded >= frames);
     }
 }
 
@@ -149,7 +176,7 @@ fn draw_functrace_parses_every_trace_record() {
 
 #[test]
 fn no_report_line_has_a_level_word() {
-    for log in [DEMO, CORPUS, PANIC] {
+    for log in [DEMO, CORPUS, PANIC, OOPS] {
         assert!(
             log.lines().map(without_timestamp).all(|line| !line.starts_with("ERROR ") && !line.starts_with("WARN "))
         );
