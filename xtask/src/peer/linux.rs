@@ -270,9 +270,21 @@ const WORKLOAD: &str = "16 processes exec'd from /init, each writing, reading an
 /// The disk the init writes the `trace` file to (virtio-blk, raw, sparse).
 const DISK_BYTES: u64 = 1 << 30;
 
-/// Boots with the kmem events, takes the trace out through a virtio disk and converts it.
-pub fn record_allocations(package: &KernelPackage) -> Result<(), Failure> {
+/// The init's counter reads in `-- alloc`, in the order they run: the plugin's marks, named as
+/// the trace's provenance names the machine's instruction total at each.
+const ALLOC_MARKS: [&str; 4] = [
+    "instructions.workload_start",
+    "instructions.workload_end",
+    "instructions.transport_start",
+    "instructions.transport_end",
+];
+
+/// Boots with the kmem events, takes the trace out through a virtio disk and converts it to
+/// target/peer/linux/alloc/, counting the boot's instructions with the events plugin
+/// (`count=on`). The committed trace is replaced when the records are the same or `replace`.
+pub fn record_allocations(package: &KernelPackage, replace: bool) -> Result<(), Failure> {
     let out = peer_dir().join("linux/alloc");
+    let plugin = crate::bench::events::build_plugin()?;
     let init = build_init(&out)?;
     let data = std::fs::read(&init).map_err(|error| Failure::usage(format!("{}: {error}", init.display())))?;
     let module_path = package.modules().join("kernel/drivers/block/virtio_blk.ko.xz");
@@ -309,9 +321,14 @@ pub fn record_allocations(package: &KernelPackage) -> Result<(), Failure> {
         "-device".into(),
         "virtio-blk-pci,drive=trace".into(),
     ]);
+    // The plugin observes: it adds no instruction to the guest, and the trace's `qemu` line
+    // names the machine without it.
+    let count_file = out.join("count.txt");
+    let _ = std::fs::remove_file(&count_file);
+    let plugin_words = ["-plugin".to_string(), format!("{},count=on,out={}", plugin.display(), count_file.display())];
     let started = Instant::now();
-    eprintln!("xtask: booting for the allocation trace ({})", words.join(" "));
-    let console = boot_with(&words)?;
+    eprintln!("xtask: booting for the allocation trace ({} {})", words.join(" "), plugin_words.join(" "));
+    let console = boot_with(&[words.clone(), plugin_words.to_vec()].concat())?;
     write_renamed(&out.join("console.log"), console.as_bytes())?;
     let boot_seconds = started.elapsed().as_secs_f64();
     let report = Report::parse(&console);
@@ -337,6 +354,19 @@ pub fn record_allocations(package: &KernelPackage) -> Result<(), Failure> {
     if Some(end.to_string().as_str()) != report.fact("transport.bytes") {
         return Err(fail(format!("{end} bytes on the disk, the init wrote {:?}", report.fact("transport.bytes"))));
     }
+    let count_text = std::fs::read_to_string(&count_file).map_err(|error| {
+        Failure::usage(format!("the events plugin wrote no count ({}: {error})", count_file.display()))
+    })?;
+    let count = events::count::WholeRun::parse(&count_text)
+        .ok_or_else(|| fail(format!("{}: not a whole run's count", count_file.display())))?;
+    if count.marks.len() != ALLOC_MARKS.len() {
+        return Err(fail(format!(
+            "{} user counter reads in the run, the init makes {}: {:?}",
+            count.marks.len(),
+            ALLOC_MARKS.len(),
+            count.marks
+        )));
+    }
     let mut provenance: Vec<(String, String)> = vec![
         ("kernel".into(), format!("{}={}", package.name, package.version)),
         // Paths relative to the workspace: the file names what ran, not where.
@@ -352,18 +382,31 @@ pub fn record_allocations(package: &KernelPackage) -> Result<(), Failure> {
             provenance.push((name.clone(), value.clone()));
         }
     }
+    provenance.push((
+        "instructions.counted_by".into(),
+        "the events plugin's count=on beside the QEMU line above: every instruction of every vCPU from reset, \
+         totals at the init's counter reads"
+            .into(),
+    ));
+    for (name, mark) in ALLOC_MARKS.iter().zip(&count.marks) {
+        provenance.push((name.to_string(), mark.instructions.to_string()));
+    }
+    provenance.push(("instructions.run".into(), count.instructions.to_string()));
     let (text, counts) = super::alloc::convert(&trace, &provenance);
     if counts.without_stack != 0 || counts.allocations == 0 {
         return Err(fail(format!("the converted trace is not whole: {counts:?}")));
     }
-    let path = workspace_root().join(ALLOC_TRACE);
+    // The whole boot, reset to the end of the workload (recording stopped), per recorded
+    // allocation: what a replay's per-allocation cost is a fraction of.
+    let boot_instructions = count.marks[1].instructions;
+    let per_allocation = boot_instructions as f64 / counts.allocations as f64;
+    let text =
+        super::alloc::with_meta(&text, &[("instructions_per_allocation".into(), format!("{per_allocation:.1}"))]);
     let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
     std::io::Write::write_all(&mut encoder, text.as_bytes()).expect("writing to a Vec cannot fail");
     let compressed = encoder.finish().expect("writing to a Vec cannot fail");
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(|error| Failure::usage(format!("{}: {error}", parent.display())))?;
-    }
-    write_renamed(&path, &compressed)?;
+    let recorded = out.join("kmem-boot.trace.gz");
+    write_renamed(&recorded, &compressed)?;
     eprintln!(
         "xtask: {} allocations, {} frees ({} of unrecorded allocations dropped, {} of NULL), {} stacks; \
          {} MB of trace text out through virtio-blk, boot and transport {boot_seconds:.0} s; wrote {} ({} KiB)",
@@ -373,8 +416,38 @@ pub fn record_allocations(package: &KernelPackage) -> Result<(), Failure> {
         counts.frees_null,
         counts.stacks,
         end / 1_000_000,
-        path.display(),
+        recorded.display(),
         compressed.len() / 1024
     );
+    eprintln!(
+        "xtask: {} instructions from reset to the workload's end ({per_allocation:.1} per allocation), \
+         {} to the workload's start, {} in the whole run on {} vCPUs",
+        boot_instructions, count.marks[0].instructions, count.instructions, count.vcpus
+    );
+    let committed = workspace_root().join(ALLOC_TRACE);
+    let comparison = match std::fs::read(&committed) {
+        Ok(bytes) => {
+            let mut old = String::new();
+            flate2::read::GzDecoder::new(&bytes[..])
+                .read_to_string(&mut old)
+                .map_err(|error| Failure::usage(format!("{}: {error}", committed.display())))?;
+            Some(super::alloc::Comparison::of(&old, &text))
+        }
+        Err(_) => None,
+    };
+    match &comparison {
+        Some(comparison) => eprintln!("xtask: against {ALLOC_TRACE}: {}", comparison.summary()),
+        None => eprintln!("xtask: no committed trace at {ALLOC_TRACE}"),
+    }
+    if replace || comparison.as_ref().is_none_or(|comparison| comparison.identical_records) {
+        if let Some(parent) = committed.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|error| Failure::usage(format!("{}: {error}", parent.display())))?;
+        }
+        write_renamed(&committed, &compressed)?;
+        eprintln!("xtask: wrote {}", committed.display());
+    } else {
+        eprintln!("xtask: {ALLOC_TRACE} kept (--replace-trace replaces it with {})", recorded.display());
+    }
     Ok(())
 }
