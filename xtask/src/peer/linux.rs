@@ -51,6 +51,9 @@ const INIT_SOURCE: &str = "xtask/peer-init/init.c";
 const COMMAND_LINE: &str = "console=ttyAMA0 nokaslr norandmaps quiet";
 /// A boot with every measurement takes about 20 s of host time; this is ample.
 const TIMEOUT: Duration = Duration::from_secs(300);
+/// The allocation trace's boot with its instruction count takes about 140 s of host time on a
+/// quiet machine and half as much again on a loaded one.
+const ALLOC_TIMEOUT: Duration = Duration::from_secs(900);
 
 /// Boots `package` with the measuring init; writes target/peer/linux/{console.log,results.json}.
 pub fn measure(package: &KernelPackage) -> Result<Report, Failure> {
@@ -155,11 +158,11 @@ impl Drop for Qemu {
 
 /// The whole console of one boot, which ends when Linux powers the machine off.
 fn boot(package: &KernelPackage, initramfs: &Path) -> Result<String, Failure> {
-    boot_with(&qemu_words(package, initramfs))
+    boot_with(&qemu_words(package, initramfs), TIMEOUT)
 }
 
-/// [`boot`] with QEMU's arguments given.
-fn boot_with(words: &[String]) -> Result<String, Failure> {
+/// [`boot`] with QEMU's arguments and the time it may take given.
+fn boot_with(words: &[String], timeout: Duration) -> Result<String, Failure> {
     crate::setup::ensure_qemu()?;
     let mut qemu = Qemu(
         Command::new("qemu-system-aarch64")
@@ -181,10 +184,10 @@ fn boot_with(words: &[String]) -> Result<String, Failure> {
         if let Some(status) = qemu.0.try_wait().map_err(|error| Failure::usage(error.to_string()))? {
             break status;
         }
-        if started.elapsed() > TIMEOUT {
+        if started.elapsed() > timeout {
             return Err(Failure {
                 status: 124,
-                message: format!("Linux did not power off in {} s", TIMEOUT.as_secs()),
+                message: format!("Linux did not power off in {} s", timeout.as_secs()),
             });
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -328,7 +331,7 @@ pub fn record_allocations(package: &KernelPackage, replace: bool) -> Result<(), 
     let plugin_words = ["-plugin".to_string(), format!("{},count=on,out={}", plugin.display(), count_file.display())];
     let started = Instant::now();
     eprintln!("xtask: booting for the allocation trace ({} {})", words.join(" "), plugin_words.join(" "));
-    let console = boot_with(&[words.clone(), plugin_words.to_vec()].concat())?;
+    let console = boot_with(&[words.clone(), plugin_words.to_vec()].concat(), ALLOC_TIMEOUT)?;
     write_renamed(&out.join("console.log"), console.as_bytes())?;
     let boot_seconds = started.elapsed().as_secs_f64();
     let report = Report::parse(&console);
