@@ -1,13 +1,15 @@
 //! The whole-run mode (`count=on`): every executed instruction counted on its vCPU, and the
 //! machine's total at each user program's counter read (`events::count`).
 //!
-//! No windows, classes or cache model: a run in this mode counts a whole boot. The count is an
+//! No windows, classes or cache model: a run in this mode counts a whole boot, and with
+//! `vectors=ADDRESS` the exceptions taken (executions of the table's 16 entries). The count is an
 //! execution callback per instruction, not an inline add: QEMU 10.0's per-vCPU inline adds
 //! crash a round-robin run (`-icount`) with more than one vCPU (the code they generate in that
 //! mode bakes in the translating vCPU's index), and a run of a multi-CPU guest is this mode's
 //! purpose. The callbacks cost the emulation a helper call per instruction.
 // SPDX-License-Identifier: GPL-2.0-or-later
 
+use events::VectorEntry;
 use events::count::{Mark, WholeRun, is_user_counter_read};
 use qemu_plugin::{TranslationBlock, VCPUIndex};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,16 +21,32 @@ const VCPU_SLOTS: usize = 64;
 pub struct WholeRunCount {
     /// Per vCPU, the instructions it executed.
     executed: [AtomicU64; VCPU_SLOTS],
+    /// The guest kernel's vector table, if given.
+    vectors: Option<u64>,
+    exceptions: AtomicU64,
     marks: Mutex<Vec<Mark>>,
 }
 
 impl WholeRunCount {
-    pub fn new() -> Arc<Self> {
-        Arc::new(Self { executed: std::array::from_fn(|_| AtomicU64::new(0)), marks: Mutex::default() })
+    pub fn new(vectors: Option<u64>) -> Arc<Self> {
+        Arc::new(Self {
+            executed: std::array::from_fn(|_| AtomicU64::new(0)),
+            vectors,
+            exceptions: AtomicU64::new(0),
+            marks: Mutex::default(),
+        })
     }
 
     fn total(&self) -> u64 {
         self.executed.iter().map(|count| count.load(Ordering::Relaxed)).sum()
+    }
+
+    /// Whether `vaddr` is the first instruction of one of the vector table's 16 entries.
+    fn vector_entry(&self, vaddr: u64) -> bool {
+        self.vectors.is_some_and(|base| {
+            let offset = vaddr.wrapping_sub(base);
+            offset < 16 * VectorEntry::STRIDE && offset % VectorEntry::STRIDE == 0
+        })
     }
 
     fn executed(&self, vcpu: VCPUIndex) {
@@ -39,7 +57,8 @@ impl WholeRunCount {
     fn mark(&self, vcpu: VCPUIndex, pc: u64) {
         let instructions = self.total();
         let mut marks = self.marks.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        marks.push(Mark { cpu: vcpu, pc, instructions });
+        let exceptions = self.exceptions.load(Ordering::Relaxed);
+        marks.push(Mark { cpu: vcpu, pc, instructions, exceptions });
     }
 
     /// Every instruction of `tb` gets its count; a user counter read first gets its mark.
@@ -55,6 +74,12 @@ impl WholeRunCount {
                 let counter = self.clone();
                 instruction.register_execute_callback(move |vcpu| counter.mark(vcpu, vaddr));
             }
+            if self.vector_entry(vaddr) {
+                let counter = self.clone();
+                instruction.register_execute_callback(move |_| {
+                    counter.exceptions.fetch_add(1, Ordering::Relaxed);
+                });
+            }
             let counter = self.clone();
             instruction.register_execute_callback(move |vcpu| counter.executed(vcpu));
         }
@@ -65,6 +90,7 @@ impl WholeRunCount {
         let marks = self.marks.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
         let run = WholeRun {
             instructions: self.total(),
+            exceptions: self.exceptions.load(Ordering::Relaxed),
             vcpus: self.executed.iter().filter(|count| count.load(Ordering::Relaxed) > 0).count() as u32,
             marks,
         };

@@ -146,6 +146,7 @@ struct EventsPlugin {
     out: Option<PathBuf>,
     vectors: Option<u64>,
     /// `count=on`: the whole-run count instead of the windows.
+    count_mode: bool,
     count: Option<Arc<count::WholeRunCount>>,
 }
 
@@ -201,8 +202,8 @@ impl Register for EventsPlugin {
                     self.cache_mode = if mode == "cold" { CacheMode::Cold } else { CacheMode::Warm };
                 }
                 Some(("cache", "off")) => self.cache = None,
-                Some(("count", "on")) => self.count = Some(count::WholeRunCount::new()),
-                Some(("count", "off")) => self.count = None,
+                Some(("count", "on")) => self.count_mode = true,
+                Some(("count", "off")) => self.count_mode = false,
                 Some(("evict", addresses)) => {
                     for address in addresses.split(':') {
                         let digits = address.trim_start_matches("0x");
@@ -225,7 +226,9 @@ impl Register for EventsPlugin {
                 }
             }
         }
-        if let Some(counter) = self.count.clone() {
+        if self.count_mode {
+            let counter = count::WholeRunCount::new(self.vectors);
+            self.count = Some(counter.clone());
             let out = self.out.clone();
             return qemu_plugin::qemu_plugin_register_atexit_cb(id, move |_| {
                 let text = counter.text();
@@ -371,5 +374,6 @@ register!(EventsPlugin {
     cache_mode: CacheMode::Off,
     out: None,
     vectors: None,
+    count_mode: false,
     count: None
 });

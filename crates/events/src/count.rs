@@ -5,6 +5,8 @@
 //! cntvct_el0`) at EL0, which Linux allows: the plugin notes the machine's total at each such
 //! read, so a run is split at the points the program timed without loading anything extra into
 //! it. Reads from kernel addresses (the clock sources, the scheduler's clock) are not marks.
+//! Given the guest kernel's vector table (`vectors=ADDRESS`), it also counts exceptions taken,
+//! as executions of the table's 16 entries (each entry's first instruction).
 //! Under `-icount` the vCPUs run one at a time in a fixed order, so the totals at the marks are
 //! those of one deterministic interleaving.
 
@@ -20,25 +22,32 @@ pub fn is_user_counter_read(word: u32, vaddr: u64) -> bool {
     word & !0x1f == CNTVCT_READ && vaddr >> 63 == 0
 }
 
-/// A mark's line: `events count mark: cpu=C pc=0xADDRESS instructions=N`, N the machine's
-/// total (all vCPUs) before the marking read itself.
+/// A mark's line: `events count mark: cpu=C pc=0xADDRESS instructions=N exceptions=E`, N and
+/// E the machine's totals (all vCPUs) before the marking read itself.
 pub const MARK_PREFIX: &str = "events count mark: ";
 
-/// The last line, written when QEMU exits: `events count: instructions=N vcpus=V marks=M`.
+/// The last line, written when QEMU exits: `events count: instructions=N exceptions=E vcpus=V
+/// marks=M`.
 pub const END_PREFIX: &str = "events count: ";
 
-/// One user counter read and the machine's instruction total when it ran.
+/// One user counter read and the machine's totals when it ran.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Mark {
     pub cpu: u32,
     pub pc: u64,
     pub instructions: u64,
+    /// Exceptions taken (0 when the plugin was given no vector table).
+    pub exceptions: u64,
 }
 
 impl Mark {
     /// Writes the mark's line (without a newline).
     pub fn write_line(&self, out: &mut impl Write) -> core::fmt::Result {
-        write!(out, "{MARK_PREFIX}cpu={} pc={:#x} instructions={}", self.cpu, self.pc, self.instructions)
+        write!(
+            out,
+            "{MARK_PREFIX}cpu={} pc={:#x} instructions={} exceptions={}",
+            self.cpu, self.pc, self.instructions, self.exceptions
+        )
     }
 
     /// Reads a line `write_line` wrote.
@@ -47,7 +56,8 @@ impl Mark {
         let cpu = words.next()?.strip_prefix("cpu=")?.parse().ok()?;
         let pc = u64::from_str_radix(words.next()?.strip_prefix("pc=0x")?, 16).ok()?;
         let instructions = words.next()?.strip_prefix("instructions=")?.parse().ok()?;
-        words.next().is_none().then_some(Self { cpu, pc, instructions })
+        let exceptions = words.next()?.strip_prefix("exceptions=")?.parse().ok()?;
+        words.next().is_none().then_some(Self { cpu, pc, instructions, exceptions })
     }
 }
 
@@ -56,6 +66,8 @@ impl Mark {
 pub struct WholeRun {
     /// Every instruction every vCPU executed.
     pub instructions: u64,
+    /// Every exception taken (0 without a vector table).
+    pub exceptions: u64,
     /// The vCPUs that executed any.
     pub vcpus: u32,
     /// The user counter reads, in the order they ran.
@@ -65,7 +77,14 @@ pub struct WholeRun {
 impl WholeRun {
     /// Writes the end line (without a newline).
     pub fn write_end(&self, out: &mut impl Write) -> core::fmt::Result {
-        write!(out, "{END_PREFIX}instructions={} vcpus={} marks={}", self.instructions, self.vcpus, self.marks.len())
+        write!(
+            out,
+            "{END_PREFIX}instructions={} exceptions={} vcpus={} marks={}",
+            self.instructions,
+            self.exceptions,
+            self.vcpus,
+            self.marks.len()
+        )
     }
 
     /// Reads the plugin's lines. `None` unless the end line is there and agrees with the marks
@@ -79,6 +98,7 @@ impl WholeRun {
             } else if let Some(end) = line.strip_prefix(END_PREFIX) {
                 let mut words = end.split(' ');
                 run.instructions = words.next()?.strip_prefix("instructions=")?.parse().ok()?;
+                run.exceptions = words.next()?.strip_prefix("exceptions=")?.parse().ok()?;
                 run.vcpus = words.next()?.strip_prefix("vcpus=")?.parse().ok()?;
                 let marks: usize = words.next()?.strip_prefix("marks=")?.parse().ok()?;
                 if marks != run.marks.len() || words.next().is_some() {
@@ -106,9 +126,9 @@ mod tests {
 
     #[test]
     fn lines_read_back_and_a_run_without_its_end_does_not() {
-        let mut run = WholeRun { instructions: 3_000_000_123, vcpus: 4, marks: Vec::new() };
-        run.marks.push(Mark { cpu: 2, pc: 0x40_0a1c, instructions: 1_500_000_000 });
-        run.marks.push(Mark { cpu: 0, pc: 0x40_0a44, instructions: 1_600_000_000 });
+        let mut run = WholeRun { instructions: 3_000_000_123, exceptions: 41_000, vcpus: 4, marks: Vec::new() };
+        run.marks.push(Mark { cpu: 2, pc: 0x40_0a1c, instructions: 1_500_000_000, exceptions: 20_000 });
+        run.marks.push(Mark { cpu: 0, pc: 0x40_0a44, instructions: 1_600_000_000, exceptions: 21_002 });
         let mut text = alloc::string::String::new();
         for mark in &run.marks {
             mark.write_line(&mut text).unwrap();

@@ -280,6 +280,7 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
             fetch_only: false,
             alloc_trace: false,
             replace_trace: false,
+            events: args.events,
         };
         crate::peer::run(&linux)?;
     }

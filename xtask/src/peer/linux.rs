@@ -55,9 +55,36 @@ const TIMEOUT: Duration = Duration::from_secs(300);
 /// quiet machine and half as much again on a loaded one.
 const ALLOC_TIMEOUT: Duration = Duration::from_secs(900);
 
+/// The init's fact naming Linux's vector table (`vectors` in /proc/kallsyms).
+const VECTORS_FACT: &str = "symbol.vectors";
+
 /// Boots `package` with the measuring init; writes target/peer/linux/{console.log,results.json}.
-pub fn measure(package: &KernelPackage) -> Result<Report, Failure> {
+/// With `events`, the events plugin counts beside it and each row gets its exceptions per hit.
+pub fn measure(package: &KernelPackage, events: bool) -> Result<Report, Failure> {
     let out = peer_dir().join("linux");
+    let plugin_run = if events {
+        let vectors = match previous_vectors(&out) {
+            Some(vectors) => vectors,
+            None => {
+                eprintln!("xtask: a run without the plugin first, for the vector table's address");
+                measure(package, false)?;
+                previous_vectors(&out).ok_or_else(|| Failure {
+                    status: 1,
+                    message: format!("the init printed no `{VECTORS_FACT}` fact"),
+                })?
+            }
+        };
+        let count_file = out.join("count.txt");
+        let _ = std::fs::remove_file(&count_file);
+        let argument = format!(
+            "{},count=on,vectors={vectors:#x},out={}",
+            crate::bench::events::build_plugin()?.display(),
+            count_file.display()
+        );
+        Some((count_file, vec!["-plugin".to_string(), argument]))
+    } else {
+        None
+    };
     let init = build_init(&out)?;
     let initramfs = out.join("initramfs.cpio");
     let data = std::fs::read(&init).map_err(|error| Failure::usage(format!("{}: {error}", init.display())))?;
@@ -72,8 +99,12 @@ pub fn measure(package: &KernelPackage) -> Result<Report, Failure> {
         ]),
     )?;
     let started = Instant::now();
-    eprintln!("xtask: booting {} {} ({})", package.name, package.version, qemu_words(package, &initramfs).join(" "));
-    let console = boot(package, &initramfs)?;
+    let mut words = qemu_words(package, &initramfs);
+    if let Some((_, plugin_words)) = &plugin_run {
+        words.extend(plugin_words.iter().cloned());
+    }
+    eprintln!("xtask: booting {} {} ({})", package.name, package.version, words.join(" "));
+    let console = boot_with(&words, TIMEOUT)?;
     write_renamed(&out.join("console.log"), console.as_bytes())?;
     let report = Report::parse(&console);
     report.check(CASES).map_err(|problems| Failure {
@@ -84,13 +115,50 @@ pub fn measure(package: &KernelPackage) -> Result<Report, Failure> {
         return Err(Failure { status: 1, message: "CNTFRQ is not 1 GHz: ticks are not instructions".into() });
     }
     eprintln!("xtask: the Linux run took {:.0} s", started.elapsed().as_secs_f64());
-    let rows = rows(&report, package);
+    let mut rows = rows(&report, package);
+    let mut exceptions = Vec::new();
+    if let Some((count_file, _)) = &plugin_run {
+        let text = std::fs::read_to_string(count_file).map_err(|error| {
+            Failure::usage(format!("the events plugin wrote nothing ({}: {error})", count_file.display()))
+        })?;
+        let run = ::events::count::WholeRun::parse(&text).ok_or_else(|| Failure {
+            status: 1,
+            message: format!("{}: not a whole run's count", count_file.display()),
+        })?;
+        exceptions = super::profile::per_row(&report, &run).map_err(|message| Failure { status: 1, message })?;
+        let per_hit = rows.iter().filter(|row| row.metric == "per_hit").cloned().collect::<Vec<_>>();
+        for (row, events) in per_hit.into_iter().zip(&exceptions) {
+            let value = events.exceptions_per_hit;
+            rows.push(Row {
+                metric: "per_hit.exceptions".into(),
+                unit: "events".into(),
+                median: value,
+                min: value,
+                max: value,
+                samples: vec![value],
+                ..row
+            });
+        }
+    }
     let mut provenance = crate::bench::provenance(Board::Virt, 1);
     provenance.rustc = None;
     write_renamed(&out.join("results.json"), to_json(&provenance, &rows).as_bytes())?;
     print_table(&report);
+    for events in &exceptions {
+        println!(
+            "events {:<28} tracing_on={} exceptions per hit {:>5.2} (plugin's instructions per hit {:.1})",
+            events.case, events.tracing_on, events.exceptions_per_hit, events.instructions_per_hit
+        );
+    }
     eprintln!("xtask: wrote {}", out.join("results.json").display());
     Ok(report)
+}
+
+/// Linux's vector table as the last run's console gave it (the same every boot: `nokaslr`).
+fn previous_vectors(out: &Path) -> Option<u64> {
+    let console = std::fs::read_to_string(out.join("console.log")).ok()?;
+    let address = Report::parse(&console).fact(VECTORS_FACT)?.to_string();
+    u64::from_str_radix(address.trim_start_matches("0x"), 16).ok()
 }
 
 /// The init, built with static glibc; rebuilt every run (it takes a second).
@@ -156,12 +224,8 @@ impl Drop for Qemu {
     }
 }
 
-/// The whole console of one boot, which ends when Linux powers the machine off.
-fn boot(package: &KernelPackage, initramfs: &Path) -> Result<String, Failure> {
-    boot_with(&qemu_words(package, initramfs), TIMEOUT)
-}
-
-/// [`boot`] with QEMU's arguments and the time it may take given.
+/// The whole console of one boot with QEMU's arguments `words`, which ends when Linux powers
+/// the machine off, or an error after `timeout`.
 fn boot_with(words: &[String], timeout: Duration) -> Result<String, Failure> {
     crate::setup::ensure_qemu()?;
     let mut qemu = Qemu(

@@ -9,6 +9,7 @@ pub mod alloc;
 pub mod fetch;
 pub mod initramfs;
 pub mod linux;
+pub mod profile;
 pub mod protocol;
 pub mod toolchain;
 
@@ -40,6 +41,11 @@ pub struct PeerArgs {
     /// With --alloc-trace: replace the committed trace even when the records differ.
     #[arg(long, requires = "alloc_trace")]
     pub replace_trace: bool,
+    /// Count each row's exceptions per hit with the events plugin beside the measuring boot
+    /// (metric `per_hit.exceptions`); the vector table's address comes from a previous run's
+    /// console, or a plain run first.
+    #[arg(long, conflicts_with_all = ["fetch_only", "alloc_trace"])]
+    pub events: bool,
 }
 
 /// The package's configuration options that decide what the rows contain.
@@ -82,7 +88,7 @@ pub fn run(args: &PeerArgs) -> Result<u8, Failure> {
     if args.alloc_trace {
         linux::record_allocations(&package, args.replace_trace)?;
     } else {
-        linux::measure(&package)?;
+        linux::measure(&package, args.events)?;
     }
     Ok(0)
 }
