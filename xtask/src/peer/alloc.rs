@@ -9,7 +9,9 @@
 //!
 //! ```text
 //! tracelab-alloc-trace 1
-//! meta KEY VALUE...                 provenance: kernel package, command line, workload, counts
+//! meta KEY VALUE...                 provenance: kernel package, command line, workload, counts,
+//!                                   the boot's instructions (`instructions.*`) and
+//!                                   `instructions_per_allocation`
 //! stack ID FRAME FRAME...           a distinct allocating stack, innermost frame first,
 //!                                   frames `symbol+0xOFFSET`
 //! a CPU KIND REQUESTED ALLOCATED ADDRESS STACK
