@@ -395,6 +395,27 @@ static void stack_trace(const char *name, const char *function, uint64_t (*kerne
 	tracefs("set_ftrace_filter", "");
 }
 
+/* A kernel symbol's address from /proc/kallsyms: the events plugin counts exceptions at the
+ * vector table's entries, and under `nokaslr` the address is the same every boot. */
+static void symbol_fact(const char *symbol)
+{
+	FILE *file = fopen("/proc/kallsyms", "r");
+	if (!file) {
+		error("open /proc/kallsyms: %s", strerror(errno));
+		return;
+	}
+	char entry[512], address[32], type[8], name[256];
+	while (fgets(entry, sizeof entry, file)) {
+		if (sscanf(entry, "%31s %7s %255s", address, type, name) == 3 && strcmp(name, symbol) == 0) {
+			line("fact", "symbol.%s 0x%s", symbol, address);
+			fclose(file);
+			return;
+		}
+	}
+	fclose(file);
+	error("no %s in /proc/kallsyms", symbol);
+}
+
 static void facts(void)
 {
 	struct utsname name;
@@ -421,6 +442,7 @@ static void facts(void)
 		line("fact", "cpu.features %s", list);
 	}
 	line("fact", "tracers %s", read_file(TRACEFS "/available_tracers"));
+	symbol_fact("vectors");
 }
 
 /* ---- the allocation trace: a short workload under the kmem events, then the buffer out ---- */

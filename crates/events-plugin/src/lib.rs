@@ -21,6 +21,9 @@
 //!
 //! The kernel's row marker (`hint #0x7f`, outside every window) gets a line saying how many
 //! windows its vCPU had closed, so that xtask can find the windows a row's figure came from.
+//!
+//! With `count=on` it does none of that and counts a whole run instead ([`count`]): every
+//! instruction of every vCPU, split at the counter reads of the guest's user programs.
 // SPDX-License-Identifier: GPL-2.0-or-later
 
 use events::cache::{Access, Hierarchy, Misses};
@@ -33,6 +36,8 @@ use qemu_plugin::sys::{qemu_plugin_cond, qemu_plugin_op, qemu_plugin_scoreboard,
 use qemu_plugin::{MemRW, PluginId, TranslationBlock, VCPUIndex};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+
+mod count;
 
 /// The scoreboard's element: the counters, then the pending fall-through address.
 const PENDING: usize = Counter::COUNT;
@@ -140,6 +145,9 @@ struct EventsPlugin {
     cache_mode: CacheMode,
     out: Option<PathBuf>,
     vectors: Option<u64>,
+    /// `count=on`: the whole-run count instead of the windows.
+    count_mode: bool,
+    count: Option<Arc<count::WholeRunCount>>,
 }
 
 impl EventsPlugin {
@@ -194,6 +202,8 @@ impl Register for EventsPlugin {
                     self.cache_mode = if mode == "cold" { CacheMode::Cold } else { CacheMode::Warm };
                 }
                 Some(("cache", "off")) => self.cache = None,
+                Some(("count", "on")) => self.count_mode = true,
+                Some(("count", "off")) => self.count_mode = false,
                 Some(("evict", addresses)) => {
                     for address in addresses.split(':') {
                         let digits = address.trim_start_matches("0x");
@@ -210,11 +220,28 @@ impl Register for EventsPlugin {
                 }
                 _ => {
                     return Err(std::io::Error::other(format!(
-                        "unknown argument {argument:?} (out=PATH, vectors=0xADDRESS, cache=off|warm|cold, evict=0xADDRESS:...)"
+                        "unknown argument {argument:?} (out=PATH, vectors=0xADDRESS, cache=off|warm|cold, evict=0xADDRESS:..., count=on|off)"
                     ))
                     .into());
                 }
             }
+        }
+        if self.count_mode {
+            let counter = count::WholeRunCount::new(self.vectors);
+            self.count = Some(counter.clone());
+            let out = self.out.clone();
+            return qemu_plugin::qemu_plugin_register_atexit_cb(id, move |_| {
+                let text = counter.text();
+                match &out {
+                    Some(path) => {
+                        let partial = path.with_extension("partial");
+                        if std::fs::write(&partial, &text).and_then(|()| std::fs::rename(&partial, path)).is_err() {
+                            eprintln!("events plugin: cannot write {}", path.display());
+                        }
+                    }
+                    None => print!("{text}"),
+                }
+            });
         }
         // SAFETY: QEMU allocates one zeroed element per vCPU and grows the scoreboard as vCPUs
         // appear; the element size is a whole number of u64 entries.
@@ -251,6 +278,10 @@ impl Register for EventsPlugin {
 
 impl HasCallbacks for EventsPlugin {
     fn on_translation_block_translate(&mut self, _: PluginId, tb: TranslationBlock) -> qemu_plugin::Result<()> {
+        if let Some(counter) = &self.count {
+            counter.translate(tb);
+            return Ok(());
+        }
         let Some(windows) = self.windows.clone() else { return Ok(()) };
         let block_start = tb.vaddr();
         let mut previous_vaddr = block_start;
@@ -342,5 +373,7 @@ register!(EventsPlugin {
     evict: Vec::new(),
     cache_mode: CacheMode::Off,
     out: None,
-    vectors: None
+    vectors: None,
+    count_mode: false,
+    count: None
 });

@@ -7,7 +7,8 @@
 //! that it is tested on the host like the other crates, and so that xtask parses the lines with
 //! the same names the plugin writes. Nothing here depends on QEMU. [`cache`] is the cache model
 //! with the Cortex-A72's geometry that the plugin's cache mode feeds.
-//! [`model`] costs a row's events as modelled (uncalibrated) Cortex-A72 cycles.
+//! [`model`] costs a row's events as modelled (uncalibrated) Cortex-A72 cycles. [`count`] is
+//! the plugin's whole-run mode: every instruction of a run, split at a user program's marks.
 #![cfg_attr(not(test), no_std)]
 #![forbid(unsafe_code)]
 
@@ -15,6 +16,7 @@ extern crate alloc;
 
 pub mod cache;
 pub mod classify;
+pub mod count;
 pub mod model;
 pub mod window;
 

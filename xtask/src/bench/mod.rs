@@ -275,8 +275,13 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     // `--peer linux` measures Linux first (`cargo xtask peer linux`), so that a failed peer run
     // costs no lab run; another peer run is read before anything builds.
     if args.peer.as_deref() == Some("linux") {
-        let linux =
-            crate::peer::PeerArgs { kernel: crate::peer::PeerKernel::Linux, fetch_only: false, alloc_trace: false };
+        let linux = crate::peer::PeerArgs {
+            kernel: crate::peer::PeerKernel::Linux,
+            fetch_only: false,
+            alloc_trace: false,
+            replace_trace: false,
+            events: args.events,
+        };
         crate::peer::run(&linux)?;
     }
     let peer = peer_rows(args.peer.as_deref())?;

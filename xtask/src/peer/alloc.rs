@@ -9,7 +9,9 @@
 //!
 //! ```text
 //! tracelab-alloc-trace 1
-//! meta KEY VALUE...                 provenance: kernel package, command line, workload, counts
+//! meta KEY VALUE...                 provenance: kernel package, command line, workload, counts,
+//!                                   the boot's instructions (`instructions.*`) and
+//!                                   `instructions_per_allocation`
 //! stack ID FRAME FRAME...           a distinct allocating stack, innermost frame first,
 //!                                   frames `symbol+0xOFFSET`
 //! a CPU KIND REQUESTED ALLOCATED ADDRESS STACK
@@ -192,6 +194,80 @@ pub fn convert(trace: &str, provenance: &[(String, String)]) -> (String, Counts)
     (out, counts)
 }
 
+/// `text` (a [`MAGIC`] file) with `extra` `meta` lines after its last one: provenance that
+/// needs the conversion's counts, such as instructions per allocation.
+pub fn with_meta(text: &str, extra: &[(String, String)]) -> String {
+    let mut meta_end = text.find('\n').map_or(text.len(), |at| at + 1);
+    while text[meta_end..].starts_with("meta ") {
+        meta_end += text[meta_end..].find('\n').map_or(text.len() - meta_end, |at| at + 1);
+    }
+    let mut out = String::with_capacity(text.len() + 256);
+    out.push_str(&text[..meta_end]);
+    for (key, value) in extra {
+        out.push_str(&format!("meta {key} {value}\n"));
+    }
+    out.push_str(&text[meta_end..]);
+    out
+}
+
+/// How a re-recorded trace compares with another one: whether their records (every line but
+/// the `meta` ones) are the same, and if not, where they part and how the counts differ.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Comparison {
+    pub identical_records: bool,
+    /// The first record (0-based, `meta` lines not counted) that differs.
+    pub first_difference: Option<usize>,
+    /// (name, other's, this one's) of `allocations`, `frees`, `frees_unrecorded`,
+    /// `frees_null`, `stacks`, `live_at_end`.
+    pub counts: Vec<(&'static str, String, String)>,
+    /// This trace's distinct stacks that the other one also has (the same frames).
+    pub stacks_shared: usize,
+}
+
+impl Comparison {
+    /// Compares `new` with `old`, both [`MAGIC`] files.
+    pub fn of(old: &str, new: &str) -> Self {
+        fn records(text: &str) -> Vec<&str> {
+            text.lines().skip(1).filter(|line| !line.starts_with("meta ")).collect()
+        }
+        let (old_records, new_records) = (records(old), records(new));
+        let first_difference = (0..old_records.len().max(new_records.len()))
+            .find(|&index| old_records.get(index) != new_records.get(index));
+        let meta = |text: &str, key: &str| {
+            text.lines()
+                .find_map(|line| line.strip_prefix("meta ")?.strip_prefix(key)?.strip_prefix(' ').map(str::to_string))
+                .unwrap_or_else(|| "?".into())
+        };
+        let counts = ["allocations", "frees", "frees_unrecorded", "frees_null", "stacks", "live_at_end"]
+            .into_iter()
+            .map(|key| (key, meta(old, key), meta(new, key)))
+            .collect();
+        let frames = |records: &[&str]| {
+            records
+                .iter()
+                .filter_map(|line| line.strip_prefix("stack ")?.split_once(' ').map(|(_, frames)| frames.to_string()))
+                .collect::<std::collections::HashSet<_>>()
+        };
+        let old_stacks = frames(&old_records);
+        let stacks_shared = frames(&new_records).intersection(&old_stacks).count();
+        Self { identical_records: first_difference.is_none(), first_difference, counts, stacks_shared }
+    }
+
+    /// One line for xtask's output and the README.
+    pub fn summary(&self) -> String {
+        if self.identical_records {
+            return "records identical".into();
+        }
+        let counts: Vec<String> = self.counts.iter().map(|(name, old, new)| format!("{name} {old} -> {new}")).collect();
+        format!(
+            "records differ from record {}: {}; {} of the new stacks are in the other trace",
+            self.first_difference.unwrap_or(0),
+            counts.join(", "),
+            self.stacks_shared
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,6 +296,24 @@ mod tests {
         let frees_in_fixture =
             TRACE.lines().filter(|line| line.contains(" kfree: ") || line.contains(" kmem_cache_free: ")).count();
         assert_eq!(counts.frees + counts.frees_unrecorded + counts.frees_null, frees_in_fixture as u64);
+    }
+
+    #[test]
+    fn extra_meta_goes_after_the_last_and_comparison_ignores_meta() {
+        let (text, _) = convert(TRACE, &[("kernel".into(), "linux-image-test".into())]);
+        let extended = with_meta(&text, &[("instructions.run".into(), "123".into())]);
+        let meta: Vec<&str> = extended.lines().skip(1).take_while(|line| line.starts_with("meta ")).collect();
+        assert_eq!(meta.last(), Some(&"meta instructions.run 123"));
+        assert_eq!(extended.lines().filter(|line| line.starts_with("meta ")).count(), meta.len());
+        assert_eq!(extended.len(), text.len() + "meta instructions.run 123\n".len());
+        let same = Comparison::of(&text, &extended);
+        assert!(same.identical_records && same.first_difference.is_none(), "{same:?}");
+        assert_eq!(same.summary(), "records identical");
+        // One allocation fewer: the records part where it was.
+        let (fewer, _) = convert(&TRACE.replacen(" kmalloc: ", " kmalloc_was: ", 1), &[]);
+        let differs = Comparison::of(&text, &fewer);
+        assert!(!differs.identical_records, "{differs:?}");
+        assert!(differs.summary().contains("allocations "), "{}", differs.summary());
     }
 
     #[test]

@@ -51,10 +51,40 @@ const INIT_SOURCE: &str = "xtask/peer-init/init.c";
 const COMMAND_LINE: &str = "console=ttyAMA0 nokaslr norandmaps quiet";
 /// A boot with every measurement takes about 20 s of host time; this is ample.
 const TIMEOUT: Duration = Duration::from_secs(300);
+/// The allocation trace's boot with its instruction count takes about 140 s of host time on a
+/// quiet machine and half as much again on a loaded one.
+const ALLOC_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// The init's fact naming Linux's vector table (`vectors` in /proc/kallsyms).
+const VECTORS_FACT: &str = "symbol.vectors";
 
 /// Boots `package` with the measuring init; writes target/peer/linux/{console.log,results.json}.
-pub fn measure(package: &KernelPackage) -> Result<Report, Failure> {
+/// With `events`, the events plugin counts beside it and each row gets its exceptions per hit.
+pub fn measure(package: &KernelPackage, events: bool) -> Result<Report, Failure> {
     let out = peer_dir().join("linux");
+    let plugin_run = if events {
+        let vectors = match previous_vectors(&out) {
+            Some(vectors) => vectors,
+            None => {
+                eprintln!("xtask: a run without the plugin first, for the vector table's address");
+                measure(package, false)?;
+                previous_vectors(&out).ok_or_else(|| Failure {
+                    status: 1,
+                    message: format!("the init printed no `{VECTORS_FACT}` fact"),
+                })?
+            }
+        };
+        let count_file = out.join("count.txt");
+        let _ = std::fs::remove_file(&count_file);
+        let argument = format!(
+            "{},count=on,vectors={vectors:#x},out={}",
+            crate::bench::events::build_plugin()?.display(),
+            count_file.display()
+        );
+        Some((count_file, vec!["-plugin".to_string(), argument]))
+    } else {
+        None
+    };
     let init = build_init(&out)?;
     let initramfs = out.join("initramfs.cpio");
     let data = std::fs::read(&init).map_err(|error| Failure::usage(format!("{}: {error}", init.display())))?;
@@ -69,8 +99,12 @@ pub fn measure(package: &KernelPackage) -> Result<Report, Failure> {
         ]),
     )?;
     let started = Instant::now();
-    eprintln!("xtask: booting {} {} ({})", package.name, package.version, qemu_words(package, &initramfs).join(" "));
-    let console = boot(package, &initramfs)?;
+    let mut words = qemu_words(package, &initramfs);
+    if let Some((_, plugin_words)) = &plugin_run {
+        words.extend(plugin_words.iter().cloned());
+    }
+    eprintln!("xtask: booting {} {} ({})", package.name, package.version, words.join(" "));
+    let console = boot_with(&words, TIMEOUT)?;
     write_renamed(&out.join("console.log"), console.as_bytes())?;
     let report = Report::parse(&console);
     report.check(CASES).map_err(|problems| Failure {
@@ -81,13 +115,50 @@ pub fn measure(package: &KernelPackage) -> Result<Report, Failure> {
         return Err(Failure { status: 1, message: "CNTFRQ is not 1 GHz: ticks are not instructions".into() });
     }
     eprintln!("xtask: the Linux run took {:.0} s", started.elapsed().as_secs_f64());
-    let rows = rows(&report, package);
+    let mut rows = rows(&report, package);
+    let mut exceptions = Vec::new();
+    if let Some((count_file, _)) = &plugin_run {
+        let text = std::fs::read_to_string(count_file).map_err(|error| {
+            Failure::usage(format!("the events plugin wrote nothing ({}: {error})", count_file.display()))
+        })?;
+        let run = ::events::count::WholeRun::parse(&text).ok_or_else(|| Failure {
+            status: 1,
+            message: format!("{}: not a whole run's count", count_file.display()),
+        })?;
+        exceptions = super::profile::per_row(&report, &run).map_err(|message| Failure { status: 1, message })?;
+        let per_hit = rows.iter().filter(|row| row.metric == "per_hit").cloned().collect::<Vec<_>>();
+        for (row, events) in per_hit.into_iter().zip(&exceptions) {
+            let value = events.exceptions_per_hit;
+            rows.push(Row {
+                metric: "per_hit.exceptions".into(),
+                unit: "events".into(),
+                median: value,
+                min: value,
+                max: value,
+                samples: vec![value],
+                ..row
+            });
+        }
+    }
     let mut provenance = crate::bench::provenance(Board::Virt, 1);
     provenance.rustc = None;
     write_renamed(&out.join("results.json"), to_json(&provenance, &rows).as_bytes())?;
     print_table(&report);
+    for events in &exceptions {
+        println!(
+            "events {:<28} tracing_on={} exceptions per hit {:>5.2} (plugin's instructions per hit {:.1})",
+            events.case, events.tracing_on, events.exceptions_per_hit, events.instructions_per_hit
+        );
+    }
     eprintln!("xtask: wrote {}", out.join("results.json").display());
     Ok(report)
+}
+
+/// Linux's vector table as the last run's console gave it (the same every boot: `nokaslr`).
+fn previous_vectors(out: &Path) -> Option<u64> {
+    let console = std::fs::read_to_string(out.join("console.log")).ok()?;
+    let address = Report::parse(&console).fact(VECTORS_FACT)?.to_string();
+    u64::from_str_radix(address.trim_start_matches("0x"), 16).ok()
 }
 
 /// The init, built with static glibc; rebuilt every run (it takes a second).
@@ -153,13 +224,9 @@ impl Drop for Qemu {
     }
 }
 
-/// The whole console of one boot, which ends when Linux powers the machine off.
-fn boot(package: &KernelPackage, initramfs: &Path) -> Result<String, Failure> {
-    boot_with(&qemu_words(package, initramfs))
-}
-
-/// [`boot`] with QEMU's arguments given.
-fn boot_with(words: &[String]) -> Result<String, Failure> {
+/// The whole console of one boot with QEMU's arguments `words`, which ends when Linux powers
+/// the machine off, or an error after `timeout`.
+fn boot_with(words: &[String], timeout: Duration) -> Result<String, Failure> {
     crate::setup::ensure_qemu()?;
     let mut qemu = Qemu(
         Command::new("qemu-system-aarch64")
@@ -181,10 +248,10 @@ fn boot_with(words: &[String]) -> Result<String, Failure> {
         if let Some(status) = qemu.0.try_wait().map_err(|error| Failure::usage(error.to_string()))? {
             break status;
         }
-        if started.elapsed() > TIMEOUT {
+        if started.elapsed() > timeout {
             return Err(Failure {
                 status: 124,
-                message: format!("Linux did not power off in {} s", TIMEOUT.as_secs()),
+                message: format!("Linux did not power off in {} s", timeout.as_secs()),
             });
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -270,9 +337,21 @@ const WORKLOAD: &str = "16 processes exec'd from /init, each writing, reading an
 /// The disk the init writes the `trace` file to (virtio-blk, raw, sparse).
 const DISK_BYTES: u64 = 1 << 30;
 
-/// Boots with the kmem events, takes the trace out through a virtio disk and converts it.
-pub fn record_allocations(package: &KernelPackage) -> Result<(), Failure> {
+/// The init's counter reads in `-- alloc`, in the order they run: the plugin's marks, named as
+/// the trace's provenance names the machine's instruction total at each.
+const ALLOC_MARKS: [&str; 4] = [
+    "instructions.workload_start",
+    "instructions.workload_end",
+    "instructions.transport_start",
+    "instructions.transport_end",
+];
+
+/// Boots with the kmem events, takes the trace out through a virtio disk and converts it to
+/// target/peer/linux/alloc/, counting the boot's instructions with the events plugin
+/// (`count=on`). The committed trace is replaced when the records are the same or `replace`.
+pub fn record_allocations(package: &KernelPackage, replace: bool) -> Result<(), Failure> {
     let out = peer_dir().join("linux/alloc");
+    let plugin = crate::bench::events::build_plugin()?;
     let init = build_init(&out)?;
     let data = std::fs::read(&init).map_err(|error| Failure::usage(format!("{}: {error}", init.display())))?;
     let module_path = package.modules().join("kernel/drivers/block/virtio_blk.ko.xz");
@@ -309,9 +388,14 @@ pub fn record_allocations(package: &KernelPackage) -> Result<(), Failure> {
         "-device".into(),
         "virtio-blk-pci,drive=trace".into(),
     ]);
+    // The plugin observes: it adds no instruction to the guest, and the trace's `qemu` line
+    // names the machine without it.
+    let count_file = out.join("count.txt");
+    let _ = std::fs::remove_file(&count_file);
+    let plugin_words = ["-plugin".to_string(), format!("{},count=on,out={}", plugin.display(), count_file.display())];
     let started = Instant::now();
-    eprintln!("xtask: booting for the allocation trace ({})", words.join(" "));
-    let console = boot_with(&words)?;
+    eprintln!("xtask: booting for the allocation trace ({} {})", words.join(" "), plugin_words.join(" "));
+    let console = boot_with(&[words.clone(), plugin_words.to_vec()].concat(), ALLOC_TIMEOUT)?;
     write_renamed(&out.join("console.log"), console.as_bytes())?;
     let boot_seconds = started.elapsed().as_secs_f64();
     let report = Report::parse(&console);
@@ -337,6 +421,19 @@ pub fn record_allocations(package: &KernelPackage) -> Result<(), Failure> {
     if Some(end.to_string().as_str()) != report.fact("transport.bytes") {
         return Err(fail(format!("{end} bytes on the disk, the init wrote {:?}", report.fact("transport.bytes"))));
     }
+    let count_text = std::fs::read_to_string(&count_file).map_err(|error| {
+        Failure::usage(format!("the events plugin wrote no count ({}: {error})", count_file.display()))
+    })?;
+    let count = events::count::WholeRun::parse(&count_text)
+        .ok_or_else(|| fail(format!("{}: not a whole run's count", count_file.display())))?;
+    if count.marks.len() != ALLOC_MARKS.len() {
+        return Err(fail(format!(
+            "{} user counter reads in the run, the init makes {}: {:?}",
+            count.marks.len(),
+            ALLOC_MARKS.len(),
+            count.marks
+        )));
+    }
     let mut provenance: Vec<(String, String)> = vec![
         ("kernel".into(), format!("{}={}", package.name, package.version)),
         // Paths relative to the workspace: the file names what ran, not where.
@@ -352,18 +449,31 @@ pub fn record_allocations(package: &KernelPackage) -> Result<(), Failure> {
             provenance.push((name.clone(), value.clone()));
         }
     }
+    provenance.push((
+        "instructions.counted_by".into(),
+        "the events plugin's count=on beside the QEMU line above: every instruction of every vCPU from reset, \
+         totals at the init's counter reads"
+            .into(),
+    ));
+    for (name, mark) in ALLOC_MARKS.iter().zip(&count.marks) {
+        provenance.push((name.to_string(), mark.instructions.to_string()));
+    }
+    provenance.push(("instructions.run".into(), count.instructions.to_string()));
     let (text, counts) = super::alloc::convert(&trace, &provenance);
     if counts.without_stack != 0 || counts.allocations == 0 {
         return Err(fail(format!("the converted trace is not whole: {counts:?}")));
     }
-    let path = workspace_root().join(ALLOC_TRACE);
+    // The whole boot, reset to the end of the workload (recording stopped), per recorded
+    // allocation: what a replay's per-allocation cost is a fraction of.
+    let boot_instructions = count.marks[1].instructions;
+    let per_allocation = boot_instructions as f64 / counts.allocations as f64;
+    let text =
+        super::alloc::with_meta(&text, &[("instructions_per_allocation".into(), format!("{per_allocation:.1}"))]);
     let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
     std::io::Write::write_all(&mut encoder, text.as_bytes()).expect("writing to a Vec cannot fail");
     let compressed = encoder.finish().expect("writing to a Vec cannot fail");
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(|error| Failure::usage(format!("{}: {error}", parent.display())))?;
-    }
-    write_renamed(&path, &compressed)?;
+    let recorded = out.join("kmem-boot.trace.gz");
+    write_renamed(&recorded, &compressed)?;
     eprintln!(
         "xtask: {} allocations, {} frees ({} of unrecorded allocations dropped, {} of NULL), {} stacks; \
          {} MB of trace text out through virtio-blk, boot and transport {boot_seconds:.0} s; wrote {} ({} KiB)",
@@ -373,8 +483,38 @@ pub fn record_allocations(package: &KernelPackage) -> Result<(), Failure> {
         counts.frees_null,
         counts.stacks,
         end / 1_000_000,
-        path.display(),
+        recorded.display(),
         compressed.len() / 1024
     );
+    eprintln!(
+        "xtask: {} instructions from reset to the workload's end ({per_allocation:.1} per allocation), \
+         {} to the workload's start, {} in the whole run on {} vCPUs",
+        boot_instructions, count.marks[0].instructions, count.instructions, count.vcpus
+    );
+    let committed = workspace_root().join(ALLOC_TRACE);
+    let comparison = match std::fs::read(&committed) {
+        Ok(bytes) => {
+            let mut old = String::new();
+            flate2::read::GzDecoder::new(&bytes[..])
+                .read_to_string(&mut old)
+                .map_err(|error| Failure::usage(format!("{}: {error}", committed.display())))?;
+            Some(super::alloc::Comparison::of(&old, &text))
+        }
+        Err(_) => None,
+    };
+    match &comparison {
+        Some(comparison) => eprintln!("xtask: against {ALLOC_TRACE}: {}", comparison.summary()),
+        None => eprintln!("xtask: no committed trace at {ALLOC_TRACE}"),
+    }
+    if replace || comparison.as_ref().is_none_or(|comparison| comparison.identical_records) {
+        if let Some(parent) = committed.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|error| Failure::usage(format!("{}: {error}", parent.display())))?;
+        }
+        write_renamed(&committed, &compressed)?;
+        eprintln!("xtask: wrote {}", committed.display());
+    } else {
+        eprintln!("xtask: {ALLOC_TRACE} kept (--replace-trace replaces it with {})", recorded.display());
+    }
     Ok(())
 }

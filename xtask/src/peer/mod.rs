@@ -9,6 +9,7 @@ pub mod alloc;
 pub mod fetch;
 pub mod initramfs;
 pub mod linux;
+pub mod profile;
 pub mod protocol;
 pub mod toolchain;
 
@@ -32,9 +33,19 @@ pub struct PeerArgs {
     pub fetch_only: bool,
     /// Instead of the timings: boot on 4 CPUs with the kmem events and a stack per event, run
     /// a short workload, take the trace out through a virtio disk and convert it to the
-    /// committed allocation trace (xtask/data/linux/kmem-boot.trace.gz).
+    /// committed allocation trace (xtask/data/linux/kmem-boot.trace.gz) under
+    /// target/peer/linux/alloc/, with the boot's instruction count from the events plugin;
+    /// the committed file is replaced only when the records are the same.
     #[arg(long, conflicts_with = "fetch_only")]
     pub alloc_trace: bool,
+    /// With --alloc-trace: replace the committed trace even when the records differ.
+    #[arg(long, requires = "alloc_trace")]
+    pub replace_trace: bool,
+    /// Count each row's exceptions per hit with the events plugin beside the measuring boot
+    /// (metric `per_hit.exceptions`); the vector table's address comes from a previous run's
+    /// console, or a plain run first.
+    #[arg(long, conflicts_with_all = ["fetch_only", "alloc_trace"])]
+    pub events: bool,
 }
 
 /// The package's configuration options that decide what the rows contain.
@@ -75,9 +86,9 @@ pub fn run(args: &PeerArgs) -> Result<u8, Failure> {
         return Ok(0);
     }
     if args.alloc_trace {
-        linux::record_allocations(&package)?;
+        linux::record_allocations(&package, args.replace_trace)?;
     } else {
-        linux::measure(&package)?;
+        linux::measure(&package, args.events)?;
     }
     Ok(0)
 }

@@ -588,8 +588,15 @@ pub const ACCOUNTS: &[(&str, Account)] = &[
         },
     ),
     (
-        "cargo xtask peer linux [--fetch-only | --alloc-trace]",
+        "cargo xtask peer linux [--fetch-only | --alloc-trace [--replace-trace] | --events]",
         Excluded { reason: "the synopsis", covered_by: "the host tests of `xtask/src/peer`" },
+    ),
+    (
+        "cargo xtask peer linux --events",
+        Excluded {
+            reason: "boots Linux under icount with the events plugin counting every instruction",
+            covered_by: "the host tests of the row windows (`xtask/src/peer/profile.rs`) and of the count's lines",
+        },
     ),
     (
         "cargo xtask peer linux --alloc-trace",
