@@ -8,7 +8,7 @@
 //! sees exactly the number of distinct stacks each case asks for. Each case uses a depot of its
 //! own, built in static memory (no allocator).
 
-use super::{Label, Plan, row};
+use super::{Label, Plan, row, row_windows};
 use crate::sync::StaticBlocks;
 use core::hint::black_box;
 use stackdepot::StackDepot;
@@ -77,6 +77,7 @@ pub fn run(plan: &Plan) {
                 plan.unit(),
                 (cost as f64 - alone as f64) / iterations as f64,
             );
+            row_windows("depot", "insert-miss", params, "per_op", cost, Some(alone), iterations);
             // lookup-hit: one stack already in the depot, saved again and again.
             let existing = synthetic_stack(0, salt, depth, &mut frames);
             let existing: [u64; 64] = core::array::from_fn(|index| existing.get(index).copied().unwrap_or(0));
@@ -91,6 +92,7 @@ pub fn run(plan: &Plan) {
                 }
             });
             row("depot", "lookup-hit", params, "per_op", plan.unit(), (cost as f64 - alone as f64) / iterations as f64);
+            row_windows("depot", "lookup-hit", params, "per_op", cost, Some(alone), iterations);
         }
         lookup_hit_mixed(plan, iterations, &mut salt);
         // Saturation: counts, not times; once.
@@ -139,6 +141,7 @@ fn lookup_hit_mixed(plan: &Plan, iterations: u64, salt: &mut u64) {
         plan.unit(),
         (cost as f64 - alone as f64) / iterations as f64,
     );
+    row_windows("depot", "lookup-hit-mixed", "depth=16", "per_op", cost, Some(alone), iterations);
 }
 
 fn saturation(depot: &BenchDepot, distinct: u64) {
