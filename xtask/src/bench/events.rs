@@ -261,9 +261,49 @@ fn event_metric(metric: &str) -> Option<(&str, &str)> {
     (counter == model::METRIC || Counter::all().any(|known| known.name() == counter)).then_some((row_metric, event))
 }
 
-/// The rows without the event metrics: what tables and charts show as rows of their own.
+/// Whether a results.json metric is one of the plugin's events or the model's figure.
+pub fn is_event_metric(metric: &str) -> bool {
+    event_metric(metric).is_some()
+}
+
+/// The rows without the event metrics: what tables show as rows of their own.
 pub fn measured(rows: &[Row]) -> Vec<Row> {
     rows.iter().filter(|row| event_metric(&row.metric).is_none()).cloned().collect()
+}
+
+/// The events a chart gives panels of their own, per operation: what the instruction counts
+/// weigh alike and a core does not (exceptions, barriers, cache and TLB maintenance, modelled
+/// misses).
+const CHARTED: [Counter; 9] = [
+    Counter::Exceptions,
+    Counter::Isb,
+    Counter::Dsb,
+    Counter::Dmb,
+    Counter::CacheMaintenance,
+    Counter::Tlbi,
+    Counter::L1iMisses,
+    Counter::L1dMisses,
+    Counter::L2Misses,
+];
+
+/// The rows charts draw: the measured rows, then the charted events' rows and the model's
+/// figures (each event metric a panel, labelled by its unit). An event metric that is zero on
+/// every row of its suite gets no panel: bars of nothing say what its table column says.
+pub fn charted(rows: &[Row]) -> Vec<Row> {
+    let shown = |event: &str| {
+        let counter = event.strip_suffix("_cold").unwrap_or(event);
+        counter == model::METRIC || CHARTED.iter().any(|charted| charted.name() == counter)
+    };
+    let mut charted = measured(rows);
+    charted.extend(
+        rows.iter()
+            .filter(|row| event_metric(&row.metric).is_some_and(|(_, event)| shown(event)))
+            .filter(|row| {
+                rows.iter().any(|other| other.suite == row.suite && other.metric == row.metric && other.median != 0.0)
+            })
+            .cloned(),
+    );
+    charted
 }
 
 /// One table column per shown event, holding the events per operation of each row's figure
@@ -441,6 +481,50 @@ mod tests {
         let modelled = samples.iter().find(|sample| sample.metric == "per_hit.model_cycles").unwrap();
         assert_eq!(modelled.unit, "cycles (model)");
         assert!(samples.iter().all(|sample| sample.case == "kprobe-push" && sample.params == row(0.0).params));
+    }
+
+    #[test]
+    fn charts_get_a_panel_per_event_that_happened() {
+        use crate::bench::results::Row;
+        let samples = [
+            ("per_hit", "insn", [300.0, 120.0]),
+            ("per_hit.exceptions", "events", [2.0, 1.0]),
+            ("per_hit.tlbi", "events", [0.0, 0.0]),
+            ("per_hit.loads", "events", [40.0, 30.0]),
+            ("per_hit.model_cycles", "cycles (model)", [230.0, 100.0]),
+        ]
+        .into_iter()
+        .flat_map(|(metric, unit, values)| {
+            ["single-step", "simulate"].into_iter().zip(values).map(move |(method, value)| Sample {
+                metric: metric.into(),
+                unit: unit.into(),
+                params: vec![("method".into(), method.into())],
+                ..row(value)
+            })
+        })
+        .collect::<Vec<_>>();
+        let rows = Row::aggregate(&samples);
+        let charted = charted(&rows);
+        let metrics: Vec<&str> = charted.iter().map(|row| row.metric.as_str()).collect();
+        // Exceptions and the model get panels; tlbi never happened; loads stay in the table.
+        assert_eq!(
+            metrics,
+            [
+                "per_hit",
+                "per_hit",
+                "per_hit.exceptions",
+                "per_hit.exceptions",
+                "per_hit.model_cycles",
+                "per_hit.model_cycles"
+            ]
+        );
+        let panels = crate::bench::chart::panels("probes", &charted, None);
+        let titles: Vec<&str> = panels.iter().map(|panel| panel.title.as_str()).collect();
+        assert!(titles.iter().any(|title| title.starts_with("probes: per_hit.exceptions,")), "{titles:?}");
+        let exceptions = panels.iter().find(|panel| panel.title.starts_with("probes: per_hit.exceptions")).unwrap();
+        assert_eq!(exceptions.axis, "events per operation (QEMU plugin)");
+        let modelled = panels.iter().find(|panel| panel.title.starts_with("probes: per_hit.model_cycles")).unwrap();
+        assert_eq!(modelled.axis, "cycles (model)");
     }
 
     #[test]

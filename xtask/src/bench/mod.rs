@@ -434,7 +434,7 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     });
     let json = results::to_json(&provenance, &rows);
     let report = events::render(&provenance, &rows, peer.as_deref());
-    let charted = events::measured(&rows);
+    let charted = events::charted(&rows);
     let out_lock = lock_dir(&out)?;
     write_file(&out.join("results.json"), &json)?;
     write_file(&out.join("report.md"), &report)?;
@@ -695,7 +695,7 @@ fn peer_rows(peer: Option<&str>) -> Result<Option<Vec<Row>>, Failure> {
 /// docs/results-style pages: one <suite>.md per suite in `results`.
 fn write_pages(dir: &Path, results: &results::Results, peer: Option<&[Row]>) -> Result<u8, Failure> {
     let pages = events::pages(&results.provenance, &results.rows, peer);
-    let charted = events::measured(&results.rows);
+    let charted = events::charted(&results.rows);
     let _lock = lock_dir(dir)?;
     for (suite, text) in &pages {
         write_file(&dir.join(format!("{suite}.md")), text)?;
