@@ -37,6 +37,17 @@ pub struct Plugin {
 /// The kernel probe targets whose first instruction empties the model in the cold cache mode,
 /// so that every hit on them (and every unprobed call) starts with empty caches.
 const COLD_TARGETS: [&str; 3] = ["bench_probe_target_nop", "bench_probe_target_push", "bench_probe_target_ret"];
+/// The user probe targets (`.text.user`, run at EL0 from `USER_TEXT`), likewise for the
+/// `uprobe-*`, `uretprobe-*` and `user-call-*` rows.
+const COLD_USER_TARGETS: [&str; 3] = ["user_bench_target_nop", "user_bench_target_push", "user_bench_target_ret"];
+/// Where user tasks see `.text.user` (`USER_TEXT` in kernel/src/task/user.rs): the address a
+/// user target's first instruction runs at is this plus its offset from `__user_text_start`.
+const USER_TEXT: u64 = 0x40_0000;
+const USER_TEXT_START_SYMBOL: &str = "__user_text_start";
+/// The ftrace suite's traced function (`bench::ftrace::target`, demangled without its hash):
+/// emptying the model at its first instruction makes every traced call, its dispatch
+/// included, start cold.
+const COLD_FTRACE_TARGET: &str = "kernel::bench::ftrace::target";
 
 /// Builds the plugin (release, pinned toolchain: cargo runs from the workspace root, whose
 /// `rust-toolchain.toml` rustup reads) into `target/events-plugin` and returns the library.
@@ -86,8 +97,22 @@ impl PluginRun {
             plugin.cache.name()
         );
         if plugin.cache == CacheMode::Cold {
-            let targets = COLD_TARGETS.map(|name| address(name).map(|target| format!("{target:#x}")));
-            argument.push_str(&format!(",evict={}", targets.into_iter().collect::<Result<Vec<_>, _>>()?.join(":")));
+            let mut targets = COLD_TARGETS.into_iter().map(address).collect::<Result<Vec<_>, _>>()?;
+            let user_text = address(USER_TEXT_START_SYMBOL)?;
+            for name in COLD_USER_TARGETS {
+                targets.push(USER_TEXT + (address(name)? - user_text));
+            }
+            let traced = file
+                .symbols()
+                .find(|symbol| {
+                    symbol
+                        .name()
+                        .is_ok_and(|name| format!("{:#}", rustc_demangle::demangle(name)) == COLD_FTRACE_TARGET)
+                })
+                .ok_or_else(|| Failure { status: 1, message: format!("kernel ELF has no {COLD_FTRACE_TARGET}") })?;
+            targets.push(traced.address());
+            let targets: Vec<String> = targets.iter().map(|target| format!("{target:#x}")).collect();
+            argument.push_str(&format!(",evict={}", targets.join(":")));
         }
         Ok(Self { windows, qemu_args: vec!["-plugin".into(), argument] })
     }
