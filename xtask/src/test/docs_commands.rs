@@ -141,6 +141,13 @@ pub const ACCOUNTS: &[(&str, Account)] = &[
         },
     ),
     (
+        "cargo xtask bench mca",
+        Excluded {
+            reason: "needs Debian's LLVM 19 tools (llvm-mca-19, llvm-objdump-19), which the test run does not install",
+            covered_by: "the host tests of `bench mca` on a built kernel's disassembly and llvm-mca's report (xtask/fixtures/mca)",
+        },
+    ),
+    (
         "cargo xtask bench calibrate EVENTS BOARD",
         Excluded {
             reason: "the synopsis; a run needs a board's PMU cycles",
