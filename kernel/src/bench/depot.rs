@@ -8,7 +8,7 @@
 //! sees exactly the number of distinct stacks each case asks for. Each case uses a depot of its
 //! own, built in static memory (no allocator).
 
-use super::{Label, Plan, row};
+use super::{Label, Plan, row, row_windows};
 use crate::sync::StaticBlocks;
 use core::hint::black_box;
 use stackdepot::StackDepot;
@@ -69,14 +69,7 @@ pub fn run(plan: &Plan) {
                     let _ = black_box(DEPOT_OPS.save(synthetic_stack(index, salt, depth, &mut frames)));
                 }
             });
-            row(
-                "depot",
-                "insert-miss",
-                params,
-                "per_op",
-                plan.unit(),
-                (cost as f64 - alone as f64) / iterations as f64,
-            );
+            per_op_rows("insert-miss", params, plan.unit(), cost, alone, iterations);
             // lookup-hit: one stack already in the depot, saved again and again.
             let existing = synthetic_stack(0, salt, depth, &mut frames);
             let existing: [u64; 64] = core::array::from_fn(|index| existing.get(index).copied().unwrap_or(0));
@@ -90,7 +83,7 @@ pub fn run(plan: &Plan) {
                     let _ = black_box(DEPOT_OPS.save(black_box(&existing[..depth])));
                 }
             });
-            row("depot", "lookup-hit", params, "per_op", plan.unit(), (cost as f64 - alone as f64) / iterations as f64);
+            per_op_rows("lookup-hit", params, plan.unit(), cost, alone, iterations);
         }
         lookup_hit_mixed(plan, iterations, &mut salt);
         // Saturation: counts, not times; once.
@@ -131,14 +124,16 @@ fn lookup_hit_mixed(plan: &Plan, iterations: u64, salt: &mut u64) {
             let _ = black_box(DEPOT_OPS.save(black_box(&stacks[order(black_box(step))][..])));
         }
     });
-    row(
-        "depot",
-        "lookup-hit-mixed",
-        "depth=16",
-        "per_op",
-        plan.unit(),
-        (cost as f64 - alone as f64) / iterations as f64,
-    );
+    per_op_rows("lookup-hit-mixed", "depth=16", plan.unit(), cost, alone, iterations);
+}
+
+/// The `per_op` row of a case measured as `cost` against the loop `alone`, and its windows for
+/// the events (`bench.events=1`). Out of line, so that the measuring code hands it the two
+/// windows and keeps nothing live after them.
+#[inline(never)]
+fn per_op_rows(case: &str, params: &str, unit: &str, cost: u64, alone: u64, iterations: u64) {
+    row("depot", case, params, "per_op", unit, (cost as f64 - alone as f64) / iterations as f64);
+    row_windows("depot", case, params, "per_op", cost, Some(alone), iterations);
 }
 
 fn saturation(depot: &BenchDepot, distinct: u64) {

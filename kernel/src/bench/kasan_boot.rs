@@ -29,7 +29,7 @@
 //! one call (`alloc_per_call`, `free_per_call` on `no-stacks`: instructions under icount, the
 //! counter reads around each call included).
 
-use super::{Plan, row};
+use super::{Plan, row, row_windows};
 use crate::arch::counters;
 use crate::mm::kasan::Tags;
 use crate::mm::kasan::heap::{self, Stacks};
@@ -239,24 +239,50 @@ pub fn run(plan: &Plan) {
         workload.collections as f64
     };
     for _ in 0..plan.reps {
+        // Each case's window, for its events (`bench.events=1`).
+        let mut windows = [0u64; CASES.len()];
         let mut totals = [0.0f64; CASES.len()];
         for (index, &(name, mode, sample)) in CASES.iter().enumerate() {
             heap::set_stacks(mode);
             stacktrace::set_stack_sample(sample);
             boot(&mut Workload::new(false));
-            let total = plan.measure(|| boot(&mut Workload::new(false))) as f64;
+            let window = plan.measure(|| boot(&mut Workload::new(false)));
+            let total = window as f64;
+            windows[index] = window;
             totals[index] = total;
             row("kasan-boot", name, "-", "total", plan.unit(), total);
+            row_windows("kasan-boot", name, "-", "total", window, None, 1);
             let no_stacks = totals[0];
             let overhead = if no_stacks > 0.0 { (total - no_stacks) * 100.0 / no_stacks } else { 0.0 };
             row("kasan-boot", name, "-", "overhead_pct", "percent", overhead);
         }
-        let total_of = |name: &str| CASES.iter().position(|case| case.0 == name).map_or(0.0, |index| totals[index]);
+        let index_of = |name: &str| CASES.iter().position(|case| case.0 == name).unwrap_or(0);
+        let total_of = |name: &str| totals[index_of(name)];
+        let window_of = |name: &str| windows[index_of(name)];
         for (case, no_depot) in [("fp", "fp-no-depot"), ("scs", "scs-no-depot"), ("sframe", "sframe-no-depot")] {
             let walk = (total_of(no_depot) - total_of("no-stacks")) / collections;
             let depot = (total_of(case) - total_of(no_depot)) / collections;
             row("kasan-boot", case, "-", "walk_per_collection", plan.unit(), walk);
+            let per = collections as u64;
+            row_windows(
+                "kasan-boot",
+                case,
+                "-",
+                "walk_per_collection",
+                window_of(no_depot),
+                Some(window_of("no-stacks")),
+                per,
+            );
             row("kasan-boot", case, "-", "depot_per_collection", plan.unit(), depot);
+            row_windows(
+                "kasan-boot",
+                case,
+                "-",
+                "depot_per_collection",
+                window_of(case),
+                Some(window_of(no_depot)),
+                per,
+            );
         }
         // The allocator's share of a no-stacks boot (alloc and free calls timed one by one).
         heap::set_stacks(Stacks::None);

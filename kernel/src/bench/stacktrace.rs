@@ -8,7 +8,7 @@
 //! With `+depot`, each trace is also saved in the depot: after the first save it is a lookup hit,
 //! as most of the allocation stacks a sanitizer saves are.
 
-use super::{Label, Plan, row};
+use super::{Label, Plan, row, row_windows};
 use crate::stacktrace::{self, Mode};
 use core::hint::black_box;
 use core::mem::MaybeUninit;
@@ -78,15 +78,36 @@ fn nothing(_depth: usize) {
     black_box(());
 }
 
-/// What one trace of `depth` entries costs at the caller's point: N traces minus the same loop
-/// calling an empty function, per trace. The demo measures its point with this too.
-pub(crate) fn per_trace(plan: &Plan, mode: Mode, depth: usize, depot: bool) -> f64 {
+/// The two windows behind a `per_trace` figure: N traces, and the same loop calling an empty
+/// function.
+#[derive(Clone, Copy, Default)]
+struct TraceWindows {
+    cost: u64,
+    alone: u64,
+    iterations: u64,
+}
+
+impl TraceWindows {
+    fn per_trace(self) -> f64 {
+        (self.cost as f64 - self.alone as f64) / self.iterations as f64
+    }
+}
+
+/// Both windows of `depth`-entry traces at the caller's point.
+#[inline(always)]
+fn measure_traces(plan: &Plan, mode: Mode, depth: usize, depot: bool) -> TraceWindows {
     let iterations: u64 = if plan.icount { 1_000 } else { 20_000 };
     let body = black_box(trace_function(mode, depot));
     let empty = black_box(nothing as fn(usize));
     let alone = plan.measure(|| (0..iterations).for_each(|_| empty(depth)));
     let cost = plan.measure(|| (0..iterations).for_each(|_| body(depth)));
-    (cost as f64 - alone as f64) / iterations as f64
+    TraceWindows { cost, alone, iterations }
+}
+
+/// What one trace of `depth` entries costs at the caller's point: N traces minus the same loop
+/// calling an empty function, per trace. The demo measures its point with this too.
+pub(crate) fn per_trace(plan: &Plan, mode: Mode, depth: usize, depot: bool) -> f64 {
+    measure_traces(plan, mode, depth, depot).per_trace()
 }
 
 pub fn run(plan: &Plan) {
@@ -101,9 +122,18 @@ pub fn run(plan: &Plan) {
                 if mode == Mode::ShadowCallStack && !crate::build_info::SHADOW_CALL_STACK {
                     continue;
                 }
-                let mut result = 0.0;
-                recurse(depth, &mut || result = per_trace(plan, mode, depth, depot));
-                row("stacktrace", case, params, "per_trace", plan.unit(), result);
+                let mut windows = TraceWindows::default();
+                recurse(depth, &mut || windows = measure_traces(plan, mode, depth, depot));
+                row("stacktrace", case, params, "per_trace", plan.unit(), windows.per_trace());
+                row_windows(
+                    "stacktrace",
+                    case,
+                    params,
+                    "per_trace",
+                    windows.cost,
+                    Some(windows.alone),
+                    windows.iterations,
+                );
             }
         }
     }

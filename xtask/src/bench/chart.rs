@@ -147,6 +147,7 @@ pub fn axis_title(mode: Mode, unit: &str) -> String {
         (Mode::Hardware, "cycles") => "CPU cycles (hardware PMU)".into(),
         (Mode::Wall, "hits_per_s") => "hits per virtual second (TCG emulation)".into(),
         (Mode::Hardware, "hits_per_s") => "hits per second (hardware)".into(),
+        (Mode::Icount, "events") => "events per operation (QEMU plugin)".into(),
         (_, unit) => unit.into(),
     }
 }

@@ -83,7 +83,62 @@ fn figure(row: &Row) -> String {
     }
 }
 
-/// The comparison, one table per suite (in the order the suites first appear).
+/// The rows of `rows` that `others` lacks.
+fn one_sided<'a>(rows: &[&'a Row], others: &[&Row]) -> Vec<&'a Row> {
+    rows.iter().filter(|row| !others.iter().any(|other| other.same_row(row))).copied().collect()
+}
+
+/// One table of paired rows (old, new) and the counts of its notes: same, higher, lower, noise.
+fn table(text: &mut String, pairs: &[(&Row, &Row)], show_configuration: bool) -> [usize; 4] {
+    let (mut same, mut higher, mut lower, mut noise) = (0, 0, 0, 0);
+    if pairs.is_empty() {
+        return [0; 4];
+    }
+    *text += "| case | params | metric |";
+    if show_configuration {
+        *text += " configuration |";
+    }
+    *text += " old | new | difference | ratio | unit | |\n|---|---|---|";
+    if show_configuration {
+        *text += "---|";
+    }
+    *text += "---:|---:|---:|---:|---|---|\n";
+    for (before, after) in pairs {
+        let difference = after.median - before.median;
+        let ratio = if before.median == 0.0 { "-".to_string() } else { format!("{:.3}", after.median / before.median) };
+        let note = if difference == 0.0 {
+            same += 1;
+            ""
+        } else if after.mode != Mode::Icount && before.overlaps(after) {
+            noise += 1;
+            "within noise"
+        } else if difference > 0.0 {
+            higher += 1;
+            "higher"
+        } else {
+            lower += 1;
+            "lower"
+        };
+        let _ = write!(text, "| {} | {} | {} |", after.case, after.params_text(), after.metric);
+        if show_configuration {
+            let _ = write!(text, " `{}` {} {} |", after.cpu.name(), after.variant.name(), after.mode.name());
+        }
+        let _ = writeln!(
+            text,
+            " {} | {} | {} | {ratio} | {} | {note} |",
+            figure(before),
+            figure(after),
+            signed(difference),
+            after.unit
+        );
+    }
+    text.push('\n');
+    [same, higher, lower, noise]
+}
+
+/// The comparison, one table per suite (in the order the suites first appear). The event
+/// metrics of `--events` runs (`per_hit.exceptions`, ...) follow in a table of their own, so
+/// that a change's events sit below its figures without mixing into their counts.
 pub fn render(old_label: &str, old: &Results, new_label: &str, new: &Results) -> String {
     let mut text =
         format!("# bench compare\n\n- old: {}\n- new: {}\n\n", describe(old_label, old), describe(new_label, new));
@@ -104,81 +159,41 @@ pub fn render(old_label: &str, old: &Results, new_label: &str, new: &Results) ->
             .iter()
             .filter_map(|row| old_rows.iter().find(|before| before.same_row(row)).map(|before| (*before, *row)))
             .collect();
-        let (mut same, mut higher, mut lower, mut noise) = (0, 0, 0, 0);
-        if !pairs.is_empty() {
-            text += "| case | params | metric |";
-            if show_configuration {
-                text += " configuration |";
-            }
-            text += " old | new | difference | ratio | unit | |\n|---|---|---|";
-            if show_configuration {
-                text += "---|";
-            }
-            text += "---:|---:|---:|---:|---|---|\n";
-        }
-        for (before, after) in &pairs {
-            let difference = after.median - before.median;
-            let ratio =
-                if before.median == 0.0 { "-".to_string() } else { format!("{:.3}", after.median / before.median) };
-            let note = if difference == 0.0 {
-                same += 1;
-                ""
-            } else if after.mode != Mode::Icount && before.overlaps(after) {
-                noise += 1;
-                "within noise"
-            } else if difference > 0.0 {
-                higher += 1;
-                "higher"
-            } else {
-                lower += 1;
-                "lower"
-            };
-            let _ = write!(text, "| {} | {} | {} |", after.case, after.params_text(), after.metric);
-            if show_configuration {
-                let _ = write!(text, " `{}` {} {} |", after.cpu.name(), after.variant.name(), after.mode.name());
-            }
-            let _ = writeln!(
-                text,
-                " {} | {} | {} | {ratio} | {} | {note} |",
-                figure(before),
-                figure(after),
-                signed(difference),
-                after.unit
-            );
-        }
-        if !pairs.is_empty() {
-            text.push('\n');
-        }
+        let (event_pairs, pairs): (Vec<_>, Vec<_>) =
+            pairs.into_iter().partition(|(_, after)| super::events::is_event_metric(&after.metric));
+        let [same, higher, lower, noise] = table(&mut text, &pairs, show_configuration);
         let _ = writeln!(
             text,
             "{} rows compared: {same} unchanged, {higher} higher, {lower} lower, {noise} within noise.",
             pairs.len()
         );
-        for row in &new_rows {
-            if !old_rows.iter().any(|before| before.same_row(row)) {
+        // One-sided event rows are a run with --events against one without: said in one line.
+        let (added, removed) = (one_sided(&new_rows, &old_rows), one_sided(&old_rows, &new_rows));
+        for (rows, word) in [(&added, "added"), (&removed, "removed")] {
+            for row in rows.iter().filter(|row| !super::events::is_event_metric(&row.metric)) {
                 let _ = writeln!(
                     text,
-                    "- added: {} {} {} ({} {})",
+                    "- {word}: {} {} {} ({} {})",
                     row.case,
                     row.params_text(),
                     row.metric,
                     figure(row),
                     row.unit
                 );
+            }
+            let events = rows.iter().filter(|row| super::events::is_event_metric(&row.metric)).count();
+            if events > 0 {
+                let _ = writeln!(text, "- {word}: {events} event figures (one run counted events, the other did not)");
             }
         }
-        for row in &old_rows {
-            if !new_rows.iter().any(|after| after.same_row(row)) {
-                let _ = writeln!(
-                    text,
-                    "- removed: {} {} {} ({} {})",
-                    row.case,
-                    row.params_text(),
-                    row.metric,
-                    figure(row),
-                    row.unit
-                );
-            }
+        if !event_pairs.is_empty() {
+            let _ = writeln!(text, "\n### {suite}: events per operation (QEMU plugin; cycles: a model)\n");
+            let [same, higher, lower, _] = table(&mut text, &event_pairs, show_configuration);
+            let _ = writeln!(
+                text,
+                "{} event figures compared: {same} unchanged, {higher} higher, {lower} lower.",
+                event_pairs.len()
+            );
         }
         text.push('\n');
     }
@@ -233,6 +248,40 @@ mod tests {
         assert!(text.contains("| fp | depth=16 | per_trace | 1388 | 1311 | -77 | 0.945 | insn | lower |"), "{text}");
         assert!(text.contains("- added: fresh - per_trace (7 insn)"), "{text}");
         assert!(text.contains("- removed: gone - per_trace (5 insn)"), "{text}");
+    }
+
+    #[test]
+    fn event_deltas_get_a_table_of_their_own() {
+        let old = results(rows(
+            &[
+                "probes kprobe-push method=simulate per_hit insn 120",
+                "probes kprobe-push method=simulate per_hit.exceptions events 2",
+                "probes kprobe-push method=simulate per_hit.dsb events 1",
+            ],
+            Mode::Icount,
+        ));
+        let new = results(rows(
+            &[
+                "probes kprobe-push method=simulate per_hit insn 110",
+                "probes kprobe-push method=simulate per_hit.exceptions events 1",
+                "probes kprobe-push method=simulate per_hit.dsb events 1",
+                "probes kprobe-push method=simulate per_hit.isb events 1",
+            ],
+            Mode::Icount,
+        ));
+        let text = render("a", &old, "b", &new);
+        assert!(text.contains("1 rows compared: 0 unchanged, 0 higher, 1 lower, 0 within noise."), "{text}");
+        assert!(text.contains("### probes: events per operation"), "{text}");
+        assert!(
+            text.contains(
+                "| kprobe-push | method=simulate | per_hit.exceptions | 2 | 1 | -1 | 0.500 | events | lower |"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("2 event figures compared: 1 unchanged, 0 higher, 1 lower."), "{text}");
+        assert!(text.contains("- added: 1 event figures"), "{text}");
+        // The events table follows the figures' summary.
+        assert!(text.find("1 rows compared").unwrap() < text.find("### probes: events").unwrap(), "{text}");
     }
 
     #[test]

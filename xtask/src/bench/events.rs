@@ -37,6 +37,17 @@ pub struct Plugin {
 /// The kernel probe targets whose first instruction empties the model in the cold cache mode,
 /// so that every hit on them (and every unprobed call) starts with empty caches.
 const COLD_TARGETS: [&str; 3] = ["bench_probe_target_nop", "bench_probe_target_push", "bench_probe_target_ret"];
+/// The user probe targets (`.text.user`, run at EL0 from `USER_TEXT`), likewise for the
+/// `uprobe-*`, `uretprobe-*` and `user-call-*` rows.
+const COLD_USER_TARGETS: [&str; 3] = ["user_bench_target_nop", "user_bench_target_push", "user_bench_target_ret"];
+/// Where user tasks see `.text.user` (`USER_TEXT` in kernel/src/task/user.rs): the address a
+/// user target's first instruction runs at is this plus its offset from `__user_text_start`.
+const USER_TEXT: u64 = 0x40_0000;
+const USER_TEXT_START_SYMBOL: &str = "__user_text_start";
+/// The ftrace suite's traced function (`bench::ftrace::target`, demangled without its hash):
+/// emptying the model at its first instruction makes every traced call, its dispatch
+/// included, start cold.
+const COLD_FTRACE_TARGET: &str = "kernel::bench::ftrace::target";
 
 /// Builds the plugin (release, pinned toolchain: cargo runs from the workspace root, whose
 /// `rust-toolchain.toml` rustup reads) into `target/events-plugin` and returns the library.
@@ -86,8 +97,22 @@ impl PluginRun {
             plugin.cache.name()
         );
         if plugin.cache == CacheMode::Cold {
-            let targets = COLD_TARGETS.map(|name| address(name).map(|target| format!("{target:#x}")));
-            argument.push_str(&format!(",evict={}", targets.into_iter().collect::<Result<Vec<_>, _>>()?.join(":")));
+            let mut targets = COLD_TARGETS.into_iter().map(address).collect::<Result<Vec<_>, _>>()?;
+            let user_text = address(USER_TEXT_START_SYMBOL)?;
+            for name in COLD_USER_TARGETS {
+                targets.push(USER_TEXT + (address(name)? - user_text));
+            }
+            let traced = file
+                .symbols()
+                .find(|symbol| {
+                    symbol
+                        .name()
+                        .is_ok_and(|name| format!("{:#}", rustc_demangle::demangle(name)) == COLD_FTRACE_TARGET)
+                })
+                .ok_or_else(|| Failure { status: 1, message: format!("kernel ELF has no {COLD_FTRACE_TARGET}") })?;
+            targets.push(traced.address());
+            let targets: Vec<String> = targets.iter().map(|target| format!("{target:#x}")).collect();
+            argument.push_str(&format!(",evict={}", targets.join(":")));
         }
         Ok(Self { windows, qemu_args: vec!["-plugin".into(), argument] })
     }
@@ -261,9 +286,49 @@ fn event_metric(metric: &str) -> Option<(&str, &str)> {
     (counter == model::METRIC || Counter::all().any(|known| known.name() == counter)).then_some((row_metric, event))
 }
 
-/// The rows without the event metrics: what tables and charts show as rows of their own.
+/// Whether a results.json metric is one of the plugin's events or the model's figure.
+pub fn is_event_metric(metric: &str) -> bool {
+    event_metric(metric).is_some()
+}
+
+/// The rows without the event metrics: what tables show as rows of their own.
 pub fn measured(rows: &[Row]) -> Vec<Row> {
     rows.iter().filter(|row| event_metric(&row.metric).is_none()).cloned().collect()
+}
+
+/// The events a chart gives panels of their own, per operation: what the instruction counts
+/// weigh alike and a core does not (exceptions, barriers, cache and TLB maintenance, modelled
+/// misses).
+const CHARTED: [Counter; 9] = [
+    Counter::Exceptions,
+    Counter::Isb,
+    Counter::Dsb,
+    Counter::Dmb,
+    Counter::CacheMaintenance,
+    Counter::Tlbi,
+    Counter::L1iMisses,
+    Counter::L1dMisses,
+    Counter::L2Misses,
+];
+
+/// The rows charts draw: the measured rows, then the charted events' rows and the model's
+/// figures (each event metric a panel, labelled by its unit). An event metric that is zero on
+/// every row of its suite gets no panel: bars of nothing say what its table column says.
+pub fn charted(rows: &[Row]) -> Vec<Row> {
+    let shown = |event: &str| {
+        let counter = event.strip_suffix("_cold").unwrap_or(event);
+        counter == model::METRIC || CHARTED.iter().any(|charted| charted.name() == counter)
+    };
+    let mut charted = measured(rows);
+    charted.extend(
+        rows.iter()
+            .filter(|row| event_metric(&row.metric).is_some_and(|(_, event)| shown(event)))
+            .filter(|row| {
+                rows.iter().any(|other| other.suite == row.suite && other.metric == row.metric && other.median != 0.0)
+            })
+            .cloned(),
+    );
+    charted
 }
 
 /// One table column per shown event, holding the events per operation of each row's figure
@@ -441,6 +506,50 @@ mod tests {
         let modelled = samples.iter().find(|sample| sample.metric == "per_hit.model_cycles").unwrap();
         assert_eq!(modelled.unit, "cycles (model)");
         assert!(samples.iter().all(|sample| sample.case == "kprobe-push" && sample.params == row(0.0).params));
+    }
+
+    #[test]
+    fn charts_get_a_panel_per_event_that_happened() {
+        use crate::bench::results::Row;
+        let samples = [
+            ("per_hit", "insn", [300.0, 120.0]),
+            ("per_hit.exceptions", "events", [2.0, 1.0]),
+            ("per_hit.tlbi", "events", [0.0, 0.0]),
+            ("per_hit.loads", "events", [40.0, 30.0]),
+            ("per_hit.model_cycles", "cycles (model)", [230.0, 100.0]),
+        ]
+        .into_iter()
+        .flat_map(|(metric, unit, values)| {
+            ["single-step", "simulate"].into_iter().zip(values).map(move |(method, value)| Sample {
+                metric: metric.into(),
+                unit: unit.into(),
+                params: vec![("method".into(), method.into())],
+                ..row(value)
+            })
+        })
+        .collect::<Vec<_>>();
+        let rows = Row::aggregate(&samples);
+        let charted = charted(&rows);
+        let metrics: Vec<&str> = charted.iter().map(|row| row.metric.as_str()).collect();
+        // Exceptions and the model get panels; tlbi never happened; loads stay in the table.
+        assert_eq!(
+            metrics,
+            [
+                "per_hit",
+                "per_hit",
+                "per_hit.exceptions",
+                "per_hit.exceptions",
+                "per_hit.model_cycles",
+                "per_hit.model_cycles"
+            ]
+        );
+        let panels = crate::bench::chart::panels("probes", &charted, None);
+        let titles: Vec<&str> = panels.iter().map(|panel| panel.title.as_str()).collect();
+        assert!(titles.iter().any(|title| title.starts_with("probes: per_hit.exceptions,")), "{titles:?}");
+        let exceptions = panels.iter().find(|panel| panel.title.starts_with("probes: per_hit.exceptions")).unwrap();
+        assert_eq!(exceptions.axis, "events per operation (QEMU plugin)");
+        let modelled = panels.iter().find(|panel| panel.title.starts_with("probes: per_hit.model_cycles")).unwrap();
+        assert_eq!(modelled.axis, "cycles (model)");
     }
 
     #[test]

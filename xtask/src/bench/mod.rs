@@ -8,6 +8,7 @@ mod compare;
 mod complete;
 pub mod events;
 pub mod gate;
+mod mca;
 mod peer;
 mod report;
 mod report_out;
@@ -241,6 +242,10 @@ pub enum BenchCommand {
         /// The board run (mode hardware).
         board: String,
     },
+    /// The stack walkers' loop bodies (frame walk, shadow call stack copy) from the `prod`
+    /// kernel: llvm-mca-19's cycles per iteration on its Cortex-A72 model beside the cycle
+    /// model's (needs Debian's llvm-19).
+    Mca,
     /// Write one page per suite (<suite>.md: provenance, tables, what each metric means) from
     /// one results.json.
     Report {
@@ -264,6 +269,7 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     match &args.command {
         Some(BenchCommand::Compare { old, new }) => return compare::run(old, new),
         Some(BenchCommand::Calibrate { events, board }) => return calibrate::run(events, board),
+        Some(BenchCommand::Mca) => return mca::run(),
         Some(BenchCommand::Report { from, out, force, peer }) => {
             let out = report_out::output_dir(out.as_deref(), *force)?;
             let from = from.clone().unwrap_or_else(|| target_dir().join("bench").display().to_string());
@@ -439,7 +445,7 @@ pub fn run(args: &BenchArgs) -> Result<u8, Failure> {
     });
     let json = results::to_json(&provenance, &rows);
     let report = events::render(&provenance, &rows, peer.as_deref());
-    let charted = events::measured(&rows);
+    let charted = events::charted(&rows);
     let out_lock = lock_dir(&out)?;
     write_file(&out.join("results.json"), &json)?;
     write_file(&out.join("report.md"), &report)?;
@@ -700,7 +706,7 @@ fn peer_rows(peer: Option<&str>) -> Result<Option<Vec<Row>>, Failure> {
 /// docs/results-style pages: one <suite>.md per suite in `results`.
 fn write_pages(dir: &Path, results: &results::Results, peer: Option<&[Row]>) -> Result<u8, Failure> {
     let pages = events::pages(&results.provenance, &results.rows, peer);
-    let charted = events::measured(&results.rows);
+    let charted = events::charted(&results.rows);
     let _lock = lock_dir(dir)?;
     for (suite, text) in &pages {
         write_file(&dir.join(format!("{suite}.md")), text)?;

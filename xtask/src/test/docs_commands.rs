@@ -127,6 +127,27 @@ pub const ACCOUNTS: &[(&str, Account)] = &[
         },
     ),
     (
+        "cargo xtask bench probes ftrace --events --cache cold --mode icount --cpu max,pauth=off",
+        Excluded {
+            reason: "the cold cache mode's figures for the uprobe and ftrace rows (a cache model on every access: minutes)",
+            covered_by: "`cargo xtask bench probes --events --mode icount --cpu max,pauth=off` here, the cache model's host tests",
+        },
+    ),
+    (
+        "cargo xtask bench stacktrace depot kasan-boot --events --mode icount --cpu max,pauth=off",
+        Excluded {
+            reason: "the other suites' event figures (kasan-boot's workload takes minutes under icount)",
+            covered_by: "`cargo xtask bench probes --events --mode icount --cpu max,pauth=off` here (the same row markers)",
+        },
+    ),
+    (
+        "cargo xtask bench mca",
+        Excluded {
+            reason: "needs Debian's LLVM 19 tools (llvm-mca-19, llvm-objdump-19), which the test run does not install",
+            covered_by: "the host tests of `bench mca` on a built kernel's disassembly and llvm-mca's report (xtask/fixtures/mca)",
+        },
+    ),
+    (
         "cargo xtask bench calibrate EVENTS BOARD",
         Excluded {
             reason: "the synopsis; a run needs a board's PMU cycles",
