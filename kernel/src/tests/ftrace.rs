@@ -375,7 +375,7 @@ static TRACES: [[AtomicU64; 8]; 2] = [const { [const { AtomicU64::new(0) }; 8] }
 unsafe extern "C" fn capture_traces(_: u64, _: u64, _: &Ops, _: &mut Regs) {
     let modes = [Mode::FramePointer, Mode::ShadowCallStack];
     for (index, mode) in modes.into_iter().enumerate() {
-        if mode == Mode::ShadowCallStack && !crate::build_info::SHADOW_CALL_STACK {
+        if !mode.available() || (mode == Mode::ShadowCallStack && !crate::build_info::SHADOW_CALL_STACK) {
             continue;
         }
         let trace = stacktrace::capture(mode, TraceOptions::ALL);
@@ -403,7 +403,8 @@ fn backtraces(_: &Context) -> Outcome {
     check_eq!(result, 3 ^ 0x5a5a);
     let function_of = |address: u64| callsites::function_containing(address - 4).map(|(start, _)| start);
     for (index, trace) in TRACES.iter().enumerate() {
-        if index == 1 && !crate::build_info::SHADOW_CALL_STACK {
+        // No frame walk without frame pointers, no shadow walk without the shadow call stack.
+        if (index == 0 && !crate::build_info::FRAME_POINTERS) || (index == 1 && !crate::build_info::SHADOW_CALL_STACK) {
             continue;
         }
         let addresses: [u64; 8] = core::array::from_fn(|slot| trace[slot].load(Ordering::Relaxed));
