@@ -8,7 +8,8 @@
 //! addresses into the caller's buffer, PAC-stripped by the kernel's address layout (kernel code is
 //! in TTBR1); an interrupted context's PC is exact. Returns hijacked by kretprobes show their real
 //! address (`probes::kretprobe::Repair`), asked only when a return may be hijacked in the walked
-//! contexts. xtask symbolizes lines of the form `  fp #N 0x...`.
+//! contexts. xtask symbolizes lines of the form `  fp #N 0x...`. In a build without frame
+//! pointers (`nofp`) every frame-record walk is refused and [`Mode::DEFAULT`] is the SFrame walk.
 
 use crate::arch::cpu;
 use crate::arch::exception::ExceptionFrame;
