@@ -759,6 +759,31 @@ mod tests {
     }
 
     #[test]
+    fn nofp_refuses_the_frame_walk_and_defaults_to_every_other_walker() {
+        let args = |variant, unwinder| ProfileArgs {
+            unwinder,
+            every: 100_003,
+            hz: None,
+            variant,
+            cpu: None,
+            break_unwinder: None,
+            out: None,
+            timeout: 600,
+            workload: "kasan-boot".into(),
+        };
+        for refused in [UnwinderChoice::Fp, UnwinderChoice::Both] {
+            let failure = validate(&args(BuildVariant::Nofp, Some(refused))).expect_err("refused");
+            assert_eq!(failure.status, 2);
+            assert!(failure.message.contains("no frame pointers"), "{}", failure.message);
+        }
+        for accepted in [UnwinderChoice::Scs, UnwinderChoice::Sframe, UnwinderChoice::All] {
+            assert!(validate(&args(BuildVariant::Nofp, Some(accepted))).is_ok());
+        }
+        assert_eq!(args(BuildVariant::Nofp, None).unwinder(), UnwinderChoice::All);
+        assert_eq!(args(BuildVariant::Prod, None).unwinder(), UnwinderChoice::Both);
+    }
+
+    #[test]
     fn known_shape_check_accepts_three_to_one_and_rejects_the_rest() {
         let good = "main;k::shape_heavy_caller;k::shape_heavy 75\nmain;k::shape_light_caller;k::shape_light 25\n";
         assert!((check_known_shape(good).expect("passes") - 0.75).abs() < 1e-9);
