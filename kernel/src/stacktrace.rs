@@ -8,7 +8,8 @@
 //! addresses into the caller's buffer, PAC-stripped by the kernel's address layout (kernel code is
 //! in TTBR1); an interrupted context's PC is exact. Returns hijacked by kretprobes show their real
 //! address (`probes::kretprobe::Repair`), asked only when a return may be hijacked in the walked
-//! contexts. xtask symbolizes lines of the form `  fp #N 0x...`.
+//! contexts. xtask symbolizes lines of the form `  fp #N 0x...`. In a build without frame
+//! pointers (`nofp`) every frame-record walk is refused and [`Mode::DEFAULT`] is the SFrame walk.
 
 use crate::arch::cpu;
 use crate::arch::exception::ExceptionFrame;
@@ -38,6 +39,28 @@ pub enum Mode {
     /// Unwind SP, FP and the return address by the SFrame table ([`sframe_table`]), which
     /// describes every instruction of compiled code, prologues and epilogues included.
     SFrame,
+}
+
+impl Mode {
+    /// The walker of a trace where no mode is asked for (reports, the demo, `save_stack`'s
+    /// initial mode): the frame walk, or the SFrame walk in a build without frame pointers, which
+    /// follows the same frames by the table.
+    pub const DEFAULT: Mode = if crate::build_info::FRAME_POINTERS { Mode::FramePointer } else { Mode::SFrame };
+
+    /// The walker's name as the command line, the bench and printed traces say it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Mode::FramePointer => "fp",
+            Mode::ShadowCallStack => "scs",
+            Mode::SFrame => "sframe",
+        }
+    }
+
+    /// Whether this build can walk in this mode: a frame-record walk needs frame pointers
+    /// ([`crate::build_info::FRAME_POINTERS`]); the others always run.
+    pub const fn available(self) -> bool {
+        !matches!(self, Mode::FramePointer) || crate::build_info::FRAME_POINTERS
+    }
 }
 
 /// The kernel's address layout: `64 - T1SZ` VA bits (TCR_EL1), code in the upper half.
@@ -307,8 +330,15 @@ impl StackSet for RunningStacks {
 /// Fixed cost outside the loop: SP's slot (two instructions give the stack's bounds), x29, the
 /// trampoline of hijacked returns, the buffer's bounds; the other declared stacks are worked
 /// out only if the walk leaves SP's stack.
+///
+/// In a build without frame pointers x29 is an ordinary register: the walk is refused
+/// ([`StopReason::NoFramePointers`], nothing read); the test is a constant, so other builds
+/// carry no trace of it.
 #[inline(always)]
 pub fn collect_frames(options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
+    if !crate::build_info::FRAME_POINTERS {
+        return FRAMES_REFUSED;
+    }
     let stacks = RunningStacks::new(slot_of(stack_pointer()));
     let walker = FrameWalker::over(&KernelMemory, &stacks, LAYOUT).with_repair(&WalkRepair);
     walker.walk(FrameStart::Record(frame_pointer()), options, buffer)
@@ -520,12 +550,19 @@ pub fn collect(mode: Mode, options: TraceOptions, buffer: &mut [MaybeUninit<u64>
 /// [`collect_frames`]'s walk compiled with the sanitizer's checks, its memory read a plain
 /// `read_volatile`: what an instrumented unwinder costs (bench `kasan-boot`, `fp-instrumented`).
 /// Always inlined, as `collect_frames` (the instrumented part is the walk itself).
+/// Refused without frame pointers, as `collect_frames`.
 #[inline(always)]
 pub fn collect_instrumented(options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
+    if !crate::build_info::FRAME_POINTERS {
+        return FRAMES_REFUSED;
+    }
     let stacks = RunningStacks::new(slot_of(stack_pointer()));
     let walker = FrameWalker::over(&CheckedMemory, &stacks, LAYOUT).with_repair(&WalkRepair);
     walker.walk_instrumented(FrameStart::Record(frame_pointer()), options, buffer)
 }
+
+/// What a frame-record walk reports in a build without frame pointers: no entries, refused.
+pub const FRAMES_REFUSED: Walked = Walked { len: 0, exception_pcs: 0, stop: StopReason::NoFramePointers };
 
 /// The trace of the running context, from the caller of this function outward, kept in a
 /// [`Trace`] (reports, tests, the timer tick's capture: the cold paths).
@@ -544,6 +581,9 @@ pub fn of_frame(frame: &ExceptionFrame, slot: Slot, mode: Mode) -> Trace {
     let repair = (slot == crate::task::current_slot()).then_some(&Repair as &dyn ReturnRepair);
     let mut trace = Trace::new();
     match mode {
+        Mode::FramePointer if !crate::build_info::FRAME_POINTERS => {
+            trace.fill(|_| FRAMES_REFUSED);
+        }
         Mode::FramePointer => {
             let stacks = [stack_range(slot, StackKind::Task)];
             let walker = FrameWalker::new(&KernelMemory, &stacks, LAYOUT);
@@ -598,18 +638,19 @@ pub fn print(label: &str, trace: &Trace) {
     defmt::error!("  {=str}: {=usize} frames, {}", label, trace.len(), defmt::Display2Format(&trace.stop_reason()));
 }
 
-/// Both backtraces of the running context, as Zircon's panic handler prints them.
+/// Both backtraces of the running context, as Zircon's panic handler prints them: the
+/// [`Mode::DEFAULT`] walk (`fp`, or `sframe` without frame pointers), then `scs`.
 #[inline(never)]
 pub fn print_both() {
-    print("fp", &capture(Mode::FramePointer, TraceOptions::ALL));
+    print(Mode::DEFAULT.name(), &capture(Mode::DEFAULT, TraceOptions::ALL));
     if crate::build_info::SHADOW_CALL_STACK {
         print("scs", &capture(Mode::ShadowCallStack, TraceOptions::ALL));
     }
 }
 
-/// Both backtraces of an interrupted context.
+/// Both backtraces of an interrupted context, as [`print_both`].
 pub fn print_both_of(frame: &ExceptionFrame, slot: Slot) {
-    print("fp", &of_frame(frame, slot, Mode::FramePointer));
+    print(Mode::DEFAULT.name(), &of_frame(frame, slot, Mode::DEFAULT));
     if crate::build_info::SHADOW_CALL_STACK {
         print("scs", &of_frame(frame, slot, Mode::ShadowCallStack));
     }
@@ -641,7 +682,7 @@ pub fn init_depot() {
 }
 
 /// The mode `save_stack` uses (switchable at run time).
-static MODE: AtomicU8 = AtomicU8::new(0);
+static MODE: AtomicU8 = AtomicU8::new(Mode::DEFAULT as u8);
 
 pub fn set_mode(mode: Mode) {
     MODE.store(mode as u8, Ordering::Relaxed);

@@ -26,13 +26,21 @@ pub enum BuildVariant {
     /// `prod` plus a heap whose tags are MTE allocation tags (KASAN HW_TAGS): no compiler
     /// checks, the hardware checks every access. QEMU `virt` with `mte=on` and `-cpu max` only.
     Mte,
+    /// `prod` without frame pointers (SCS, PAC, patchable entries and the SFrame table stay):
+    /// x29 is an ordinary register, so the kernel refuses every frame-record walk and traces
+    /// by the shadow call stack and the SFrame table. What frame pointers cost.
+    Nofp,
 }
 
 impl BuildVariant {
     /// The variants every CPU and board runs (the test matrix's default set).
     pub const ALL: [BuildVariant; 3] = [Self::Full, Self::Prod, Self::Plain];
-    /// Every variant, `mte` included (which needs QEMU's emulated MTE).
+    /// The variants of the whole test matrix, `mte` included (which needs QEMU's emulated MTE).
+    /// `nofp` is not among them: it differs from `prod` only in frame pointers, so the default
+    /// set runs it in one configuration of its own.
     pub const EVERY: [BuildVariant; 4] = [Self::Full, Self::Prod, Self::Plain, Self::Mte];
+    /// Every variant there is (for reading back the variant a figure names).
+    pub const KNOWN: [BuildVariant; 5] = [Self::Full, Self::Prod, Self::Plain, Self::Mte, Self::Nofp];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -40,6 +48,7 @@ impl BuildVariant {
             Self::Prod => "prod",
             Self::Plain => "plain",
             Self::Mte => "mte",
+            Self::Nofp => "nofp",
         }
     }
 
@@ -64,17 +73,27 @@ impl BuildVariant {
             "-Zpatchable-function-entry=4,2",
             "-Zmin-function-alignment=8",
             "-Zunstable-options",
-            "-Cforce-frame-pointers=non-leaf",
         ];
+        // Every instrumented variant but `nofp` keeps a frame record in each non-leaf function.
+        let frame_pointers = ["-Cforce-frame-pointers=non-leaf"];
         match self {
             Self::Plain => vec![],
-            Self::Prod => [&["-Zsanitizer=shadow-call-stack"][..], &instrumented].concat(),
+            Self::Prod => [&["-Zsanitizer=shadow-call-stack"][..], &instrumented, &frame_pointers].concat(),
+            // The target leaves frame pointers to the compiler (no `frame-pointer` in its spec):
+            // `no` says so explicitly, and LLVM then uses x29 as a general-purpose register.
+            Self::Nofp => {
+                [&["-Zsanitizer=shadow-call-stack"][..], &instrumented, &["-Cforce-frame-pointers=no"]].concat()
+            }
             // The assembler needs the memtag extension for IRG/STG/LDG; no code generation
             // changes (LLVM emits MTE instructions only for the memtag sanitizer).
-            Self::Mte => [&["-Zsanitizer=shadow-call-stack"][..], &instrumented, &["-Ctarget-feature=+mte"]].concat(),
+            Self::Mte => {
+                [&["-Zsanitizer=shadow-call-stack"][..], &instrumented, &frame_pointers, &["-Ctarget-feature=+mte"]]
+                    .concat()
+            }
             Self::Full => [
                 &["-Zsanitizer=shadow-call-stack,kernel-hwaddress"][..],
                 &instrumented,
+                &frame_pointers,
                 // The outline scheme (as Linux's SW_TAGS): each access calls a
                 // __hwasan_check_x<R> thunk that reads the shadow at
                 // sbfx(addr, 4, 52) + offset and tail-calls __hwasan_tag_mismatch on a mismatch.

@@ -146,11 +146,13 @@ fn field(text: &str, key: &str) -> Option<u64> {
     hex(value).or_else(|| value.parse().ok())
 }
 
-/// `N fp=0x.. scs=0x..`
+/// `N fp=0x.. scs=0x..` (`sframe=` for `fp=` in a build without frame pointers, whose kernel
+/// walks by the SFrame table where it would follow frame records).
 fn stack_row(row: &str) -> Option<(usize, u64, u64)> {
     let mut words = row.split_whitespace();
     let index = words.next()?.parse().ok()?;
-    let fp = hex(words.next()?.strip_prefix("fp=")?)?;
+    let first = words.next()?;
+    let fp = hex(first.strip_prefix("fp=").or_else(|| first.strip_prefix("sframe="))?)?;
     let scs = hex(words.next()?.strip_prefix("scs=")?)?;
     Some((index, fp, scs))
 }

@@ -308,12 +308,13 @@ impl Symbolizer {
     }
 }
 
-/// A backtrace line `  LABEL #N 0xADDR` (LABEL `fp` or `scs`): (indent, label, `#N`, address).
+/// A backtrace line `  LABEL #N 0xADDR` (LABEL `fp`, `scs` or `sframe`): (indent, label, `#N`,
+/// address).
 fn backtrace_line(text: &str) -> Option<(&str, &str, &str, u64)> {
     let indent = &text[..text.len() - text.trim_start().len()];
     let mut words = text.split_whitespace();
     let (label, index, address) = (words.next()?, words.next()?, words.next()?);
-    if !matches!(label, "fp" | "scs") || !index.starts_with('#') || words.next().is_some() {
+    if !matches!(label, "fp" | "scs" | "sframe") || !index.starts_with('#') || words.next().is_some() {
         return None;
     }
     Some((indent, label, index, u64::from_str_radix(address.strip_prefix("0x")?, 16).ok()?))
@@ -541,6 +542,10 @@ mod tests {
         assert_eq!(
             symbolizer.annotate("scs #0 0xffff000040080130").as_deref(),
             Some("scs #0 kernel::stacktrace::walk+0x10/0x40 0xffff000040080130")
+        );
+        assert_eq!(
+            symbolizer.annotate("  sframe #1 0xffff000040080034").as_deref(),
+            Some("  sframe #1 kernel::kernel_main+0x34/0x120 0xffff000040080034")
         );
         // A return address just past a function that ends in a call (a `-> !` call) belongs to
         // that function: the lookup uses the call instruction.

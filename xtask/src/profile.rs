@@ -26,9 +26,10 @@ pub const SHARE_LIMIT_PERCENT: u64 = 25;
 
 #[derive(clap::Args)]
 pub struct ProfileArgs {
-    /// Which walkers each sample runs.
-    #[arg(long, value_enum, default_value = "both")]
-    pub unwinder: UnwinderChoice,
+    /// Which walkers each sample runs (default: both; in variant nofp, which has no frame
+    /// pointers, all: there the shadow call stack and the SFrame walk).
+    #[arg(long, value_enum)]
+    pub unwinder: Option<UnwinderChoice>,
     /// Sample every N instructions (the PMU's INST_RETIRED overflow; exact under icount).
     #[arg(long, default_value_t = 100_003, conflicts_with = "hz")]
     pub every: u64,
@@ -70,6 +71,18 @@ pub enum UnwinderChoice {
 pub enum BrokenUnwinder {
     Fp,
     Scs,
+}
+
+impl ProfileArgs {
+    /// The walkers asked for, or the variant's default: fp and scs, or without frame pointers
+    /// every walker the build has (the kernel drops the refused frame walk from `all`).
+    pub fn unwinder(&self) -> UnwinderChoice {
+        self.unwinder.unwrap_or(if self.variant == BuildVariant::Nofp {
+            UnwinderChoice::All
+        } else {
+            UnwinderChoice::Both
+        })
+    }
 }
 
 /// One profile: folded stacks per unwinder and the kernel's summary.
@@ -134,7 +147,13 @@ pub fn validate(args: &ProfileArgs) -> Result<(), Failure> {
             args.every
         )));
     }
-    if args.variant == BuildVariant::Plain && !matches!(args.unwinder, UnwinderChoice::Fp | UnwinderChoice::Sframe) {
+    if args.variant == BuildVariant::Nofp && matches!(args.unwinder, Some(UnwinderChoice::Fp | UnwinderChoice::Both)) {
+        return Err(Failure::usage(
+            "variant nofp has no frame pointers, so the kernel refuses frame-record walks: use --unwinder \
+             scs|sframe|all (all: scs and sframe there) or --variant full|prod",
+        ));
+    }
+    if args.variant == BuildVariant::Plain && !matches!(args.unwinder(), UnwinderChoice::Fp | UnwinderChoice::Sframe) {
         return Err(Failure::usage(
             "variant plain has no shadow call stack: use --unwinder fp|sframe or --variant full|prod",
         ));
@@ -164,7 +183,7 @@ pub fn collect(args: &ProfileArgs) -> Result<Profile, Failure> {
         "icount=1".into(),
         format!("expect-pauth={}", cpu.expected_pauth()),
         format!("profile.workload={}", args.workload),
-        format!("profile.unwinder={}", unwinder_word(args.unwinder)),
+        format!("profile.unwinder={}", unwinder_word(args.unwinder())),
     ];
     match args.hz {
         Some(hz) => words.extend(["profile.clock=timer".into(), format!("hz={hz}")]),
@@ -636,7 +655,7 @@ pub fn check_known_shape(folded: &str) -> Result<f64, String> {
 /// check fails for SCS and still passes for FP.
 pub fn self_test(report: &mut dyn FnMut(&str, Option<String>)) -> Result<(), Failure> {
     let args = |broken: Option<BrokenUnwinder>| ProfileArgs {
-        unwinder: UnwinderChoice::Both,
+        unwinder: Some(UnwinderChoice::Both),
         every: KNOWN_SHAPE_EVERY,
         hz: None,
         variant: BuildVariant::Full,
@@ -737,6 +756,31 @@ mod tests {
             ),
             "FP write_u8 / SCS closure above test"
         );
+    }
+
+    #[test]
+    fn nofp_refuses_the_frame_walk_and_defaults_to_every_other_walker() {
+        let args = |variant, unwinder| ProfileArgs {
+            unwinder,
+            every: 100_003,
+            hz: None,
+            variant,
+            cpu: None,
+            break_unwinder: None,
+            out: None,
+            timeout: 600,
+            workload: "kasan-boot".into(),
+        };
+        for refused in [UnwinderChoice::Fp, UnwinderChoice::Both] {
+            let failure = validate(&args(BuildVariant::Nofp, Some(refused))).expect_err("refused");
+            assert_eq!(failure.status, 2);
+            assert!(failure.message.contains("no frame pointers"), "{}", failure.message);
+        }
+        for accepted in [UnwinderChoice::Scs, UnwinderChoice::Sframe, UnwinderChoice::All] {
+            assert!(validate(&args(BuildVariant::Nofp, Some(accepted))).is_ok());
+        }
+        assert_eq!(args(BuildVariant::Nofp, None).unwinder(), UnwinderChoice::All);
+        assert_eq!(args(BuildVariant::Prod, None).unwinder(), UnwinderChoice::Both);
     }
 
     #[test]

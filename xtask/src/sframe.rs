@@ -319,6 +319,19 @@ pub fn validate(
     Ok(validation)
 }
 
+/// How far back from an epilogue's SP increment [`check_rewrite`] looks for the restores.
+const EPILOGUE_SEARCH: u64 = 32;
+
+/// A branch (B, BL, B.cond, CBZ/CBNZ, TBZ/TBNZ, or BR/BLR/RET and the other register
+/// branches): the end of the straight-line run before it.
+fn is_branch(word: u32) -> bool {
+    word & 0x7c00_0000 == 0x1400_0000
+        || word & 0xff00_0010 == 0x5400_0000
+        || word & 0x7e00_0000 == 0x3400_0000
+        || word & 0x7e00_0000 == 0x3600_0000
+        || word & 0xfe00_0000 == 0xd600_0000
+}
+
 /// A hint-space instruction (`nop`, `autiasp`, `autibsp`, `bti`...).
 fn is_hint(word: u32) -> bool {
     word & 0xffff_f01f == 0xd503_201f
@@ -327,7 +340,11 @@ fn is_hint(word: u32) -> bool {
 /// A rewritten row starting at `row_start`, for `original` (its CFI): going back over the
 /// epilogue's tail (the shadow stack's pop, `autiasp` and other hints), the first other
 /// instruction frees the frame (raises SP), and each register whose slot the CFI still places
-/// below SP (x30, x29) was loaded from the stack by it or one of the four before it.
+/// below SP (x30, x29) was loaded from the stack in the straight-line run that ends with it
+/// ([`EPILOGUE_SEARCH`] instructions at most, back to a branch or the function's start). With
+/// frame pointers that load is the `ldp x29, x30` just before; without them (variant `nofp`)
+/// x29 is an ordinary callee-saved register, and LLVM schedules the restores among the
+/// function's last stores, several instructions up.
 fn check_rewrite(
     original: &UnwindRow,
     row_start: u64,
@@ -348,9 +365,10 @@ fn check_rewrite(
     };
     let below_sp =
         |slot: Option<i32>| slot.is_some_and(|offset| i64::from(original.cfa_offset) + i64::from(offset) < 0);
-    let words: Vec<u32> = (0..=4)
-        .filter_map(|back| raise.checked_sub(4 * back).filter(|at| *at >= function_start))
-        .filter_map(instruction)
+    let words: Vec<u32> = (0..EPILOGUE_SEARCH)
+        .map_while(|back| raise.checked_sub(4 * back).filter(|at| *at >= function_start))
+        .map_while(instruction)
+        .take_while(|word| !is_branch(*word))
         .collect();
     for (slot, register, name) in [(original.ra_offset, 30, "x30"), (original.fp_offset, 29, "x29")] {
         if below_sp(slot) && !words.iter().any(|word| loads_from_stack(*word, register)) {

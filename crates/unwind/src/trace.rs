@@ -124,6 +124,9 @@ pub enum StopReason {
         /// What it violated.
         corruption: Corruption,
     },
+    /// The build has no frame pointers (x29 is an ordinary register): a frame-record walk
+    /// was refused, not attempted. Nothing was read.
+    NoFramePointers,
 }
 
 impl StopReason {
@@ -168,6 +171,7 @@ impl fmt::Display for StopReason {
             Self::Corrupt { address, corruption } => {
                 write!(f, "corrupted at {address:#x}: {corruption}")
             }
+            Self::NoFramePointers => f.write_str("refused: this build has no frame pointers"),
         }
     }
 }

@@ -230,6 +230,9 @@ pub fn run(plan: &Plan) {
     if !crate::mm::kasan::CHECKS_COMPILED_IN {
         defmt::warn!("bench kasan-boot: build without tag checks (not `full`): figures are not a sanitizer kernel's");
     }
+    if !crate::build_info::FRAME_POINTERS {
+        defmt::warn!("bench kasan-boot: variant without frame pointers, fp cases refused (not measured)");
+    }
     let saved = (heap::stacks(), stacktrace::stack_sample());
     // Collections per boot (the same in every case: the sequence is fixed).
     let collections = {
@@ -243,6 +246,10 @@ pub fn run(plan: &Plan) {
         let mut windows = [0u64; CASES.len()];
         let mut totals = [0.0f64; CASES.len()];
         for (index, &(name, mode, sample)) in CASES.iter().enumerate() {
+            // Without frame pointers the frame-walk cases are refused: no row.
+            if !mode.available() {
+                continue;
+            }
             heap::set_stacks(mode);
             stacktrace::set_stack_sample(sample);
             boot(&mut Workload::new(false));
@@ -260,6 +267,9 @@ pub fn run(plan: &Plan) {
         let total_of = |name: &str| totals[index_of(name)];
         let window_of = |name: &str| windows[index_of(name)];
         for (case, no_depot) in [("fp", "fp-no-depot"), ("scs", "scs-no-depot"), ("sframe", "sframe-no-depot")] {
+            if CASES.iter().any(|&(name, mode, _)| name == case && !mode.available()) {
+                continue;
+            }
             let walk = (total_of(no_depot) - total_of("no-stacks")) / collections;
             let depot = (total_of(case) - total_of(no_depot)) / collections;
             row("kasan-boot", case, "-", "walk_per_collection", plan.unit(), walk);

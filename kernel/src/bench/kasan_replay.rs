@@ -290,6 +290,12 @@ pub fn run(plan: &Plan) {
         defmt::warn!("bench kasan-replay: this build has no shadow call stack; run it on `full`");
         return;
     }
+    if !crate::build_info::FRAME_POINTERS {
+        defmt::warn!(
+            "bench kasan-replay: this build has no frame pointers (its cases walk frame records); run it on `full`"
+        );
+        return;
+    }
     if !crate::mm::kasan::CHECKS_COMPILED_IN {
         defmt::warn!("bench kasan-replay: build without tag checks (not `full`): figures are not a sanitizer kernel's");
     }

@@ -114,12 +114,15 @@ pub fn run(plan: &Plan) {
     if !crate::build_info::SHADOW_CALL_STACK {
         defmt::warn!("bench stacktrace: variant without a shadow call stack, scs cases skipped");
     }
+    if !crate::build_info::FRAME_POINTERS {
+        defmt::warn!("bench stacktrace: variant without frame pointers, fp cases refused (not measured)");
+    }
     for _ in 0..plan.reps {
         for depth in DEPTHS {
             let params = Label::new(format_args!("depth={depth}"));
             let params = params.as_str();
             for (case, mode, depot) in CASES {
-                if mode == Mode::ShadowCallStack && !crate::build_info::SHADOW_CALL_STACK {
+                if (mode == Mode::ShadowCallStack && !crate::build_info::SHADOW_CALL_STACK) || !mode.available() {
                     continue;
                 }
                 let mut windows = TraceWindows::default();

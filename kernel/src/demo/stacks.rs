@@ -2,7 +2,8 @@
 //!
 //! The point is `innermost`, three named calls below the demo. Both traces skip the helper that
 //! takes them, so both start at the same return address. Lines: `demo: stacks #N fp=.. scs=..`
-//! (0 where a walk has no entry), then each walk's length and stop reason. The cost is the bench
+//! (0 where a walk has no entry), then each walk's length and stop reason. Without frame
+//! pointers the first walk is the SFrame walk (`Mode::DEFAULT`), named `sframe=` and `sframe`. The cost is the bench
 //! stacktrace suite's case at the deepest of its depths the point has, measured here with the
 //! bench's own measurement (`bench::stacktrace::per_trace`).
 
@@ -40,13 +41,21 @@ fn middle(plan: &Plan) {
 #[inline(never)]
 fn innermost(plan: &Plan) {
     let (frames, shadow) = both();
+    let walker = Mode::DEFAULT.name();
     let rows = frames.len().max(shadow.len());
     for index in 0..rows {
         let address = |trace: &Trace| trace.entry(index).map_or(0, |entry| entry.address);
-        defmt::info!("demo: stacks #{=usize} fp={=u64:#x} scs={=u64:#x}", index, address(&frames), address(&shadow));
+        defmt::info!(
+            "demo: stacks #{=usize} {=str}={=u64:#x} scs={=u64:#x}",
+            index,
+            walker,
+            address(&frames),
+            address(&shadow)
+        );
     }
     defmt::info!(
-        "demo: stacks: fp {=usize} frames ({}), scs {=usize} frames ({})",
+        "demo: stacks: {=str} {=usize} frames ({}), scs {=usize} frames ({})",
+        walker,
         frames.len(),
         defmt::Display2Format(&frames.stop_reason()),
         shadow.len(),
@@ -56,7 +65,8 @@ fn innermost(plan: &Plan) {
     let saves = [stacktrace::DEPOT.save(frames.addresses()), stacktrace::DEPOT.save(frames.addresses())];
     match saves {
         [Ok(first), Ok(second)] => defmt::info!(
-            "demo: stacks: fp trace saved in the depot twice: handles {=u32:#x} and {=u32:#x} ({=str})",
+            "demo: stacks: {=str} trace saved in the depot twice: handles {=u32:#x} and {=u32:#x} ({=str})",
+            walker,
             first.to_raw(),
             second.to_raw(),
             if first == second { "one record" } else { "two records" }
@@ -70,8 +80,8 @@ fn innermost(plan: &Plan) {
         return;
     };
     let params = Label::new(format_args!("depth={depth}"));
-    for (case, mode) in [("fp", Mode::FramePointer), ("scs", Mode::ShadowCallStack)] {
-        cost("stacktrace", case, params.as_str(), "per_trace", plan, bench::per_trace(plan, mode, depth, false));
+    for mode in [Mode::DEFAULT, Mode::ShadowCallStack] {
+        cost("stacktrace", mode.name(), params.as_str(), "per_trace", plan, bench::per_trace(plan, mode, depth, false));
     }
 }
 
@@ -81,7 +91,7 @@ fn innermost(plan: &Plan) {
 #[inline(never)]
 fn both() -> (Trace, Trace) {
     let options = TraceOptions::new(1, unwind::MAX_FRAMES);
-    let both = (stacktrace::capture(Mode::FramePointer, options), stacktrace::capture(Mode::ShadowCallStack, options));
+    let both = (stacktrace::capture(Mode::DEFAULT, options), stacktrace::capture(Mode::ShadowCallStack, options));
     black_box(&both);
     both
 }

@@ -195,6 +195,20 @@ pub(super) fn start(request: &Request, event: Option<pmu::Event>) -> Result<(), 
         defmt::error!("profile: this build has no shadow call stack (variant {=str})", crate::build_info::VARIANT);
         return Err("no shadow call stack");
     }
+    // Without frame pointers the frame walk is refused: `all` samples with the other two, and
+    // a request for the frame walk alone (or with SCS) is refused.
+    let unwinders = if crate::build_info::FRAME_POINTERS || unwinders & FP == 0 {
+        unwinders
+    } else if request.unwinders == Unwinders::All {
+        defmt::info!("profile: no frame pointers in this build: sampling with scs and sframe");
+        unwinders & !FP
+    } else {
+        defmt::error!(
+            "profile: this build has no frame pointers (variant {=str}): the fp walk is refused; use scs, sframe or all",
+            crate::build_info::VARIANT
+        );
+        return Err("no frame pointers");
+    };
     STARTED_AT.store(counters::virtual_count(), Ordering::Relaxed);
     ACTIVE.store(unwinders | timer, Ordering::Release);
     if let (Clock::Pmu { every }, Some(event)) = (request.clock, event)

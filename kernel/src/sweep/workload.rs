@@ -138,11 +138,8 @@ fn nested_capture(levels: u32, sum: &mut Checksum) -> u64 {
         return core::hint::black_box(nested_capture(levels - 1, sum)) + 1;
     }
     let mut frames = 0;
-    let modes: &[Mode] = if crate::build_info::SHADOW_CALL_STACK {
-        &[Mode::FramePointer, Mode::ShadowCallStack]
-    } else {
-        &[Mode::FramePointer]
-    };
+    let modes: &[Mode] =
+        if crate::build_info::SHADOW_CALL_STACK { &[Mode::DEFAULT, Mode::ShadowCallStack] } else { &[Mode::DEFAULT] };
     for &mode in modes {
         let trace = stacktrace::capture(mode, TraceOptions::new(0, unwind::MAX_FRAMES));
         // The workload's own frames only (nested_capture x4, walkers, pass): the task's entry

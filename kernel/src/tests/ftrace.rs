@@ -299,8 +299,10 @@ fn irq_context(_: &Context) -> Outcome {
     check!(ftrace::unregister(tracer).is_ok());
     check_eq!(in_irq, 2);
     check_eq!(in_task, 0);
-    // The traces taken through the trampoline in the IRQ still reach the interrupted task.
-    check!(capture.frame_pointer.addresses().len() > 2);
+    // The traces taken through the trampoline in the IRQ still reach the interrupted task (the
+    // shadow stack's, chained from the IRQ's, without frame pointers).
+    let reaching = if crate::build_info::FRAME_POINTERS { &capture.frame_pointer } else { &capture.shadow };
+    check!(reaching.addresses().len() > 2);
     Ok(Verdict::Passed)
 }
 
@@ -375,7 +377,7 @@ static TRACES: [[AtomicU64; 8]; 2] = [const { [const { AtomicU64::new(0) }; 8] }
 unsafe extern "C" fn capture_traces(_: u64, _: u64, _: &Ops, _: &mut Regs) {
     let modes = [Mode::FramePointer, Mode::ShadowCallStack];
     for (index, mode) in modes.into_iter().enumerate() {
-        if mode == Mode::ShadowCallStack && !crate::build_info::SHADOW_CALL_STACK {
+        if !mode.available() || (mode == Mode::ShadowCallStack && !crate::build_info::SHADOW_CALL_STACK) {
             continue;
         }
         let trace = stacktrace::capture(mode, TraceOptions::ALL);
@@ -403,7 +405,8 @@ fn backtraces(_: &Context) -> Outcome {
     check_eq!(result, 3 ^ 0x5a5a);
     let function_of = |address: u64| callsites::function_containing(address - 4).map(|(start, _)| start);
     for (index, trace) in TRACES.iter().enumerate() {
-        if index == 1 && !crate::build_info::SHADOW_CALL_STACK {
+        // No frame walk without frame pointers, no shadow walk without the shadow call stack.
+        if (index == 0 && !crate::build_info::FRAME_POINTERS) || (index == 1 && !crate::build_info::SHADOW_CALL_STACK) {
             continue;
         }
         let addresses: [u64; 8] = core::array::from_fn(|slot| trace[slot].load(Ordering::Relaxed));

@@ -156,9 +156,12 @@ fn sum(a: u64, b: u64) -> u64 {
 /// A non-leaf Rust function: patchable entry, `paciasp`, SCS push, frame record.
 #[inline(never)]
 extern "C" fn add_target(a: u64, b: u64) -> u64 {
-    // SAFETY: with frame records (full, prod), this non-leaf function has one at x29 when it
-    // calls; in `plain` the word read is some other frame's, which is only stored.
-    SEEN_LR.store(unsafe { kretprobe_caller_record_lr() }, Ordering::Relaxed);
+    // Without frame pointers x29 holds anything: nothing is read through it.
+    if crate::build_info::FRAME_POINTERS {
+        // SAFETY: with frame records (full, prod), this non-leaf function has one at x29 when
+        // it calls; in `plain` the word read is some other frame's, which is only stored.
+        SEEN_LR.store(unsafe { kretprobe_caller_record_lr() }, Ordering::Relaxed);
+    }
     if crate::build_info::SHADOW_CALL_STACK {
         // SAFETY: SCS builds: its prologue pushed x30 at x18 - 8 before it calls.
         SEEN_SLOT.store(unsafe { kretprobe_caller_shadow_top() }, Ordering::Relaxed);
@@ -281,8 +284,9 @@ fn register_rust(
     }
 }
 
-/// Whether the build keeps frame records (`-Cforce-frame-pointers=non-leaf`: full and prod).
-const FRAME_RECORDS: bool = !matches!(crate::build_info::VARIANT.as_bytes(), b"plain");
+/// Whether the build keeps frame records (`-Cforce-frame-pointers=non-leaf`: full, prod, mte).
+const FRAME_RECORDS: bool =
+    !matches!(crate::build_info::VARIANT.as_bytes(), b"plain") && crate::build_info::FRAME_POINTERS;
 
 fn kretprobe_recursion_returns_in_order(_: &Context) -> Outcome {
     const DEPTH: u64 = 8;
@@ -463,6 +467,9 @@ fn same_callers(mode: Mode) -> usize {
 }
 
 fn kretprobe_fp_trace_shows_real_callers(_: &Context) -> Outcome {
+    if let Some(skipped) = super::no_frame_pointers() {
+        return skipped;
+    }
     if !FRAME_RECORDS {
         return Ok(Verdict::Skipped("variant plain keeps no frame records"));
     }

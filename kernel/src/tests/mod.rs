@@ -56,6 +56,14 @@ pub struct Context {
     pub icount: bool,
 }
 
+/// Why a test that needs frame records is skipped in a build without frame pointers.
+pub const NO_FRAME_POINTERS: &str = "variant nofp has no frame pointers: frame-record walks are refused";
+
+/// The skip of a test that needs frame records, in a build without frame pointers.
+pub fn no_frame_pointers() -> Option<Outcome> {
+    (!crate::build_info::FRAME_POINTERS).then_some(Ok(Verdict::Skipped(NO_FRAME_POINTERS)))
+}
+
 /// Fails the test with the expression and location when `condition` is false.
 macro_rules! check {
     ($condition:expr) => {

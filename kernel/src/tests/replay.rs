@@ -21,7 +21,10 @@ struct Captured {
 extern "C" fn capture_at_leaf(cursor: *const usize) {
     // SAFETY: this is the leaf of the Path::call below; its context word is a Captured's address.
     let captured = unsafe { &mut *(replay::context(cursor) as *mut Captured) };
-    captured.modes[0] = Some(stacktrace::capture(Mode::FramePointer, TraceOptions::ALL));
+    // Without frame pointers the frame walk is refused: the shadow stack alone is checked.
+    if crate::build_info::FRAME_POINTERS {
+        captured.modes[0] = Some(stacktrace::capture(Mode::FramePointer, TraceOptions::ALL));
+    }
     if crate::build_info::SHADOW_CALL_STACK {
         captured.modes[1] = Some(stacktrace::capture(Mode::ShadowCallStack, TraceOptions::ALL));
     }
@@ -70,7 +73,7 @@ fn replayed_stacks_share_what_linux_shares(_: &Context) -> Outcome {
         check!(traces[0][mode] == traces[2][mode]);
         check!(traces[0][mode] != traces[1][mode]);
     }
-    check!(traces[0][0].is_some());
+    check!(traces[0][0].is_some() || !crate::build_info::FRAME_POINTERS);
     Ok(Verdict::Passed)
 }
 

@@ -219,7 +219,7 @@ fn smp_kretprobe_migrates(_: &Context) -> Outcome {
         check_eq!(RETURNED_ON.load(Ordering::Relaxed), to + 1);
         check_eq!(RETURNED.load(Ordering::Relaxed), 42);
         check_eq!(RESULT.load(Ordering::Relaxed), 1042);
-        let frame_records = crate::build_info::VARIANT != "plain";
+        let frame_records = crate::build_info::VARIANT != "plain" && crate::build_info::FRAME_POINTERS;
         for (mode, kept, probed, unprobed) in [
             ("fp", frame_records, &fp, &unprobed_fp),
             ("scs", crate::build_info::SHADOW_CALL_STACK, &scs, &unprobed_scs),

@@ -294,6 +294,9 @@ fn compare_at_leaf(depth: usize) -> Result<SavedReturn, &'static str> {
 }
 
 fn fp_and_scs_traces_agree_on_random_chains(_: &Context) -> Outcome {
+    if let Some(skipped) = super::no_frame_pointers() {
+        return skipped;
+    }
     if let Some(skipped) = no_scs() {
         return skipped;
     }
@@ -359,6 +362,9 @@ fn compare_sframe_at_leaf(depth: usize) -> Result<SavedReturn, &'static str> {
 }
 
 fn sframe_and_fp_traces_agree_on_random_chains(_: &Context) -> Outcome {
+    if let Some(skipped) = super::no_frame_pointers() {
+        return skipped;
+    }
     if crate::build_info::VARIANT == "plain" {
         return Ok(Verdict::Skipped("variant plain keeps no frame records"));
     }
@@ -503,7 +509,7 @@ pub(super) fn fire_cross_cpu_irqs(cpu: usize) -> u64 {
 /// interrupts this CPU's random chains. Each landing in a chain function is checked as the
 /// tick's are. Resets the shared state first; `CROSS_DONE` tells the firing CPU to stop.
 pub(super) fn traces_agree_at_cross_cpu_irqs() -> Outcome {
-    if let Some(skipped) = no_scs() {
+    if let Some(skipped) = no_scs().or_else(super::no_frame_pointers) {
         CROSS_DONE.store(true, Ordering::Release);
         return skipped;
     }
@@ -546,6 +552,9 @@ pub(super) fn reset_cross_cpu_irqs() {
 }
 
 pub(super) fn traces_agree_in_irqs_at_random_points(context: &Context) -> Outcome {
+    if let Some(skipped) = super::no_frame_pointers() {
+        return skipped;
+    }
     if let Some(skipped) = no_scs() {
         return skipped;
     }
@@ -610,6 +619,9 @@ fn wait_here() {
 }
 
 fn traces_agree_in_an_irq_at_a_known_point(_: &Context) -> Outcome {
+    if let Some(skipped) = super::no_frame_pointers() {
+        return skipped;
+    }
     if let Some(skipped) = no_scs() {
         return skipped;
     }
@@ -648,6 +660,9 @@ fn walk_with_corrupted_record(bad_fp: u64) -> unwind::StopReason {
 }
 
 fn corrupted_frame_record_stops_the_walk(_: &Context) -> Outcome {
+    if let Some(skipped) = super::no_frame_pointers() {
+        return skipped;
+    }
     use unwind::{Corruption, StopReason};
     // `plain` is built without forced frame pointers: x29 need not hold this function's record,
     // so which word the test corrupts depends on register allocation (it passed by luck before
@@ -683,7 +698,8 @@ fn save_stack_switches_mode_at_run_time(_: &Context) -> Outcome {
         return skipped;
     }
     let before = stacktrace::mode();
-    let fp = save_here(Mode::FramePointer);
+    // Without frame pointers the frame walk is refused: the SFrame walk stands in for it.
+    let fp = save_here(Mode::DEFAULT);
     let scs = save_here(Mode::ShadowCallStack);
     let sframe = save_here(Mode::SFrame);
     stacktrace::set_mode(before);
@@ -732,7 +748,14 @@ fn short_buffer_stops_at_its_length(_: &Context) -> Outcome {
     if crate::build_info::VARIANT == "plain" {
         return Ok(Verdict::Skipped("variant plain keeps no frame records"));
     }
-    collect_both_lengths(Mode::FramePointer).map_err(super::fail)?;
+    if crate::build_info::FRAME_POINTERS {
+        collect_both_lengths(Mode::FramePointer).map_err(super::fail)?;
+    } else {
+        check!(
+            stacktrace::capture(Mode::FramePointer, TraceOptions::ALL).stop_reason()
+                == unwind::StopReason::NoFramePointers
+        );
+    }
     if crate::build_info::SHADOW_CALL_STACK {
         collect_both_lengths(Mode::ShadowCallStack).map_err(super::fail)?;
     }
@@ -802,7 +825,7 @@ fn sampled_allocation_stacks(_: &Context) -> Outcome {
     // the stack ring is shared with the sanitizer's tests.)
     let (mode, mut marked, mut free_saved) = (heap::stacks(), false, false);
     if crate::build_info::SHADOW_CALL_STACK {
-        heap::set_stacks(Stacks::FramePointer);
+        heap::set_stacks(Stacks::DEFAULT);
         // 1 in 2^32: this allocation is not sampled.
         stacktrace::set_stack_sample(u32::MAX);
         if let Some(object) = heap::allocate(48, 16) {

@@ -271,7 +271,7 @@ fn parse_row(row: &Value) -> Result<Row, String> {
         _ => return Err("`params` is not an object".into()),
     };
     let variant = text("variant")?;
-    let variant = BuildVariant::EVERY
+    let variant = BuildVariant::KNOWN
         .into_iter()
         .find(|known| known.name() == variant)
         .ok_or_else(|| format!("unknown build variant '{variant}'"))?;

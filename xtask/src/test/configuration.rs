@@ -2,7 +2,9 @@
 
 use super::args::TestArgs;
 use super::ktap::Ktap;
-use super::matrix::{DEFAULT_PAUTH_CPU, MTE_CONFIGURATIONS, SMP4_FIRST_VARIANT_LEVELS, SMP4_LEVELS, Selection};
+use super::matrix::{
+    DEFAULT_PAUTH_CPU, MTE_CONFIGURATIONS, NOFP_CONFIGURATION, SMP4_FIRST_VARIANT_LEVELS, SMP4_LEVELS, Selection,
+};
 use super::tally::Tally;
 use crate::Failure;
 use crate::build::{self, Board, BuildVariant};
@@ -140,6 +142,14 @@ pub fn run_selection(
                 timed_out |= run_configuration(&machine, &build_name, &image, args, "", tally)?.timed_out;
             }
         }
+    }
+    // Build variant `nofp`: the whole suite once, its frame-record tests skipped with their reason.
+    if selection.nofp && !unmatched && boards.contains(&Board::Virt) && mine() {
+        let image = build::kernel(Board::Virt, BuildVariant::Nofp)?;
+        let (cpu, el, gic) = NOFP_CONFIGURATION;
+        let machine =
+            Machine { board: Board::Virt, cpu, el, gic, icount: true, dtb: None, mte: false, smp: selection.smp };
+        timed_out |= run_configuration(&machine, BuildVariant::Nofp.name(), &image, args, "", tally)?.timed_out;
     }
     Ok(Outcome { timed_out, unmatched })
 }

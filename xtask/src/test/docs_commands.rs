@@ -77,6 +77,7 @@ pub const ACCOUNTS: &[(&str, Account)] = &[
     ),
     ("cargo xtask qemu --append \"ftrace=kernel::*\"", Verbatim { status: 0 }),
     ("cargo xtask qemu --variant mte", Verbatim { status: 0 }),
+    ("cargo xtask qemu --variant nofp", Verbatim { status: 0 }),
     (
         "cargo xtask qemu --variant mte --run use-after-free --kasan report",
         Excluded {
@@ -288,6 +289,13 @@ pub const ACCOUNTS: &[(&str, Account)] = &[
     (
         "cargo xtask bench probes --mode icount --cpu max,pauth=off",
         Excluded { reason: "the icount gate's own run", covered_by: "the icount regression gate (suite probes)" },
+    ),
+    (
+        "cargo xtask bench baseline probes --mode icount --cpu max,pauth=off --variant nofp",
+        Excluded {
+            reason: "a measurement of the nofp image (the suites' rows, about a minute under icount)",
+            covered_by: "the icount regression gate (the same suites in prod) and the nofp configuration of `cargo xtask test` (the same image)",
+        },
     ),
     (
         "cargo xtask bench probes --mode icount --cpu max,pauth=off --variant prod",

@@ -23,7 +23,14 @@ pub struct Selection {
     /// The suite on 4 CPUs: (entry level, GIC version) per build variant on virt with
     /// `DEFAULT_PAUTH_CPU`, the first variant's also at EL2 and with GICv3 and on raspi4b.
     pub smp4: bool,
+    /// The suite once in build variant `nofp` (virt, [`NOFP_CONFIGURATION`]): when no variant
+    /// was named (a named `nofp` runs in the configurations above instead).
+    pub nofp: bool,
 }
+
+/// Build variant `nofp`'s one configuration in the default set (CPU, EL, GIC): it differs from
+/// `prod` only in frame pointers, which no CPU, level or GIC changes.
+pub const NOFP_CONFIGURATION: (CpuVariant, u8, u8) = (DEFAULT_PAUTH_CPU, 1, 2);
 
 /// (entry level, GIC version) of the `smp 4` configurations every build variant runs, and those
 /// only the first variant adds: bring-up through SMC from EL2 and the GICv3 redistributors.
@@ -57,6 +64,7 @@ impl Selection {
                 trimmed: Vec::new(),
                 smp: args.smp,
                 smp4: false,
+                nofp: false,
             };
         }
         let default_cpus = [CpuVariant::MaxNoPauth, DEFAULT_PAUTH_CPU, CpuVariant::CortexA72];
@@ -71,6 +79,7 @@ impl Selection {
             ftrace: true,
             smp: args.smp,
             smp4: true,
+            nofp: args.variants.is_empty(),
         }
     }
 
@@ -124,6 +133,13 @@ impl Selection {
                     traced.join(", ")
                 );
             }
+        }
+        if self.nofp && self.boards.contains(&Board::Virt) {
+            let (cpu, el, gic) = NOFP_CONFIGURATION;
+            eprintln!(
+                "  virt: variant nofp (prod without frame pointers) in {} EL{el}/GICv{gic} (one QEMU run)",
+                cpu.name()
+            );
         }
         if self.smp != 1 {
             eprintln!("  the configurations above on {} CPUs (--smp)", self.smp);

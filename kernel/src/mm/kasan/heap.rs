@@ -163,6 +163,10 @@ pub enum Stacks {
 }
 
 impl Stacks {
+    /// The heap's stacks at boot: the frame walk with the depot, or the SFrame walk in a build
+    /// without frame pointers (which refuses frame walks).
+    pub const DEFAULT: Self = if crate::build_info::FRAME_POINTERS { Self::FramePointer } else { Self::SFrame };
+
     pub const ALL: [Self; 8] = [
         Self::None,
         Self::FramePointer,
@@ -187,6 +191,11 @@ impl Stacks {
         }
     }
 
+    /// Whether this build can collect stacks this way: a frame walk needs frame pointers.
+    pub fn available(self) -> bool {
+        self.walker().is_none_or(|(mode, ..)| mode.available())
+    }
+
     /// Which walk, whether to save in the depot, whether the walk is the instrumented one.
     fn walker(self) -> Option<(Mode, bool, bool)> {
         match self {
@@ -202,7 +211,7 @@ impl Stacks {
     }
 }
 
-static STACKS: AtomicU8 = AtomicU8::new(Stacks::FramePointer as u8);
+static STACKS: AtomicU8 = AtomicU8::new(Stacks::DEFAULT as u8);
 
 pub fn set_stacks(stacks: Stacks) {
     STACKS.store(stacks as u8, Ordering::Relaxed);

@@ -72,7 +72,7 @@ pub fn mismatch(mismatch: &Mismatch, heap: HeapView) {
 #[sanitize(kernel_hwaddress = "off")]
 pub fn bad_free(bug: BugType, pointer: u64, memory_tag: Option<u8>, free_function: u64, heap: HeapView) {
     // Where the free was called: the frame after the heap's free.
-    let trace = stacktrace::capture(stacktrace::Mode::FramePointer, TraceOptions::ALL);
+    let trace = stacktrace::capture(stacktrace::Mode::DEFAULT, TraceOptions::ALL);
     let mut entries = trace.entries().map(|entry| entry.address);
     let pc = entries
         .by_ref()

@@ -247,7 +247,7 @@ fn print_asynchronous() {
     defmt::error!("Asynchronous fault: no details available");
     defmt::error!("");
     defmt::error!("Call trace:");
-    let trace = stacktrace::capture(stacktrace::Mode::FramePointer, TraceOptions::ALL);
+    let trace = stacktrace::capture(stacktrace::Mode::DEFAULT, TraceOptions::ALL);
     for (index, entry) in trace.entries().enumerate() {
         defmt::error!("  fp #{=usize} {=u64:#x}", index, entry.address);
     }
@@ -329,9 +329,10 @@ fn print(evidence: &Evidence) {
     defmt::error!("Pointer tag: [{=u8:02x}], memory tag: [{=u8:02x}]", report.pointer_tag, report.memory_tag);
     defmt::error!("");
     // The faulting stack from the bad access (or the free's caller) outward; the whole trace,
-    // runtime frames included, when that frame is not found.
+    // runtime frames included, when that frame is not found. `fp #N` is the report's frame
+    // format whatever the walker: the default one (SFrame in a build without frame pointers).
     defmt::error!("Call trace:");
-    let trace = stacktrace::capture(stacktrace::Mode::FramePointer, TraceOptions::ALL);
+    let trace = stacktrace::capture(stacktrace::Mode::DEFAULT, TraceOptions::ALL);
     let skip = trace.entries().position(|entry| entry.address == report.pc).unwrap_or(0);
     for (index, entry) in trace.entries().skip(skip).enumerate() {
         defmt::error!("  fp #{=usize} {=u64:#x}", index, entry.address);
