@@ -434,6 +434,17 @@ impl RowLookup for CachedRows<'_> {
         // corrupt entry, a row too large to pack) is asked of the table again, out of line.
         if packed != 0 { Ok(Some(UnwindRow::unpack(packed))) } else { self.table_find(pc) }
     }
+
+    /// The walker's fast path: a hit is the entry's load and one compare of its key; a miss
+    /// fills the entry out of line. Same exemption and access as [`Self::find`].
+    #[inline(always)]
+    fn find_packed(&self, pc: u64) -> u32 {
+        let entry = &ROW_CACHE[row_cache_index(pc)];
+        let word = uninstrumented::load_u64(entry);
+        // The key is the entry's low half under the window's upper half: one compare with `pc`.
+        // An empty entry's row is 0, which the walker takes as "ask `find`".
+        if word & 0xffff_ffff | self.window << 32 == pc { (word >> 32) as u32 } else { self.fill(pc, entry) }
+    }
 }
 
 impl CachedRows<'_> {

@@ -23,10 +23,13 @@
 
 use core::mem::MaybeUninit;
 
-use crate::frame::{FRAME_RECORD_SIZE, FrameMarker};
+use crate::frame::{FRAME_RECORD_SIZE, FrameMarker, repair_or_depth_limit};
 use crate::pac::AddressLayout;
 use crate::repair::ReturnRepair;
-use crate::sframe::{CfaBase, RowLookup, SFrameTable};
+use crate::sframe::{
+    CfaBase, PACKED_FP_BASED, PACKED_FP_SAVED, PACKED_RA_SAVED, RowLookup, SFrameTable, packed_cfa_offset,
+    packed_fp_slot, packed_ra_slot,
+};
 use crate::stack::{StackMemory, StackRange, StackSet};
 use crate::trace::{Corruption, Sink, StopReason, TraceOptions, Walked};
 
@@ -81,6 +84,14 @@ struct Frame {
     lr: Option<u64>,
     /// `pc` is exact (look it up as is) rather than a return address (look up `pc - 1`).
     exact: bool,
+}
+
+/// What the fast path carries from frame to frame: a return address, its frame's SP and x29.
+#[derive(Clone, Copy)]
+struct FastFrame {
+    pc: u64,
+    sp: u64,
+    fp: u64,
 }
 
 impl<'a, M, T> SFrameWalker<'a, M, [StackRange], T>
@@ -143,6 +154,24 @@ where
         // be strictly above the previous CFA, which is that frame's SP.
         let mut floor = frame.sp;
         loop {
+            // Return-address frames go through the fast step first; the frame it refuses (a row
+            // it does not cover, a check that fails, the trampoline, a full phase) is taken
+            // again by the full step below, which says why it stops or moves on.
+            if !frame.exact {
+                let start = FastFrame { pc: frame.pc, sp: frame.sp, fp: frame.fp };
+                let (fast, cursor) = fast_frames(
+                    self.memory,
+                    self.table,
+                    start,
+                    FastBounds { high: stack.high, upper, trampoline, end: sink.phase_end() },
+                    sink.cursor(),
+                );
+                if cursor != sink.cursor() {
+                    sink.sync(cursor);
+                    frame = Frame { pc: fast.pc, sp: fast.sp, fp: fast.fp, lr: None, exact: false };
+                    floor = fast.sp + 1;
+                }
+            }
             let lookup = if frame.exact { frame.pc } else { frame.pc.wrapping_sub(1) };
             let row = match self.table.find(lookup) {
                 Ok(Some(row)) => row,
@@ -275,4 +304,81 @@ where
             None => StopReason::Unreadable { address: marker + FrameMarker::KIND_OFFSET },
         }
     }
+}
+
+/// What the fast path checks against, fixed for a run of fast frames: the stack's top, the
+/// PAC-stripping bits, the trampoline of hijacked returns and where the phase ends.
+#[derive(Clone, Copy)]
+struct FastBounds {
+    high: u64,
+    upper: u64,
+    trampoline: u64,
+    end: *mut u64,
+}
+
+/// Frames on the fast path from `frame` (a return address, its frame's SP and x29), each: the
+/// packed row (one cache load in the kernel), RA and FP both saved, CFA above SP, at most the
+/// stack's top and 16-aligned, both slots at or above SP (a packed slot is below the CFA by
+/// construction), the RA's bit 55, PAC stripped, not the trampoline and room in the phase; the
+/// entry is written at `cursor` and the caller's frame is next. Returns the first frame it
+/// refused, for the full step, and the cursor past the entries it wrote.
+///
+/// Out of line, so that the loop's state lives in registers and the lookup's fields are loaded
+/// once (the references are arguments, which the buffer's stores cannot alias).
+#[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+#[inline(never)]
+fn fast_frames<M, T>(
+    memory: &M,
+    table: &T,
+    mut frame: FastFrame,
+    bounds: FastBounds,
+    mut cursor: *mut u64,
+) -> (FastFrame, *mut u64)
+where
+    M: StackMemory + ?Sized,
+    T: RowLookup + ?Sized,
+{
+    // A packed slot is at most 2048 bytes below the CFA: with SP (and so every CFA above it)
+    // at 2048 or more, `cfa - depth` cannot wrap.
+    if frame.sp < 2048 {
+        return (frame, cursor);
+    }
+    loop {
+        let packed = table.find_packed(frame.pc.wrapping_sub(1));
+        // Also refuses 0 (no packed row).
+        if packed & (PACKED_RA_SAVED | PACKED_FP_SAVED) != PACKED_RA_SAVED | PACKED_FP_SAVED {
+            break;
+        }
+        let base = if packed & PACKED_FP_BASED != 0 { frame.fp } else { frame.sp };
+        let cfa = base.wrapping_add(packed_cfa_offset(packed));
+        if cfa <= frame.sp || cfa > bounds.high || cfa & 15 != 0 {
+            break;
+        }
+        // `cfa > sp >= 2048`: no wrap below, so both slots are in `[sp, cfa)` once above SP.
+        let ra_slot = packed_ra_slot(packed, cfa);
+        let fp_slot = packed_fp_slot(packed, cfa);
+        if ra_slot.min(fp_slot) < frame.sp {
+            break;
+        }
+        let raw = match memory.read_u64(ra_slot) {
+            Some(word) => word,
+            None => break,
+        };
+        let fp = match memory.read_u64(fp_slot) {
+            Some(word) => word,
+            None => break,
+        };
+        if !AddressLayout::is_upper_half(raw) {
+            break;
+        }
+        let address = raw | bounds.upper;
+        if repair_or_depth_limit(address, bounds.trampoline, cursor, bounds.end) {
+            break;
+        }
+        // SAFETY: cursor < end <= the buffer's end (checked just above).
+        unsafe { cursor.write(address) };
+        cursor = cursor.wrapping_add(1);
+        frame = FastFrame { pc: address, sp: cfa, fp };
+    }
+    (frame, cursor)
 }

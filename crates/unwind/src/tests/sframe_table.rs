@@ -239,7 +239,7 @@ fn packed_rows_read_back_and_unpackable_rows_are_refused() {
         (-16, None, None),
         (12, None, None),
         (16384, None, None),
-        (16, Some(-2048), None),
+        (16, Some(-2056), None),
         (16, Some(8), None),
         (16, None, Some(-12)),
     ] {

@@ -2,10 +2,14 @@
 
 use super::sframe_table::{SECTION, framed, saved, sp};
 use super::{IntoTrace, LAYOUT, SyntheticMemory, TEXT, XorShift, sign};
+use core::cell::Cell;
+
 use crate::sframe::encode::{Function, table};
+use crate::sframe::{PACKED_FP_SAVED, PACKED_RA_SAVED};
 use crate::{
-    CfaBase, Corruption, FrameMarker, FrameWalker, HijackedReturn, Registers, ReturnRepair, ReturnStack, SFrameStart,
-    SFrameTable, SFrameWalker, StackKind, StackRange, StopReason, Trace, TraceOptions, UnwindRow,
+    CfaBase, Corruption, FrameMarker, FrameWalker, HijackedReturn, Registers, ReturnRepair, ReturnStack, RowLookup,
+    SFrameStart, SFrameTable, SFrameWalker, StackKind, StackRange, StopReason, TableError, Trace, TraceOptions,
+    UnwindRow,
 };
 
 const TASK: StackRange = StackRange::new(0x4010_0000, 0x4010_4000, StackKind::Task);
@@ -337,11 +341,59 @@ fn random_stacks_and_starts_terminate_and_stay_inside() {
         let walker = SFrameWalker::new(&memory, &stacks, &sframe, LAYOUT);
         let mut trace = Trace::new();
         trace.fill(|buffer| walker.walk(start, TraceOptions::ALL, buffer));
+        // The full step alone (no packed rows) gives the same trace and stop as the fast path.
+        let full_step = FullStepOnly(&sframe);
+        let mut slow = Trace::new();
+        slow.fill(|buffer| {
+            SFrameWalker::new(&memory, &stacks, &full_step, LAYOUT).walk(start, TraceOptions::ALL, buffer)
+        });
+        assert_eq!(trace, slow, "case {case}");
+        // Arbitrary packed words: wrong traces allowed, reads outside the stacks not.
+        let hostile = HostileRows { table: &sframe, state: Cell::new(rng.next_u64() | 1) };
+        let mut ignored = Trace::new();
+        ignored.fill(|buffer| {
+            SFrameWalker::new(&memory, &stacks, &hostile, LAYOUT).walk(start, TraceOptions::ALL, buffer)
+        });
         for &address in memory.reads.borrow().iter() {
             assert!(
                 stacks.iter().any(|stack| stack.contains(address, 8)),
                 "case {case}: read at {address:#x} outside the stacks"
             );
         }
+    }
+}
+
+/// The table with no packed rows: every frame takes the walker's full step.
+struct FullStepOnly<'t>(&'t SFrameTable<'t>);
+
+impl RowLookup for FullStepOnly<'_> {
+    fn find(&self, pc: u64) -> Result<Option<UnwindRow>, TableError> {
+        self.0.find(pc)
+    }
+
+    fn find_packed(&self, _pc: u64) -> u32 {
+        0
+    }
+}
+
+/// The table, but every packed row a random word (half of them with both slots saved).
+struct HostileRows<'t> {
+    table: &'t SFrameTable<'t>,
+    state: Cell<u64>,
+}
+
+impl RowLookup for HostileRows<'_> {
+    fn find(&self, pc: u64) -> Result<Option<UnwindRow>, TableError> {
+        self.table.find(pc)
+    }
+
+    fn find_packed(&self, _pc: u64) -> u32 {
+        let mut x = self.state.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.state.set(x);
+        let word = (x >> 16) as u32;
+        if x & 1 == 0 { word | PACKED_RA_SAVED | PACKED_FP_SAVED } else { word }
     }
 }
