@@ -403,10 +403,11 @@ static ROW_CACHE: [AtomicU64; ROW_CACHE_ENTRIES] = [const { AtomicU64::new(0) };
 const ROW_CACHE_ENTRIES: usize = 2048;
 
 /// The entry of `pc`: its instruction index folded with the bits above, so that call sites a
-/// multiple of the cache's span apart (8 KiB of text) do not all meet in one entry.
+/// multiple of the cache's span apart (8 KiB of text) do not all meet in one entry. Two terms
+/// are enough: the kernel's text is a few MiB, so the bits from 24 up are the same everywhere.
 #[inline(always)]
 fn row_cache_index(pc: u64) -> usize {
-    ((pc >> 2) ^ (pc >> 13) ^ (pc >> 24)) as usize % ROW_CACHE_ENTRIES
+    ((pc >> 2) ^ (pc >> 13)) as usize % ROW_CACHE_ENTRIES
 }
 
 /// The table with [`ROW_CACHE`] in front of it. Addresses outside the table's 4 GiB window

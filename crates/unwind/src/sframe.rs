@@ -90,14 +90,15 @@ impl UnwindRow {
     /// The row in 32 bits (never 0), for a cache that reads and writes an entry in one access,
     /// or `None` if it does not fit: bit 0 set, bit 1 the CFA is FP-based ([`PACKED_FP_BASED`]),
     /// bit 2 the RA is signed, bits 3 and 4 the RA and FP are saved ([`PACKED_RA_SAVED`],
-    /// [`PACKED_FP_SAVED`]), bits 5-15 the CFA offset / 8, bits 16-23 and 24-31 the RA and FP
+    /// [`PACKED_FP_SAVED`]), bits 5-14 the CFA offset / 8, bit 15 both are saved as a frame
+    /// record (FP's slot, then RA's: [`PACKED_RECORD`]), bits 16-23 and 24-31 the RA and FP
     /// slots as `(-offset - 8) / 8`. Every offset must be a multiple of 8, the CFA offset in
-    /// 0..=16376 and the slots in -2048..=-8 (the kernel's frames all are). A slot decodes to
+    /// 0..=8184 and the slots in -2048..=-8 (the kernel's frames all are). A slot decodes to
     /// `CFA - 8 - 8 * field`: below the CFA whatever the word holds, so the walker's fast path
     /// needs no check that a packed slot is under the CFA.
     pub const fn pack(&self) -> Option<u32> {
         let cfa = self.cfa_offset;
-        if cfa < 0 || cfa % 8 != 0 || cfa / 8 > 0x7ff {
+        if cfa < 0 || cfa % 8 != 0 || cfa / 8 > 0x3ff {
             return None;
         }
         let mut word = 1 | (cfa as u32 / 8) << 5;
@@ -118,6 +119,11 @@ impl UnwindRow {
                 Some(slot) => word |= PACKED_FP_SAVED | slot << 24,
                 None => return None,
             }
+        }
+        if let (Some(ra), Some(fp)) = (self.ra_offset, self.fp_offset)
+            && ra == fp + 8
+        {
+            word |= PACKED_RECORD;
         }
         Some(word)
     }
@@ -142,23 +148,21 @@ pub const PACKED_RA_SAVED: u32 = 1 << 3;
 /// Packed row bit 4: the caller's FP is saved at the slot in bits 24-31.
 pub const PACKED_FP_SAVED: u32 = 1 << 4;
 
-/// The CFA offset a packed row holds (bits 5-15, in units of 8).
+/// Packed row bit 15: RA and FP are saved as a frame record, FP's slot then RA's.
+pub const PACKED_RECORD: u32 = 1 << 15;
+
+/// The CFA offset a packed row holds (bits 5-14, in units of 8).
 #[inline(always)]
 pub const fn packed_cfa_offset(word: u32) -> u64 {
-    ((word >> 5) & 0x7ff) as u64 * 8
+    ((word >> 5) & 0x3ff) as u64 * 8
 }
 
-/// The packed row's RA slot in the frame whose CFA is `cfa` (at most `cfa - 8`, at least
-/// `cfa - 2048`; `cfa >= 2048` or a wrap the caller's bounds check refuses).
+/// Where a [`PACKED_RECORD`] row's frame record is in the frame whose CFA is `cfa`: 8 below
+/// the RA slot, so the record's 16 bytes end at or below the CFA whatever the word holds
+/// (`cfa >= 2064`, or a wrap the caller's bounds check refuses).
 #[inline(always)]
-pub const fn packed_ra_slot(word: u32, cfa: u64) -> u64 {
-    cfa.wrapping_sub(8).wrapping_sub(((word >> 16) & 0xff) as u64 * 8)
-}
-
-/// The packed row's FP slot in the frame whose CFA is `cfa` (as [`packed_ra_slot`]).
-#[inline(always)]
-pub const fn packed_fp_slot(word: u32, cfa: u64) -> u64 {
-    cfa.wrapping_sub(8).wrapping_sub((word >> 24) as u64 * 8)
+pub const fn packed_record(word: u32, cfa: u64) -> u64 {
+    cfa.wrapping_sub(16).wrapping_sub(((word >> 16) & 0xff) as u64 * 8)
 }
 
 /// The slot offset [`UnwindRow::pack`] stored at `shift` if bit `present` is set.

@@ -27,8 +27,7 @@ use crate::frame::{FRAME_RECORD_SIZE, FrameMarker, repair_or_depth_limit};
 use crate::pac::AddressLayout;
 use crate::repair::ReturnRepair;
 use crate::sframe::{
-    CfaBase, PACKED_FP_BASED, PACKED_FP_SAVED, PACKED_RA_SAVED, RowLookup, SFrameTable, packed_cfa_offset,
-    packed_fp_slot, packed_ra_slot,
+    CfaBase, PACKED_FP_BASED, PACKED_RECORD, RowLookup, SFrameTable, packed_cfa_offset, packed_record,
 };
 use crate::stack::{StackMemory, StackRange, StackSet};
 use crate::trace::{Corruption, Sink, StopReason, TraceOptions, Walked};
@@ -317,11 +316,11 @@ struct FastBounds {
 }
 
 /// Frames on the fast path from `frame` (a return address, its frame's SP and x29), each: the
-/// packed row (one cache load in the kernel), RA and FP both saved, CFA above SP, at most the
-/// stack's top and 16-aligned, both slots at or above SP (a packed slot is below the CFA by
-/// construction), the RA's bit 55, PAC stripped, not the trampoline and room in the phase; the
-/// entry is written at `cursor` and the caller's frame is next. Returns the first frame it
-/// refused, for the full step, and the cursor past the entries it wrote.
+/// packed row (one cache load in the kernel) saving RA and FP as a frame record, CFA above SP,
+/// at most the stack's top and 16-aligned, the record at or above SP (it ends at or below the
+/// CFA by construction) read in one pair, the RA's bit 55, PAC stripped, not the trampoline and
+/// room in the phase; the entry is written at `cursor` and the caller's frame is next. Returns
+/// the first frame it refused, for the full step, and the cursor past the entries it wrote.
 ///
 /// Out of line, so that the loop's state lives in registers and the lookup's fields are loaded
 /// once (the references are arguments, which the buffer's stores cannot alias).
@@ -330,7 +329,7 @@ struct FastBounds {
 fn fast_frames<M, T>(
     memory: &M,
     table: &T,
-    mut frame: FastFrame,
+    frame: FastFrame,
     bounds: FastBounds,
     mut cursor: *mut u64,
 ) -> (FastFrame, *mut u64)
@@ -338,34 +337,30 @@ where
     M: StackMemory + ?Sized,
     T: RowLookup + ?Sized,
 {
-    // A packed slot is at most 2048 bytes below the CFA: with SP (and so every CFA above it)
-    // at 2048 or more, `cfa - depth` cannot wrap.
-    if frame.sp < 2048 {
+    // A packed record is at most 2064 bytes below the CFA: with SP (and so every CFA above it)
+    // at 2064 or more, it cannot wrap.
+    if frame.sp < 2064 {
         return (frame, cursor);
     }
+    let (mut pc, mut sp, mut fp) = (frame.pc, frame.sp, frame.fp);
     loop {
-        let packed = table.find_packed(frame.pc.wrapping_sub(1));
+        let packed = table.find_packed(pc.wrapping_sub(1));
         // Also refuses 0 (no packed row).
-        if packed & (PACKED_RA_SAVED | PACKED_FP_SAVED) != PACKED_RA_SAVED | PACKED_FP_SAVED {
+        if packed & PACKED_RECORD == 0 {
             break;
         }
-        let base = if packed & PACKED_FP_BASED != 0 { frame.fp } else { frame.sp };
+        let base = if packed & PACKED_FP_BASED != 0 { fp } else { sp };
         let cfa = base.wrapping_add(packed_cfa_offset(packed));
-        if cfa <= frame.sp || cfa > bounds.high || cfa & 15 != 0 {
+        if cfa <= sp || cfa > bounds.high || cfa & 15 != 0 {
             break;
         }
-        // `cfa > sp >= 2048`: no wrap below, so both slots are in `[sp, cfa)` once above SP.
-        let ra_slot = packed_ra_slot(packed, cfa);
-        let fp_slot = packed_fp_slot(packed, cfa);
-        if ra_slot.min(fp_slot) < frame.sp {
+        // `cfa > sp >= 2064`: no wrap, so the record is in `[sp, cfa)` once at or above SP.
+        let record = packed_record(packed, cfa);
+        if record < sp {
             break;
         }
-        let raw = match memory.read_u64(ra_slot) {
-            Some(word) => word,
-            None => break,
-        };
-        let fp = match memory.read_u64(fp_slot) {
-            Some(word) => word,
+        let (caller_fp, raw) = match memory.read_pair(record) {
+            Some(pair) => pair,
             None => break,
         };
         if !AddressLayout::is_upper_half(raw) {
@@ -378,7 +373,9 @@ where
         // SAFETY: cursor < end <= the buffer's end (checked just above).
         unsafe { cursor.write(address) };
         cursor = cursor.wrapping_add(1);
-        frame = FastFrame { pc: address, sp: cfa, fp };
+        pc = address;
+        sp = cfa;
+        fp = caller_fp;
     }
-    (frame, cursor)
+    (FastFrame { pc, sp, fp }, cursor)
 }

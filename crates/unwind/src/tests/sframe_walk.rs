@@ -4,8 +4,8 @@ use super::sframe_table::{SECTION, framed, saved, sp};
 use super::{IntoTrace, LAYOUT, SyntheticMemory, TEXT, XorShift, sign};
 use core::cell::Cell;
 
+use crate::sframe::PACKED_RECORD;
 use crate::sframe::encode::{Function, table};
-use crate::sframe::{PACKED_FP_SAVED, PACKED_RA_SAVED};
 use crate::{
     CfaBase, Corruption, FrameMarker, FrameWalker, HijackedReturn, Registers, ReturnRepair, ReturnStack, RowLookup,
     SFrameStart, SFrameTable, SFrameWalker, StackKind, StackRange, StopReason, TableError, Trace, TraceOptions,
@@ -376,7 +376,7 @@ impl RowLookup for FullStepOnly<'_> {
     }
 }
 
-/// The table, but every packed row a random word (half of them with both slots saved).
+/// The table, but every packed row a random word (half of them marked as a frame record).
 struct HostileRows<'t> {
     table: &'t SFrameTable<'t>,
     state: Cell<u64>,
@@ -394,6 +394,6 @@ impl RowLookup for HostileRows<'_> {
         x ^= x << 17;
         self.state.set(x);
         let word = (x >> 16) as u32;
-        if x & 1 == 0 { word | PACKED_RA_SAVED | PACKED_FP_SAVED } else { word }
+        if x & 1 == 0 { word | PACKED_RECORD } else { word }
     }
 }
