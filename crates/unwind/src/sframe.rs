@@ -186,6 +186,11 @@ pub trait RowLookup {
     /// this: a cache answers it from its entry without decoding the row. The walker checks every
     /// field it uses, so a wrong word gives a wrong trace, never a read outside the stack.
     #[inline(always)]
+    #[allow(
+        clippy::manual_unwrap_or_default,
+        clippy::manual_unwrap_or,
+        reason = "`Option::unwrap_or` is a core helper the uninstrumented walkers would not inline"
+    )]
     fn find_packed(&self, pc: u64) -> u32 {
         match self.find(pc) {
             Ok(Some(row)) => match row.pack() {
