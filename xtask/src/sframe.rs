@@ -553,9 +553,16 @@ pub fn embed(elf: &mut [u8]) -> Result<Conversion, Failure> {
                 })
         };
         let mut conversion = convert(data, eh.address())?;
+        // Every symbol in executable code: `global_asm!` labels without `.type` (the tail) are
+        // untyped, not functions.
+        let code: Vec<(u64, u64)> = file
+            .sections()
+            .filter(|section| section.kind() == object::SectionKind::Text)
+            .map(|section| (section.address(), section.address() + section.size()))
+            .collect();
         let symbols: Vec<(&str, u64)> = file
             .symbols()
-            .filter(|symbol| symbol.kind() == object::SymbolKind::Text)
+            .filter(|symbol| code.iter().any(|(start, end)| (*start..*end).contains(&symbol.address())))
             .filter_map(|symbol| Some((symbol.name().ok()?, symbol.address())))
             .collect();
         describe_thunks(&mut conversion, &symbols, text)?;
@@ -851,9 +858,17 @@ mod tests {
             // The sanitizer's thunks and their tail have rows where the sanitizer is built in.
             if variant == "full" {
                 assert!(conversion.described.len() > 100, "full: {} described", conversion.described.len());
+                let tail = file_symbol(&data, "__hwasan_tag_mismatch");
+                assert!(conversion.described.iter().any(|(start, _)| Some(*start) == tail), "full: no tail");
             }
             walks_through_real_rows(&data);
         }
+    }
+
+    /// The address of the symbol `name` in the ELF `elf`.
+    fn file_symbol(elf: &[u8], name: &str) -> Option<u64> {
+        let file = object::File::parse(elf).ok()?;
+        file.symbols().find(|symbol| symbol.name() == Ok(name)).map(|symbol| symbol.address())
     }
 
     /// Memory of 8-byte words; everything else unreadable.
