@@ -785,6 +785,8 @@ pub struct IrqCapture {
     pub sframe: Trace,
     /// The interrupted PC.
     pub pc: u64,
+    /// The interrupted SP (0 when no frame was saved).
+    pub sp: u64,
 }
 
 /// The CPU whose next tick captures, plus one (0: none): every CPU ticks, the arming task's
@@ -821,7 +823,7 @@ pub fn on_tick() {
 pub fn capture_interrupted() -> IrqCapture {
     let frame = stacks::this_cpu().irq_frame.load(Ordering::Relaxed);
     // SAFETY: called inside the IRQ whose interrupted frame this is (context.S).
-    let pc = if frame.is_null() { 0 } else { unsafe { (*frame).elr } };
+    let (pc, sp) = if frame.is_null() { (0, 0) } else { unsafe { ((*frame).elr, (*frame).sp) } };
     let frame_pointer = capture(Mode::FramePointer, TraceOptions::ALL);
     let shadow = capture(Mode::ShadowCallStack, TraceOptions::ALL);
     let sframe = if frame.is_null() {
@@ -830,7 +832,7 @@ pub fn capture_interrupted() -> IrqCapture {
         // SAFETY: as above.
         of_frame(unsafe { &*frame }, crate::task::current_slot(), Mode::SFrame)
     };
-    IrqCapture { frame_pointer, shadow, sframe, pc }
+    IrqCapture { frame_pointer, shadow, sframe, pc, sp }
 }
 
 /// `kasan.stack_sample=N` (N >= 1, default 1): collect one allocation stack in N, for

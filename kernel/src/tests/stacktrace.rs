@@ -13,6 +13,8 @@ use core::hint::black_box;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use unwind::{Trace, TraceOptions, ViewDifference};
 
+mod ground_truth;
+
 pub const TESTS: &[Test] = &[
     Test { name: "tasks_are_preempted_by_the_timer", run: tasks_are_preempted_by_the_timer },
     Test { name: "stack_overflow_kills_only_the_task", run: stack_overflow_kills_only_the_task },
@@ -194,6 +196,7 @@ fn next(chain: &mut Chain, depth: usize) -> u64 {
 
 #[inline(never)]
 fn chain_small(chain: &mut Chain, depth: usize) -> u64 {
+    ground_truth::record_body_sp(depth);
     black_box(next(chain, depth)).wrapping_add(1)
 }
 
@@ -201,6 +204,7 @@ fn chain_small(chain: &mut Chain, depth: usize) -> u64 {
 fn chain_medium(chain: &mut Chain, depth: usize) -> u64 {
     let mut local = [depth as u64; 6];
     black_box(&mut local);
+    ground_truth::record_body_sp(depth);
     black_box(next(chain, depth)).wrapping_add(local[depth % 6])
 }
 
@@ -208,6 +212,7 @@ fn chain_medium(chain: &mut Chain, depth: usize) -> u64 {
 fn chain_large(chain: &mut Chain, depth: usize) -> u64 {
     let mut local = [depth as u64; 24];
     black_box(&mut local);
+    ground_truth::record_body_sp(depth);
     black_box(next(chain, depth)).wrapping_add(local[depth % 24])
 }
 
@@ -554,6 +559,9 @@ pub(super) fn traces_agree_in_irqs_at_random_points(context: &Context) -> Outcom
     }
     let mut chain = Chain { seed: 0x1a2b_3c4d, leaf: Leaf::Spin, depth: 0, result: None };
     let (mut checked, mut attempts) = (0, 0);
+    let mut tally = ground_truth::Tally::default();
+    let outer = traces_agree_in_irqs_at_random_points as *const () as u64;
+    let outer_sp = ground_truth::current_sp();
     // The cap only bounds the run (the test needs 200 landings). Under `full ftrace=*` 200 took
     // 1979 tries while the tracers made out-of-line traced calls (ftrace/tracers.rs), and with
     // every function traced most IRQs land in the tracer, so the cap leaves room for that.
@@ -565,6 +573,18 @@ pub(super) fn traces_agree_in_irqs_at_random_points(context: &Context) -> Outcom
         // exactly that instruction; without icount TCG notices timers mostly at counter reads.
         let (seed, depth) = (chain.seed, chain.depth);
         let delay = chain.random() % (timer::frequency() / 10_000);
+        // The known chain: one draw per level picks its function; one run records the levels'
+        // SPs before the tick is armed.
+        let mut functions = [0u64; ground_truth::LEVELS];
+        let mut draws = Chain { seed, leaf: Leaf::Spin, depth, result: None };
+        let starts =
+            [chain_small as *const () as u64, chain_medium as *const () as u64, chain_large as *const () as u64];
+        for function in functions.iter_mut().take(depth) {
+            *function = starts[(draws.random() % 3) as usize];
+        }
+        functions[depth] = leaf as *const () as u64;
+        chain.seed = seed;
+        black_box(next(&mut chain, depth));
         let deadline = timer::counter() + timer::frequency() / 10;
         {
             let _mask = IrqMask::new();
@@ -580,7 +600,16 @@ pub(super) fn traces_agree_in_irqs_at_random_points(context: &Context) -> Outcom
             check!(timer::counter() < deadline);
         };
         match check_irq_capture(&capture, false) {
-            Ok(true) => checked += 1,
+            Ok(true) => {
+                checked += 1;
+                let known = ground_truth::KnownChain { functions: &functions[..=depth], outer, outer_sp };
+                // Every instruction of the chain has a row: the SFrame walk is never wrong there.
+                if tally.judge(&capture, &known) == Some(2) {
+                    stacktrace::print("sframe", &capture.sframe);
+                    defmt::error!("  interrupted PC {=u64:#x}", capture.pc);
+                    return Err(super::fail("the SFrame walk differs from the known chain"));
+                }
+            }
             Ok(false) => {}
             Err(what) => {
                 defmt::error!("  interrupted PC {=u64:#x}", capture.pc);
@@ -589,6 +618,7 @@ pub(super) fn traces_agree_in_irqs_at_random_points(context: &Context) -> Outcom
         }
     }
     defmt::info!("  {=u32} IRQs landed in a chain function ({=u32} tries)", checked, attempts);
+    tally.print();
     check!(checked >= 200);
     Ok(Verdict::Passed)
 }
