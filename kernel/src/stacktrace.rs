@@ -23,9 +23,9 @@ use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use stackdepot::{DepotError, DepotHandle, StackDepot};
 use unwind::{
-    AddressLayout, Corruption, FrameStart, FrameWalker, Registers, ReturnRepair, RowLookup, SFrameStart, SFrameTable,
-    SFrameWalker, ShadowSegment, ShadowStack, ShadowWalker, StackKind, StackMemory, StackRange, StackSet, StopReason,
-    TableError, Trace, TraceOptions, UnwindRow, Walked,
+    AddressLayout, Corruption, ExceptionFrameLayout, FrameStart, FrameWalker, Registers, ReturnRepair, RowLookup,
+    SFrameStart, SFrameTable, SFrameWalker, ShadowSegment, ShadowStack, ShadowWalker, StackKind, StackMemory,
+    StackRange, StackSet, StopReason, TableError, Trace, TraceOptions, UnwindRow, Walked,
 };
 
 /// Which walker.
@@ -384,6 +384,14 @@ pub fn sframe_table() -> Result<SFrameTable<'static>, TableError> {
     SFrameTable::new(bytes, start)
 }
 
+/// Where the vectors' exception frame keeps the interrupted SP and x30, from its boundary
+/// marker: the SFrame walk's hint for crossing from a handler into the interrupted context.
+const EXCEPTION_FRAME: ExceptionFrameLayout = ExceptionFrameLayout {
+    sp: core::mem::offset_of!(ExceptionFrame, sp) as i64 - core::mem::offset_of!(ExceptionFrame, boundary) as i64,
+    lr: core::mem::offset_of!(ExceptionFrame, x) as i64 + 30 * 8
+        - core::mem::offset_of!(ExceptionFrame, boundary) as i64,
+};
+
 /// What a walk reports when the table is refused: no entries, the table's address.
 #[inline(never)]
 #[cold]
@@ -513,7 +521,9 @@ pub fn collect_sframe(options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) ->
     let (pc, sp, fp) = call_site();
     let stacks = RunningStacks::new(slot_of(sp));
     let rows = CachedRows { table: &table, window: table.address() >> 32 };
-    let walker = SFrameWalker::over(&KernelMemory, &stacks, &rows, LAYOUT).with_repair(&WalkRepair);
+    let walker = SFrameWalker::over(&KernelMemory, &stacks, &rows, LAYOUT)
+        .with_repair(&WalkRepair)
+        .with_exception_frames(EXCEPTION_FRAME);
     walker.walk(SFrameStart::CallSite { pc, sp, fp }, options, buffer)
 }
 
@@ -596,7 +606,7 @@ pub fn collect_sframe_of(
     let repair = (slot == crate::task::current_slot()).then_some(&Repair as &dyn ReturnRepair);
     let stacks = [stack_range(slot, StackKind::Task)];
     let rows = CachedRows { table: &table, window: table.address() >> 32 };
-    let walker = SFrameWalker::new(&KernelMemory, &stacks, &rows, LAYOUT);
+    let walker = SFrameWalker::new(&KernelMemory, &stacks, &rows, LAYOUT).with_exception_frames(EXCEPTION_FRAME);
     let walker = if let Some(repair) = repair { walker.with_repair(repair) } else { walker };
     let registers = Registers { pc: frame.elr, sp: frame.sp, fp: frame.x[29], lr: frame.x[30] };
     walker.walk(SFrameStart::Interrupted(registers), options, buffer)
@@ -780,9 +790,11 @@ pub fn sample_allocation() -> bool {
 pub struct IrqCapture {
     pub frame_pointer: Trace,
     pub shadow: Trace,
-    /// The SFrame walk of the interrupted context from its saved registers (the vectors have
-    /// no rows, so a walk from the handler would stop at the exception boundary).
+    /// The SFrame walk of the interrupted context from its saved registers.
     pub sframe: Trace,
+    /// The SFrame walk from inside the handler, across the exception frame (the vectors have no
+    /// rows: the walk crosses by the frame's layout).
+    pub sframe_from_handler: Trace,
     /// The interrupted PC.
     pub pc: u64,
     /// The interrupted SP (0 when no frame was saved).
@@ -826,13 +838,14 @@ pub fn capture_interrupted() -> IrqCapture {
     let (pc, sp) = if frame.is_null() { (0, 0) } else { unsafe { ((*frame).elr, (*frame).sp) } };
     let frame_pointer = capture(Mode::FramePointer, TraceOptions::ALL);
     let shadow = capture(Mode::ShadowCallStack, TraceOptions::ALL);
+    let sframe_from_handler = capture(Mode::SFrame, TraceOptions::ALL);
     let sframe = if frame.is_null() {
         Trace::new()
     } else {
         // SAFETY: as above.
         of_frame(unsafe { &*frame }, crate::task::current_slot(), Mode::SFrame)
     };
-    IrqCapture { frame_pointer, shadow, sframe, pc, sp }
+    IrqCapture { frame_pointer, shadow, sframe, sframe_from_handler, pc, sp }
 }
 
 /// `kasan.stack_sample=N` (N >= 1, default 1): collect one allocation stack in N, for

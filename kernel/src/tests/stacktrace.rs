@@ -450,6 +450,20 @@ fn check_irq_capture(capture: &stacktrace::IrqCapture, require_agreement: bool) 
     if !agree {
         return Err("IRQ-time traces differ beyond the prologue/epilogue window");
     }
+    // From the handler, across the exception frame, the SFrame walk gives the walk from the
+    // saved registers (up to where the 64-entry buffer cuts either).
+    let crossed = {
+        let from_handler = capture.sframe_from_handler.addresses();
+        let from = capture.sframe_from_handler.entries().position(|entry| entry.kind == unwind::EntryKind::ExceptionPc);
+        let (crossed, saved) =
+            (from.map_or(&from_handler[..0], |from| &from_handler[from..]), capture.sframe.addresses());
+        !crossed.is_empty() && crossed.iter().zip(saved).all(|(a, b)| a == b)
+    };
+    if !crossed {
+        stacktrace::print("sframe from the handler", &capture.sframe_from_handler);
+        stacktrace::print("sframe", &capture.sframe);
+        return Err("the SFrame walk from the handler does not cross into the interrupted context");
+    }
     if !sframe_agrees(capture, difference) {
         stacktrace::print("fp", &capture.frame_pointer);
         stacktrace::print("scs", &capture.shadow);
