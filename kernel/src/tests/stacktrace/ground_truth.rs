@@ -80,16 +80,31 @@ fn sp_change(word: u32) -> Option<i64> {
     None
 }
 
+/// `add x29, sp, #imm` (`mov x29, sp` is `#0`): links the frame record.
+fn links_frame(word: u32) -> bool {
+    word & 0xff80_03ff == 0x9100_03fd
+}
+
+/// A 64-bit LDP (post-indexed, signed offset or pre-indexed) loading x29: unlinks it.
+fn unlinks_frame(word: u32) -> bool {
+    matches!(word & 0xffc0_0000, 0xa8c0_0000 | 0xa940_0000 | 0xa9c0_0000)
+        && (word & 31 == 29 || (word >> 10) & 31 == 29)
+}
+
+/// `ret`, `b` or `br`: code after it is reached by a branch from the body.
+fn leaves(word: u32) -> bool {
+    const RET: u32 = 0xd65f_03c0;
+    word == RET || word & 0xfc00_0000 == 0x1400_0000 || word & 0xffff_fc1f == 0xd61f_0000
+}
+
 /// The window of `code[index]` and how far SP is below its value at the function's entry.
 fn position(code: &[u32], index: usize) -> (Window, i64) {
     let (mut linked, mut unlinked, mut delta, mut deepest) = (false, false, 0i64, 0i64);
     for &word in &code[..index.min(code.len())] {
-        if word & 0xff80_03ff == 0x9100_03fd {
+        if links_frame(word) {
             linked = true;
             unlinked = false;
-        } else if matches!(word & 0xffc0_0000, 0xa8c0_0000 | 0xa940_0000 | 0xa9c0_0000)
-            && (word & 31 == 29 || (word >> 10) & 31 == 29)
-        {
+        } else if unlinks_frame(word) {
             linked = false;
             unlinked = true;
         }
@@ -98,7 +113,7 @@ fn position(code: &[u32], index: usize) -> (Window, i64) {
             deepest = deepest.min(delta);
         }
         // After a return or tail call, code is reached from the body: frame linked, SP deepest.
-        if word == 0xd65f_03c0 || word & 0xfc00_0000 == 0x1400_0000 || word & 0xffff_fc1f == 0xd61f_0000 {
+        if leaves(word) {
             (linked, unlinked, delta) = (true, false, deepest);
         }
     }
