@@ -16,23 +16,21 @@
 //! chain, or are the chain's up to the buffer's end), incomplete (it stops inside the chain,
 //! with nothing wrong before) or wrong.
 
-use crate::arch::uninstrumented;
 use crate::stacktrace::IrqCapture;
 use crate::symbols::callsites;
-use core::sync::atomic::{AtomicU64, Ordering};
 use unwind::{EntryKind, StopReason, Trace};
 
 /// Levels a chain has at most (the test's depths are 1 to 100), plus the leaf.
 pub(super) const LEVELS: usize = 101;
 
-/// The body SP of the chain function called with `remaining` levels below it, by `remaining`.
-static BODY_SP: [AtomicU64; LEVELS] = [const { AtomicU64::new(0) }; LEVELS];
-
-/// Records the calling chain function's body SP (always inlined into it: its own SP).
+/// Records the calling chain function's body SP (always inlined into it: its own SP) in
+/// `body_sp`, by the levels below it (`remaining`). The records live in the chain, on the
+/// stack: a static here would move the kernel's other statics (and the compiler's merged
+/// groups of them) in every build.
 #[inline(always)]
-pub(super) fn record_body_sp(remaining: usize) {
-    if remaining < LEVELS {
-        uninstrumented::store_u64(&BODY_SP[remaining], current_sp());
+pub(super) fn record_body_sp(body_sp: &mut [u64; LEVELS], remaining: usize) {
+    if let Some(slot) = body_sp.get_mut(remaining) {
+        *slot = current_sp();
     }
 }
 
@@ -128,9 +126,11 @@ fn position(code: &[u32], index: usize) -> (Window, i64) {
 }
 
 /// The chain a capture is judged against: its functions by level (the leaf's at `functions.len()
-/// - 1`), the test function that called level 0, and that function's SP.
+/// - 1`), the body SPs its run recorded (by the levels below), the test function that called
+/// level 0, and that function's SP.
 pub(super) struct KnownChain<'a> {
     pub(super) functions: &'a [u64],
+    pub(super) body_sp: &'a [u64; LEVELS],
     pub(super) outer: u64,
     pub(super) outer_sp: u64,
 }
@@ -158,7 +158,7 @@ impl Tally {
         let entry_sp = capture.sp + below_entry as u64;
         let levels = chain.functions.len();
         let caller_sp = |level: usize| {
-            if level == 0 { chain.outer_sp } else { BODY_SP[levels - 1 - level].load(Ordering::Relaxed) }
+            if level == 0 { chain.outer_sp } else { chain.body_sp[levels - 1 - level] }
         };
         let mut placed = (0..levels).filter(|&level| chain.functions[level] == start && caller_sp(level) == entry_sp);
         let (Some(level), None) = (placed.next(), placed.next()) else {
