@@ -125,9 +125,9 @@ fn position(code: &[u32], index: usize) -> (Window, i64) {
     (window, -delta)
 }
 
-/// The chain a capture is judged against: its functions by level (the leaf's at `functions.len()
-/// - 1`), the body SPs its run recorded (by the levels below), the test function that called
-/// level 0, and that function's SP.
+/// The chain a capture is judged against: its functions by level (the leaf's last), the body
+/// SPs its run recorded (by the levels below), the test function that called level 0, and
+/// that function's SP.
 pub(super) struct KnownChain<'a> {
     pub(super) functions: &'a [u64],
     pub(super) body_sp: &'a [u64; LEVELS],
