@@ -24,9 +24,9 @@ use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use stackdepot::{DepotError, DepotHandle, StackDepot};
 use unwind::{
-    AddressLayout, Corruption, FrameStart, FrameWalker, Registers, ReturnRepair, RowLookup, SFrameStart, SFrameTable,
-    SFrameWalker, ShadowSegment, ShadowStack, ShadowWalker, StackKind, StackMemory, StackRange, StackSet, StopReason,
-    TableError, Trace, TraceOptions, UnwindRow, Walked,
+    AddressLayout, Corruption, ExceptionFrameLayout, FrameStart, FrameWalker, Registers, ReturnRepair, RowLookup,
+    SFrameStart, SFrameTable, SFrameWalker, ShadowSegment, ShadowStack, ShadowWalker, StackKind, StackMemory,
+    StackRange, StackSet, StopReason, TableError, Trace, TraceOptions, UnwindRow, Walked,
 };
 
 /// Which walker.
@@ -414,6 +414,14 @@ pub fn sframe_table() -> Result<SFrameTable<'static>, TableError> {
     SFrameTable::new(bytes, start)
 }
 
+/// Where the vectors' exception frame keeps the interrupted SP and x30, from its boundary
+/// marker: the SFrame walk's hint for crossing from a handler into the interrupted context.
+const EXCEPTION_FRAME: ExceptionFrameLayout = ExceptionFrameLayout {
+    sp: core::mem::offset_of!(ExceptionFrame, sp) as i64 - core::mem::offset_of!(ExceptionFrame, boundary) as i64,
+    lr: core::mem::offset_of!(ExceptionFrame, x) as i64 + 30 * 8
+        - core::mem::offset_of!(ExceptionFrame, boundary) as i64,
+};
+
 /// What a walk reports when the table is refused: no entries, the table's address.
 #[inline(never)]
 #[cold]
@@ -433,10 +441,11 @@ static ROW_CACHE: [AtomicU64; ROW_CACHE_ENTRIES] = [const { AtomicU64::new(0) };
 const ROW_CACHE_ENTRIES: usize = 2048;
 
 /// The entry of `pc`: its instruction index folded with the bits above, so that call sites a
-/// multiple of the cache's span apart (8 KiB of text) do not all meet in one entry.
+/// multiple of the cache's span apart (8 KiB of text) do not all meet in one entry. Two terms
+/// are enough: the kernel's text is a few MiB, so the bits from 24 up are the same everywhere.
 #[inline(always)]
 fn row_cache_index(pc: u64) -> usize {
-    ((pc >> 2) ^ (pc >> 13) ^ (pc >> 24)) as usize % ROW_CACHE_ENTRIES
+    ((pc >> 2) ^ (pc >> 13)) as usize % ROW_CACHE_ENTRIES
 }
 
 /// The table with [`ROW_CACHE`] in front of it. Addresses outside the table's 4 GiB window
@@ -463,6 +472,17 @@ impl RowLookup for CachedRows<'_> {
         // Rows decode in registers on the hot path; what a packed word cannot say (no row, a
         // corrupt entry, a row too large to pack) is asked of the table again, out of line.
         if packed != 0 { Ok(Some(UnwindRow::unpack(packed))) } else { self.table_find(pc) }
+    }
+
+    /// The walker's fast path: a hit is the entry's load and one compare of its key; a miss
+    /// fills the entry out of line. Same exemption and access as [`Self::find`].
+    #[inline(always)]
+    fn find_packed(&self, pc: u64) -> u32 {
+        let entry = &ROW_CACHE[row_cache_index(pc)];
+        let word = uninstrumented::load_u64(entry);
+        // The key is the entry's low half under the window's upper half: one compare with `pc`.
+        // An empty entry's row is 0, which the walker takes as "ask `find`".
+        if word & 0xffff_ffff | self.window << 32 == pc { (word >> 32) as u32 } else { self.fill(pc, entry) }
     }
 }
 
@@ -531,7 +551,9 @@ pub fn collect_sframe(options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) ->
     let (pc, sp, fp) = call_site();
     let stacks = RunningStacks::new(slot_of(sp));
     let rows = CachedRows { table: &table, window: table.address() >> 32 };
-    let walker = SFrameWalker::over(&KernelMemory, &stacks, &rows, LAYOUT).with_repair(&WalkRepair);
+    let walker = SFrameWalker::over(&KernelMemory, &stacks, &rows, LAYOUT)
+        .with_repair(&WalkRepair)
+        .with_exception_frames(EXCEPTION_FRAME);
     walker.walk(SFrameStart::CallSite { pc, sp, fp }, options, buffer)
 }
 
@@ -624,7 +646,7 @@ pub fn collect_sframe_of(
     let repair = (slot == crate::task::current_slot()).then_some(&Repair as &dyn ReturnRepair);
     let stacks = [stack_range(slot, StackKind::Task)];
     let rows = CachedRows { table: &table, window: table.address() >> 32 };
-    let walker = SFrameWalker::new(&KernelMemory, &stacks, &rows, LAYOUT);
+    let walker = SFrameWalker::new(&KernelMemory, &stacks, &rows, LAYOUT).with_exception_frames(EXCEPTION_FRAME);
     let walker = if let Some(repair) = repair { walker.with_repair(repair) } else { walker };
     let registers = Registers { pc: frame.elr, sp: frame.sp, fp: frame.x[29], lr: frame.x[30] };
     walker.walk(SFrameStart::Interrupted(registers), options, buffer)
@@ -809,11 +831,15 @@ pub fn sample_allocation() -> bool {
 pub struct IrqCapture {
     pub frame_pointer: Trace,
     pub shadow: Trace,
-    /// The SFrame walk of the interrupted context from its saved registers (the vectors have
-    /// no rows, so a walk from the handler would stop at the exception boundary).
+    /// The SFrame walk of the interrupted context from its saved registers.
     pub sframe: Trace,
+    /// The SFrame walk from inside the handler, across the exception frame (the vectors have no
+    /// rows: the walk crosses by the frame's layout).
+    pub sframe_from_handler: Trace,
     /// The interrupted PC.
     pub pc: u64,
+    /// The interrupted SP (0 when no frame was saved).
+    pub sp: u64,
 }
 
 /// The CPU whose next tick captures, plus one (0: none): every CPU ticks, the arming task's
@@ -850,16 +876,17 @@ pub fn on_tick() {
 pub fn capture_interrupted() -> IrqCapture {
     let frame = stacks::this_cpu().irq_frame.load(Ordering::Relaxed);
     // SAFETY: called inside the IRQ whose interrupted frame this is (context.S).
-    let pc = if frame.is_null() { 0 } else { unsafe { (*frame).elr } };
+    let (pc, sp) = if frame.is_null() { (0, 0) } else { unsafe { ((*frame).elr, (*frame).sp) } };
     let frame_pointer = capture(Mode::FramePointer, TraceOptions::ALL);
     let shadow = capture(Mode::ShadowCallStack, TraceOptions::ALL);
+    let sframe_from_handler = capture(Mode::SFrame, TraceOptions::ALL);
     let sframe = if frame.is_null() {
         Trace::new()
     } else {
         // SAFETY: as above.
         of_frame(unsafe { &*frame }, crate::task::current_slot(), Mode::SFrame)
     };
-    IrqCapture { frame_pointer, shadow, sframe, pc }
+    IrqCapture { frame_pointer, shadow, sframe, sframe_from_handler, pc, sp }
 }
 
 /// `kasan.stack_sample=N` (N >= 1, default 1): collect one allocation stack in N, for

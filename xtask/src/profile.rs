@@ -309,6 +309,12 @@ pub fn run(args: &ProfileArgs) -> Result<u8, Failure> {
         let title = format!("{}: FP -> SFrame (red: more samples in SFrame, blue: fewer)", args.workload);
         write(&out.join("fp-vs-sframe.svg"), &flame_graph(&difference, &title)?, &mut written)?;
     }
+    if let (Some(scs), Some(sframe)) = (&profile.scs, &profile.sframe) {
+        let difference = differential(scs, sframe)?;
+        write(&out.join("scs-vs-sframe.folded"), difference.as_bytes(), &mut written)?;
+        let title = format!("{}: SCS -> SFrame (red: more samples in SFrame, blue: fewer)", args.workload);
+        write(&out.join("scs-vs-sframe.svg"), &flame_graph(&difference, &title)?, &mut written)?;
+    }
     print_report(args, &profile);
     for path in written {
         println!("  wrote {}", path.display());

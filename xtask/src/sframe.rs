@@ -33,7 +33,7 @@ use gimli::{
     BaseAddresses, CfaRule, CieOrFde, EhFrame, LittleEndian, Register, RegisterRule, UnwindContext, UnwindSection,
     UnwindTableRow,
 };
-use object::{Object, ObjectSection};
+use object::{Object, ObjectSection, ObjectSymbol};
 use unwind::sframe::encode::{self, Function};
 use unwind::{CfaBase, SFrameTable, UnwindRow};
 
@@ -127,6 +127,9 @@ pub struct Conversion {
     pub inexpressible_rows: usize,
     /// The functions left out because of them (start, first reason).
     pub inexpressible_functions: Vec<(u64, &'static str)>,
+    /// Functions without CFI whose rows [`describe_thunks`] derived from their instructions
+    /// (start, size): the sanitizer's check thunks and their shared tail.
+    pub described: Vec<(u64, u32)>,
 }
 
 fn cfi_error(error: gimli::Error) -> Failure {
@@ -308,8 +311,10 @@ pub fn validate(
             }
         }
     }
-    // Nothing outside the CFI: every table function is an FDE's range.
-    let ranges: BTreeMap<u64, u64> = conversion.cfi.iter().map(|function| (function.start, function.size)).collect();
+    // Nothing outside the CFI: every table function is an FDE's range or a described thunk.
+    let mut ranges: BTreeMap<u64, u64> =
+        conversion.cfi.iter().map(|function| (function.start, function.size)).collect();
+    ranges.extend(conversion.described.iter().map(|(start, size)| (*start, u64::from(*size))));
     for index in 0..sframe.len() {
         let function = sframe.function(index).expect("index below len");
         if ranges.get(&function.start) != Some(&u64::from(function.size)) {
@@ -378,6 +383,174 @@ fn check_rewrite(
     Ok(())
 }
 
+/// The frame a row derived from instructions tracks: CFA = SP + `cfa`, RA and FP at
+/// CFA-relative slots or (`None`) in x30 and x29.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct TrackedFrame {
+    cfa: i32,
+    ra: Option<i32>,
+    fp: Option<i32>,
+}
+
+impl TrackedFrame {
+    const ENTRY: Self = Self { cfa: 0, ra: None, fp: None };
+    /// What a check thunk's failure path leaves for `__hwasan_tag_mismatch`: 256 bytes reserved,
+    /// x29 and x30 stored at `[sp, #232]` (LLVM's `HWAddressSanitizer` memaccess thunks).
+    const TAG_MISMATCH: Self = Self { cfa: 256, ra: Some(-16), fp: Some(-24) };
+
+    fn row(&self) -> UnwindRow {
+        UnwindRow {
+            cfa_base: CfaBase::StackPointer,
+            cfa_offset: self.cfa,
+            ra_offset: self.ra,
+            fp_offset: self.fp,
+            ra_signed: false,
+        }
+    }
+
+    /// The frame after `word`, or why it cannot be followed: every instruction that writes SP
+    /// must be a 64-bit STP or LDP on SP (the thunks' only kind), x29 and x30 are saved and
+    /// restored as a pair, and no call may clobber x30 while it holds the return address.
+    fn after(self, word: u32) -> Result<Self, String> {
+        let form = word & 0xffc0_0000;
+        let pair = matches!(form, 0xa880_0000 | 0xa980_0000 | 0xa900_0000 | 0xa8c0_0000 | 0xa9c0_0000 | 0xa940_0000);
+        if pair && (word >> 5) & 31 == SP_BASE {
+            let imm = (((word >> 15) & 0x7f) as i32) << 25 >> 25;
+            let imm = imm * 8;
+            let registers = (word & 31, (word >> 10) & 31);
+            let load = form & 0x0040_0000 != 0;
+            let mut next = self;
+            // Where the pair is, relative to the CFA, and SP's change.
+            let slot = match form & 0x0180_0000 {
+                0x0180_0000 => {
+                    next.cfa -= imm;
+                    -next.cfa
+                }
+                0x0100_0000 => imm - self.cfa,
+                _ => {
+                    next.cfa -= imm;
+                    -self.cfa
+                }
+            };
+            if next.cfa < 0 {
+                return Err(format!("{word:#010x} frees more than the frame"));
+            }
+            let touches = |register| registers.0 == register || registers.1 == register;
+            match (load, registers) {
+                (false, (29, 30)) => {
+                    next.fp = Some(slot);
+                    next.ra = Some(slot + 8);
+                }
+                (true, (29, 30)) => {
+                    next.fp = None;
+                    next.ra = None;
+                }
+                _ if load && (touches(29) || touches(30)) => {
+                    return Err(format!("{word:#010x} loads x29 or x30 alone"));
+                }
+                _ => {}
+            }
+            return Ok(next);
+        }
+        let writes_sp = (word & 0x7f80_0000 == 0x1100_0000 || word & 0x7f80_0000 == 0x5100_0000) && word & 31 == 31
+            || (word & 0x3a00_0000 == 0x2800_0000 && (word >> 23) & 1 == 1 && (word >> 5) & 31 == SP_BASE)
+            || (word & 0x3b20_0400 == 0x3800_0400 && (word >> 5) & 31 == SP_BASE);
+        if writes_sp {
+            return Err(format!("{word:#010x} writes SP in a way the description does not follow"));
+        }
+        let call = word & 0xfc00_0000 == 0x9400_0000 || word & 0xffff_fc1f == 0xd63f_0000;
+        if call && self.ra.is_none() {
+            return Err(format!("{word:#010x} calls while x30 holds the return address"));
+        }
+        Ok(self)
+    }
+}
+
+/// `ret`.
+const RET: u32 = 0xd65f_03c0;
+
+/// Whether `word` is an unconditional `b` or `br` (a tail call: the end of a thunk).
+fn is_tail_call(word: u32) -> bool {
+    word & 0xfc00_0000 == 0x1400_0000 || word & 0xffff_fc1f == 0xd61f_0000
+}
+
+/// The rows of code without CFI at `start`, from its instructions: the frame starts as `entry`
+/// and follows each instruction ([`TrackedFrame::after`]); the code ends after its first tail
+/// call (`until_ret` false) or its first `ret`, before `limit`.
+fn describe(
+    start: u64,
+    limit: u64,
+    entry: TrackedFrame,
+    until_ret: bool,
+    instruction: &impl Fn(u64) -> Option<u32>,
+) -> Result<Function, String> {
+    let mut frame = entry;
+    let mut rows = vec![(0, entry.row())];
+    let mut at = start;
+    loop {
+        if at >= limit {
+            return Err(format!("no end before {limit:#x}"));
+        }
+        let word = instruction(at).ok_or_else(|| format!("no text at {at:#x}"))?;
+        frame = frame.after(word).map_err(|message| format!("{at:#x}: {message}"))?;
+        at += 4;
+        let end = if until_ret { word == RET } else { is_tail_call(word) };
+        if end {
+            break;
+        }
+        if frame.row() != rows.last().expect("one row").1 {
+            rows.push(((at - start) as u32, frame.row()));
+        }
+    }
+    Ok(Function { start, size: (at - start) as u32, rows })
+}
+
+/// Rows for the code the compiler emits without CFI on every instrumented build: the sanitizer's
+/// check thunks (`__hwasan_check_*`, LLVM-generated, one per register and access kind: a tag
+/// compare and `ret`, or 256 bytes reserved, x29 and x30 saved and a tail call) and their shared
+/// tail `__hwasan_tag_mismatch` (kernel/src/mm/kasan/abi.rs, entered with that frame). Their
+/// symbols have no size: each ends at its tail call (the thunks) or its `ret` (the tail),
+/// before the next symbol. `symbols` are the text symbols (name, address), any order.
+pub fn describe_thunks(
+    conversion: &mut Conversion,
+    symbols: &[(&str, u64)],
+    instruction: impl Fn(u64) -> Option<u32>,
+) -> Result<(), Failure> {
+    // Compiler-local labels (`.Ltmp`) and mapping symbols (`$x`, `$d`) start no function.
+    let mut starts: Vec<u64> = symbols
+        .iter()
+        .filter(|(name, _)| !name.starts_with(".L") && !name.starts_with('$'))
+        .map(|(_, address)| *address)
+        .collect();
+    starts.sort_unstable();
+    starts.dedup();
+    let covered: Vec<(u64, u64)> = conversion.cfi.iter().map(|function| (function.start, function.size)).collect();
+    let mut seen = std::collections::BTreeSet::new();
+    for (name, address) in symbols {
+        let (entry, until_ret) = if name.starts_with("__hwasan_check_") {
+            (TrackedFrame::ENTRY, false)
+        } else if *name == "__hwasan_tag_mismatch" || *name == "__hwasan_tag_mismatch_v2" {
+            (TrackedFrame::TAG_MISMATCH, true)
+        } else {
+            continue;
+        };
+        if !seen.insert(*address) {
+            continue;
+        }
+        let limit = starts.iter().copied().find(|start| start > address).unwrap_or(u64::MAX);
+        let function = describe(*address, limit, entry, until_ret, &instruction)
+            .map_err(|message| Failure { status: 1, message: format!("sframe: {name}: {message}") })?;
+        let end = function.start + u64::from(function.size);
+        if covered.iter().any(|(start, size)| *start < end && function.start < start + size) {
+            return Err(Failure { status: 1, message: format!("sframe: {name} overlaps a function with CFI") });
+        }
+        conversion.table_rows += function.rows.len();
+        conversion.described.push((function.start, function.size));
+        conversion.functions.push(function);
+    }
+    Ok(())
+}
+
 /// Fills the `.sframe` section of the ELF image `elf` in place from its `.eh_frame`, validates
 /// the table against the CFI and prints the counts.
 pub fn embed(elf: &mut [u8]) -> Result<Conversion, Failure> {
@@ -388,7 +561,29 @@ pub fn embed(elf: &mut [u8]) -> Result<Conversion, Failure> {
         let sframe = file.section_by_name(".sframe").ok_or_else(|| missing(".sframe"))?;
         let (offset, size) = sframe.file_range().ok_or_else(|| missing(".sframe (PROGBITS)"))?;
         let data = eh.data().map_err(|error| Failure::usage(format!(".eh_frame: {error}")))?;
-        let conversion = convert(data, eh.address())?;
+        let text = |at: u64| {
+            file.sections()
+                .find(|section| (section.address()..section.address() + section.size()).contains(&at))
+                .and_then(|section| {
+                    let data = section.data().ok()?;
+                    let index = (at - section.address()) as usize;
+                    Some(u32::from_le_bytes(data.get(index..index + 4)?.try_into().ok()?))
+                })
+        };
+        let mut conversion = convert(data, eh.address())?;
+        // Every symbol in executable code: `global_asm!` labels without `.type` (the tail) are
+        // untyped, not functions.
+        let code: Vec<(u64, u64)> = file
+            .sections()
+            .filter(|section| section.kind() == object::SectionKind::Text)
+            .map(|section| (section.address(), section.address() + section.size()))
+            .collect();
+        let symbols: Vec<(&str, u64)> = file
+            .symbols()
+            .filter(|symbol| code.iter().any(|(start, end)| (*start..*end).contains(&symbol.address())))
+            .filter_map(|symbol| Some((symbol.name().ok()?, symbol.address())))
+            .collect();
+        describe_thunks(&mut conversion, &symbols, text)?;
         let table = encode::table(&conversion.functions, sframe.address())
             .map_err(|error| Failure { status: 1, message: format!("sframe: {error:?}") })?;
         if table.len() as u64 > size {
@@ -400,20 +595,11 @@ pub fn embed(elf: &mut [u8]) -> Result<Conversion, Failure> {
                 ),
             });
         }
-        let text = |at: u64| {
-            file.sections()
-                .find(|section| (section.address()..section.address() + section.size()).contains(&at))
-                .and_then(|section| {
-                    let data = section.data().ok()?;
-                    let index = (at - section.address()) as usize;
-                    Some(u32::from_le_bytes(data.get(index..index + 4)?.try_into().ok()?))
-                })
-        };
         let validation = validate(&conversion, data, eh.address(), &table, sframe.address(), text)?;
         eprintln!(
             "xtask: sframe: {} FDEs, {} CFI rows -> {} functions, {} rows ({} SCS-epilogue rows rewritten, {} rows \
-             inexpressible in {} functions), {} bytes of {size}; validator: {} addresses agree with the CFI, {} in \
-             rewritten rows checked",
+             inexpressible in {} functions, {} thunks described from their instructions), {} bytes of {size}; \
+             validator: {} addresses agree with the CFI, {} in rewritten rows checked",
             conversion.fdes,
             conversion.cfi_rows,
             conversion.functions.len(),
@@ -421,6 +607,7 @@ pub fn embed(elf: &mut [u8]) -> Result<Conversion, Failure> {
             conversion.rewritten,
             conversion.inexpressible_rows,
             conversion.inexpressible_functions.len(),
+            conversion.described.len(),
             table.len(),
             validation.addresses,
             validation.rewritten_addresses,
@@ -512,6 +699,99 @@ mod tests {
         eh_frame(&[(TEXT, 44, SCS_CFI), (TEXT + 0x40, 16, ODD_CFI), (TEXT + 0x80, 8, &[]), (TEXT + 0x90, 0, &[])])
     }
 
+    /// `__hwasan_check_x0_67043328` as LLVM emits it (a tag compare and `ret`; on a mismatch,
+    /// 256 bytes reserved, x0/x1 and x29/x30 saved, a tail call), and `__hwasan_tag_mismatch`
+    /// (kernel/src/mm/kasan/abi.rs) entered with that frame.
+    const CHECK_THUNK: [u32; 12] = [
+        0x9344_dc10,
+        0x3870_6930,
+        0xeb40_e21f,
+        0x5400_0041,
+        0xd65f_03c0,
+        0xd378_fc11,
+        0xf103_fe3f,
+        0x54ff_ffa0,
+        0xa9b0_07e0,
+        0xa90e_fbfd,
+        0xd280_0001,
+        0x17ff_56dc,
+    ];
+    const TAG_MISMATCH: [u32; 20] = [
+        0xa901_0fe2,
+        0xa902_17e4,
+        0xa903_1fe6,
+        0xa904_27e8,
+        0xa905_2fea,
+        0xa906_37ec,
+        0xa907_3fee,
+        0x9103_a3fd,
+        0xaa1e_03e2,
+        0x9400_01ad,
+        0xa941_0fe2,
+        0xa942_17e4,
+        0xa943_1fe6,
+        0xa944_27e8,
+        0xa945_2fea,
+        0xa946_37ec,
+        0xa947_3fee,
+        0xa94e_fbfd,
+        0xa8d0_07e0,
+        0xd65f_03c0,
+    ];
+
+    fn words_at(words: &[u32], start: u64) -> impl Fn(u64) -> Option<u32> + '_ {
+        move |at| words.get(usize::try_from(at.checked_sub(start)? / 4).ok()?).copied()
+    }
+
+    #[test]
+    fn the_sanitizer_thunks_are_described_from_their_instructions() {
+        let sp = |cfa_offset, ra_offset, fp_offset| UnwindRow {
+            cfa_base: CfaBase::StackPointer,
+            cfa_offset,
+            ra_offset,
+            fp_offset,
+            ra_signed: false,
+        };
+        let thunk = describe(TEXT, u64::MAX, TrackedFrame::ENTRY, false, &words_at(&CHECK_THUNK, TEXT)).unwrap();
+        assert_eq!(thunk.size, 48);
+        assert_eq!(thunk.rows, [(0, UnwindRow::ENTRY), (36, sp(256, None, None)), (40, sp(256, Some(-16), Some(-24)))]);
+        let tail = describe(TEXT, u64::MAX, TrackedFrame::TAG_MISMATCH, true, &words_at(&TAG_MISMATCH, TEXT)).unwrap();
+        assert_eq!(tail.size, 80);
+        assert_eq!(tail.rows, [(0, sp(256, Some(-16), Some(-24))), (72, sp(256, None, None)), (76, UnwindRow::ENTRY)]);
+        // Through the table and the walker's packed form: the tail's body row is a frame record.
+        assert_ne!(tail.rows[0].1.pack().unwrap() & unwind::sframe::PACKED_RECORD, 0);
+
+        // What the description refuses: an SP write it does not follow, x30 loaded alone, a call
+        // while x30 holds the return address, no end before the next symbol.
+        let refused = |words: &[u32], until_ret| {
+            describe(TEXT, TEXT + 4 * words.len() as u64, TrackedFrame::ENTRY, until_ret, &words_at(words, TEXT))
+                .unwrap_err()
+        };
+        assert!(refused(&[0xd100_83ff, 0xd65f_03c0], true).contains("writes SP"), "sub sp, sp, #32");
+        assert!(refused(&[0xf81f_0ffe, 0xd65f_03c0], true).contains("writes SP"), "str x30, [sp, #-16]!");
+        assert!(refused(&[0xa9b0_07e0, 0xa940_07fd, 0xd65f_03c0], true).contains("alone"), "ldp x29, x1, [sp]");
+        assert!(refused(&[0x9400_0000, 0xd65f_03c0], true).contains("calls while x30"));
+        assert!(refused(&[0xd503_201f, 0xd503_201f], true).contains("no end"));
+
+        // Into a conversion: the described ranges pass the validator's check that every table
+        // function is an FDE's or a described one, and a described range may not overlap CFI.
+        let data = sample();
+        let mut conversion = convert(&data, EH_FRAME).unwrap();
+        let thunk_at = TEXT + 0x100;
+        let symbols = [("__hwasan_check_x0_67043328", thunk_at), ("$x", thunk_at), ("memcpy", thunk_at + 0x40)];
+        let text_and_thunk = |at: u64| if at >= thunk_at { words_at(&CHECK_THUNK, thunk_at)(at) } else { text(at) };
+        describe_thunks(&mut conversion, &symbols, text_and_thunk).unwrap();
+        assert_eq!(conversion.described, [(thunk_at, 48)]);
+        let table = encode::table(&conversion.functions, SFRAME).unwrap();
+        validate(&conversion, &data, EH_FRAME, &table, SFRAME, text_and_thunk).unwrap();
+        let sframe = SFrameTable::new(&table, SFRAME).unwrap();
+        assert_eq!(sframe.find(thunk_at + 44).unwrap(), Some(sp(256, Some(-16), Some(-24))));
+        let mut overlapping = convert(&data, EH_FRAME).unwrap();
+        let error = describe_thunks(&mut overlapping, &[("__hwasan_check_x1_1", TEXT)], words_at(&CHECK_THUNK, TEXT))
+            .unwrap_err();
+        assert!(error.message.contains("overlaps"), "{}", error.message);
+    }
+
     #[test]
     fn a_hand_made_eh_frame_converts_and_validates() {
         let data = sample();
@@ -593,8 +873,20 @@ mod tests {
             let conversion = embed(&mut data).unwrap();
             assert_eq!(conversion.inexpressible_rows, 0, "{variant}: {:x?}", conversion.inexpressible_functions);
             assert!(conversion.fdes > 500 && conversion.rewritten > 0, "{variant}: {conversion:?}");
+            // The sanitizer's thunks and their tail have rows where the sanitizer is built in.
+            if variant == "full" {
+                assert!(conversion.described.len() > 100, "full: {} described", conversion.described.len());
+                let tail = file_symbol(&data, "__hwasan_tag_mismatch");
+                assert!(conversion.described.iter().any(|(start, _)| Some(*start) == tail), "full: no tail");
+            }
             walks_through_real_rows(&data);
         }
+    }
+
+    /// The address of the symbol `name` in the ELF `elf`.
+    fn file_symbol(elf: &[u8], name: &str) -> Option<u64> {
+        let file = object::File::parse(elf).ok()?;
+        file.symbols().find(|symbol| symbol.name() == Ok(name)).map(|symbol| symbol.address())
     }
 
     /// Memory of 8-byte words; everything else unreadable.

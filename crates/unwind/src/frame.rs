@@ -479,7 +479,7 @@ fn fast_step<M: StackMemory + ?Sized>(
 /// branch: LLVM splits an `|` of two compares into two branches, so the compares are asm (with
 /// the branch as an asm goto); elsewhere (host tests) the same test in Rust.
 #[inline(always)]
-fn repair_or_depth_limit(address: u64, trampoline: u64, cursor: *mut u64, end: *mut u64) -> bool {
+pub(crate) fn repair_or_depth_limit(address: u64, trampoline: u64, cursor: *mut u64, end: *mut u64) -> bool {
     #[cfg(target_arch = "aarch64")]
     {
         // SAFETY: compares registers and branches to the label; no memory, no stack. Reads

@@ -162,7 +162,7 @@ pub use pac::{AddressLayout, UPPER_HALF_BIT, strip_pac_va_bits};
 pub use prologue::{SCS_POP, SCS_PUSH, ViewDifference, view_difference};
 pub use repair::{HijackedReturn, ReturnRepair, ReturnStack, ReturnStackFull};
 pub use sframe::{CfaBase, RowLookup, SFrameTable, TableError, UnwindRow};
-pub use sframe_walk::{Registers, SFrameStart, SFrameWalker};
+pub use sframe_walk::{ExceptionFrameLayout, Registers, SFrameStart, SFrameWalker};
 pub use shadow::{SCS_END_MAGIC, ShadowSegment, ShadowStack, ShadowWalker};
 pub use stack::{StackKind, StackMemory, StackRange, StackSet};
 pub use trace::{Corruption, EntryKind, MAX_FRAMES, StopReason, Trace, TraceEntry, TraceOptions, Walked};

@@ -88,33 +88,42 @@ impl UnwindRow {
         Self { cfa_base: CfaBase::StackPointer, cfa_offset: 0, ra_offset: None, fp_offset: None, ra_signed: false };
 
     /// The row in 32 bits (never 0), for a cache that reads and writes an entry in one access,
-    /// or `None` if it does not fit: bit 0 set, bit 1 the CFA is FP-based, bit 2 the RA is
-    /// signed, bits 3 and 4 the RA and FP are saved, bits 5-15 the CFA offset / 8, bits 16-23
-    /// and 24-31 minus the RA and FP offsets / 8. Every offset must be a multiple of 8, the CFA
-    /// offset in 0..=16376 and the slots in -2040..=-8 (the kernel's frames all are).
+    /// or `None` if it does not fit: bit 0 set, bit 1 the CFA is FP-based ([`PACKED_FP_BASED`]),
+    /// bit 2 the RA is signed, bits 3 and 4 the RA and FP are saved ([`PACKED_RA_SAVED`],
+    /// [`PACKED_FP_SAVED`]), bits 5-14 the CFA offset / 8, bit 15 both are saved as a frame
+    /// record (FP's slot, then RA's: [`PACKED_RECORD`]), bits 16-23 and 24-31 the RA and FP
+    /// slots as `(-offset - 8) / 8`. Every offset must be a multiple of 8, the CFA offset in
+    /// 0..=8184 and the slots in -2048..=-8 (the kernel's frames all are). A slot decodes to
+    /// `CFA - 8 - 8 * field`: below the CFA whatever the word holds, so the walker's fast path
+    /// needs no check that a packed slot is under the CFA.
     pub const fn pack(&self) -> Option<u32> {
         let cfa = self.cfa_offset;
-        if cfa < 0 || cfa % 8 != 0 || cfa / 8 > 0x7ff {
+        if cfa < 0 || cfa % 8 != 0 || cfa / 8 > 0x3ff {
             return None;
         }
         let mut word = 1 | (cfa as u32 / 8) << 5;
         if let CfaBase::FramePointer = self.cfa_base {
-            word |= 1 << 1;
+            word |= PACKED_FP_BASED;
         }
         if self.ra_signed {
             word |= 1 << 2;
         }
         if let Some(offset) = self.ra_offset {
             match pack_slot(offset) {
-                Some(slot) => word |= 1 << 3 | slot << 16,
+                Some(slot) => word |= PACKED_RA_SAVED | slot << 16,
                 None => return None,
             }
         }
         if let Some(offset) = self.fp_offset {
             match pack_slot(offset) {
-                Some(slot) => word |= 1 << 4 | slot << 24,
+                Some(slot) => word |= PACKED_FP_SAVED | slot << 24,
                 None => return None,
             }
+        }
+        if let (Some(ra), Some(fp)) = (self.ra_offset, self.fp_offset)
+            && ra == fp + 8
+        {
+            word |= PACKED_RECORD;
         }
         Some(word)
     }
@@ -123,30 +132,74 @@ impl UnwindRow {
     #[inline(always)]
     pub const fn unpack(word: u32) -> Self {
         Self {
-            cfa_base: if word & (1 << 1) != 0 { CfaBase::FramePointer } else { CfaBase::StackPointer },
-            cfa_offset: ((word >> 5) & 0x7ff) as i32 * 8,
-            ra_offset: unpack_slot(word, 1 << 3, 16),
-            fp_offset: unpack_slot(word, 1 << 4, 24),
+            cfa_base: if word & PACKED_FP_BASED != 0 { CfaBase::FramePointer } else { CfaBase::StackPointer },
+            cfa_offset: packed_cfa_offset(word) as i32,
+            ra_offset: unpack_slot(word, PACKED_RA_SAVED, 16),
+            fp_offset: unpack_slot(word, PACKED_FP_SAVED, 24),
             ra_signed: word & (1 << 2) != 0,
         }
     }
 }
 
+/// Packed row bit 1: the CFA is x29-based (else SP-based).
+pub const PACKED_FP_BASED: u32 = 1 << 1;
+/// Packed row bit 3: the RA is saved at the slot in bits 16-23.
+pub const PACKED_RA_SAVED: u32 = 1 << 3;
+/// Packed row bit 4: the caller's FP is saved at the slot in bits 24-31.
+pub const PACKED_FP_SAVED: u32 = 1 << 4;
+
+/// Packed row bit 15: RA and FP are saved as a frame record, FP's slot then RA's.
+pub const PACKED_RECORD: u32 = 1 << 15;
+
+/// The CFA offset a packed row holds (bits 5-14, in units of 8).
+#[inline(always)]
+pub const fn packed_cfa_offset(word: u32) -> u64 {
+    ((word >> 5) & 0x3ff) as u64 * 8
+}
+
+/// Where a [`PACKED_RECORD`] row's frame record is in the frame whose CFA is `cfa`: 8 below
+/// the RA slot, so the record's 16 bytes end at or below the CFA whatever the word holds
+/// (`cfa >= 2064`, or a wrap the caller's bounds check refuses).
+#[inline(always)]
+pub const fn packed_record(word: u32, cfa: u64) -> u64 {
+    cfa.wrapping_sub(16).wrapping_sub(((word >> 16) & 0xff) as u64 * 8)
+}
+
 /// The slot offset [`UnwindRow::pack`] stored at `shift` if bit `present` is set.
 #[inline(always)]
 const fn unpack_slot(word: u32, present: u32, shift: u32) -> Option<i32> {
-    if word & present != 0 { Some(-(((word >> shift) & 0xff) as i32) * 8) } else { None }
+    if word & present != 0 { Some(-(((word >> shift) & 0xff) as i32) * 8 - 8) } else { None }
 }
 
-/// A saved slot's offset as [`UnwindRow::pack`] stores it: minus the offset / 8, 1..=255.
+/// A saved slot's offset as [`UnwindRow::pack`] stores it: `(-offset - 8) / 8`, 0..=255.
 const fn pack_slot(offset: i32) -> Option<u32> {
-    if offset >= 0 || offset % 8 != 0 || -offset / 8 > 0xff { None } else { Some((-offset / 8) as u32) }
+    if offset >= 0 || offset % 8 != 0 || -offset / 8 > 0x100 { None } else { Some((-offset / 8 - 1) as u32) }
 }
 
 /// Where a walk finds the row at an address: the table itself, or a cache in front of it.
 pub trait RowLookup {
     /// As [`SFrameTable::find`].
     fn find(&self, pc: u64) -> Result<Option<UnwindRow>, TableError>;
+
+    /// The row at `pc` as [`UnwindRow::pack`] packs it, or 0 where [`find`](Self::find) must
+    /// answer (no row, a corrupt entry, a row that does not pack). The walker's fast path reads
+    /// this: a cache answers it from its entry without decoding the row. The walker checks every
+    /// field it uses, so a wrong word gives a wrong trace, never a read outside the stack.
+    #[inline(always)]
+    #[allow(
+        clippy::manual_unwrap_or_default,
+        clippy::manual_unwrap_or,
+        reason = "`Option::unwrap_or` is a core helper the uninstrumented walkers would not inline"
+    )]
+    fn find_packed(&self, pc: u64) -> u32 {
+        match self.find(pc) {
+            Ok(Some(row)) => match row.pack() {
+                Some(word) => word,
+                None => 0,
+            },
+            _ => 0,
+        }
+    }
 }
 
 impl RowLookup for SFrameTable<'_> {

@@ -13,6 +13,8 @@ use core::hint::black_box;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use unwind::{Trace, TraceOptions, ViewDifference};
 
+mod ground_truth;
+
 pub const TESTS: &[Test] = &[
     Test { name: "tasks_are_preempted_by_the_timer", run: tasks_are_preempted_by_the_timer },
     Test { name: "stack_overflow_kills_only_the_task", run: stack_overflow_kills_only_the_task },
@@ -169,6 +171,8 @@ struct Chain {
     depth: usize,
     /// Set by a Compare leaf: Ok(where its frame record was and the LR saved in it).
     result: Option<Result<SavedReturn, &'static str>>,
+    /// Each chain function's body SP, by the levels below it (the random-IRQ test's ground truth).
+    body_sp: [u64; ground_truth::LEVELS],
 }
 
 impl Chain {
@@ -194,6 +198,7 @@ fn next(chain: &mut Chain, depth: usize) -> u64 {
 
 #[inline(never)]
 fn chain_small(chain: &mut Chain, depth: usize) -> u64 {
+    ground_truth::record_body_sp(&mut chain.body_sp, depth);
     black_box(next(chain, depth)).wrapping_add(1)
 }
 
@@ -201,6 +206,7 @@ fn chain_small(chain: &mut Chain, depth: usize) -> u64 {
 fn chain_medium(chain: &mut Chain, depth: usize) -> u64 {
     let mut local = [depth as u64; 6];
     black_box(&mut local);
+    ground_truth::record_body_sp(&mut chain.body_sp, depth);
     black_box(next(chain, depth)).wrapping_add(local[depth % 6])
 }
 
@@ -208,6 +214,7 @@ fn chain_medium(chain: &mut Chain, depth: usize) -> u64 {
 fn chain_large(chain: &mut Chain, depth: usize) -> u64 {
     let mut local = [depth as u64; 24];
     black_box(&mut local);
+    ground_truth::record_body_sp(&mut chain.body_sp, depth);
     black_box(next(chain, depth)).wrapping_add(local[depth % 24])
 }
 
@@ -300,7 +307,8 @@ fn fp_and_scs_traces_agree_on_random_chains(_: &Context) -> Outcome {
     if let Some(skipped) = no_scs() {
         return skipped;
     }
-    let mut chain = Chain { seed: 0x5eed_7ace, leaf: Leaf::Compare, depth: 0, result: None };
+    let mut chain =
+        Chain { seed: 0x5eed_7ace, leaf: Leaf::Compare, depth: 0, result: None, body_sp: [0; ground_truth::LEVELS] };
     let mut saved = Vec::with_capacity(2000);
     for _ in 0..2000 {
         chain.depth = 1 + (chain.random() % 100) as usize;
@@ -368,7 +376,13 @@ fn sframe_and_fp_traces_agree_on_random_chains(_: &Context) -> Outcome {
     if crate::build_info::VARIANT == "plain" {
         return Ok(Verdict::Skipped("variant plain keeps no frame records"));
     }
-    let mut chain = Chain { seed: 0x5f4a_3e00, leaf: Leaf::CompareSFrame, depth: 0, result: None };
+    let mut chain = Chain {
+        seed: 0x5f4a_3e00,
+        leaf: Leaf::CompareSFrame,
+        depth: 0,
+        result: None,
+        body_sp: [0; ground_truth::LEVELS],
+    };
     for _ in 0..500 {
         chain.depth = 1 + (chain.random() % 100) as usize;
         chain.result = None;
@@ -451,6 +465,20 @@ fn check_irq_capture(capture: &stacktrace::IrqCapture, require_agreement: bool) 
     if !agree {
         return Err("IRQ-time traces differ beyond the prologue/epilogue window");
     }
+    // From the handler, across the exception frame, the SFrame walk gives the walk from the
+    // saved registers (up to where the 64-entry buffer cuts either).
+    let crossed = {
+        let from_handler = capture.sframe_from_handler.addresses();
+        let from = capture.sframe_from_handler.entries().position(|entry| entry.kind == unwind::EntryKind::ExceptionPc);
+        let (crossed, saved) =
+            (from.map_or(&from_handler[..0], |from| &from_handler[from..]), capture.sframe.addresses());
+        !crossed.is_empty() && crossed.iter().zip(saved).all(|(a, b)| a == b)
+    };
+    if !crossed {
+        stacktrace::print("sframe from the handler", &capture.sframe_from_handler);
+        stacktrace::print("sframe", &capture.sframe);
+        return Err("the SFrame walk from the handler does not cross into the interrupted context");
+    }
     if !sframe_agrees(capture, difference) {
         stacktrace::print("fp", &capture.frame_pointer);
         stacktrace::print("scs", &capture.shadow);
@@ -513,7 +541,8 @@ pub(super) fn traces_agree_at_cross_cpu_irqs() -> Outcome {
         CROSS_DONE.store(true, Ordering::Release);
         return skipped;
     }
-    let mut chain = Chain { seed: 0x0c0f_fee0, leaf: Leaf::Spin, depth: 0, result: None };
+    let mut chain =
+        Chain { seed: 0x0c0f_fee0, leaf: Leaf::Spin, depth: 0, result: None, body_sp: [0; ground_truth::LEVELS] };
     let (mut checked, mut landed) = (0u32, 0u32);
     let deadline = timer::counter() + timer::frequency() * cpu::patience_ms(2000) / 1000;
     let outcome = loop {
@@ -561,8 +590,12 @@ pub(super) fn traces_agree_in_irqs_at_random_points(context: &Context) -> Outcom
     if !context.icount {
         return Ok(Verdict::Skipped("needs -icount: without it TCG takes timer IRQs at counter reads, not anywhere"));
     }
-    let mut chain = Chain { seed: 0x1a2b_3c4d, leaf: Leaf::Spin, depth: 0, result: None };
+    let mut chain =
+        Chain { seed: 0x1a2b_3c4d, leaf: Leaf::Spin, depth: 0, result: None, body_sp: [0; ground_truth::LEVELS] };
     let (mut checked, mut attempts) = (0, 0);
+    let mut tally = ground_truth::Tally::default();
+    let outer = traces_agree_in_irqs_at_random_points as *const () as u64;
+    let outer_sp = ground_truth::current_sp();
     // The cap only bounds the run (the test needs 200 landings). Under `full ftrace=*` 200 took
     // 1979 tries while the tracers made out-of-line traced calls (ftrace/tracers.rs), and with
     // every function traced most IRQs land in the tracer, so the cap leaves room for that.
@@ -574,6 +607,20 @@ pub(super) fn traces_agree_in_irqs_at_random_points(context: &Context) -> Outcom
         // exactly that instruction; without icount TCG notices timers mostly at counter reads.
         let (seed, depth) = (chain.seed, chain.depth);
         let delay = chain.random() % (timer::frequency() / 10_000);
+        // The known chain: one draw per level picks its function; one run records the levels'
+        // SPs before the tick is armed.
+        let mut functions = [0u64; ground_truth::LEVELS];
+        let mut draws = Chain { seed, leaf: Leaf::Spin, depth, result: None, body_sp: [0; ground_truth::LEVELS] };
+        let starts =
+            [chain_small as *const () as u64, chain_medium as *const () as u64, chain_large as *const () as u64];
+        for function in functions.iter_mut().take(depth) {
+            *function = starts[(draws.random() % 3) as usize];
+        }
+        functions[depth] = leaf as *const () as u64;
+        chain.seed = seed;
+        black_box(next(&mut chain, depth));
+        // Every replay of the chain records the same SPs.
+        let body_sp = chain.body_sp;
         let deadline = timer::counter() + timer::frequency() / 10;
         {
             let _mask = IrqMask::new();
@@ -589,7 +636,17 @@ pub(super) fn traces_agree_in_irqs_at_random_points(context: &Context) -> Outcom
             check!(timer::counter() < deadline);
         };
         match check_irq_capture(&capture, false) {
-            Ok(true) => checked += 1,
+            Ok(true) => {
+                checked += 1;
+                let known =
+                    ground_truth::KnownChain { functions: &functions[..=depth], body_sp: &body_sp, outer, outer_sp };
+                // Every instruction of the chain has a row: the SFrame walk is never wrong there.
+                if tally.judge(&capture, &known) == Some(2) {
+                    stacktrace::print("sframe", &capture.sframe);
+                    defmt::error!("  interrupted PC {=u64:#x}", capture.pc);
+                    return Err(super::fail("the SFrame walk differs from the known chain"));
+                }
+            }
             Ok(false) => {}
             Err(what) => {
                 defmt::error!("  interrupted PC {=u64:#x}", capture.pc);
@@ -598,6 +655,7 @@ pub(super) fn traces_agree_in_irqs_at_random_points(context: &Context) -> Outcom
         }
     }
     defmt::info!("  {=u32} IRQs landed in a chain function ({=u32} tries)", checked, attempts);
+    tally.print();
     check!(checked >= 200);
     Ok(Verdict::Passed)
 }
@@ -625,7 +683,8 @@ fn traces_agree_in_an_irq_at_a_known_point(_: &Context) -> Outcome {
     if let Some(skipped) = no_scs() {
         return skipped;
     }
-    let mut chain = Chain { seed: 42, leaf: Leaf::WaitForInterrupt, depth: 30, result: None };
+    let mut chain =
+        Chain { seed: 42, leaf: Leaf::WaitForInterrupt, depth: 30, result: None, body_sp: [0; ground_truth::LEVELS] };
     black_box(next(&mut chain, 30));
     let deadline = timer::counter() + timer::frequency() / 10;
     let capture = loop {

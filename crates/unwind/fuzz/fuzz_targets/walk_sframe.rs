@@ -1,7 +1,8 @@
 //! Fuzz target: on any table and memory image the SFrame walker ends and stays in bounds.
 //!
 //! The input is read as: one byte of mode (even: the table is raw bytes from the input; odd: a
-//! valid table of three functions with up to seven bytes overwritten by the input), a 16-bit
+//! valid table of three functions with up to seven bytes overwritten by the input; bit 1:
+//! exception frames are crossed with the kernel's layout), a 16-bit
 //! table length and the table's bytes (raw mode), one byte for how many stacks (1-3), per stack
 //! a 16-bit offset and a 16-bit size inside a 64 KiB window, the start's PC, SP and x29 (both
 //! near the first stack) and x30, then the memory from the lowest stack up. Memory outside the
@@ -15,8 +16,8 @@ use std::mem::MaybeUninit;
 use libfuzzer_sys::fuzz_target;
 use unwind::sframe::encode::{Function, table};
 use unwind::{
-    AddressLayout, CfaBase, Registers, SFrameStart, SFrameTable, SFrameWalker, StackKind, StackMemory, StackRange,
-    TraceOptions, UnwindRow,
+    AddressLayout, CfaBase, ExceptionFrameLayout, Registers, SFrameStart, SFrameTable, SFrameWalker, StackKind,
+    StackMemory, StackRange, TraceOptions, UnwindRow,
 };
 
 const WINDOW: u64 = 0x1_0000;
@@ -124,12 +125,18 @@ fuzz_target!(|input: &[u8]| {
     let fp = near(u64::from_le_bytes(take::<8>(&mut data)));
     let lr = u64::from_le_bytes(take::<8>(&mut data));
     let layout = AddressLayout::new(39);
-    // Per frame at most two slot reads; the CFA rises by 16 at least; a marker is 3 more.
-    let bound: usize = stacks.iter().map(|stack| 2 * ((stack.high - stack.low) as usize / 16 + 2) + 3).sum();
+    // Per frame at most two slot reads; the CFA rises by 16 at least; a marker is 3 more. With
+    // exception frames crossed (the mode's bit 1, the kernel's layout), a crossing reads 7 words
+    // and moves SP up by 16 at least or to a later stack.
+    let crossing = mode & 2 != 0;
+    let per_step = if crossing { 7 } else { 2 };
+    let bound: usize =
+        stacks.iter().map(|stack| per_step * ((stack.high - stack.low) as usize / 16 + 2) + 3).sum();
     // The input's bytes start at the lowest stack, so short inputs fill the stacks.
     let origin = stacks.iter().map(|stack| stack.low).min().unwrap_or(BASE);
     let image = Image { origin, bytes: data, allowed: &stacks, reads: Cell::new(0), max_reads: bound };
     let walker = SFrameWalker::new(&image, &stacks, &sframe, layout);
+    let walker = if crossing { walker.with_exception_frames(ExceptionFrameLayout { sp: -40, lr: -48 }) } else { walker };
     let starts = [
         SFrameStart::Interrupted(Registers { pc, sp, fp, lr }),
         SFrameStart::CallSite { pc, sp, fp },

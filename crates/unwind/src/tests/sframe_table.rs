@@ -216,7 +216,7 @@ fn packed_rows_read_back_and_unpackable_rows_are_refused() {
         for (_, row) in function.rows {
             // The huge function's frame is past what a packed row holds.
             let Some(word) = row.pack() else {
-                assert!(row.cfa_offset > 16376, "{row:?}");
+                assert!(row.cfa_offset > 8184, "{row:?}");
                 continue;
             };
             assert_ne!(word, 0);
@@ -227,19 +227,28 @@ fn packed_rows_read_back_and_unpackable_rows_are_refused() {
     assert!(packed > 5);
     for base in [CfaBase::StackPointer, CfaBase::FramePointer] {
         for ra_signed in [false, true] {
-            for (cfa, ra, fp) in
-                [(0, None, None), (16376, Some(-8), Some(-2040)), (32, Some(-2040), None), (48, None, Some(-16))]
-            {
+            for (cfa, ra, fp) in [
+                (0, None, None),
+                (8184, Some(-8), Some(-2040)),
+                (64, Some(-24), Some(-32)),
+                (32, Some(-2040), None),
+                (48, None, Some(-16)),
+            ] {
                 let row = UnwindRow { cfa_base: base, cfa_offset: cfa, ra_offset: ra, fp_offset: fp, ra_signed };
                 assert_eq!(row.pack().map(UnwindRow::unpack), Some(row));
             }
         }
     }
+    // A frame record (RA right above FP) is marked for the walker's fast path; other rows not.
+    let record = |ra, fp| UnwindRow { ra_offset: Some(ra), fp_offset: Some(fp), ..UnwindRow::ENTRY };
+    assert_ne!(record(-8, -16).pack().unwrap() & crate::sframe::PACKED_RECORD, 0);
+    assert_eq!(record(-16, -8).pack().unwrap() & crate::sframe::PACKED_RECORD, 0);
+    assert_eq!(record(-8, -32).pack().unwrap() & crate::sframe::PACKED_RECORD, 0);
     for (cfa, ra, fp) in [
         (-16, None, None),
         (12, None, None),
-        (16384, None, None),
-        (16, Some(-2048), None),
+        (8192, None, None),
+        (16, Some(-2056), None),
         (16, Some(8), None),
         (16, None, Some(-12)),
     ] {

@@ -2,10 +2,14 @@
 
 use super::sframe_table::{SECTION, framed, saved, sp};
 use super::{IntoTrace, LAYOUT, SyntheticMemory, TEXT, XorShift, sign};
+use core::cell::Cell;
+
+use crate::sframe::PACKED_RECORD;
 use crate::sframe::encode::{Function, table};
 use crate::{
-    CfaBase, Corruption, FrameMarker, FrameWalker, HijackedReturn, Registers, ReturnRepair, ReturnStack, SFrameStart,
-    SFrameTable, SFrameWalker, StackKind, StackRange, StopReason, Trace, TraceOptions, UnwindRow,
+    CfaBase, Corruption, ExceptionFrameLayout, FrameMarker, FrameWalker, HijackedReturn, Registers, ReturnRepair,
+    ReturnStack, RowLookup, SFrameStart, SFrameTable, SFrameWalker, StackKind, StackRange, StopReason, TableError,
+    Trace, TraceOptions, UnwindRow,
 };
 
 const TASK: StackRange = StackRange::new(0x4010_0000, 0x4010_4000, StackKind::Task);
@@ -337,6 +341,19 @@ fn random_stacks_and_starts_terminate_and_stay_inside() {
         let walker = SFrameWalker::new(&memory, &stacks, &sframe, LAYOUT);
         let mut trace = Trace::new();
         trace.fill(|buffer| walker.walk(start, TraceOptions::ALL, buffer));
+        // The full step alone (no packed rows) gives the same trace and stop as the fast path.
+        let full_step = FullStepOnly(&sframe);
+        let mut slow = Trace::new();
+        slow.fill(|buffer| {
+            SFrameWalker::new(&memory, &stacks, &full_step, LAYOUT).walk(start, TraceOptions::ALL, buffer)
+        });
+        assert_eq!(trace, slow, "case {case}");
+        // Arbitrary packed words: wrong traces allowed, reads outside the stacks not.
+        let hostile = HostileRows { table: &sframe, state: Cell::new(rng.next_u64() | 1) };
+        let mut ignored = Trace::new();
+        ignored.fill(|buffer| {
+            SFrameWalker::new(&memory, &stacks, &hostile, LAYOUT).walk(start, TraceOptions::ALL, buffer)
+        });
         for &address in memory.reads.borrow().iter() {
             assert!(
                 stacks.iter().any(|stack| stack.contains(address, 8)),
@@ -344,4 +361,96 @@ fn random_stacks_and_starts_terminate_and_stay_inside() {
             );
         }
     }
+}
+
+/// The table with no packed rows: every frame takes the walker's full step.
+struct FullStepOnly<'t>(&'t SFrameTable<'t>);
+
+impl RowLookup for FullStepOnly<'_> {
+    fn find(&self, pc: u64) -> Result<Option<UnwindRow>, TableError> {
+        self.0.find(pc)
+    }
+
+    fn find_packed(&self, _pc: u64) -> u32 {
+        0
+    }
+}
+
+/// The table, but every packed row a random word (half of them marked as a frame record).
+struct HostileRows<'t> {
+    table: &'t SFrameTable<'t>,
+    state: Cell<u64>,
+}
+
+impl RowLookup for HostileRows<'_> {
+    fn find(&self, pc: u64) -> Result<Option<UnwindRow>, TableError> {
+        self.table.find(pc)
+    }
+
+    fn find_packed(&self, _pc: u64) -> u32 {
+        let mut x = self.state.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.state.set(x);
+        let word = (x >> 16) as u32;
+        if x & 1 == 0 { word | PACKED_RECORD } else { word }
+    }
+}
+
+#[test]
+fn an_exception_frame_is_crossed_into_the_interrupted_context() {
+    // A handler (A) on the IRQ stack, called from code without rows whose x29 is the boundary
+    // marker of an exception frame on the task stack; the frame interrupted B at its second
+    // instruction (RA still in x30), B called by C, C by the task's trampoline.
+    const IRQ_RECORD: u64 = IRQ.high - 0x40;
+    const RETURN_INTO_VECTORS: u64 = TEXT + 0x2004;
+    const FRAME_MARKER: u64 = C_RECORD - 0x100;
+    let layout = ExceptionFrameLayout { sp: -40, lr: -48 };
+    let interrupted = || {
+        let mut memory = chain();
+        memory.write_words(IRQ_RECORD, &[FRAME_MARKER, sign(RETURN_INTO_VECTORS, 0x66)]);
+        memory.write_words(FRAME_MARKER, &FrameMarker::exception_boundary(B + 4, C_RECORD).to_words());
+        memory.write(FRAME_MARKER - 40, C_RECORD);
+        memory.write(FRAME_MARKER - 48, sign(RETURN_INTO_C, 0x77));
+        memory
+    };
+    let memory = interrupted();
+    let start = SFrameStart::CallSite { pc: A + 0x20, sp: IRQ_RECORD, fp: IRQ_RECORD };
+    let stacks = [IRQ, TASK];
+    with_table(&functions(), |table| {
+        let crossing = SFrameWalker::new(&memory, &stacks, table, LAYOUT).with_exception_frames(layout);
+        let mut trace = Trace::new();
+        trace.fill(|buffer| crossing.walk(start, TraceOptions::ALL, buffer));
+        memory.assert_reads_inside(&stacks);
+        assert_eq!(trace.addresses(), &[RETURN_INTO_VECTORS, B + 4, RETURN_INTO_C, RETURN_INTO_TRAMPOLINE]);
+        assert_eq!(trace.entry(1).unwrap().kind, crate::EntryKind::ExceptionPc);
+        assert_eq!(trace.stop_reason(), StopReason::EndOfTask);
+        // Without the layout the walk stops at the boundary, its interrupted PC last.
+        let stopping = walk(&memory, table, start, TraceOptions::ALL, None);
+        assert_eq!(stopping.addresses(), &[RETURN_INTO_VECTORS, B + 4]);
+        assert_eq!(stopping.stop_reason(), StopReason::ExceptionBoundary);
+        // An interrupted SP at or below the marker in its stack, outside the stacks or
+        // misaligned; the saved SP's word outside the marker's stack.
+        for (sp, corruption) in [
+            (FRAME_MARKER, Corruption::NotMonotonic),
+            (TASK.high + 0x100, Corruption::OutsideStacks),
+            (C_RECORD + 8, Corruption::Misaligned),
+        ] {
+            let mut corrupt = interrupted();
+            corrupt.write(FRAME_MARKER - 40, sp);
+            let mut trace = Trace::new();
+            let walker = SFrameWalker::new(&corrupt, &stacks, table, LAYOUT).with_exception_frames(layout);
+            trace.fill(|buffer| walker.walk(start, TraceOptions::ALL, buffer));
+            assert_eq!(trace.stop_reason(), StopReason::Corrupt { address: sp, corruption });
+        }
+        let far = ExceptionFrameLayout { sp: 0x10_0000, lr: -48 };
+        let walker = SFrameWalker::new(&memory, &stacks, table, LAYOUT).with_exception_frames(far);
+        let mut trace = Trace::new();
+        trace.fill(|buffer| walker.walk(start, TraceOptions::ALL, buffer));
+        assert_eq!(
+            trace.stop_reason(),
+            StopReason::Corrupt { address: FRAME_MARKER + 0x10_0000, corruption: Corruption::MarkerTruncated }
+        );
+    });
 }
