@@ -3,35 +3,43 @@
 //!
 //! xtask converts the committed trace into `protocol::replay`'s blob and QEMU's `-device
 //! loader` puts it at [`BLOB_ADDRESS`] for this suite's runs alone; the kernel checks it with
-//! the protocol's reader and replays its events in the recorded order on this CPU (every
-//! recorded CPU's events on one): each allocation with its requested size from the innermost
-//! frame function of its recorded stack (`crate::replay`), so the walkers and the depot see
-//! Linux's stacks; each free from the replay loop (the trace records no free stacks). Every
-//! object's first and last byte is written through an instrumented store, so the replay is a
-//! sanitizer workload too: it makes no bad access and must end with no report.
+//! the protocol's reader and replays its events in the recorded order: each allocation with its
+//! requested size from the innermost frame function of its recorded stack (`crate::replay`), so
+//! the walkers and the depot see Linux's stacks; each free from the replay loop (the trace
+//! records no free stacks). On a run with fewer CPUs than the trace recorded, every event runs
+//! on this CPU; with as many (`--smp 4`), each recorded CPU's events run on a CPU of their own,
+//! in the recorded order across CPUs (see [`together`]). Every object's first and last byte is
+//! written through an instrumented store, so the replay is a sanitizer workload too: it makes
+//! no bad access and must end with no report; `inject::Fault::ReplayPlantsBugs` plants an
+//! off-by-one write and a use after free at random points ([`Planted`]).
 //!
 //! Memory: the trace's live set peaks at 9.8 MB requested, about 18.5 MB in the heap's buddy
 //! blocks (a block is the request plus header and guard granules, rounded to a power of two),
 //! more than the 16 MiB heap. The trace is therefore replayed in windows of [`WINDOW`]
 //! allocations: at a window's end the objects still live are freed (`window_frees`) and a later
 //! free of one of them is counted, not replayed (`frees_across_windows`); the heap's blocks then
-//! peak at 8,284,672 bytes (`heap_peak_blocks`). An allocation the heap refuses anyway is counted (`failed_allocations`),
-//! and so is the later free of its slot (`frees_of_failed`): nothing is skipped silently, since
-//! it would change the depot's counts. The slot table (one pointer per slot of the blob) lies in
-//! the replay's own RAM after the blob, not in the heap it measures.
+//! peak at 8,284,672 bytes (`heap_peak_blocks`). An allocation the heap refuses anyway is
+//! counted (`failed_allocations`), and so is the later free of its slot (`frees_of_failed`):
+//! nothing is skipped silently, since it would change the depot's counts. The slot table (one
+//! pointer per slot of the blob) lies in the replay's own RAM after the blob, not in the heap it
+//! measures, and the rest of that RAM becomes stack depot pools ([`grant_depot_pools`]), so that
+//! the depot holds every replayed stack.
 //!
 //! Cases, as `kasan-boot`'s (same heap stack modes and sampling): `no-stacks`, `fp`,
 //! `fp-no-depot`, `scs`, `scs-no-depot`, `fp-instrumented`, `scs-sample8`, `fp-sample8`; each
 //! replays the whole trace once, measured. Rows per case: `total`, `overhead_pct` relative to
 //! `no-stacks`; on `fp` and `scs`, `walk_per_collection` and `depot_per_collection` as in
-//! `kasan-boot` (collections = allocations + frees the replay made); on `no-stacks`,
-//! `alloc_per_call` and `free_per_call` from a timed replay. Case `depot`: what the first
-//! collecting case (`fp`) added to the stack depot: `records`, `bytes`, `hit_rate` (percent of
-//! its saves that found their stack), `hash_collisions`. Case `trace`: the blob's
-//! `distinct_stacks`, `allocations` and `frees` (recorded), and what this replay did with them
-//! (`failed_allocations`, `frees_of_failed`, `window_frees`, `frees_across_windows`, `reports`:
-//! sanitizer reports during the replays), and `heap_peak_blocks`: the heap's peak in buddy
-//! blocks while replaying, the kernel's own objects included.
+//! `kasan-boot` (collections = allocations + frees the replay made); on one CPU, on
+//! `no-stacks`, `alloc_per_call` and `free_per_call` from a timed replay; on several, per case
+//! the `cpus` suite's contention counters per heap call (`cas_failures`, `lock_spins`,
+//! `gate_waits`). Case `depot`: what the first collecting case (`fp`) added to the stack depot:
+//! `records`, `bytes`, `hit_rate` (percent of its saves that found their stack),
+//! `hash_collisions`, `full` (saves the depot had no room for) and `pools_added` (the pools the
+//! replay's RAM gave it). Case `trace`: the blob's `distinct_stacks`, `allocations` and `frees`
+//! (recorded), and what this replay did with them (`failed_allocations`, `frees_of_failed`,
+//! `window_frees`, `frees_across_windows`, `reports`: sanitizer reports during the replays),
+//! and on one CPU `heap_peak_blocks`: the heap's peak in buddy blocks while replaying, the
+//! kernel's own objects included. Rows of a run on several CPUs carry the param `cpus=N`.
 
 use super::{Clock, Label, Plan, row};
 use crate::arch::mmu::VA_OFFSET;
@@ -417,6 +425,15 @@ pub struct Prefix {
     pub planted: Option<Planted>,
 }
 
+/// Replays the whole trace as [`replay_prefix`] does, with the depot given the replay's room
+/// first (as the suite gives it), so that every stack it collects, and whatever else saves
+/// stacks meanwhile (the profiler's samples), finds a place.
+pub fn replay_whole(mode: Stacks) -> Option<Prefix> {
+    let (_, slots) = loaded()?;
+    grant_depot_pools(slots.len());
+    replay_prefix(u32::MAX, mode)
+}
+
 /// Replays the trace's first `allocations` allocations (and the events between them) with the
 /// heap's stacks in `mode`, as the suite does; `None` when no blob was loaded.
 pub fn replay_prefix(allocations: u32, mode: Stacks) -> Option<Prefix> {
@@ -647,8 +664,10 @@ pub fn run(plan: &Plan) {
         defmt::warn!("bench kasan-replay: this build has no shadow call stack; run it on `full`");
         return;
     }
-    if !crate::mm::kasan::CHECKS_COMPILED_IN {
-        defmt::warn!("bench kasan-replay: build without tag checks (not `full`): figures are not a sanitizer kernel's");
+    if !crate::mm::kasan::CHECKS_COMPILED_IN && !HARDWARE_TAGS {
+        defmt::warn!(
+            "bench kasan-replay: build without tag checks (not `full` or `mte`): figures are not a sanitizer kernel's"
+        );
     }
     let Some((blob, slots)) = loaded() else {
         return;
