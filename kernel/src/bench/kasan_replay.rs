@@ -123,7 +123,8 @@ fn loaded() -> Option<(Blob<'static>, &'static mut [u64])> {
 /// [`stackdepot::MAX_POOL_BYTES`] each, once per boot; returns the pools added.
 ///
 /// The kernel's four 256 KiB pools hold about 5,400 of the committed trace's replayed stacks
-/// (192 bytes a record: its recorded frames plus the lab's own); its 9,197 need about 1.8 MB.
+/// (about 200 bytes a record: its recorded frames plus the lab's own); its 9,197 need about
+/// 1.9 MB.
 /// The depot takes more pools at run time (`DEPOT` names 16), so the suite's own RAM makes the
 /// room, and the kernel's pools, which every other suite measures, stay as they are. The records
 /// are permanent, so the pools are too: nothing else in the kernel uses that RAM, and the suite
