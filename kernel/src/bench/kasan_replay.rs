@@ -47,14 +47,15 @@ use crate::arch::{counters, cpu, percpu};
 use crate::inject::{self, Fault};
 use crate::mm::kasan::HARDWARE_TAGS;
 use crate::mm::kasan::heap::{self, Stacks};
-use crate::mm::kasan::report::{self, BugType};
+use crate::mm::kasan::recording;
+use crate::mm::kasan::report::BugType;
 use crate::mm::kasan::shadow::SHORT_GRANULES;
 use crate::replay::{Path, context};
 use crate::stacktrace;
-use crate::sync::{IrqMask, IrqSpinLock};
+use crate::sync::IrqMask;
 use crate::task::{self, CpuMask, cpus as online_cpus, stacks::CPUS};
 use core::hint::black_box;
-use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use protocol::replay::{BLOB_ADDRESS, Blob, Event, MAX_RECORDED_DEPTH, REGION_SIZE, SLOTS_OFFSET};
 
 const SUITE: &str = "kasan-replay";
@@ -314,27 +315,28 @@ pub struct Planted {
     pub use_after_free: Option<(u64, Option<BugType>)>,
 }
 
-/// Writes the byte just past an object of `size` bytes.
+/// Writes the byte just past an object of `size` bytes, inside the recording scope (which also
+/// turns MTE's checks back on after the fault it resumes from).
 #[inline(never)]
 fn write_one_past(object: u64, size: u32) -> (u64, Option<BugType>) {
-    let before = report::start_recording();
-    // SAFETY: the planted bug: one byte past a live heap object, inside its block's guard
-    // granule (the heap's blocks end with one), so mapped heap memory and nothing else's; the
-    // sanitizer reports the store and, recording, lets it through into the guard.
-    unsafe { (object as *mut u8).add(size as usize).write_volatile(0xbb) };
-    let (reports, last) = report::stop_recording(before);
+    let (reports, last) = recording::scope(|| {
+        // SAFETY: the planted bug: one byte past a live heap object, inside its block's guard
+        // granule (the heap's blocks end with one), so mapped heap memory and nothing else's;
+        // the sanitizer reports the store and, recording, lets it through into the guard.
+        unsafe { (object as *mut u8).add(size as usize).write_volatile(0xbb) };
+    });
     (reports, last.map(|report| report.bug))
 }
 
-/// Reads the first byte of an object just freed.
+/// Reads the first byte of an object just freed, inside the recording scope.
 #[inline(never)]
 fn read_freed(object: u64) -> (u64, Option<BugType>) {
-    let before = report::start_recording();
-    // SAFETY: the planted bug: the object's block was freed just now and nothing has been
-    // allocated since, so it is mapped heap memory that nothing else holds; a read changes
-    // nothing, and the sanitizer reports it.
-    black_box(unsafe { (object as *const u8).read_volatile() });
-    let (reports, last) = report::stop_recording(before);
+    let (reports, last) = recording::scope(|| {
+        // SAFETY: the planted bug: the object's block was freed just now and nothing has been
+        // allocated since, so it is mapped heap memory that nothing else holds; a read changes
+        // nothing, and the sanitizer reports it.
+        black_box(unsafe { (object as *const u8).read_volatile() });
+    });
     (reports, last.map(|report| report.bug))
 }
 
@@ -491,7 +493,10 @@ pub fn replay_prefix(allocations: u32, mode: Stacks) -> Option<Prefix> {
 /// a closed window's object from the next one in its slot without the blob naming each free's
 /// allocation.
 mod together {
-    use super::*;
+    use super::Counts;
+    use crate::sync::IrqSpinLock;
+    use core::sync::atomic::{AtomicBool, AtomicU64};
+    use protocol::replay::Blob;
 
     /// The blob and the slot table (address, slots) of the replay being run.
     pub(super) static SHARED: IrqSpinLock<Option<(Blob<'static>, usize, usize)>> = IrqSpinLock::new(None);
