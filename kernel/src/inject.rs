@@ -77,6 +77,9 @@ faults! {
     /// The SFrame walk sees its table cut after the header (`stacktrace::sframe_table`): a
     /// corrupt table, which every walk must refuse.
     SFrameTableTruncated = "sframe-table-truncated",
+    /// The boot replay (`bench::kasan_replay`) plants two bugs at random points of its stream:
+    /// a write one byte past an object just allocated, and a read of an object just freed.
+    ReplayPlantsBugs = "replay-plants-bugs",
 }
 
 const COUNT: usize = Fault::ALL.len();

@@ -51,7 +51,7 @@ pub struct ProfileArgs {
     /// Kill QEMU after this many seconds.
     #[arg(long, default_value = "600")]
     pub timeout: u64,
-    /// kasan-boot | probes | ftrace | tests | known-shape
+    /// kasan-boot | probes | ftrace | tests | known-shape | replay (Linux's boot allocations)
     pub workload: String,
 }
 

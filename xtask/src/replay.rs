@@ -39,15 +39,16 @@ use crate::peer::alloc::MAGIC;
 /// The committed boot trace the suite replays.
 const TRACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/linux/kmem-boot.trace.gz");
 
-/// Whether a kernel command line runs the `kasan-replay` suite (`bench=...,kasan-replay,...`)
-/// or the kernel's tests (whose `replayed_boot_prefix_is_clean` replays the trace's first
-/// allocations): only those runs load the blob.
+/// Whether a kernel command line runs the `kasan-replay` suite (`bench=...,kasan-replay,...`),
+/// the kernel's tests (whose `replayed_boot_prefix_is_clean` replays the trace's first
+/// allocations) or the profiler's `replay` workload: only those runs load the blob.
 pub fn wants_blob(bootargs: &str) -> bool {
     fn value<'a>(word: &'a str, key: &str) -> Option<&'a str> {
         word.strip_prefix(key)?.strip_prefix('=')
     }
     bootargs.split_whitespace().any(|word| {
         value(word, protocol::cmdline::RUN) == Some("test")
+            || value(word, protocol::cmdline::PROFILE_WORKLOAD) == Some(protocol::profile::REPLAY)
             || value(word, protocol::cmdline::BENCH)
                 .is_some_and(|suites| suites.split(',').any(|suite| suite == protocol::suite::KASAN_REPLAY))
     })
@@ -380,9 +381,10 @@ mod tests {
     }
 
     #[test]
-    fn only_the_suite_and_the_kernel_tests_load_the_blob() {
+    fn only_the_suite_the_kernel_tests_and_the_replay_profile_load_the_blob() {
         assert!(wants_blob("run=bench bench=baseline,kasan-replay reps=1 clock=cycles"));
         assert!(wants_blob("run=test hz=100 icount=1 filter=replayed"));
+        assert!(wants_blob("run=profile profile.workload=replay profile.unwinder=all"));
         assert!(!wants_blob("run=bench bench=kasan-boot reps=1"));
         assert!(!wants_blob("run=profile profile.workload=kasan-boot"));
     }

@@ -117,7 +117,9 @@ pub mod profile {
     pub const FTRACE: &str = "ftrace";
     pub const TESTS: &str = "tests";
     pub const KNOWN_SHAPE: &str = "known-shape";
-    pub const WORKLOADS: [&str; 5] = [KASAN_BOOT, PROBES, FTRACE, TESTS, KNOWN_SHAPE];
+    /// Linux's recorded boot allocations replayed once, stacks collected by frame walk.
+    pub const REPLAY: &str = "replay";
+    pub const WORKLOADS: [&str; 6] = [KASAN_BOOT, PROBES, FTRACE, TESTS, KNOWN_SHAPE, REPLAY];
 }
 
 /// Keys of the kernel command line (`/chosen/bootargs`), each written `KEY=VALUE`.

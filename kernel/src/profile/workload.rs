@@ -16,16 +16,17 @@ pub struct Workload {
 }
 
 /// Every workload, in `protocol::profile::WORKLOADS` order.
-pub const ALL: [Workload; 5] = [
+pub const ALL: [Workload; 6] = [
     Workload { name: names::KASAN_BOOT, run: kasan_boot },
     Workload { name: names::PROBES, run: probes_bench },
     Workload { name: names::FTRACE, run: ftrace_bench },
     Workload { name: names::TESTS, run: tests },
     Workload { name: names::KNOWN_SHAPE, run: known_shape },
+    Workload { name: names::REPLAY, run: replay },
 ];
 
 /// The names, for the error that lists them.
-pub const NAMES: &str = "kasan-boot, probes, ftrace, tests, known-shape";
+pub const NAMES: &str = "kasan-boot, probes, ftrace, tests, known-shape, replay";
 
 pub fn find(name: &str) -> Option<&'static Workload> {
     ALL.iter().find(|workload| workload.name == name)
@@ -48,6 +49,14 @@ fn bench(suite: &str, context: &Context) -> bool {
     let plan =
         crate::bench::Plan { clock: crate::bench::Clock::Cycles, icount: context.icount, reps: 1, host_cpus: None };
     crate::bench::run(suite, &plan).is_ok()
+}
+
+/// The whole boot trace once through the sanitizer heap, as `kasan-replay`'s `fp` case: fails
+/// when no blob was loaded, an allocation failed or the sanitizer reported.
+fn replay(_: &Context) -> bool {
+    use crate::mm::kasan::heap::Stacks;
+    crate::bench::kasan_replay::replay_whole(Stacks::FramePointer)
+        .is_some_and(|replayed| replayed.failed == 0 && replayed.reports == 0)
 }
 
 fn tests(context: &Context) -> bool {

@@ -11,6 +11,7 @@ use unwind::{Trace, TraceOptions};
 pub const TESTS: &[Test] = &[
     Test { name: "replayed_stacks_share_what_linux_shares", run: replayed_stacks_share_what_linux_shares },
     Test { name: "replayed_boot_prefix_is_clean", run: replayed_boot_prefix_is_clean },
+    Test { name: "replayed_boot_catches_planted_bugs", run: replayed_boot_catches_planted_bugs },
 ];
 
 /// Where a leaf puts the traces taken inside a replayed stack.
@@ -102,5 +103,37 @@ fn replayed_boot_prefix_is_clean(_: &Context) -> Outcome {
         check_eq!(prefix.reports, 0);
         check!(prefix.hits > 0 && prefix.hits < prefix.lookups);
     }
+    Ok(Verdict::Passed)
+}
+
+/// Allocations of the planted replay: its bugs' points are drawn in the first half.
+const PLANTED_PREFIX: u32 = 4_000;
+
+/// The replay with bugs planted at random points (`inject::Fault::ReplayPlantsBugs`): an
+/// off-by-one write reported as out of bounds, a use after free as one, and no other report.
+/// Fails when the sanitizer misses either or names it wrongly.
+fn replayed_boot_catches_planted_bugs(_: &Context) -> Outcome {
+    use crate::mm::kasan::report::BugType;
+    let tagged = crate::mm::kasan::CHECKS_COMPILED_IN || crate::mm::kasan::HARDWARE_TAGS;
+    if !tagged || crate::board::CONFIG.name != "qemu-virt" {
+        return Ok(Verdict::Skipped("the replay runs on QEMU virt in variants full and mte"));
+    }
+    if crate::arch::smp::online_count() != 1 {
+        return Ok(Verdict::Skipped("the replay runs on one CPU"));
+    }
+    let prefix = {
+        let _bugs = crate::inject::Injected::new(crate::inject::Fault::ReplayPlantsBugs);
+        kasan_replay::replay_prefix(PLANTED_PREFIX, Stacks::ShadowCallStack)
+            .ok_or(super::fail("no replay blob was loaded"))?
+    };
+    let planted = prefix.planted.ok_or(super::fail("the switch planted nothing"))?;
+    let (reports, bug) = planted.off_by_one.ok_or(super::fail("the off-by-one write was not planted"))?;
+    check_eq!(reports, 1);
+    check!(bug == Some(BugType::OutOfBounds));
+    let (reports, bug) = planted.use_after_free.ok_or(super::fail("the use after free was not planted"))?;
+    check_eq!(reports, 1);
+    check!(bug == Some(BugType::UseAfterFree));
+    check_eq!(prefix.reports, 2);
+    check_eq!(prefix.failed, 0);
     Ok(Verdict::Passed)
 }

@@ -323,6 +323,20 @@ pub const ACCOUNTS: &[(&str, Account)] = &[
         },
     ),
     (
+        "cargo xtask bench kasan-replay --mode icount --cpu max,pauth=off --smp 4",
+        Excluded {
+            reason: "the whole replay of Linux's boot allocations on four CPUs in every case: about two minutes",
+            covered_by: "the kernel test `replayed_boot_prefix_is_clean` (the trace's first allocations, `fp` and `scs`)",
+        },
+    ),
+    (
+        "cargo xtask profile --unwinder all replay",
+        Excluded {
+            reason: "the whole replay of Linux's boot allocations under the profiler: about two minutes",
+            covered_by: "`cargo xtask profile --unwinder all --cpu max,pauth=off kasan-boot` here (every walker) and the kernel test `replayed_boot_prefix_is_clean` (the workload's replay)",
+        },
+    ),
+    (
         "cargo xtask bench kasan-boot",
         Excluded {
             reason: "every CPU variant in both modes",
