@@ -7,8 +7,9 @@
 //! paths): the heap, `save_stack`, reports, the timer tick, the benches. It writes return
 //! addresses into the caller's buffer, PAC-stripped by the kernel's address layout (kernel code is
 //! in TTBR1); an interrupted context's PC is exact. Returns hijacked by kretprobes show their real
-//! address (`probes::kretprobe::Repair`), asked only when a return may be hijacked in the walked
-//! contexts. xtask symbolizes lines of the form `  fp #N 0x...`.
+//! address (`probes::kretprobe::Repair`), and so do returns hijacked by the function-graph tracer
+//! (`ftrace::graph`), asked only when a return may be hijacked in the walked contexts. xtask
+//! symbolizes lines of the form `  fp #N 0x...`.
 
 use crate::arch::cpu;
 use crate::arch::exception::ExceptionFrame;
@@ -199,6 +200,20 @@ impl ReturnRepair for WalkRepair {
     fn shadow_return(&self, slot: u64) -> Option<u64> {
         Repair.shadow_return(slot)
     }
+
+    /// One load: 0 until the graph tracer is first registered.
+    #[inline(always)]
+    fn graph_trampoline(&self) -> u64 {
+        crate::ftrace::graph::walk_trampoline()
+    }
+
+    fn graph_frame_return(&self, record: u64) -> Option<u64> {
+        crate::ftrace::graph::frame_return(record)
+    }
+
+    fn graph_shadow_return(&self, slot: u64) -> Option<u64> {
+        crate::ftrace::graph::shadow_return(slot)
+    }
 }
 
 /// Which kind of slot `slot` is, from its index alone (no per-CPU load: the sanitizer-exempt
@@ -332,7 +347,10 @@ pub fn collect_shadow(options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) ->
     let index = slot_index(here);
     // A task's slot names the task (task slots come first, one per task): its count of hijacked
     // returns is read without testing SP against the IRQ stack or reading the scheduler.
-    if index < stacks::TASK_SLOTS as u64 && kretprobe::outstanding_in_task_slot(index as usize) == 0 {
+    if index < stacks::TASK_SLOTS as u64
+        && kretprobe::outstanding_in_task_slot(index as usize) == 0
+        && crate::ftrace::graph::walk_trampoline() == 0
+    {
         let segment = ShadowSegment::current(shadow_stack(here), x18);
         return ShadowWalker::new(&KernelMemory, LAYOUT).walk(&[segment], options, buffer);
     }
@@ -541,7 +559,7 @@ pub fn capture(mode: Mode, options: TraceOptions) -> Trace {
 /// PC; SCS from its x18 and PC; SFrame from its PC, SP, x29 and x30.
 pub fn of_frame(frame: &ExceptionFrame, slot: Slot, mode: Mode) -> Trace {
     // Hijacked returns are known for the running task only.
-    let repair = (slot == crate::task::current_slot()).then_some(&Repair as &dyn ReturnRepair);
+    let repair = (slot == crate::task::current_slot()).then_some(&WalkRepair as &dyn ReturnRepair);
     let mut trace = Trace::new();
     match mode {
         Mode::FramePointer => {
