@@ -240,21 +240,15 @@ where
         'walk: loop {
             // A step that needs the slow path leaves with what it found, `fp` still the
             // record it was reading.
-            let event = match fast_step::<M, GRAPH>(
-                self.memory,
-                fp,
-                upper,
-                (trampoline, graph),
-                &mut cursor,
-                end,
-                last_record,
-            ) {
-                Ok(next) => {
-                    fp = next;
-                    continue 'walk;
-                }
-                Err(event) => event,
-            };
+            let event =
+                match fast_step::<M, GRAPH>(self.memory, fp, upper, (trampoline, graph), &mut cursor, end, last_record)
+                {
+                    Ok(next) => {
+                        fp = next;
+                        continue 'walk;
+                    }
+                    Err(event) => event,
+                };
             sink.sync(cursor);
             if let Event::Unreadable = event {
                 return sink.finish(self.unreadable(fp));

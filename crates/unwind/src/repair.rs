@@ -92,28 +92,32 @@ pub trait ReturnRepair {
     /// probe's real address may be the graph trampoline, a tail call's the probe's). An address
     /// no instance accounts for is returned as read.
     fn repaired_frame(&self, address: u64, record: u64) -> u64 {
-        repaired(self, address, |repair, graph| {
-            if graph { repair.graph_frame_return(record) } else { repair.frame_return(record) }
-        })
+        repaired(
+            self,
+            address,
+            |repair, graph| {
+                if graph { repair.graph_frame_return(record) } else { repair.frame_return(record) }
+            },
+        )
     }
 
     /// What the shadow-stack slot at `slot` returns to, given the (stripped) `address` it holds
     /// (as [`Self::repaired_frame`]).
     fn repaired_shadow(&self, address: u64, slot: u64) -> u64 {
-        repaired(self, address, |repair, graph| {
-            if graph { repair.graph_shadow_return(slot) } else { repair.shadow_return(slot) }
-        })
+        repaired(
+            self,
+            address,
+            |repair, graph| {
+                if graph { repair.graph_shadow_return(slot) } else { repair.shadow_return(slot) }
+            },
+        )
     }
 }
 
 /// Resolves `address` through at most [`MAX_CHAIN`] trampolines; `ask(repair, graph)` asks the
 /// graph tracer's instances (`graph`) or the probes'.
 #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
-fn repaired<R: ReturnRepair + ?Sized>(
-    repair: &R,
-    address: u64,
-    mut ask: impl FnMut(&R, bool) -> Option<u64>,
-) -> u64 {
+fn repaired<R: ReturnRepair + ?Sized>(repair: &R, address: u64, mut ask: impl FnMut(&R, bool) -> Option<u64>) -> u64 {
     let (probe, graph) = (repair.trampoline(), repair.graph_trampoline());
     let mut address = address;
     let mut step = 0;

@@ -10,8 +10,8 @@ use super::{Context, Outcome, Test, Verdict, check, check_eq, fail};
 use crate::ftrace::{self, graph};
 use crate::probes::{Method, ProbeError, Registers, Text, kretprobe};
 use crate::stacktrace::{self, Mode};
-use crate::sync::IrqSpinLock;
 use crate::symbols::callsites;
+use crate::sync::IrqSpinLock;
 use unwind::{Trace, TraceOptions};
 
 pub const TESTS: &[Test] = &[
@@ -65,7 +65,8 @@ fn records_calls_and_returns(_: &Context) -> Outcome {
     check_eq!(graph::outstanding(), 0);
     // outer { inner(); inner(); }: entries and exits with their depths, exits carrying the entry
     // time, times never going back.
-    let shape = [(outer, 0, false), (inner, 1, false), (inner, 1, true), (inner, 1, false), (inner, 1, true), (outer, 0, true)];
+    let shape =
+        [(outer, 0, false), (inner, 1, false), (inner, 1, true), (inner, 1, false), (inner, 1, true), (outer, 0, true)];
     let mut seen = 0;
     let mut last_time = 0;
     let mut entry_times = [0u64; 2];

@@ -74,6 +74,16 @@ const MAPPING: &[(&str, LabRow)] = &[
             metric: "overhead",
         },
     ),
+    // Linux's `per_hit` is the traced loop minus the loop: the lab's `overhead`.
+    (
+        "ftrace-graph",
+        LabRow {
+            suite: "ftrace",
+            case: "graph",
+            params: &[("relevant", "1"), ("irrelevant", "0")],
+            metric: "overhead",
+        },
+    ),
     // Stack traces: the recorded depth the lab also measures (8), and the nearest one to 12 (the
     // other recorded depths, 7, 9 and 10, are nearest to 8 as well: one Linux row per lab row).
     (

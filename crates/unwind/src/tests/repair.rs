@@ -204,7 +204,10 @@ fn frame_walk_repairs_graph_returns_and_chains_through_a_probe() {
     assert_eq!(plain.addresses(), &[code(0), GRAPH, code(2), TRAMPOLINE, code(4)]);
     let repair = BothRepair { probes: &probes, graph: &graph };
     let walker = FrameWalker::new(&memory, &stacks, LAYOUT).with_repair(&repair);
-    assert_eq!(walker.trace_from_frame(fp, TraceOptions::ALL).addresses(), &[code(0), code(1), code(2), code(3), code(4)]);
+    assert_eq!(
+        walker.trace_from_frame(fp, TraceOptions::ALL).addresses(),
+        &[code(0), code(1), code(2), code(3), code(4)]
+    );
     assert_eq!(walker.trace_from_frame(fp, TraceOptions::new(1, 2)).addresses(), &[code(1), code(2)]);
     // A repair that says no graph return can be outstanding leaves the graph trampoline seen.
     let probes_only = Repair(&probes);
