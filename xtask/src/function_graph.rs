@@ -270,7 +270,9 @@ mod tests {
     const INNER: &str = "_RNvNtCs1a2b3c_6kernel4demo5inner";
     const LEAF: &str = "_RNvNtCs1a2b3c_6kernel4demo4leaf";
 
-    /// Captured from the kernel (see the module docs of `log::linux_tools` for the command).
+    /// Captured from the kernel: the header and the last 40 lines of
+    /// `cargo xtask qemu --log linux --ftrace-graph 'kernel::demo::*'`'s
+    /// target/trace/function_graph.txt (`(head -7; tail -40) < target/trace/function_graph.txt`).
     const FIXTURE: &str = include_str!("../fixtures/linux/function_graph.txt");
 
     fn symbols() -> FunctionTable {
@@ -369,30 +371,21 @@ mod tests {
     #[test]
     fn fixture_has_the_shape_of_linux_function_graph() {
         let pattern = line_pattern();
-        let mut header = true;
         let mut events = 0;
-        let mut depth: i64 = 0;
-        for line in FIXTURE.lines() {
-            if header {
-                header = line.starts_with('#');
-                if header {
-                    continue;
-                }
-            }
+        for line in FIXTURE.lines().skip_while(|line| line.starts_with('#')) {
             assert!(pattern.is_match(line), "not a function_graph line: {line:?}");
             // The column widths hold whatever the duration: `|` at the same place on every line.
             assert_eq!(line.find('|'), Some(18), "{line:?}");
-            depth += i64::from(line.ends_with('{')) - i64::from(line.ends_with('}'));
             events += 1;
         }
         assert!(events > 0, "the fixture has event lines");
-        assert!(depth >= 0, "no more closing lines than opened ones");
         assert!(FIXTURE.starts_with("# tracer: function_graph\n"));
         assert!(FIXTURE.lines().any(|line| line.contains("#P:")));
         assert!(FIXTURE.lines().any(|line| line.starts_with("# DURATION counts ")));
-        // Leaves and nesting both appear: the tracer saw returns, not only entries.
+        // Leaves and returns both appear: the tracer saw returns, not only entries (the ring's
+        // oldest events are gone, so some returns name their function).
         assert!(FIXTURE.lines().any(|line| line.ends_with("();")));
-        assert!(FIXTURE.lines().any(|line| line.ends_with("() {")));
+        assert!(FIXTURE.lines().any(|line| line.contains("} /* ")));
     }
 
     #[test]

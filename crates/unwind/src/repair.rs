@@ -35,8 +35,9 @@
 //! return with its own instance. A real address that is itself the trampoline (the tail-call
 //! case) resolves through the next older instance at the same SP.
 
-/// One hijacked return.
+/// One hijacked return. `repr(C)`: the function-graph tracer pushes and pops entries in asm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
 pub struct HijackedReturn {
     /// SP at the function's entry (and at its return into the trampoline).
     pub entry_sp: u64,
@@ -147,7 +148,12 @@ const MAX_CHAIN: usize = 4;
 pub struct ReturnStackFull;
 
 /// The hijacked returns of one context, oldest first, at most `N`.
+///
+/// `repr(C)`: the entries from offset 0, then the length at [`Self::LEN_OFFSET`], for code that
+/// pushes and pops in asm (the function-graph tracer's entry and return). Such code keeps the
+/// same order: an entry is written before the length grows.
 #[derive(Debug)]
+#[repr(C)]
 pub struct ReturnStack<const N: usize> {
     entries: [HijackedReturn; N],
     len: usize,
@@ -160,6 +166,9 @@ impl<const N: usize> Default for ReturnStack<N> {
 }
 
 impl<const N: usize> ReturnStack<N> {
+    /// Where the length lies (after `N` entries of `size_of::<HijackedReturn>()` bytes).
+    pub const LEN_OFFSET: usize = core::mem::offset_of!(Self, len);
+
     /// An empty stack.
     pub const fn new() -> Self {
         Self { entries: [HijackedReturn::EMPTY; N], len: 0 }

@@ -3,8 +3,8 @@
 //! # Entry
 //!
 //! The tracer is an ordinary ftrace ops ([`GRAPH`]), so a traced function reaches it through its
-//! call-ops site: `mov x9, x30; bl ftrace_trampoline` -> `ftrace_graph_entry_shim` (asm, adds the
-//! shadow slot) -> [`graph_entry`], with IRQs masked and the CPU's recursion guard held. It
+//! call-ops site: `mov x9, x30; bl ftrace_trampoline` -> `ftrace_graph_entry` (asm), with IRQs
+//! masked and the CPU's recursion guard held. It
 //! pushes a [`HijackedReturn`] `{entry SP, x18 at entry, real return, function, entry time}` on
 //! the context's [`ReturnStack`] (the task's, or this CPU's IRQ context's, as return probes do),
 //! records an entry event in this CPU's ring, and replaces `Regs::lr` by
@@ -25,10 +25,10 @@
 //!
 //! The function's `ret` lands in `ftrace_graph_return` (asm, `.text.noprobe`, Linux's
 //! `return_to_handler`) with SP and x18 as at entry and x0..x7 holding the return value. It
-//! saves x0..x7 and a frame record `{x29, trampoline}`, masks IRQs, and calls
-//! [`ftrace_graph_exit`], which drops abandoned instances (below SP), pops the top one (its entry
-//! SP is SP), records an exit event with the entry time, and gives back the real address; the
-//! trampoline restores x0..x7 and DAIF and returns there.
+//! masks IRQs, drops abandoned instances (below SP), pops the top one (its entry SP is SP),
+//! records an exit event with the entry time, restores DAIF and returns to the real address. It
+//! uses only x9-x17, free after a return, so the return value needs no saving, and it calls
+//! nothing (no frame of its own for a walker to meet).
 //!
 //! # With a return probe on the same function
 //!
@@ -53,6 +53,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use unwind::{HijackedReturn, ReturnStack};
 
 use super::trampoline::{Ops, Regs};
+use crate::arch::percpu::PerCpu;
 use crate::probes::cells::PerContext;
 use crate::task::TASKS;
 use crate::task::stacks::{self, CPUS};
@@ -60,7 +61,7 @@ use crate::task::stacks::{self, CPUS};
 /// Hijacked returns per context (Linux's `FTRACE_RETFUNC_DEPTH` is 50; the kernel's deepest
 /// paths stay well below).
 pub const DEPTH: usize = 64;
-/// Events kept per CPU (the newest; older ones are overwritten).
+/// Events kept per CPU (the newest; older ones are overwritten). A power of two.
 pub const RING: usize = 2048;
 
 /// Contexts as return probes count them: the task table's entries, then one IRQ context per CPU.
@@ -91,10 +92,13 @@ struct Slot {
     entry_time: AtomicU64,
 }
 
-/// One CPU's events, written only by that CPU with IRQs masked.
+/// One CPU's events, written only by that CPU with IRQs masked (64 KiB: a shifted index).
 #[repr(C)]
-struct CpuRing {
-    slots: [Slot; RING],
+struct CpuRing([Slot; RING]);
+
+/// One CPU's counts, beside its ring.
+#[repr(C)]
+struct CpuCounts {
     /// Events written so far (the next slot is `written % RING`).
     written: AtomicU64,
     /// Calls not traced because the context's return stack was full.
@@ -102,8 +106,8 @@ struct CpuRing {
 }
 
 static RINGS: [CpuRing; CPUS] = [const {
-    CpuRing {
-        slots: [const {
+    CpuRing(
+        [const {
             Slot {
                 time: AtomicU64::new(0),
                 function: AtomicU64::new(0),
@@ -111,65 +115,187 @@ static RINGS: [CpuRing; CPUS] = [const {
                 entry_time: AtomicU64::new(0),
             }
         }; RING],
-        written: AtomicU64::new(0),
-        overflows: AtomicU64::new(0),
-    }
+    )
 }; CPUS];
+static COUNTS: [CpuCounts; CPUS] =
+    [const { CpuCounts { written: AtomicU64::new(0), overflows: AtomicU64::new(0) } }; CPUS];
+
+const _: () = {
+    assert!(size_of::<CpuRing>() == 1 << 16 && size_of::<Slot>() == 32 && size_of::<CpuCounts>() == 16);
+    assert!(offset_of!(Slot, function) == 8 && offset_of!(Slot, depth) == 16 && offset_of!(Slot, entry_time) == 24);
+    assert!(offset_of!(CpuCounts, overflows) == 8 && RING.is_power_of_two());
+    assert!(size_of::<HijackedReturn>() == 40 && offset_of!(HijackedReturn, entry_sp) == 0);
+    assert!(offset_of!(HijackedReturn, real) == 16 && offset_of!(HijackedReturn, cookie) == 24);
+    assert!(offset_of!(HijackedReturn, data) == 32);
+    assert!(crate::arch::stack::STACK_SIZE < 1 << 16 && DEPTH < 1 << 12);
+};
 
 /// The graph tracer's ops: what its sites' literals point at.
-pub static GRAPH: Ops = Ops { func: ftrace_graph_entry_shim, private: 0 };
+pub static GRAPH: Ops = Ops { func: ftrace_graph_entry, private: 0 };
 
+// Both hooks are asm: they run on every traced call, and in asm they use only x9-x17 (free at a
+// function's entry and after its return) and touch nothing the traced code can see but the
+// return stack, the ring and (entry) `Regs::lr`.
+//
+// The context: the IRQ context of this CPU if SP is on its IRQ stack (`[top - STACK_SIZE, top)`),
+// else the running task's (`PerCpu::current_task`), as `probes::kretprobe` picks it.
 core::arch::global_asm!(
     r#"
     .section .text.noprobe, "ax"
-    .balign 8
-    .global ftrace_graph_entry_shim
-ftrace_graph_entry_shim:
-    // Called by ftrace_trampoline as ops.func(ip, parent_ip, ops, regs), which pushed two slots
-    // on the SCS in SCS builds: x18 - 16 is the slot the traced function's prologue will use.
+    .balign 16
+    .global ftrace_graph_entry
+ftrace_graph_entry:
+    // ops.func(ip x0, parent_ip x1, ops x2, regs x3) from ftrace_trampoline: IRQs masked, the
+    // recursion guard held, and in SCS builds two slots pushed (x18 - 16: the function's slot).
+    ldr     x10, [x3, #{regs_sp}]               // SP at the traced function's entry
+    mrs     x11, tpidr_el1
+    ldr     x12, [x11, #{irq_top}]
+    sub     x12, x12, x10
+    sub     x12, x12, #1
+    cmp     x12, #{stack_size}
+    b.lo    1f
+    ldr     x12, [x11, #{current_task}]
+    b       2f
+1:  ldr     x12, [x11, #{cpu_index}]
+    add     x12, x12, #{irq_contexts}
+2:  adrp    x13, {returns}
+    add     x13, x13, :lo12:{returns}
+    mov     x14, #{stack_bytes}
+    madd    x13, x12, x14, x13                  // this context's ReturnStack
+    ldr     x12, [x13, #{len}]
+    mov     x15, #{entry_bytes}
+3:  cbz     x12, 4f                             // drop abandoned entries (entry SP below SP)
+    sub     x16, x12, #1
+    madd    x17, x16, x15, x13
+    ldr     x17, [x17]
+    cmp     x17, x10
+    b.hs    4f
+    mov     x12, x16
+    str     x12, [x13, #{len}]
+    b       3b
+4:  cmp     x12, #{depth}
+    b.hs    5f
+    madd    x16, x12, x15, x13                  // the new entry
     .if {scs}
-    sub     x4, x18, #16
+    sub     x14, x18, #16
     .else
-    mov     x4, xzr
+    mov     x14, xzr
     .endif
-    b       {entry}
-    .size ftrace_graph_entry_shim, . - ftrace_graph_entry_shim
+    stp     x10, x14, [x16]                     // entry_sp, shadow_slot
+    stp     x1, x0, [x16, #16]                  // real, cookie: the function
+    mrs     x17, pmccntr_el0
+    str     x17, [x16, #32]                     // data: the entry time
+    add     x14, x12, #1
+    str     x14, [x13, #{len}]                  // the length after the entry
+    ldr     x13, [x11, #{cpu_index}]
+    adrp    x14, {rings}
+    add     x14, x14, :lo12:{rings}
+    add     x14, x14, x13, lsl #16              // this CPU's ring
+    adrp    x15, {counts}
+    add     x15, x15, :lo12:{counts}
+    add     x15, x15, x13, lsl #4               // this CPU's counts
+    ldr     x13, [x15]
+    and     x16, x13, #{ring_mask}
+    add     x16, x14, x16, lsl #5
+    stp     x17, x0, [x16]                      // time, function
+    stp     x12, xzr, [x16, #16]                // depth, no entry time
+    add     x13, x13, #1
+    stlr    x13, [x15]                          // publishes the slot
+    adrp    x14, ftrace_graph_return
+    add     x14, x14, :lo12:ftrace_graph_return
+    str     x14, [x3, #{regs_lr}]               // the hijack: x30 when the body starts
+    ret
+5:  ldr     x13, [x11, #{cpu_index}]            // full: count it, leave the return alone
+    adrp    x15, {counts}
+    add     x15, x15, :lo12:{counts}
+    add     x15, x15, x13, lsl #4
+    ldr     x14, [x15, #8]
+    add     x14, x14, #1
+    str     x14, [x15, #8]
+    ret
+    .size ftrace_graph_entry, . - ftrace_graph_entry
 
     .balign 16
     .global ftrace_graph_return
 ftrace_graph_return:
-    // Reached by a graph-traced function's `ret`: x30 = this address, SP and x18 as at its entry,
-    // x0..x7 the return value (x8 and x9..x17 are dead across a return).
-    sub     sp, sp, #96
-    stp     x29, x30, [sp]              // a frame record holding this trampoline (walkers repair it)
-    mov     x29, sp
-    stp     x0, x1, [sp, #16]
-    stp     x2, x3, [sp, #32]
-    stp     x4, x5, [sp, #48]
-    stp     x6, x7, [sp, #64]
+    // Reached by a graph-traced function's `ret`: x30 = this address, SP and x18 as at its
+    // entry, x0..x7 (and x8) as it returned them. Pops the top instance, whose entry SP is SP.
     mrs     x9, daif
-    str     x9, [sp, #80]
     msr     daifset, #3
-    add     x0, sp, #96                 // SP at the traced function's entry
-    bl      ftrace_graph_exit
-    mov     x30, x0                     // the real return address
-    ldr     x9, [sp, #80]
+    mov     x10, sp
+    mrs     x11, tpidr_el1
+    ldr     x12, [x11, #{irq_top}]
+    sub     x12, x12, x10
+    sub     x12, x12, #1
+    cmp     x12, #{stack_size}
+    b.lo    1f
+    ldr     x12, [x11, #{current_task}]
+    b       2f
+1:  ldr     x12, [x11, #{cpu_index}]
+    add     x12, x12, #{irq_contexts}
+2:  adrp    x13, {returns}
+    add     x13, x13, :lo12:{returns}
+    mov     x14, #{stack_bytes}
+    madd    x13, x12, x14, x13
+    ldr     x12, [x13, #{len}]
+    mov     x15, #{entry_bytes}
+3:  cbz     x12, 9f                             // nothing hijacked here
+    sub     x16, x12, #1
+    madd    x14, x16, x15, x13
+    ldr     x17, [x14]
+    cmp     x17, x10
+    b.hs    4f
+    mov     x12, x16                            // abandoned (entry SP below SP): drop it
+    str     x12, [x13, #{len}]
+    b       3b
+4:  b.ne    9f                                  // the top instance is an outer frame's
+    ldp     x30, x15, [x14, #16]                // the real return address, the function
+    ldr     x17, [x14, #32]                     // its entry time
+    str     x16, [x13, #{len}]                  // pop
+    ldr     x13, [x11, #{cpu_index}]
+    adrp    x14, {rings}
+    add     x14, x14, :lo12:{rings}
+    add     x14, x14, x13, lsl #16
+    adrp    x12, {counts}
+    add     x12, x12, :lo12:{counts}
+    add     x12, x12, x13, lsl #4
+    ldr     x11, [x12]
+    and     x10, x11, #{ring_mask}
+    add     x10, x14, x10, lsl #5
+    mrs     x14, pmccntr_el0
+    stp     x14, x15, [x10]                     // time, function
+    orr     x16, x16, #{exit_bit}
+    stp     x16, x17, [x10, #16]                // depth | EXIT_BIT, entry time
+    add     x11, x11, #1
+    stlr    x11, [x12]
     msr     daif, x9
-    ldp     x0, x1, [sp, #16]
-    ldp     x2, x3, [sp, #32]
-    ldp     x4, x5, [sp, #48]
-    ldp     x6, x7, [sp, #64]
-    ldr     x29, [sp]
-    add     sp, sp, #96
     ret
+9:  mov     x0, x10
+    bl      {lost}
     .size ftrace_graph_return, . - ftrace_graph_return
 "#,
     scs = const crate::build_info::SHADOW_CALL_STACK as u8,
-    entry = sym graph_entry,
+    regs_sp = const offset_of!(Regs, sp),
+    regs_lr = const offset_of!(Regs, lr),
+    irq_top = const offset_of!(PerCpu, irq_stack_top),
+    current_task = const offset_of!(PerCpu, current_task),
+    cpu_index = const offset_of!(PerCpu, index),
+    stack_size = const crate::arch::stack::STACK_SIZE,
+    irq_contexts = const IRQ_CONTEXTS,
+    returns = sym RETURNS,
+    stack_bytes = const size_of::<ReturnStack<DEPTH>>(),
+    entry_bytes = const size_of::<HijackedReturn>(),
+    len = const ReturnStack::<DEPTH>::LEN_OFFSET,
+    depth = const DEPTH,
+    rings = sym RINGS,
+    counts = sym COUNTS,
+    ring_mask = const RING - 1,
+    exit_bit = const EXIT_BIT,
+    lost = sym ftrace_graph_lost,
 );
 
 unsafe extern "C" {
-    fn ftrace_graph_entry_shim(ip: u64, parent_ip: u64, ops: &Ops, regs: &mut Regs);
+    fn ftrace_graph_entry(ip: u64, parent_ip: u64, ops: &Ops, regs: &mut Regs);
     static ftrace_graph_return: u32;
 }
 
@@ -199,14 +325,10 @@ pub fn walk_trampoline() -> u64 {
     address
 }
 
-/// PMCCNTR_EL0 (see the module docs for what it counts). No barrier: the entry and exit points
-/// are themselves the measured boundaries.
-#[inline(always)]
-fn now() -> u64 {
-    let value;
-    // SAFETY: reads a counter; no memory, no flags.
-    unsafe { core::arch::asm!("mrs {}, pmccntr_el0", out(reg) value, options(nomem, nostack, preserves_flags)) };
-    value
+/// `ftrace_graph_return` found no instance for its SP: where to return is unknown.
+#[unsafe(link_section = ".text.noprobe")]
+extern "C" fn ftrace_graph_lost(sp: u64) -> ! {
+    panic!("ftrace graph return reached at SP {:#x} with no hijacked return there", sp);
 }
 
 /// The context (the task's table index, or this CPU's IRQ context) whose stack holds `sp`.
@@ -217,70 +339,6 @@ fn context_index(sp: u64) -> usize {
     } else {
         crate::task::current().0
     }
-}
-
-/// Appends one event to this CPU's ring (IRQs masked: only this CPU writes it).
-#[inline(always)]
-fn record(time: u64, function: u64, depth: u64, entry_time: u64) {
-    let ring = &RINGS[crate::arch::percpu::this_cpu_index()];
-    let written = ring.written.load(Ordering::Relaxed);
-    let slot = &ring.slots[written as usize % RING];
-    // SAFETY: aligned stores to the slot's four atomics (interior mutability), at their offsets in
-    // the `repr(C)` slot: relaxed atomic stores, as two `stp`s.
-    unsafe {
-        core::arch::asm!(
-            "stp {t}, {f}, [{s}, #{time}]",
-            "stp {d}, {e}, [{s}, #{depth_at}]",
-            s = in(reg) slot as *const Slot,
-            t = in(reg) time,
-            f = in(reg) function,
-            d = in(reg) depth,
-            e = in(reg) entry_time,
-            time = const offset_of!(Slot, time),
-            depth_at = const offset_of!(Slot, depth),
-            options(nostack, preserves_flags)
-        )
-    };
-    ring.written.store(written + 1, Ordering::Release);
-}
-
-const _: () = assert!(offset_of!(Slot, function) == 8 && offset_of!(Slot, entry_time) == 24);
-
-/// The entry hook (through `ftrace_graph_entry_shim`): IRQs masked, recursion guard held.
-#[sanitize(kernel_hwaddress = "off")]
-#[unsafe(link_section = ".text.noprobe")]
-unsafe extern "C" fn graph_entry(ip: u64, parent_ip: u64, _: &Ops, regs: &mut Regs, shadow_slot: u64) {
-    let sp = regs.sp;
-    // SAFETY: IRQs are masked and this is the context that owns the stack (see RETURNS).
-    let stack = unsafe { &mut *RETURNS.get(context_index(sp)) };
-    stack.drop_abandoned(sp, |_| {});
-    let time = now();
-    let depth = stack.len() as u64;
-    let instance = HijackedReturn { entry_sp: sp, shadow_slot, real: parent_ip, cookie: ip, data: time };
-    if stack.push(instance).is_err() {
-        let overflows = &RINGS[crate::arch::percpu::this_cpu_index()].overflows;
-        overflows.store(overflows.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-        return;
-    }
-    record(time, ip, depth, 0);
-    regs.lr = trampoline();
-}
-
-/// Called by `ftrace_graph_return` (IRQs masked) with the SP the traced function returned with;
-/// returns where it really returns to.
-#[unsafe(no_mangle)]
-#[sanitize(kernel_hwaddress = "off")]
-#[unsafe(link_section = ".text.noprobe")]
-extern "C" fn ftrace_graph_exit(sp: u64) -> u64 {
-    // SAFETY: IRQs are masked and this is the context that owns the stack (see RETURNS).
-    let stack = unsafe { &mut *RETURNS.get(context_index(sp)) };
-    stack.drop_abandoned(sp, |_| {});
-    let Some(instance) = stack.top_at(sp) else {
-        panic!("ftrace graph return reached at SP {:#x} with no hijacked return there", sp);
-    };
-    stack.pop();
-    record(now(), instance.cookie, stack.len() as u64 | EXIT_BIT, instance.data);
-    instance.real
 }
 
 /// A new task starts in task slot `index`: its context has no graph returns.
@@ -302,20 +360,20 @@ pub fn outstanding() -> usize {
 
 /// Calls not traced because a return stack was full, all CPUs.
 pub fn overflows() -> u64 {
-    RINGS.iter().map(|ring| ring.overflows.load(Ordering::Relaxed)).sum()
+    COUNTS.iter().map(|counts| counts.overflows.load(Ordering::Relaxed)).sum()
 }
 
 /// Forgets every recorded event and overflow (call with the tracer off).
 pub fn clear() {
-    for ring in &RINGS {
-        ring.written.store(0, Ordering::Release);
-        ring.overflows.store(0, Ordering::Relaxed);
+    for counts in &COUNTS {
+        counts.written.store(0, Ordering::Release);
+        counts.overflows.store(0, Ordering::Relaxed);
     }
 }
 
 /// Events recorded so far, all CPUs.
 pub fn written() -> u64 {
-    RINGS.iter().map(|ring| ring.written.load(Ordering::Acquire)).sum()
+    COUNTS.iter().map(|counts| counts.written.load(Ordering::Acquire)).sum()
 }
 
 /// Registers the graph tracer on every traceable function matching `pattern`.
@@ -348,11 +406,11 @@ pub struct Event {
 
 /// CPU `cpu`'s `index`-th kept event, oldest first (call with the tracer off).
 pub fn event(cpu: usize, index: u64) -> Option<Event> {
-    let ring = RINGS.get(cpu)?;
-    let written = ring.written.load(Ordering::Acquire);
+    let (ring, counts) = (RINGS.get(cpu)?, COUNTS.get(cpu)?);
+    let written = counts.written.load(Ordering::Acquire);
     let kept = written.min(RING as u64);
     (index < kept).then(|| {
-        let slot = &ring.slots[((written - kept + index) % RING as u64) as usize];
+        let slot = &ring.0[((written - kept + index) % RING as u64) as usize];
         let depth = slot.depth.load(Ordering::Relaxed);
         Event {
             time: slot.time.load(Ordering::Relaxed),
@@ -375,8 +433,8 @@ pub fn stream(unit: &str) {
         unit,
         overflows()
     );
-    for (cpu, ring) in RINGS.iter().enumerate() {
-        let written = ring.written.load(Ordering::Acquire);
+    for (cpu, counts) in COUNTS.iter().enumerate() {
+        let written = counts.written.load(Ordering::Acquire);
         if written == 0 {
             continue;
         }
