@@ -21,7 +21,7 @@ use crate::sync::{IrqSpinLock, StaticBlocks};
 use crate::task::stacks::{self, SLOT_SIZE, Slot};
 use core::cell::UnsafeCell;
 use core::mem::MaybeUninit;
-use core::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use stackdepot::{DepotError, DepotHandle, StackDepot};
 use unwind::{
     AddressLayout, Corruption, FrameStart, FrameWalker, Registers, ReturnRepair, RowLookup, SFrameStart, SFrameTable,
@@ -200,11 +200,91 @@ impl ReturnRepair for WalkRepair {
     fn shadow_return(&self, slot: u64) -> Option<u64> {
         Repair.shadow_return(slot)
     }
+}
+
+/// [`WalkRepair`] and the function-graph tracer's returns: for walks that may meet both.
+struct GraphWalkRepair;
+
+impl ReturnRepair for GraphWalkRepair {
+    #[inline(always)]
+    fn trampoline(&self) -> u64 {
+        image_address!(kretprobe_trampoline)
+    }
+
+    fn frame_return(&self, record: u64) -> Option<u64> {
+        Repair.frame_return(record)
+    }
+
+    fn shadow_return(&self, slot: u64) -> Option<u64> {
+        Repair.shadow_return(slot)
+    }
 
     /// One load: 0 until the graph tracer is first registered.
     #[inline(always)]
     fn graph_trampoline(&self) -> u64 {
         crate::ftrace::graph::walk_trampoline()
+    }
+
+    fn graph_frame_return(&self, record: u64) -> Option<u64> {
+        crate::ftrace::graph::frame_return(record)
+    }
+
+    fn graph_shadow_return(&self, slot: u64) -> Option<u64> {
+        crate::ftrace::graph::shadow_return(slot)
+    }
+}
+
+/// The trampoline the inlined frame walk compares return addresses with: the kretprobes' until
+/// the function-graph tracer is first registered, then 0, which makes every frame walk compare
+/// both trampolines. A load where the address was built: the walk pays one branch for the
+/// graph tracer, not a second compare per frame.
+static FRAME_WALK_TRAMPOLINE: AtomicPtr<u32> = AtomicPtr::new(&raw const kretprobe_trampoline as *mut u32);
+
+/// The function-graph tracer is about to hijack returns: frame walks compare both trampolines
+/// from now on (graph returns may outlive the tracer, so for good).
+pub fn walk_graph_returns() {
+    FRAME_WALK_TRAMPOLINE.store(core::ptr::null_mut(), Ordering::Release);
+}
+
+/// [`FRAME_WALK_TRAMPOLINE`], PC-relative in two instructions.
+#[inline(always)]
+fn frame_walk_trampoline() -> u64 {
+    let address: u64;
+    // SAFETY: an aligned 64-bit load of an atomic (a relaxed load), its address PC-relative;
+    // reads only that word, no flags.
+    unsafe {
+        core::arch::asm!(
+            "adrp {address}, {symbol}",
+            "ldr {address}, [{address}, :lo12:{symbol}]",
+            address = out(reg) address,
+            symbol = sym FRAME_WALK_TRAMPOLINE,
+            options(pure, readonly, nostack, preserves_flags)
+        )
+    };
+    address
+}
+
+/// The repair of [`collect_frames`]' inlined walk: its fast-path trampoline is the loaded
+/// [`FRAME_WALK_TRAMPOLINE`] (two instructions, as building the address took), and when that
+/// reads 0 the walk compares both trampolines ([`ReturnRepair::trampolines`]).
+struct FrameRepair;
+
+impl ReturnRepair for FrameRepair {
+    #[inline(always)]
+    fn trampoline(&self) -> u64 {
+        frame_walk_trampoline()
+    }
+
+    fn frame_return(&self, record: u64) -> Option<u64> {
+        Repair.frame_return(record)
+    }
+
+    fn shadow_return(&self, slot: u64) -> Option<u64> {
+        Repair.shadow_return(slot)
+    }
+
+    fn trampolines(&self) -> (u64, u64) {
+        GraphWalkRepair.trampolines()
     }
 
     fn graph_frame_return(&self, record: u64) -> Option<u64> {
@@ -325,7 +405,7 @@ impl StackSet for RunningStacks {
 #[inline(always)]
 pub fn collect_frames(options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
     let stacks = RunningStacks::new(slot_of(stack_pointer()));
-    let walker = FrameWalker::over(&KernelMemory, &stacks, LAYOUT).with_repair(&WalkRepair);
+    let walker = FrameWalker::over(&KernelMemory, &stacks, LAYOUT).with_repair(&FrameRepair);
     walker.walk(FrameStart::Record(frame_pointer()), options, buffer)
 }
 
@@ -378,7 +458,7 @@ fn collect_shadow_chained(x18: u64, options: TraceOptions, buffer: &mut [MaybeUn
             count = 2;
         }
     }
-    ShadowWalker::new(&KernelMemory, LAYOUT).with_repair(&WalkRepair).walk(&segments[..count], options, buffer)
+    ShadowWalker::new(&KernelMemory, LAYOUT).with_repair(&GraphWalkRepair).walk(&segments[..count], options, buffer)
 }
 
 /// The kernel's SFrame table: `.sframe` (kernel.ld's reservation in read-only data, filled by
@@ -559,7 +639,7 @@ pub fn capture(mode: Mode, options: TraceOptions) -> Trace {
 /// PC; SCS from its x18 and PC; SFrame from its PC, SP, x29 and x30.
 pub fn of_frame(frame: &ExceptionFrame, slot: Slot, mode: Mode) -> Trace {
     // Hijacked returns are known for the running task only.
-    let repair = (slot == crate::task::current_slot()).then_some(&WalkRepair as &dyn ReturnRepair);
+    let repair = (slot == crate::task::current_slot()).then_some(&GraphWalkRepair as &dyn ReturnRepair);
     let mut trace = Trace::new();
     match mode {
         Mode::FramePointer => {

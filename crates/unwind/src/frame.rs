@@ -149,24 +149,22 @@ where
 
     /// The frame walk: what every caller uses. Always inlined, so it is instrumented as its
     /// caller is (the kernel's callers are exempt from the sanitizer).
+    ///
+    /// With a repair, the loop compares each return address with [`ReturnRepair::trampoline`];
+    /// when that is 0 or [`ReturnRepair::graph_trampoline`] is not, with both of
+    /// [`ReturnRepair::trampolines`] (one more `ccmp` per frame). A repair whose
+    /// `graph_trampoline` is a constant 0 and whose `trampoline` is a loaded word (0 once graph
+    /// returns may exist) costs the walk one branch for the graph tracer.
     #[inline(always)]
     pub fn walk(&self, start: FrameStart, options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
-        if let Some(repair) = self.repair
-            && repair.graph_trampoline() != 0
-        {
-            return self.walk_graph_traced(start, options, buffer);
+        let Some(repair) = self.repair else {
+            return self.frame_records::<false>(start, options, buffer, (0, 0));
+        };
+        let trampoline = repair.trampoline();
+        if trampoline == 0 || repair.graph_trampoline() != 0 {
+            return self.frame_records::<true>(start, options, buffer, repair.trampolines());
         }
-        self.frame_records::<false>(start, options, buffer)
-    }
-
-    /// The walk while graph returns may be outstanding: the same loop comparing each return
-    /// address with both trampolines, out of line, so the walk without the graph tracer keeps
-    /// its one compare per frame.
-    #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
-    #[inline(never)]
-    #[cold]
-    fn walk_graph_traced(&self, start: FrameStart, options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
-        self.frame_records::<true>(start, options, buffer)
+        self.frame_records::<false>(start, options, buffer, (trampoline, 0))
     }
 
     /// The same walk, not inlined and compiled with the sanitizer's checks (no `sanitize`
@@ -181,8 +179,8 @@ where
         buffer: &mut [MaybeUninit<u64>],
     ) -> Walked {
         match self.repair {
-            Some(repair) if repair.graph_trampoline() != 0 => self.frame_records::<true>(start, options, buffer),
-            _ => self.frame_records::<false>(start, options, buffer),
+            Some(repair) => self.frame_records::<true>(start, options, buffer, repair.trampolines()),
+            None => self.frame_records::<false>(start, options, buffer, (0, 0)),
         }
     }
 
@@ -207,18 +205,12 @@ where
         start: FrameStart,
         options: TraceOptions,
         buffer: &mut [MaybeUninit<u64>],
+        (trampoline, graph): (u64, u64),
     ) -> Walked {
         let mut sink = Sink::new(options, buffer);
         let upper = self.layout.upper_bits();
         // 0 never equals a stripped address (its upper bits are set): no repair, no match.
-        let trampoline = opaque(match self.repair {
-            Some(repair) => repair.trampoline(),
-            None => 0,
-        });
-        let graph = match self.repair {
-            Some(repair) if GRAPH => repair.graph_trampoline(),
-            _ => 0,
-        };
+        let trampoline = opaque(trampoline);
         let mut fp = match start {
             FrameStart::Record(fp) => fp,
             FrameStart::Context { pc, fp } => {

@@ -78,6 +78,12 @@ pub trait ReturnRepair {
     fn graph_trampoline(&self) -> u64 {
         0
     }
+    /// Both trampolines, for a walk that compares both: `(probes', graph tracer's)`. A repair
+    /// whose [`Self::trampoline`] is a fast-path word that reads 0 while graph returns may exist
+    /// (the kernel's frame walk) gives the real pair here.
+    fn trampolines(&self) -> (u64, u64) {
+        (self.trampoline(), self.graph_trampoline())
+    }
     /// The real return address for the frame record at `record` that holds the graph trampoline.
     fn graph_frame_return(&self, _record: u64) -> Option<u64> {
         None
@@ -119,7 +125,7 @@ pub trait ReturnRepair {
 /// graph tracer's instances (`graph`) or the probes'.
 #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
 fn repaired<R: ReturnRepair + ?Sized>(repair: &R, address: u64, mut ask: impl FnMut(&R, bool) -> Option<u64>) -> u64 {
-    let (probe, graph) = (repair.trampoline(), repair.graph_trampoline());
+    let (probe, graph) = repair.trampolines();
     let mut address = address;
     let mut step = 0;
     while step < MAX_CHAIN {

@@ -200,7 +200,7 @@ fn repair_run(repair: Option<&dyn ReturnRepair>, base: *mut u64, first: usize, l
     let Some(repair) = repair else {
         return;
     };
-    let (trampoline, graph) = (repair.trampoline(), repair.graph_trampoline());
+    let (trampoline, graph) = repair.trampolines();
     let mut index = first;
     while index < last {
         // SAFETY: entries first..last were written by the copy (the caller's buffer).

@@ -392,6 +392,7 @@ pub fn register_where(filter: impl FnMut(u64) -> bool) -> Result<::ftrace::Trace
 fn start_clock() {
     crate::arch::counters::start_cycle_counter();
     WALK_TRAMPOLINE.store(trampoline(), Ordering::Release);
+    crate::stacktrace::walk_graph_returns();
 }
 
 /// One recorded event, oldest first per CPU.
