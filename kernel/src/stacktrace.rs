@@ -234,16 +234,17 @@ impl ReturnRepair for GraphWalkRepair {
     }
 }
 
-/// The trampoline the inlined frame walk compares return addresses with: the kretprobes' until
-/// the function-graph tracer is first registered, then 0, which makes every frame walk compare
-/// both trampolines. A load where the address was built: the walk pays one branch for the
+/// The trampoline the inlined frame walk compares return addresses with: the kretprobes', or 0
+/// while graph returns may exist (from a graph registration until none is left), which makes
+/// every frame walk compare both trampolines. A load where the address was built: the walk pays one branch for the
 /// graph tracer, not a second compare per frame.
 static FRAME_WALK_TRAMPOLINE: AtomicPtr<u32> = AtomicPtr::new(&raw const kretprobe_trampoline as *mut u32);
 
-/// The function-graph tracer is about to hijack returns: frame walks compare both trampolines
-/// from now on (graph returns may outlive the tracer, so for good).
-pub fn walk_graph_returns() {
-    FRAME_WALK_TRAMPOLINE.store(core::ptr::null_mut(), Ordering::Release);
+/// The function-graph tracer may hijack returns (`true`: frame walks compare both
+/// trampolines), or no graph return is left anywhere (`false`).
+pub fn walk_graph_returns(on: bool) {
+    let trampoline = if on { core::ptr::null_mut() } else { &raw const kretprobe_trampoline as *mut u32 };
+    FRAME_WALK_TRAMPOLINE.store(trampoline, Ordering::Release);
 }
 
 /// [`FRAME_WALK_TRAMPOLINE`], PC-relative in two instructions.

@@ -4,11 +4,10 @@
 //!
 //! The tracer is an ordinary ftrace ops ([`GRAPH`]), so a traced function reaches it through its
 //! call-ops site: `mov x9, x30; bl ftrace_trampoline` -> `ftrace_graph_entry` (asm), with IRQs
-//! masked and the CPU's recursion guard held. It
-//! pushes a [`HijackedReturn`] `{entry SP, x18 at entry, real return, function, entry time}` on
-//! the context's [`ReturnStack`] (the task's, or this CPU's IRQ context's, as return probes do),
-//! records an entry event in this CPU's ring, and replaces `Regs::lr` by
-//! `ftrace_graph_return`. A full stack ([`DEPTH`] returns) is counted in [`overflows`] and the
+//! masked and the CPU's recursion guard held. It pushes a [`HijackedReturn`] `{entry SP, x18 at
+//! entry, real return, function, entry time}` on the context's [`ReturnStack`] (the task's, or
+//! this CPU's IRQ context's, as return probes do), records an entry event in this CPU's ring,
+//! and replaces `Regs::lr` by `ftrace_graph_return`. A full stack ([`DEPTH`] returns) is counted in [`overflows`] and the
 //! call is neither recorded nor hijacked: never a wrong return.
 //!
 //! # Shadow call stack and pointer authentication
@@ -42,7 +41,7 @@
 //! # Output
 //!
 //! [`stream`] writes every CPU's ring for xtask, which prints Linux's `function_graph` format
-//! (xtask/src/trace.rs). Times are PMCCNTR_EL0: instructions under `-icount shift=0`, virtual
+//! (xtask/src/function_graph.rs). Times are PMCCNTR_EL0: instructions under `-icount shift=0`, virtual
 //! nanoseconds under TCG otherwise (QEMU's cycle counter runs at 1 GHz of virtual time), cycles
 //! on hardware; the stream's header says which.
 
@@ -73,9 +72,9 @@ const CONTEXT_COUNT: usize = IRQ_CONTEXTS + CPUS;
 static RETURNS: PerContext<ReturnStack<DEPTH>, CONTEXT_COUNT> =
     PerContext::new([const { UnsafeCell::new(ReturnStack::new()) }; CONTEXT_COUNT]);
 
-/// What the walkers compare return addresses with: `ftrace_graph_return` from the first
-/// registration on (graph returns may be outstanding after the tracer stops, until their
-/// functions return), 0 before. One load per walk.
+/// What the walkers compare return addresses with: `ftrace_graph_return` from a registration
+/// until no registration is left and no graph return is outstanding (`retire_if_idle`), 0
+/// otherwise. One load per walk.
 static WALK_TRAMPOLINE: AtomicU64 = AtomicU64::new(0);
 
 /// The event kinds of a ring slot's `depth` word (top bit).
@@ -376,23 +375,60 @@ pub fn written() -> u64 {
     COUNTS.iter().map(|counts| counts.written.load(Ordering::Acquire)).sum()
 }
 
+/// The graph tracer's registrations (its ops may be registered more than once).
+static REGISTERED: AtomicU64 = AtomicU64::new(0);
+
 /// Registers the graph tracer on every traceable function matching `pattern`.
 pub fn register(pattern: &str) -> Result<::ftrace::TracerId, super::Error> {
     start_clock();
-    super::register(&GRAPH, pattern)
+    registered(super::register(&GRAPH, pattern))
 }
 
 /// Registers the graph tracer on the traceable functions whose start satisfies `filter`.
 pub fn register_where(filter: impl FnMut(u64) -> bool) -> Result<::ftrace::TracerId, super::Error> {
     start_clock();
-    super::register_where(&GRAPH, filter)
+    registered(super::register_where(&GRAPH, filter))
+}
+
+fn registered(result: Result<::ftrace::TracerId, super::Error>) -> Result<::ftrace::TracerId, super::Error> {
+    match result {
+        Ok(_) => {
+            REGISTERED.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(_) => retire_if_idle(),
+    }
+    result
 }
 
 /// The counter must run, and the walkers must know the trampoline before the first hijack.
 fn start_clock() {
     crate::arch::counters::start_cycle_counter();
     WALK_TRAMPOLINE.store(trampoline(), Ordering::Release);
-    crate::stacktrace::walk_graph_returns();
+    crate::stacktrace::walk_graph_returns(true);
+}
+
+/// `ftrace::unregister` stopped a tracer whose ops are `ops`, and its grace period passed.
+pub(super) fn unregistered(ops: u64) {
+    if ops == &GRAPH as *const Ops as u64 {
+        REGISTERED.fetch_sub(1, Ordering::Relaxed);
+        retire_if_idle();
+    }
+}
+
+/// With no graph registration left and no graph return outstanding in any context, the walkers
+/// go back to comparing one trampoline. After the grace period no CPU can push an instance, and
+/// lengths only fall: a context read as empty stays empty, and a frame holding the trampoline
+/// belongs to an instance still counted.
+fn retire_if_idle() {
+    if REGISTERED.load(Ordering::Relaxed) != 0 {
+        return;
+    }
+    // SAFETY: reads each context's length, a word its owner only lowers from here on (see above).
+    let idle = (0..CONTEXT_COUNT).all(|context| unsafe { (*RETURNS.get(context)).is_empty() });
+    if idle {
+        WALK_TRAMPOLINE.store(0, Ordering::Release);
+        crate::stacktrace::walk_graph_returns(false);
+    }
 }
 
 /// One recorded event, oldest first per CPU.

@@ -225,11 +225,16 @@ pub fn unregister(tracer: TracerId) -> Result<Applied, Error> {
     if trampoline::this_cpu().inside_tracer() {
         return Err(Error::InsideTracer);
     }
-    with_registry(|registry| {
+    let ops = with_registry(|registry| {
+        let ops = TABLE.ops_address(tracer);
         registry.unregister(tracer)?;
-        Ok(registry.apply(&mut KernelPatcher)?)
+        Ok((registry.apply(&mut KernelPatcher)?, ops))
     })
-    .map(|applied| after_grace_period(applied.generation, applied))
+    .map(|(applied, ops)| (after_grace_period(applied.generation, applied), ops));
+    ops.map(|(applied, ops)| {
+        graph::unregistered(ops);
+        applied
+    })
 }
 
 /// Switches the dispatch scheme and re-targets every traced site (literal stores only).

@@ -63,6 +63,8 @@ fn records_calls_and_returns(_: &Context) -> Outcome {
     check!(ftrace::unregister(tracer).is_ok());
     check_eq!(result, expected);
     check_eq!(graph::outstanding(), 0);
+    // No registration and no return left: the walkers compare one trampoline again.
+    check_eq!(graph::walk_trampoline(), 0);
     // outer { inner(); inner(); }: entries and exits with their depths, exits carrying the entry
     // time, times never going back.
     let shape =
