@@ -192,24 +192,30 @@ mod tests {
         assert_eq!((column.cell)(&table(&peer[0])), None, "a Linux row is not a lab row");
     }
 
+    /// Linux rows whose lab row is new and not in the committed baseline yet (`bench
+    /// --update-baseline` takes it in; then it leaves this list, which the test enforces).
+    const AWAITING_BASELINE: &[&str] = &["ftrace-graph"];
+
     #[test]
     fn every_mapped_lab_row_exists_in_the_baseline() {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/baseline/icount.json");
         let text = std::fs::read_to_string(path).unwrap();
         let baseline = crate::bench::results::parse(&text).unwrap();
         for (linux, lab) in MAPPING {
+            let present = baseline.rows.iter().any(|row| {
+                row.suite == lab.suite
+                    && row.case == lab.case
+                    && row.metric == lab.metric
+                    && lab.params.iter().all(|(k, v)| row.params.iter().any(|(rk, rv)| rk == k && rv == v))
+            });
             assert!(
-                baseline.rows.iter().any(|row| {
-                    row.suite == lab.suite
-                        && row.case == lab.case
-                        && row.metric == lab.metric
-                        && lab.params.iter().all(|(k, v)| row.params.iter().any(|(rk, rv)| rk == k && rv == v))
-                }),
-                "{linux}: no lab row {} {} {:?} {}",
+                present != AWAITING_BASELINE.contains(linux),
+                "{linux}: lab row {} {} {:?} {} {}",
                 lab.suite,
                 lab.case,
                 lab.params,
-                lab.metric
+                lab.metric,
+                if present { "is in the baseline now: take it off AWAITING_BASELINE" } else { "missing" }
             );
         }
     }
