@@ -144,8 +144,8 @@ core::arch::global_asm!(
     .balign 16
     .global ftrace_graph_entry
 ftrace_graph_entry:
-    // ops.func(ip x0, parent_ip x1, ops x2, regs x3) from ftrace_trampoline: IRQs masked, the
-    // recursion guard held, and in SCS builds two slots pushed (x18 - 16: the function's slot).
+    // ops.func(ip x0, parent_ip x1, ops x2, regs x3) from ftrace_trampoline (directly, or through
+    // the list or a vector function): IRQs masked, the recursion guard held.
     ldr     x10, [x3, #{regs_sp}]               // SP at the traced function's entry
     mrs     x11, tpidr_el1
     ldr     x12, [x11, #{irq_top}]
@@ -174,12 +174,21 @@ ftrace_graph_entry:
     b       3b
 4:  cmp     x12, #{depth}
     b.hs    5f
-    madd    x16, x12, x15, x13                  // the new entry
     .if {scs}
+    // The function's shadow slot: where the trampoline pushed its return address (x9, = x1).
+    // Called by the trampoline, that is x18 - 16; through the list or a vector function, which
+    // pushed their own return addresses above it, a few slots further down.
     sub     x14, x18, #16
+6:  ldr     x17, [x14]
+    cmp     x17, x1
+    b.eq    7f
+    sub     x14, x14, #8
+    b       6b
+7:
     .else
     mov     x14, xzr
     .endif
+    madd    x16, x12, x15, x13                  // the new entry
     stp     x10, x14, [x16]                     // entry_sp, shadow_slot
     stp     x1, x0, [x16, #16]                  // real, cookie: the function
     mrs     x17, pmccntr_el0
