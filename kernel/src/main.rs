@@ -166,8 +166,8 @@ extern "C" fn kernel_main(dtb_pa: u64, entry_el: u64) -> ! {
     );
     cpu::enable_interrupts();
     demo::boot_probes::register_all(&boot_probes);
-    let boot_tracer = boot_trace.pattern.and_then(|pattern| {
-        let tracer = ftrace::tracers::trace_from_boot(pattern, boot_trace.scheme)?;
+    let boot_tracer = boot_trace.any_pattern().and_then(|pattern| {
+        let tracer = ftrace::tracers::trace_from_boot(&boot_trace)?;
         Some(run::BootTracer { tracer, pattern })
     });
 

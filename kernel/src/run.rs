@@ -120,7 +120,7 @@ pub fn demo(icount: bool, boot_tracer: Option<BootTracer>) -> ! {
     check_headroom("demo");
     demo::run(&demo::Options { icount, boot_trace: boot_tracer.map(|boot| boot.pattern) });
     if let Some(boot) = boot_tracer {
-        ftrace::tracers::stop_boot_trace(boot.tracer);
+        ftrace::tracers::stop_boot_trace(boot.tracer, icount);
     }
     demo::boot_probes::report(icount);
     exit(ExitStatus::Success)
@@ -155,7 +155,7 @@ pub fn test(options: &Options, boot_tracer: Option<BootTracer>) -> ! {
     check_headroom("test");
     let summary = tests::run(options.filter, options.expect_pauth, options.icount);
     if let Some(boot) = boot_tracer {
-        ftrace::tracers::stop_boot_trace(boot.tracer);
+        ftrace::tracers::stop_boot_trace(boot.tracer, options.icount);
     }
     demo::boot_probes::report(options.icount);
     exit(if summary.failed == 0 { ExitStatus::Success } else { ExitStatus::TestsFailed })

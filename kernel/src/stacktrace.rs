@@ -7,9 +7,10 @@
 //! paths): the heap, `save_stack`, reports, the timer tick, the benches. It writes return
 //! addresses into the caller's buffer, PAC-stripped by the kernel's address layout (kernel code is
 //! in TTBR1); an interrupted context's PC is exact. Returns hijacked by kretprobes show their real
-//! address (`probes::kretprobe::Repair`), asked only when a return may be hijacked in the walked
-//! contexts. xtask symbolizes lines of the form `  fp #N 0x...`. In a build without frame
-//! pointers (`nofp`) every frame-record walk is refused and [`Mode::DEFAULT`] is the SFrame walk.
+//! address (`probes::kretprobe::Repair`), and so do returns hijacked by the function-graph tracer
+//! (`ftrace::graph`), asked only when a return may be hijacked in the walked contexts. xtask
+//! symbolizes lines of the form `  fp #N 0x...`. In a build without frame pointers (`nofp`)
+//! every frame-record walk is refused and [`Mode::DEFAULT`] is the SFrame walk.
 
 use crate::arch::cpu;
 use crate::arch::exception::ExceptionFrame;
@@ -21,7 +22,7 @@ use crate::sync::{IrqSpinLock, StaticBlocks};
 use crate::task::stacks::{self, SLOT_SIZE, Slot};
 use core::cell::UnsafeCell;
 use core::mem::MaybeUninit;
-use core::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use stackdepot::{DepotError, DepotHandle, StackDepot};
 use unwind::{
     AddressLayout, Corruption, ExceptionFrameLayout, FrameStart, FrameWalker, Registers, ReturnRepair, RowLookup,
@@ -224,6 +225,101 @@ impl ReturnRepair for WalkRepair {
     }
 }
 
+/// [`WalkRepair`] and the function-graph tracer's returns: for walks that may meet both.
+struct GraphWalkRepair;
+
+impl ReturnRepair for GraphWalkRepair {
+    #[inline(always)]
+    fn trampoline(&self) -> u64 {
+        image_address!(kretprobe_trampoline)
+    }
+
+    fn frame_return(&self, record: u64) -> Option<u64> {
+        Repair.frame_return(record)
+    }
+
+    fn shadow_return(&self, slot: u64) -> Option<u64> {
+        Repair.shadow_return(slot)
+    }
+
+    /// One load: 0 until the graph tracer is first registered.
+    #[inline(always)]
+    fn graph_trampoline(&self) -> u64 {
+        crate::ftrace::graph::walk_trampoline()
+    }
+
+    fn graph_frame_return(&self, record: u64) -> Option<u64> {
+        crate::ftrace::graph::frame_return(record)
+    }
+
+    fn graph_shadow_return(&self, slot: u64) -> Option<u64> {
+        crate::ftrace::graph::shadow_return(slot)
+    }
+}
+
+/// The trampoline the inlined frame walk compares return addresses with: the kretprobes', or 0
+/// while graph returns may exist (from a graph registration until none is left), which makes
+/// every frame walk compare both trampolines. A load where the address was built: the walk pays one branch for the
+/// graph tracer, not a second compare per frame.
+static FRAME_WALK_TRAMPOLINE: AtomicPtr<u32> = AtomicPtr::new(&raw const kretprobe_trampoline as *mut u32);
+
+/// The function-graph tracer may hijack returns (`true`: frame walks compare both
+/// trampolines), or no graph return is left anywhere (`false`).
+pub fn walk_graph_returns(on: bool) {
+    let trampoline = if on { core::ptr::null_mut() } else { &raw const kretprobe_trampoline as *mut u32 };
+    FRAME_WALK_TRAMPOLINE.store(trampoline, Ordering::Release);
+}
+
+/// [`FRAME_WALK_TRAMPOLINE`], PC-relative in two instructions.
+#[inline(always)]
+fn frame_walk_trampoline() -> u64 {
+    let address: u64;
+    // SAFETY: an aligned 64-bit load of an atomic (a relaxed load), its address PC-relative;
+    // reads only that word, no flags.
+    unsafe {
+        core::arch::asm!(
+            "adrp {address}, {symbol}",
+            "ldr {address}, [{address}, :lo12:{symbol}]",
+            address = out(reg) address,
+            symbol = sym FRAME_WALK_TRAMPOLINE,
+            options(pure, readonly, nostack, preserves_flags)
+        )
+    };
+    address
+}
+
+/// The repair of [`collect_frames`]' inlined walk: its fast-path trampoline is the loaded
+/// [`FRAME_WALK_TRAMPOLINE`] (two instructions, as building the address took), and when that
+/// reads 0 the walk compares both trampolines ([`ReturnRepair::trampolines`]).
+struct FrameRepair;
+
+impl ReturnRepair for FrameRepair {
+    #[inline(always)]
+    fn trampoline(&self) -> u64 {
+        frame_walk_trampoline()
+    }
+
+    fn frame_return(&self, record: u64) -> Option<u64> {
+        Repair.frame_return(record)
+    }
+
+    fn shadow_return(&self, slot: u64) -> Option<u64> {
+        Repair.shadow_return(slot)
+    }
+
+    fn trampolines(&self) -> (u64, u64) {
+        GraphWalkRepair.trampolines()
+    }
+
+    fn graph_frame_return(&self, record: u64) -> Option<u64> {
+        crate::ftrace::graph::frame_return(record)
+    }
+
+    fn graph_shadow_return(&self, slot: u64) -> Option<u64> {
+        crate::ftrace::graph::shadow_return(slot)
+    }
+}
+
 /// Which kind of slot `slot` is, from its index alone (no per-CPU load: the sanitizer-exempt
 /// walk path could not inline one in `full`): the task slots come first, then per CPU its IRQ
 /// slot and its overflow slot (task/stacks.rs), so a CPU's overflow slot follows its IRQ slot.
@@ -340,7 +436,7 @@ pub fn collect_frames(options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) ->
         return FRAMES_REFUSED;
     }
     let stacks = RunningStacks::new(slot_of(stack_pointer()));
-    let walker = FrameWalker::over(&KernelMemory, &stacks, LAYOUT).with_repair(&WalkRepair);
+    let walker = FrameWalker::over(&KernelMemory, &stacks, LAYOUT).with_repair(&FrameRepair);
     walker.walk(FrameStart::Record(frame_pointer()), options, buffer)
 }
 
@@ -362,7 +458,10 @@ pub fn collect_shadow(options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) ->
     let index = slot_index(here);
     // A task's slot names the task (task slots come first, one per task): its count of hijacked
     // returns is read without testing SP against the IRQ stack or reading the scheduler.
-    if index < stacks::TASK_SLOTS as u64 && kretprobe::outstanding_in_task_slot(index as usize) == 0 {
+    if index < stacks::TASK_SLOTS as u64
+        && kretprobe::outstanding_in_task_slot(index as usize) == 0
+        && crate::ftrace::graph::walk_trampoline() == 0
+    {
         let segment = ShadowSegment::current(shadow_stack(here), x18);
         return ShadowWalker::new(&KernelMemory, LAYOUT).walk(&[segment], options, buffer);
     }
@@ -390,7 +489,7 @@ fn collect_shadow_chained(x18: u64, options: TraceOptions, buffer: &mut [MaybeUn
             count = 2;
         }
     }
-    ShadowWalker::new(&KernelMemory, LAYOUT).with_repair(&WalkRepair).walk(&segments[..count], options, buffer)
+    ShadowWalker::new(&KernelMemory, LAYOUT).with_repair(&GraphWalkRepair).walk(&segments[..count], options, buffer)
 }
 
 /// The kernel's SFrame table: `.sframe` (kernel.ld's reservation in read-only data, filled by
@@ -600,7 +699,7 @@ pub fn capture(mode: Mode, options: TraceOptions) -> Trace {
 /// PC; SCS from its x18 and PC; SFrame from its PC, SP, x29 and x30.
 pub fn of_frame(frame: &ExceptionFrame, slot: Slot, mode: Mode) -> Trace {
     // Hijacked returns are known for the running task only.
-    let repair = (slot == crate::task::current_slot()).then_some(&Repair as &dyn ReturnRepair);
+    let repair = (slot == crate::task::current_slot()).then_some(&GraphWalkRepair as &dyn ReturnRepair);
     let mut trace = Trace::new();
     match mode {
         Mode::FramePointer if !crate::build_info::FRAME_POINTERS => {

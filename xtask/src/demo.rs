@@ -10,6 +10,7 @@
 
 use crate::Failure;
 use crate::build::{self, Board, BuildVariant};
+use crate::function_graph;
 use crate::log::{LogLine, LogStyle};
 use crate::qemu::{self, CpuVariant, Machine};
 use crate::trace::{self, Fed, FunctionTable, RingReader};
@@ -36,12 +37,18 @@ pub fn console(elf: &[u8], style: LogStyle) -> impl FnMut(&LogLine) + use<> {
 pub struct Presenter {
     symbols: Option<FunctionTable>,
     rings: RingReader,
+    graphs: function_graph::GraphReader,
     style: LogStyle,
 }
 
 impl Presenter {
     pub fn new(elf: &[u8], style: LogStyle) -> Self {
-        Self { symbols: FunctionTable::from_elf(elf), rings: RingReader::default(), style }
+        Self {
+            symbols: FunctionTable::from_elf(elf),
+            rings: RingReader::default(),
+            graphs: function_graph::GraphReader::default(),
+            style,
+        }
     }
 
     /// The console lines for one log line (none while a ring streams in).
@@ -51,6 +58,11 @@ impl Presenter {
             Fed::Consumed => return Vec::new(),
             Fed::Complete(ring) => return self.show_ring(&ring),
             Fed::Other => {}
+        }
+        match self.graphs.feed(text) {
+            function_graph::Fed::Consumed => return Vec::new(),
+            function_graph::Fed::Complete(graph) => return self.show_graph(&graph),
+            function_graph::Fed::Other => {}
         }
         let Some(symbols) = &self.symbols else {
             return vec![line.render(self.style)];
@@ -101,6 +113,26 @@ impl Presenter {
             }
         }
         vec![line.render(self.style)]
+    }
+
+    /// The function-graph trace: its header and first lines here, the whole of it in
+    /// target/trace/function_graph.txt.
+    fn show_graph(&self, graph: &function_graph::Graph) -> Vec<String> {
+        let Some(symbols) = &self.symbols else {
+            return vec![format!("ftrace graph: {} CPUs' events (no symbols to show them)", graph.cpus.len())];
+        };
+        let text = function_graph::graph_text(graph, symbols, self.style);
+        let header = text.lines().take_while(|line| line.starts_with('#')).count();
+        let events = text.lines().count() - header;
+        let mut lines: Vec<String> = text.lines().take(header + TRACE_LINES_SHOWN).map(str::to_string).collect();
+        if events > TRACE_LINES_SHOWN {
+            lines.push(format!("  ... {} more lines", events - TRACE_LINES_SHOWN));
+        }
+        match function_graph::write(graph, symbols, self.style, &trace::output_dir()) {
+            Ok(path) => lines.push(format!("ftrace graph: whole trace written to {}", path.display())),
+            Err(error) => lines.push(format!("ftrace graph: cannot write the trace file: {error}")),
+        }
+        lines
     }
 
     fn show_ring(&self, ring: &trace::Ring) -> Vec<String> {
@@ -618,8 +650,12 @@ mod tests {
 
     #[test]
     fn side_by_side_rows_are_symbolized() {
-        let mut presenter =
-            Presenter { symbols: Some(symbols()), rings: RingReader::default(), style: LogStyle::Default };
+        let mut presenter = Presenter {
+            symbols: Some(symbols()),
+            rings: RingReader::default(),
+            graphs: function_graph::GraphReader::default(),
+            style: LogStyle::Default,
+        };
         assert_eq!(presenter.present(&line("demo: stacks #0 fp=0x1104 scs=0x1104")).len(), 2);
         let shown = presenter.present(&line("demo: stacks #1 fp=0x1208 scs=0x1208"));
         assert_eq!(shown.len(), 1);

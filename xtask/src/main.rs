@@ -10,6 +10,7 @@ mod bootfiles;
 mod build;
 mod demo;
 mod flash;
+mod function_graph;
 mod ksyms;
 mod lint;
 mod log;

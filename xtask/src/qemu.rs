@@ -87,6 +87,12 @@ pub struct QemuArgs {
     /// `trace` format) and trace.json (Perfetto).
     #[arg(long, value_name = "PATTERN")]
     pub ftrace: Option<String>,
+    /// Trace every function whose name matches PATTERN (`*`, `?`) with the function-graph
+    /// tracer from boot to the end of the run: its entries and returns, printed in Linux's
+    /// `function_graph` format (durations in instructions under icount, virtual ns otherwise) and
+    /// written whole to target/trace/function_graph.txt. Not with --ftrace.
+    #[arg(long, value_name = "PATTERN", conflicts_with = "ftrace")]
+    pub ftrace_graph: Option<String>,
     /// The function tracer's dispatch scheme (default call-ops).
     #[arg(long, value_enum)]
     pub ftrace_scheme: Option<FtraceScheme>,
@@ -192,6 +198,9 @@ impl QemuArgs {
         }
         if let Some(pattern) = &self.ftrace {
             words.push(format!("ftrace={pattern}"));
+        }
+        if let Some(pattern) = &self.ftrace_graph {
+            words.push(format!("ftrace-graph={pattern}"));
         }
         if let Some(scheme) = self.ftrace_scheme {
             let name = clap::ValueEnum::to_possible_value(&scheme).expect("no skipped variants");
@@ -676,6 +685,9 @@ pub fn run_interactive<Console: FnMut(&LogLine)>(
         && let Some(filter) = &args.filter
     {
         crate::names::check_test_filter(filter)?;
+    }
+    if let Some(pattern) = &args.ftrace_graph {
+        crate::function_graph::check_pattern(pattern).map_err(Failure::usage)?;
     }
     let probes = args.probe_specs()?;
     ensure_installed()?;

@@ -158,6 +158,9 @@ pub mod cmdline {
     pub const INJECT: &str = "inject";
     pub const FTRACE: &str = "ftrace";
     pub const FTRACE_SCHEME: &str = "ftrace-scheme";
+    /// `ftrace-graph=PATTERN`: the function-graph tracer on PATTERN from boot to the end of the
+    /// run, its events then streamed (`cargo xtask qemu --ftrace-graph`).
+    pub const FTRACE_GRAPH: &str = "ftrace-graph";
     pub const TAG_SEED: &str = "tag-seed";
     pub const KASAN: &str = "kasan";
     pub const KASAN_FAULT: &str = "kasan.fault";
@@ -174,7 +177,7 @@ pub mod cmdline {
     /// Every key above: the kernel warns about a word whose key is none of these (keys with a
     /// dot or an underscore aside: the `sweep.*` family, and Linux's module parameters that
     /// firmware adds).
-    pub const ALL: [&str; 31] = [
+    pub const ALL: [&str; 32] = [
         RUN,
         FILTER,
         HZ,
@@ -190,6 +193,7 @@ pub mod cmdline {
         ICOUNT,
         FTRACE,
         FTRACE_SCHEME,
+        FTRACE_GRAPH,
         TAG_SEED,
         KASAN,
         KASAN_FAULT,

@@ -149,9 +149,22 @@ where
 
     /// The frame walk: what every caller uses. Always inlined, so it is instrumented as its
     /// caller is (the kernel's callers are exempt from the sanitizer).
+    ///
+    /// With a repair, the loop compares each return address with [`ReturnRepair::trampoline`];
+    /// when that is 0 or [`ReturnRepair::graph_trampoline`] is not, with both of
+    /// [`ReturnRepair::trampolines`] (one more `ccmp` per frame). A repair whose
+    /// `graph_trampoline` is a constant 0 and whose `trampoline` is a loaded word (0 once graph
+    /// returns may exist) costs the walk one branch for the graph tracer.
     #[inline(always)]
     pub fn walk(&self, start: FrameStart, options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
-        self.frame_records(start, options, buffer)
+        let Some(repair) = self.repair else {
+            return self.frame_records::<false>(start, options, buffer, (0, 0));
+        };
+        let trampoline = repair.trampoline();
+        if trampoline == 0 || repair.graph_trampoline() != 0 {
+            return self.frame_records::<true>(start, options, buffer, repair.trampolines());
+        }
+        self.frame_records::<false>(start, options, buffer, (trampoline, 0))
     }
 
     /// The same walk, not inlined and compiled with the sanitizer's checks (no `sanitize`
@@ -165,7 +178,10 @@ where
         options: TraceOptions,
         buffer: &mut [MaybeUninit<u64>],
     ) -> Walked {
-        self.frame_records(start, options, buffer)
+        match self.repair {
+            Some(repair) => self.frame_records::<true>(start, options, buffer, repair.trampolines()),
+            None => self.frame_records::<false>(start, options, buffer, (0, 0)),
+        }
     }
 
     /// The frame-record loop: the only one in the tree.
@@ -181,16 +197,20 @@ where
     /// and the depth limit (one branch for both); the store; then alignment, strict
     /// monotonicity and the stack's bound of the next record (one branch for the three).
     /// Everything else (markers, moving to another stack, repairs, corruption reasons) is
-    /// on the slow path. The trampoline is read once per walk.
+    /// on the slow path. The trampoline is read once per walk; `GRAPH` walks compare the graph
+    /// tracer's trampoline too (one more `ccmp`).
     #[inline(always)]
-    fn frame_records(&self, start: FrameStart, options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
+    fn frame_records<const GRAPH: bool>(
+        &self,
+        start: FrameStart,
+        options: TraceOptions,
+        buffer: &mut [MaybeUninit<u64>],
+        (trampoline, graph): (u64, u64),
+    ) -> Walked {
         let mut sink = Sink::new(options, buffer);
         let upper = self.layout.upper_bits();
         // 0 never equals a stripped address (its upper bits are set): no repair, no match.
-        let trampoline = opaque(match self.repair {
-            Some(repair) => repair.trampoline(),
-            None => 0,
-        });
+        let trampoline = opaque(trampoline);
         let mut fp = match start {
             FrameStart::Record(fp) => fp,
             FrameStart::Context { pc, fp } => {
@@ -212,13 +232,15 @@ where
         'walk: loop {
             // A step that needs the slow path leaves with what it found, `fp` still the
             // record it was reading.
-            let event = match fast_step(&self.memory, fp, upper, trampoline, &mut cursor, end, last_record) {
-                Ok(next) => {
-                    fp = next;
-                    continue 'walk;
-                }
-                Err(event) => event,
-            };
+            let event =
+                match fast_step::<M, GRAPH>(self.memory, fp, upper, (trampoline, graph), &mut cursor, end, last_record)
+                {
+                    Ok(next) => {
+                        fp = next;
+                        continue 'walk;
+                    }
+                    Err(event) => event,
+                };
             sink.sync(cursor);
             if let Event::Unreadable = event {
                 return sink.finish(self.unreadable(fp));
@@ -265,7 +287,7 @@ where
                 }
                 Event::RepairOrFull => {
                     let mut address = raw | upper;
-                    if address == trampoline {
+                    if address == trampoline || (GRAPH && address == graph) {
                         address = self.repaired_frame(fp, address);
                     }
                     if sink.dst == sink.end && !sink.next_phase() {
@@ -295,17 +317,13 @@ where
         }
     }
 
-    /// The real return address of the record at `fp` that holds the trampoline.
+    /// The real return address of the record at `fp` that holds a trampoline.
     #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline(never)]
     #[cold]
     fn repaired_frame(&self, fp: u64, address: u64) -> u64 {
-        let real = match self.repair {
-            Some(repair) => repair.frame_return(fp),
-            None => None,
-        };
-        match real {
-            Some(real) => real,
+        match self.repair {
+            Some(repair) => repair.repaired_frame(address, fp),
             None => address,
         }
     }
@@ -443,13 +461,14 @@ enum Event {
 }
 
 /// One record on the fast path: read `{next, lr}` at `fp`, check the LR's bit 55, strip it,
-/// check for the trampoline and the phase's end, write it, check `next`. `Ok(next)` to go on.
+/// check for the trampolines (the graph tracer's only if `GRAPH`) and the phase's end, write it,
+/// check `next`. `Ok(next)` to go on.
 #[inline(always)]
-fn fast_step<M: StackMemory + ?Sized>(
+fn fast_step<M: StackMemory + ?Sized, const GRAPH: bool>(
     memory: &M,
     fp: u64,
     upper: u64,
-    trampoline: u64,
+    (trampoline, graph): (u64, u64),
     cursor: &mut *mut u64,
     end: *mut u64,
     last_record: u64,
@@ -462,7 +481,12 @@ fn fast_step<M: StackMemory + ?Sized>(
         return Err(Event::NotKernel);
     }
     let address = raw | upper;
-    if repair_or_depth_limit(address, trampoline, *cursor, end) {
+    let slow = if GRAPH {
+        repair_either_or_depth_limit(address, trampoline, graph, *cursor, end)
+    } else {
+        repair_or_depth_limit(address, trampoline, *cursor, end)
+    };
+    if slow {
         return Err(Event::RepairOrFull);
     }
     // SAFETY: cursor < end <= the buffer's end (checked just above).
@@ -504,6 +528,37 @@ pub(crate) fn repair_or_depth_limit(address: u64, trampoline: u64, cursor: *mut 
     #[cfg(not(target_arch = "aarch64"))]
     {
         (address == trampoline) | (cursor == end)
+    }
+}
+
+/// [`repair_or_depth_limit`] with two trampolines: one `cmp`, two `ccmp`s, one branch.
+#[inline(always)]
+fn repair_either_or_depth_limit(address: u64, trampoline: u64, graph: u64, cursor: *mut u64, end: *mut u64) -> bool {
+    #[cfg(target_arch = "aarch64")]
+    {
+        // SAFETY: compares registers and branches to the label; no memory, no stack. Reads
+        // `address`, both trampolines, `cursor`, `end`, clobbers only the flags.
+        unsafe {
+            core::arch::asm!(
+                "cmp {address}, {trampoline}",
+                // Not the first trampoline: compare with the second; else Z = 1.
+                "ccmp {address}, {graph}, #4, ne",
+                "ccmp {cursor}, {end}, #4, ne",
+                "b.eq {slow}",
+                address = in(reg) address,
+                trampoline = in(reg) trampoline,
+                graph = in(reg) graph,
+                cursor = in(reg) cursor as usize,
+                end = in(reg) end as usize,
+                slow = label { return true; },
+                options(nomem, nostack)
+            )
+        };
+        false
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        (address == trampoline) | (address == graph) | (cursor == end)
     }
 }
 

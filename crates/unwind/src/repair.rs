@@ -35,8 +35,9 @@
 //! return with its own instance. A real address that is itself the trampoline (the tail-call
 //! case) resolves through the next older instance at the same SP.
 
-/// One hijacked return.
+/// One hijacked return. `repr(C)`: the function-graph tracer pushes and pops entries in asm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
 pub struct HijackedReturn {
     /// SP at the function's entry (and at its return into the trampoline).
     pub entry_sp: u64,
@@ -56,6 +57,14 @@ impl HijackedReturn {
 }
 
 /// What a walker asks when it reads a hijacked return address.
+///
+/// Two owners hijack returns, each with its own trampoline: return probes ([`Self::trampoline`])
+/// and the function-graph tracer ([`Self::graph_trampoline`], 0 when no graph return can be
+/// outstanding in the walked contexts). One function may be hijacked by both: the graph tracer
+/// hooks the return first (its call slot runs before the function's first instruction, where a
+/// return probe attaches), so the probe's saved "real" address is the graph trampoline, which
+/// [`Self::repaired_frame`] and [`Self::repaired_shadow`] resolve in turn. A walker calls those
+/// two for any address equal to either trampoline.
 pub trait ReturnRepair {
     /// The (PAC-stripped) address that stands for a hijacked return.
     fn trampoline(&self) -> u64;
@@ -63,14 +72,94 @@ pub trait ReturnRepair {
     fn frame_return(&self, record: u64) -> Option<u64>;
     /// The real return address for the shadow-stack slot at `slot` that holds the trampoline.
     fn shadow_return(&self, slot: u64) -> Option<u64>;
+
+    /// The function-graph tracer's return trampoline, or 0 when no graph return can be
+    /// outstanding (then a walker compares one address per frame, as without the tracer).
+    fn graph_trampoline(&self) -> u64 {
+        0
+    }
+    /// Both trampolines, for a walk that compares both: `(probes', graph tracer's)`. A repair
+    /// whose [`Self::trampoline`] is a fast-path word that reads 0 while graph returns may exist
+    /// (the kernel's frame walk) gives the real pair here.
+    fn trampolines(&self) -> (u64, u64) {
+        (self.trampoline(), self.graph_trampoline())
+    }
+    /// The real return address for the frame record at `record` that holds the graph trampoline.
+    fn graph_frame_return(&self, _record: u64) -> Option<u64> {
+        None
+    }
+    /// The real return address for the shadow-stack slot at `slot` that holds the graph
+    /// trampoline.
+    fn graph_shadow_return(&self, _slot: u64) -> Option<u64> {
+        None
+    }
+
+    /// What the frame record at `record` returns to, given the (stripped) `address` it holds:
+    /// `address` itself unless it is a trampoline; through both owners' instances otherwise (a
+    /// probe's real address may be the graph trampoline, a tail call's the probe's). An address
+    /// no instance accounts for is returned as read.
+    fn repaired_frame(&self, address: u64, record: u64) -> u64 {
+        repaired(
+            self,
+            address,
+            |repair, graph| {
+                if graph { repair.graph_frame_return(record) } else { repair.frame_return(record) }
+            },
+        )
+    }
+
+    /// What the shadow-stack slot at `slot` returns to, given the (stripped) `address` it holds
+    /// (as [`Self::repaired_frame`]).
+    fn repaired_shadow(&self, address: u64, slot: u64) -> u64 {
+        repaired(
+            self,
+            address,
+            |repair, graph| {
+                if graph { repair.graph_shadow_return(slot) } else { repair.shadow_return(slot) }
+            },
+        )
+    }
 }
+
+/// Resolves `address` through at most [`MAX_CHAIN`] trampolines; `ask(repair, graph)` asks the
+/// graph tracer's instances (`graph`) or the probes'.
+#[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
+fn repaired<R: ReturnRepair + ?Sized>(repair: &R, address: u64, mut ask: impl FnMut(&R, bool) -> Option<u64>) -> u64 {
+    let (probe, graph) = repair.trampolines();
+    let mut address = address;
+    let mut step = 0;
+    while step < MAX_CHAIN {
+        let real = if address == probe && probe != 0 {
+            ask(repair, false)
+        } else if address == graph && graph != 0 {
+            ask(repair, true)
+        } else {
+            return address;
+        };
+        match real {
+            Some(real) => address = real,
+            None => return address,
+        }
+        step += 1;
+    }
+    address
+}
+
+/// Trampolines one return address may pass through: a return probe's, then the graph tracer's,
+/// then, for a tail call between hijacked functions, the caller's pair.
+const MAX_CHAIN: usize = 4;
 
 /// The push failed: the stack is full (the hit counts as missed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReturnStackFull;
 
 /// The hijacked returns of one context, oldest first, at most `N`.
+///
+/// `repr(C)`: the entries from offset 0, then the length at [`Self::LEN_OFFSET`], for code that
+/// pushes and pops in asm (the function-graph tracer's entry and return). Such code keeps the
+/// same order: an entry is written before the length grows.
 #[derive(Debug)]
+#[repr(C)]
 pub struct ReturnStack<const N: usize> {
     entries: [HijackedReturn; N],
     len: usize,
@@ -83,6 +172,9 @@ impl<const N: usize> Default for ReturnStack<N> {
 }
 
 impl<const N: usize> ReturnStack<N> {
+    /// Where the length lies (after `N` entries of `size_of::<HijackedReturn>()` bytes).
+    pub const LEN_OFFSET: usize = core::mem::offset_of!(Self, len);
+
     /// An empty stack.
     pub const fn new() -> Self {
         Self { entries: [HijackedReturn::EMPTY; N], len: 0 }

@@ -178,7 +178,7 @@ where
             slot = stop_at;
             sink.sync(cursor);
             if trampoline != 0 && sink.keeping() {
-                repair_run(self.repair, sink.base(), first, sink.dst, from, trampoline);
+                repair_run(self.repair, sink.base(), first, sink.dst, from);
             }
             if slot == base {
                 return Ok(());
@@ -191,33 +191,26 @@ where
     }
 }
 
-/// Replaces hijacked returns among entries `first..last` of `base` (copied from the slots
-/// below `from`, newest first).
+/// Replaces hijacked returns (either trampoline) among entries `first..last` of `base` (copied
+/// from the slots below `from`, newest first).
 #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
 #[inline(never)]
 #[cold]
-fn repair_run(
-    repair: Option<&dyn ReturnRepair>,
-    base: *mut u64,
-    first: usize,
-    last: usize,
-    from: u64,
-    trampoline: u64,
-) {
+fn repair_run(repair: Option<&dyn ReturnRepair>, base: *mut u64, first: usize, last: usize, from: u64) {
     let Some(repair) = repair else {
         return;
     };
+    let (trampoline, graph) = repair.trampolines();
     let mut index = first;
     while index < last {
         // SAFETY: entries first..last were written by the copy (the caller's buffer).
         let entry = unsafe { base.add(index) };
         // SAFETY: as above.
-        if unsafe { entry.read() } == trampoline {
+        let address = unsafe { entry.read() };
+        if address == trampoline || (graph != 0 && address == graph) {
             let slot = from - 8 * (index - first + 1) as u64;
-            if let Some(real) = repair.shadow_return(slot) {
-                // SAFETY: as above.
-                unsafe { entry.write(real) };
-            }
+            // SAFETY: as above.
+            unsafe { entry.write(repair.repaired_shadow(address, slot)) };
         }
         index += 1;
     }

@@ -29,6 +29,7 @@
 //! synchronize`) after the patch is done with any tracer it entered before; on the calling CPU
 //! the period has elapsed as soon as the caller is not itself inside a tracer.
 
+pub mod graph;
 pub mod tracers;
 mod trampoline;
 
@@ -83,6 +84,9 @@ const NO_TRACE: &[&str] = &[
     "probes::*",
     "<probes::*",
     "*kernel::panic*",
+    // The graph tracer's exit runs outside the recursion guard: what it calls must not be traced.
+    "unwind::repair::*",
+    "<unwind::repair::*",
 ];
 
 /// Why an ftrace request failed.
@@ -174,6 +178,7 @@ pub fn init() -> Result<usize, Error> {
         },
         scheme: Scheme::CallOps,
     };
+    crate::task::on_spawn(graph::forget_task);
     let result =
         REGISTRY.lock().initialise(callsites::entries().iter().copied(), config, &mut KernelPatcher, |entry| {
             !is_notrace(entry, &symbols)
@@ -220,11 +225,16 @@ pub fn unregister(tracer: TracerId) -> Result<Applied, Error> {
     if trampoline::this_cpu().inside_tracer() {
         return Err(Error::InsideTracer);
     }
-    with_registry(|registry| {
+    let ops = with_registry(|registry| {
+        let ops = TABLE.ops_address(tracer);
         registry.unregister(tracer)?;
-        Ok(registry.apply(&mut KernelPatcher)?)
+        Ok((registry.apply(&mut KernelPatcher)?, ops))
     })
-    .map(|applied| after_grace_period(applied.generation, applied))
+    .map(|(applied, ops)| (after_grace_period(applied.generation, applied), ops));
+    ops.map(|(applied, ops)| {
+        graph::unregistered(ops);
+        applied
+    })
 }
 
 /// Switches the dispatch scheme and re-targets every traced site (literal stores only).

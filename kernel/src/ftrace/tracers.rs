@@ -288,20 +288,24 @@ impl FunctionTracer {
 }
 
 /// `ftrace=PATTERN ftrace-scheme=list|call-ops|vector`: the function tracer on every function
-/// matching PATTERN from boot to the end of the run, then its last records dumped.
+/// matching PATTERN from boot to the end of the run, then its last records dumped;
+/// `ftrace-graph=PATTERN`: the function-graph tracer instead (`ftrace=` wins if both are given).
 #[derive(Clone, Copy)]
 pub struct BootTrace {
     pub pattern: Option<&'static str>,
     /// The dispatch scheme (default call-ops).
     pub scheme: super::Scheme,
+    /// `ftrace-graph=PATTERN`.
+    pub graph: Option<&'static str>,
 }
 
 impl BootTrace {
     pub fn from_args(args: &Args) -> Self {
-        let mut trace = Self { pattern: None, scheme: super::Scheme::CallOps };
+        let mut trace = Self { pattern: None, scheme: super::Scheme::CallOps, graph: None };
         for (name, value) in args.pairs() {
             match (name, value) {
                 (key::FTRACE, pattern) => trace.pattern = Some(pattern),
+                (key::FTRACE_GRAPH, pattern) => trace.graph = Some(pattern),
                 (key::FTRACE_SCHEME, "list") => trace.scheme = super::Scheme::List,
                 (key::FTRACE_SCHEME, "call-ops") => trace.scheme = super::Scheme::CallOps,
                 (key::FTRACE_SCHEME, "vector") => trace.scheme = super::Scheme::Vector,
@@ -311,19 +315,44 @@ impl BootTrace {
         }
         trace
     }
+
+    /// The pattern of the tracer this boot starts, if any.
+    pub fn any_pattern(&self) -> Option<&'static str> {
+        self.pattern.or(self.graph)
+    }
 }
 
-/// `ftrace=PATTERN`: the function tracer on PATTERN under `scheme`, from now to
-/// `stop_boot_trace`. Errors are reported and tracing stays off.
-pub fn trace_from_boot(pattern: &str, scheme: super::Scheme) -> Option<ftrace::TracerId> {
-    if let Err(error) = super::set_scheme(scheme) {
+/// The graph tracer's boot registration, if `ftrace-graph=` started it (so that
+/// `stop_boot_trace` streams the graph's events rather than the function tracer's ring).
+static BOOT_GRAPH: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// `ftrace=PATTERN` or `ftrace-graph=PATTERN`: the function tracer (or the graph tracer) on
+/// PATTERN under `scheme`, from now to `stop_boot_trace`. Errors are reported and tracing stays
+/// off.
+pub fn trace_from_boot(trace: &BootTrace) -> Option<ftrace::TracerId> {
+    if let Err(error) = super::set_scheme(trace.scheme) {
         defmt::error!("ftrace: scheme: {}", error);
         return None;
     }
-    FUNCTION_TRACER.clear();
-    match super::register(&FUNCTION_TRACER.ops, pattern) {
+    let (pattern, registered) = match (trace.pattern, trace.graph) {
+        (Some(pattern), _) => {
+            FUNCTION_TRACER.clear();
+            (pattern, super::register(&FUNCTION_TRACER.ops, pattern))
+        }
+        (None, Some(pattern)) => {
+            super::graph::clear();
+            let registered = super::graph::register(pattern);
+            if let Ok(tracer) = registered {
+                BOOT_GRAPH.store(u64::from(tracer.0), Ordering::Relaxed);
+            }
+            (pattern, registered)
+        }
+        (None, None) => return None,
+    };
+    let kind = if trace.pattern.is_some() { "function" } else { "function_graph" };
+    match registered {
         Ok(tracer) => {
-            defmt::info!("ftrace: function tracer on {=str}", pattern);
+            defmt::info!("ftrace: {=str} tracer on {=str}", kind, pattern);
             Some(tracer)
         }
         Err(error) => {
@@ -333,9 +362,15 @@ pub fn trace_from_boot(pattern: &str, scheme: super::Scheme) -> Option<ftrace::T
     }
 }
 
-/// Stops the boot tracer and streams its whole ring.
-pub fn stop_boot_trace(tracer: ftrace::TracerId) {
+/// Stops the boot tracer and streams its whole ring (the graph's events in `unit`: `insn` under
+/// icount, `ns` otherwise).
+pub fn stop_boot_trace(tracer: ftrace::TracerId, icount: bool) {
+    let graph = BOOT_GRAPH.load(Ordering::Relaxed) == u64::from(tracer.0);
     match super::unregister(tracer) {
+        Ok(_) if graph => {
+            defmt::info!("ftrace: {=u64} graph events recorded", super::graph::written());
+            super::graph::stream(if icount { "insn" } else { "ns" });
+        }
         Ok(_) => {
             defmt::info!("ftrace: {=u64} calls recorded", FUNCTION_TRACER.written());
             // Tasks switched while tracing from boot: the ring cannot say which ran a call.

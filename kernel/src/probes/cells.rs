@@ -33,6 +33,8 @@ impl<T, const N: usize> Records<T, N> {
 }
 
 /// One `T` per execution context (task slot or IRQ context).
+/// `repr(transparent)`: element `i` lies at `i * size_of::<T>()` (the graph tracer's asm indexes it).
+#[repr(transparent)]
 pub struct PerContext<T, const N: usize>([UnsafeCell<T>; N]);
 
 // SAFETY: see the module comment: each element is changed only by its own context with IRQs

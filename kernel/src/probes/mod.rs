@@ -25,7 +25,7 @@
 //! shape in `crates/probes/src/relocate.rs` if it needs code).
 
 mod action;
-mod cells;
+pub(crate) mod cells;
 mod error;
 mod frame;
 pub mod kprobe;

@@ -9,6 +9,7 @@
 //! `ok N NAME # SKIP REASON` or `not ok N NAME`. `run=list` prints the selected names
 //! instead, `test list: NAME` each and `tests listed: N`, and runs none.
 
+mod fgraph;
 mod foundation;
 mod ftrace;
 mod kasan;
@@ -102,6 +103,7 @@ const TESTS: &[&[Test]] = &[
     probes::TESTS,
     ftrace::TESTS,
     kretprobe::TESTS,
+    fgraph::TESTS,
     sweep::TESTS,
     kasan::TESTS,
     mte::TESTS,

@@ -60,7 +60,7 @@ impl Suite {
             ),
             Ftrace => (
                 BuildVariant::Prod,
-                "a traced call's cost with list and call-ops schemes, 0..100 relevant/irrelevant tracers",
+                "a traced call's cost with list, call-ops and vector schemes, 0..100 relevant/irrelevant tracers, and the function-graph tracer",
             ),
             KasanBoot => (
                 BuildVariant::Full,

@@ -76,6 +76,14 @@ pub const ACCOUNTS: &[(&str, Account)] = &[
         },
     ),
     ("cargo xtask qemu --append \"ftrace=kernel::*\"", Verbatim { status: 0 }),
+    (
+        "cargo xtask qemu --ftrace-graph PATTERN",
+        Excluded {
+            reason: "a demo boot of its own for the function-graph tracer the suite already drives",
+            covered_by: "the fgraph_* kernel tests of `cargo xtask test` (entry and exit events, returns, walkers) and \
+                         xtask's host test of a captured function_graph trace's lines",
+        },
+    ),
     ("cargo xtask qemu --variant mte", Verbatim { status: 0 }),
     ("cargo xtask qemu --variant nofp", Verbatim { status: 0 }),
     (
