@@ -278,7 +278,8 @@ unsafe extern "C" fn note_context(_: u64, _: u64, _: &Ops, regs: &mut Regs) {
 
 static CONTEXT: Ops = Ops { func: note_context, private: 0 };
 
-/// `stacktrace::capture` runs in the timer IRQ when a capture is armed (twice: FP and SCS).
+/// `stacktrace::capture` runs in the timer IRQ when a capture is armed (three times: FP, SCS and
+/// SFrame from inside the handler).
 fn irq_context(_: &Context) -> Outcome {
     if let Some(skip) = untraceable_build() {
         return skip;
@@ -297,7 +298,7 @@ fn irq_context(_: &Context) -> Outcome {
     };
     let (in_irq, in_task) = (IN_IRQ.load(Ordering::Relaxed), IN_TASK.load(Ordering::Relaxed));
     check!(ftrace::unregister(tracer).is_ok());
-    check_eq!(in_irq, 2);
+    check_eq!(in_irq, 3);
     check_eq!(in_task, 0);
     // The traces taken through the trampoline in the IRQ still reach the interrupted task (the
     // shadow stack's, chained from the IRQ's, without frame pointers).
