@@ -23,7 +23,7 @@ use super::action::Action;
 use super::cells::Records;
 use super::kprobe_slots as slots;
 use super::{Handler, ProbeError, refuse};
-use crate::arch::exception::{BRK_KPROBE, STACK_GAP};
+use crate::arch::exception::BRK_KPROBE;
 use crate::arch::patch;
 use crate::inject::{self, Fault};
 use probes::{Insn, Method, Plan, Rules, Text, classify, encode_brk};
@@ -173,7 +173,7 @@ fn prepare(
     let original = unsafe { core::ptr::read_volatile(address as *const u32) };
     refuse::check_exclusive_window(address)?;
     let classification = classify(Insn(original));
-    let rules = Rules { text: Text::Kernel, stack_reach: SIMULATE_SP_REACH, post_handler: post.is_some() };
+    let rules = Rules { text: Text::Kernel, stack_reach: probes::KERNEL_STACK_REACH, post_handler: post.is_some() };
     let plan =
         probes::plan(method, &classification, &rules).map_err(|refusal| ProbeError::refused(refusal, Text::Kernel))?;
     let record = (!registry.records_used).trailing_zeros() as usize;
@@ -419,7 +419,3 @@ pub const SLOT_AREA_SIZE: u64 = slots::AREA_SIZE;
 pub fn first_patchable_entry() -> Option<u64> {
     refuse::patchable_entries().iter().copied().find(|&entry| !refuse::is_noprobe(entry))
 }
-
-/// How far below the interrupted SP a simulated access or SP move may reach: the gap exception
-/// entry leaves, minus the 16 bytes the return path stashes x0/x1 in.
-const SIMULATE_SP_REACH: i64 = STACK_GAP as i64 - 16;
