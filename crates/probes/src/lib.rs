@@ -202,7 +202,7 @@ pub use address::{
 pub use classify::{Classification, RejectReason, classify};
 pub use encode::{
     BRANCH_MAX_BACKWARD, BRANCH_MAX_FORWARD, BranchError, IMM19_MAX_BACKWARD, IMM19_MAX_FORWARD, NOP, add_immediate,
-    b_cond, blr, br, ccmp_register, cmp_register, compare_branch, encode_b, encode_bl, encode_brk, ldp_offset,
+    b_cond, blr, br, ccmp_register, cmp_register, compare_branch, encode_b, encode_bl, encode_brk, is_b, ldp_offset,
     ldp_post_index, ldr_literal, ldr_unsigned, ldr_w_literal, ldr_w_unsigned, ldrsw_literal, ldrsw_unsigned, mov_sp,
     mrs_nzcv, msr_nzcv, stp_offset, stp_pre_index, str_unsigned, sub_immediate, test_branch,
 };

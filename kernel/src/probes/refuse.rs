@@ -71,15 +71,12 @@ pub fn patchable_entries() -> &'static [u64] {
 }
 
 /// Refuses an address preceded (within `probes::EXCLUSIVE_WINDOW` instructions) by a
-/// load-exclusive with no store-exclusive after it.
-pub fn check_exclusive_window(address: u64) -> Result<(), ProbeError> {
+/// load-exclusive with no store-exclusive after it. `original` reads the instruction at an
+/// address as the code has it (a probe's original where one is armed).
+pub fn check_exclusive_window(address: u64, original: impl Fn(u64) -> u32) -> Result<(), ProbeError> {
     let (start, _) = text();
-    let word = |at: u64| {
-        // SAFETY: the search reads only from `start` up to below `address`: 4-aligned kernel
-        // text (`address` was checked to be text), mapped readable.
-        Some(unsafe { core::ptr::read_volatile(at as *const u32) })
-    };
-    if probes::inside_exclusive_sequence(address, start, word) {
+    // The search reads only from `start` up to below `address` (checked to be text).
+    if probes::inside_exclusive_sequence(address, start, |at| Some(original(at))) {
         return Err(ProbeError::InsideExclusiveSequence);
     }
     Ok(())
