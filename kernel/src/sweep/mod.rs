@@ -290,11 +290,6 @@ fn hash_range(start: u64, end: u64) -> u64 {
     sum.value()
 }
 
-fn slot_hash() -> u64 {
-    let base = kprobes::slot_area_address();
-    hash_range(base, base + kprobes::SLOT_AREA_SIZE)
-}
-
 fn slot_chunk_hash(chunk: usize) -> u64 {
     let start = kprobes::slot_area_address() + chunk as u64 * kprobes::SLOT_CHUNK_SIZE;
     hash_range(start, start + kprobes::SLOT_CHUNK_SIZE)
@@ -615,8 +610,7 @@ fn removed(sweep: &mut Sweep, armed: &Armed, disarmed: Result<(), ProbeError>, h
     // Every chunk no probe holds now (the next batch's are checked when it is removed) must be
     // as it was before the sweep: a slot or trampoline of this batch left behind, or written
     // outside its chunk, shows here.
-    let in_use = kprobes::slot_chunks_in_use();
-    if (0..SLOT_CHUNKS).any(|chunk| in_use & (1 << chunk) == 0 && slot_chunk_hash(chunk) != sweep.slot_chunks[chunk]) {
+    if !slot_chunks_as_before(sweep) {
         defmt::error!("sweep: {=str}: the slot area differs after unregistering", label);
         sweep.tally.failures += 1;
     }
@@ -764,13 +758,26 @@ fn compare_methods(sweep: &mut Sweep, function: Function, per_method: &[Vec<Opti
 /// A kretprobe on `function` with each method: its returns must agree across methods.
 fn sweep_kretprobe(sweep: &mut Sweep, function: Function) {
     let mut seen: Option<(Method, u64)> = None;
+    // The kretprobe stays registered from one method to the next: its entry probe is swapped in
+    // one hold (`kretprobe::change_method`), not unregistered and registered again (two holds and
+    // a grace period a method).
+    let mut registered = false;
+    let address = kretprobe::attach_address(function.start);
     for method in Method::ALL {
         everywhere::heartbeat();
-        let before = slot_hash();
         let mut clock = timing::Clock::start();
-        let registered = kretprobe::register(function.start, method, None, count_return, 16);
+        let armed = if registered {
+            kretprobe::change_method(function.start, method)
+        } else {
+            kretprobe::register(function.start, method, None, count_return, 16)
+        };
+        registered = armed.is_ok();
         clock.lap(timing::Phase::KretprobeRegister);
-        if registered.is_err() {
+        if !slot_chunks_as_before(sweep) {
+            report(sweep, address, method, "kretprobe: slot area differs");
+        }
+        clock.lap(timing::Phase::Checks);
+        if !registered {
             continue;
         }
         sweep.tally.kretprobes[method_index(method)] += 1;
@@ -784,18 +791,9 @@ fn sweep_kretprobe(sweep: &mut Sweep, function: Function) {
         if crate::stacktrace::DEPOT.stats().records != traces {
             report(sweep, function.start, method, "kretprobe: new stack traces");
         }
-        let _ = kretprobe::unregister(function.start);
-        if sweep.background.is_some() {
-            crate::task::cpus::synchronize();
-        }
-        clock.lap(timing::Phase::KretprobeUnregister);
         let returns = RETURNS.load(Ordering::Relaxed);
-        let address = kretprobe::attach_address(function.start);
         if results != Some(sweep.reference) {
             report(sweep, address, method, "kretprobe: results differ");
-        }
-        if slot_hash() != before {
-            report(sweep, address, method, "kretprobe: slot area differs");
         }
         match seen {
             None => seen = Some((method, returns)),
@@ -804,7 +802,25 @@ fn sweep_kretprobe(sweep: &mut Sweep, function: Function) {
             }
             Some(_) => {}
         }
+        clock.lap(timing::Phase::Checks);
     }
+    if registered {
+        let mut clock = timing::Clock::start();
+        let _ = kretprobe::unregister(function.start);
+        if sweep.background.is_some() {
+            crate::task::cpus::synchronize();
+        }
+        clock.lap(timing::Phase::KretprobeUnregister);
+        if !slot_chunks_as_before(sweep) {
+            report(sweep, address, Method::Detour, "kretprobe: slot area differs");
+        }
+    }
+}
+
+/// Whether every chunk of the slot area that no probe holds is as it was before the sweep.
+fn slot_chunks_as_before(sweep: &Sweep) -> bool {
+    let in_use = kprobes::slot_chunks_in_use();
+    (0..SLOT_CHUNKS).all(|chunk| in_use & (1 << chunk) != 0 || slot_chunk_hash(chunk) == sweep.slot_chunks[chunk])
 }
 
 /// The reference pass again, now that everything the sweep keeps is allocated: the heap is in
