@@ -290,9 +290,24 @@ fn hash_range(start: u64, end: u64) -> u64 {
     sum.value()
 }
 
+fn slot_chunk_start(chunk: usize) -> u64 {
+    kprobes::slot_area_address() + chunk as u64 * kprobes::SLOT_CHUNK_SIZE
+}
+
 fn slot_chunk_hash(chunk: usize) -> u64 {
-    let start = kprobes::slot_area_address() + chunk as u64 * kprobes::SLOT_CHUNK_SIZE;
-    hash_range(start, start + kprobes::SLOT_CHUNK_SIZE)
+    hash_range(slot_chunk_start(chunk), slot_chunk_start(chunk) + kprobes::SLOT_CHUNK_SIZE)
+}
+
+/// Whether slot area chunk `chunk` holds only the filler a free chunk holds (`BRK #0x006`):
+/// a plain comparison, cheaper than the hash for the check after every batch.
+fn slot_chunk_is_filler(chunk: usize) -> bool {
+    let filler = u64::from(probes::encode_brk(crate::arch::exception::BRK_KPROBE_STEP).0);
+    let filler = filler | filler << 32;
+    let start = slot_chunk_start(chunk);
+    // SAFETY: the slot area is kernel text, mapped readable, 8-aligned.
+    (start..start + kprobes::SLOT_CHUNK_SIZE)
+        .step_by(8)
+        .all(|at| unsafe { core::ptr::read_volatile(at as *const u64) } == filler)
 }
 
 fn word_at(address: u64) -> u32 {
@@ -335,6 +350,8 @@ struct Sweep {
     /// Each slot area chunk's hash before the sweep: after a batch is removed, every chunk no
     /// probe holds must hash the same.
     slot_chunks: [u64; SLOT_CHUNKS],
+    /// The chunks that held only filler before the sweep (compared as such, not hashed).
+    slot_filler: u128,
     /// The batch still armed after its pass (see [`Armed`]).
     armed: Option<Armed>,
     symbols: Symbols,
@@ -820,7 +837,13 @@ fn sweep_kretprobe(sweep: &mut Sweep, function: Function) {
 /// Whether every chunk of the slot area that no probe holds is as it was before the sweep.
 fn slot_chunks_as_before(sweep: &Sweep) -> bool {
     let in_use = kprobes::slot_chunks_in_use();
-    (0..SLOT_CHUNKS).all(|chunk| in_use & (1 << chunk) != 0 || slot_chunk_hash(chunk) == sweep.slot_chunks[chunk])
+    (0..SLOT_CHUNKS).filter(|&chunk| in_use & (1 << chunk) == 0).all(|chunk| {
+        if sweep.slot_filler & (1 << chunk) != 0 {
+            slot_chunk_is_filler(chunk)
+        } else {
+            slot_chunk_hash(chunk) == sweep.slot_chunks[chunk]
+        }
+    })
 }
 
 /// The reference pass again, now that everything the sweep keeps is allocated: the heap is in
@@ -1047,6 +1070,9 @@ pub fn run(args: &Args) -> bool {
     let mut sweep = Sweep {
         reference,
         slot_chunks: core::array::from_fn(slot_chunk_hash),
+        slot_filler: (0..SLOT_CHUNKS)
+            .filter(|&chunk| slot_chunk_is_filler(chunk))
+            .fold(0, |bits, chunk| bits | 1 << chunk),
         armed: None,
         symbols,
         tally: Tally {
