@@ -304,10 +304,13 @@ fn slot_chunk_is_filler(chunk: usize) -> bool {
     let filler = u64::from(probes::encode_brk(crate::arch::exception::BRK_KPROBE_STEP).0);
     let filler = filler | filler << 32;
     let start = slot_chunk_start(chunk);
-    // SAFETY: the slot area is kernel text, mapped readable, 8-aligned.
-    (start..start + kprobes::SLOT_CHUNK_SIZE)
-        .step_by(8)
-        .all(|at| unsafe { core::ptr::read_volatile(at as *const u64) } == filler)
+    for at in (start..start + kprobes::SLOT_CHUNK_SIZE).step_by(8) {
+        // SAFETY: the slot area is kernel text, mapped readable, 8-aligned.
+        if unsafe { core::ptr::read_volatile(at as *const u64) } != filler {
+            return false;
+        }
+    }
+    true
 }
 
 fn word_at(address: u64) -> u32 {
