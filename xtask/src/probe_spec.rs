@@ -11,16 +11,8 @@
 use crate::Failure;
 use crate::names::{close_names, did_you_mean};
 use object::{Object, ObjectSection, ObjectSymbol};
-use probes::{Insn, Method, Plan, Refusal, Rules, Text};
+use probes::{AddressRefusal, Insn, KernelLayout, Method, Plan, Refusal, Rules, Text};
 use std::path::Path;
-
-/// How far below SP a simulated SP-based access may reach in kernel text: the kernel's
-/// `STACK_GAP - 16` (`kernel/src/arch/aarch64/exception.rs`, `kernel/src/probes/kprobe.rs`).
-const KERNEL_STACK_REACH: i64 = 256 - 16;
-
-/// How many instructions before a probe the kernel searches for an open load-exclusive
-/// (`refuse::EXCLUSIVE_WINDOW`).
-const EXCLUSIVE_WINDOW: u64 = 16;
 
 /// The flag a request came from: each has its own syntax.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -250,31 +242,32 @@ impl<'data> KernelText<'data> {
         }
     }
 
-    /// The kernel's address rules (`refuse::check_address`, `check_exclusive_window`).
+    /// The kernel's address rules (`crates/probes`' `KernelLayout::check` and
+    /// `inside_exclusive_sequence`, as `refuse::check_address` and `check_exclusive_window` apply
+    /// them), on the image's layout and words.
     fn check_address(&self, address: u64) -> Result<(), String> {
-        if !(self.text.0..self.text.1).contains(&address) {
-            return Err("address is not kernel text".into());
-        }
-        if (self.user_text.0..self.user_text.1).contains(&address) {
-            return Err("address is EL0 code (.text.user): probe it with a uprobe".into());
-        }
-        if (self.noprobe.0..self.noprobe.1).contains(&address) {
-            return Err("no-probe text: boot code, exception vectors and handlers, the probe hit path and slots, \
-                        logging or the sanitizer runtime"
-                .into());
-        }
-        if self.patchable.iter().any(|&entry| (entry..entry + 16).contains(&address)) {
-            return Err("patchable function entry: owned by ftrace (probe the first instruction after it)".into());
-        }
-        for back in 1..=EXCLUSIVE_WINDOW {
-            let Some(at) = address.checked_sub(4 * back).filter(|&at| at >= self.text.0) else { break };
-            match self.word(at).and_then(exclusive_kind) {
-                Some(Exclusive::Store) => break,
-                Some(Exclusive::Load) => {
-                    return Err("inside an LDXR/STXR sequence (the trap clears the exclusive monitor)".into());
+        let layout = KernelLayout {
+            text: self.text.0..self.text.1,
+            user_text: self.user_text.0..self.user_text.1,
+            noprobe: self.noprobe.0..self.noprobe.1,
+            patchable_entries: &self.patchable,
+        };
+        layout.check(address).map_err(|refusal| {
+            match refusal {
+                AddressRefusal::NotText => "address is not kernel text",
+                AddressRefusal::UserText => "address is EL0 code (.text.user): probe it with a uprobe",
+                AddressRefusal::NoProbe => {
+                    "no-probe text: boot code, exception vectors and handlers, the probe hit path and slots, \
+                     logging or the sanitizer runtime"
                 }
-                None => {}
+                AddressRefusal::FtraceCallsite => {
+                    "patchable function entry: owned by ftrace (probe the first instruction after it)"
+                }
             }
+            .to_string()
+        })?;
+        if probes::inside_exclusive_sequence(address, self.text.0, |at| self.word(at)) {
+            return Err("inside an LDXR/STXR sequence (the trap clears the exclusive monitor)".into());
         }
         Ok(())
     }
@@ -351,7 +344,7 @@ impl<'data> KernelText<'data> {
 /// `crates/probes`' plan for `method` on `word` in kernel text, with the kernel's rules for a
 /// boot probe (no post-handler).
 fn plan_word(word: u32, method: Method) -> Result<Plan, Refusal> {
-    let rules = Rules { text: Text::Kernel, stack_reach: KERNEL_STACK_REACH, post_handler: false };
+    let rules = Rules { text: Text::Kernel, stack_reach: probes::KERNEL_STACK_REACH, post_handler: false };
     probes::plan(method, &probes::classify(Insn(word)), &rules)
 }
 
@@ -384,22 +377,6 @@ pub fn disassemble_word(address: u64, word: u32) -> String {
         }
         None => format!(".inst {word:#010x} (unallocated)"),
     }
-}
-
-enum Exclusive {
-    Load,
-    Store,
-}
-
-/// The kernel's `refuse::exclusive_kind`: load/store exclusive (C4.1.94: bits [29:24] = 001000,
-/// o2 = 0), excluding CASP (bit 31 = 0 with o1 = 1).
-fn exclusive_kind(word: u32) -> Option<Exclusive> {
-    let exclusive_group = word & 0x3f80_0000 == 0x0800_0000;
-    let casp = word >> 31 == 0 && word & (1 << 21) != 0;
-    if !exclusive_group || casp {
-        return None;
-    }
-    Some(if word & (1 << 22) != 0 { Exclusive::Load } else { Exclusive::Store })
 }
 
 /// Checks every spec against the image at `elf` (built for `variant`): prints where each one
@@ -675,8 +652,11 @@ mod tests {
         }
     }
 
+    /// The exclusive-window rule xtask applies is `crates/probes`' (its own tests cover the
+    /// window); the kinds it reads must be the kernel's.
     #[test]
     fn exclusives_are_told_apart() {
+        use probes::{Exclusive, exclusive_kind};
         assert!(matches!(exclusive_kind(0xc85f_7c20), Some(Exclusive::Load))); // ldxr x0, [x1]
         assert!(matches!(exclusive_kind(0xc802_7c20), Some(Exclusive::Store))); // stxr w2, x0, [x1]
         assert!(exclusive_kind(0xa9bf_7bfd).is_none());

@@ -68,6 +68,11 @@ pub struct ProbesArgs {
     /// CPUs (virt `-smp N`): the other CPUs loop on the workload while CPU 0 sweeps.
     #[arg(long, default_value = "1", value_parser = crate::qemu::parse_smp)]
     pub smp: u8,
+    /// Run QEMU with `-icount` (one instruction per virtual ns, the vCPUs in turn on one host
+    /// thread): the kernel's `sweep time:` lines are then the guest's own time, the same
+    /// whatever else the host runs (slower in wall time on several CPUs).
+    #[arg(long)]
+    pub icount: bool,
     /// Sweep part K of N (1-based: functions and random sets round-robin, each single probe
     /// with its function) and write its counts to shard.json for `cargo xtask merge`.
     #[arg(long, value_name = "K/N", value_parser = crate::shard::Shard::parse, conflicts_with_all = ["probe", "set"])]
@@ -117,7 +122,7 @@ pub fn run(args: &StressArgs) -> Result<u8, Failure> {
             if let Some(shard) = args.shard {
                 words = format!("{words} sweep.shard={}", shard.name());
             }
-            let run = Run { image: &image, variant, cpu: args.cpu, smp: args.smp };
+            let run = Run { image: &image, variant, cpu: args.cpu, smp: args.smp, icount: args.icount };
             let outcome = sweep(&run, &words, Duration::from_secs(args.timeout), Print::Always)?;
             failed += u8::from(!outcome.passed);
             let label = format!("variant {} {}", variant.name(), if extra.is_empty() { "no tracer" } else { &extra });
@@ -153,6 +158,8 @@ pub struct Run<'a> {
     pub variant: BuildVariant,
     pub cpu: CpuVariant,
     pub smp: u8,
+    /// QEMU with `-icount` (and the kernel told so: `icount=1`).
+    pub icount: bool,
 }
 
 /// One batch as the kernel names it (`sweep batch: NAME+0xOFF:METHOD words N`): `words` words
@@ -487,19 +494,11 @@ pub enum Print {
 
 /// One sweep run on virt; prints the coverage, failures (disassembled) and how to repeat them.
 pub fn sweep(run: &Run, words: &str, timeout: Duration, print: Print) -> Result<Outcome, Failure> {
-    let Run { image, variant, cpu, smp } = *run;
-    let machine = Machine {
-        board: Board::Virt,
-        cpu,
-        el: 1,
-        gic: 3,
-        icount: false,
-        dtb: None,
-        mte: variant == BuildVariant::Mte,
-        smp,
-    };
+    let Run { image, variant, cpu, smp, icount } = *run;
+    let machine =
+        Machine { board: Board::Virt, cpu, el: 1, gic: 3, icount, dtb: None, mte: variant == BuildVariant::Mte, smp };
     // A slow tick: the workload must run the same code on every pass (see kernel/src/sweep).
-    let bootargs = format!("run=sweep hz=10 exit=semihosting {words}");
+    let bootargs = format!("run=sweep hz=10 exit=semihosting icount={} {words}", u8::from(icount));
     let result = qemu::run(&machine, image, &bootargs, Some(timeout), &mut |_| {})?;
     let mut last_batch = None;
     let mut coverage = Vec::new();
@@ -637,7 +636,7 @@ fn disassemble(elf: &std::path::Path, address: u64) -> String {
 /// one on 4 CPUs (the other three looping on the workload); the new-stack check and the hang
 /// bisection shown to work. Prints one line each; true if all passed.
 pub fn sample(image: &build::KernelImage, variant: BuildVariant, cpu: CpuVariant) -> Result<bool, Failure> {
-    let run = Run { image, variant, cpu, smp: 1 };
+    let run = Run { image, variant, cpu, smp: 1, icount: false };
     let words = "sweep.seed=19 sweep.functions=32 sweep.singles=16 sweep.ftrace=vector";
     let outcome = sweep(&run, words, Duration::from_secs(120), Print::OnFailure)?;
     if outcome.passed {

@@ -42,6 +42,12 @@ pub fn encode_b(from: u64, to: u64) -> Result<Insn, BranchError> {
     encode_branch(0x1400_0000, from, to)
 }
 
+/// Whether `word` is a `B` (C6.2.26: bits [31:26] = 000101), to any target: the word a detour
+/// arms.
+pub const fn is_b(word: u32) -> bool {
+    word & 0xfc00_0000 == 0x1400_0000
+}
+
 /// `BL to`, placed at `from`.
 pub fn encode_bl(from: u64, to: u64) -> Result<Insn, BranchError> {
     encode_branch(0x9400_0000, from, to)

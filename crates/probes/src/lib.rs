@@ -68,7 +68,9 @@
 //!
 //! The kernel must still refuse probes inside `LDXR`..`STXR` sequences and in
 //! code that must not trap (exception entry, the BRK handler itself): that
-//! needs context that a single word does not carry.
+//! needs context that a single word does not carry. [`KernelLayout`] and
+//! [`inside_exclusive_sequence`] are those rules, given the context (the
+//! kernel reads its own text, xtask the built image).
 //!
 //! # Decoders
 //!
@@ -183,6 +185,7 @@
 // (an unsafe attribute), allowed where it is written.
 #![deny(unsafe_code)]
 
+mod address;
 mod classify;
 mod decode;
 mod encode;
@@ -192,10 +195,14 @@ mod relocate;
 mod reserved;
 mod simulate;
 
+pub use address::{
+    AddressRefusal, EXCLUSIVE_WINDOW, Exclusive, KERNEL_STACK_GAP, KERNEL_STACK_REACH, KernelLayout, exclusive_kind,
+    inside_exclusive_sequence,
+};
 pub use classify::{Classification, RejectReason, classify};
 pub use encode::{
     BRANCH_MAX_BACKWARD, BRANCH_MAX_FORWARD, BranchError, IMM19_MAX_BACKWARD, IMM19_MAX_FORWARD, NOP, add_immediate,
-    b_cond, blr, br, ccmp_register, cmp_register, compare_branch, encode_b, encode_bl, encode_brk, ldp_offset,
+    b_cond, blr, br, ccmp_register, cmp_register, compare_branch, encode_b, encode_bl, encode_brk, is_b, ldp_offset,
     ldp_post_index, ldr_literal, ldr_unsigned, ldr_w_literal, ldr_w_unsigned, ldrsw_literal, ldrsw_unsigned, mov_sp,
     mrs_nzcv, msr_nzcv, stp_offset, stp_pre_index, str_unsigned, sub_immediate, test_branch,
 };

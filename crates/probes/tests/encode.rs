@@ -3,7 +3,7 @@
 
 use probes::{
     BRANCH_MAX_BACKWARD, BRANCH_MAX_FORWARD, BranchError, Classification, Fault, Insn, Memory, NOP, Registers,
-    Simulated, SimulationConfig, classify, encode_b, encode_bl, encode_brk, simulate,
+    Simulated, SimulationConfig, classify, encode_b, encode_bl, encode_brk, is_b, simulate,
 };
 
 struct NoMemory;
@@ -31,6 +31,17 @@ fn nop_and_brk() {
     }
     assert_eq!(Insn(0xd440_0000).brk_immediate(), None); // hlt #0
     assert_eq!(NOP.brk_immediate(), None);
+}
+
+#[test]
+fn b_is_told_from_bl_and_brk() {
+    let from = 0xffff_8000_1000_0000;
+    for to in [from, from + (1 << 27) - 4, from - (1 << 27)] {
+        assert!(is_b(encode_b(from, to).unwrap().0));
+        assert!(!is_b(encode_bl(from, to).unwrap().0));
+    }
+    assert!(!is_b(encode_brk(0x004).0));
+    assert!(!is_b(NOP.0));
 }
 
 #[test]

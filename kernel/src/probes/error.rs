@@ -21,7 +21,7 @@ pub enum ProbeError {
     AlreadyRegistered,
     /// No probe is registered at this address (e.g. unregistering twice).
     NotRegistered,
-    /// A load-exclusive precedes the address within `refuse::EXCLUSIVE_WINDOW` instructions with
+    /// A load-exclusive precedes the address within `probes::EXCLUSIVE_WINDOW` instructions with
     /// no store-exclusive in between: the trap would clear the exclusive monitor.
     InsideExclusiveSequence,
     /// The address is in code the probe machinery runs through (the named region).

@@ -23,7 +23,7 @@ use super::action::Action;
 use super::cells::Records;
 use super::kprobe_slots as slots;
 use super::{Handler, ProbeError, refuse};
-use crate::arch::exception::{BRK_KPROBE, STACK_GAP};
+use crate::arch::exception::BRK_KPROBE;
 use crate::arch::patch;
 use crate::inject::{self, Fault};
 use probes::{Insn, Method, Plan, Rules, Text, classify, encode_brk};
@@ -44,7 +44,8 @@ pub struct Probe {
     pub(super) refused: AtomicU64,
 }
 
-/// Probe records, and the number of them.
+/// Probe records, and the number of them: two sweep batches of 48 at once while
+/// [`replace_all`] swaps one for the next.
 const MAX_PROBES: usize = slots::CHUNKS;
 
 static RECORDS: Records<Probe, MAX_PROBES> = Records::new();
@@ -62,27 +63,44 @@ const TOMBSTONE: *mut Probe = core::ptr::dangling_mut::<Probe>();
 /// hold that restores their words (one bit per record): lookups no longer find them, but a CPU
 /// that fetched a BRK before the restore may still take it and must perform it (`retiring`).
 /// Written under [`REGISTRY`].
-static RETIRING: AtomicU64 = AtomicU64::new(0);
+static RETIRING: [AtomicU64; MAX_PROBES / 64] = [const { AtomicU64::new(0) }; MAX_PROBES / 64];
 
 /// The probe at `address` if it is being unregistered and its word may still hold its BRK (a
 /// BRK no published probe owns: the hit path's cold side).
 pub(super) fn retiring(address: u64) -> Option<&'static Probe> {
-    let mut retiring = RETIRING.load(Ordering::Acquire);
-    while retiring != 0 {
-        // SAFETY: a set bit names a live record (cleared before the record is freed).
-        let probe = unsafe { &*record_pointer(retiring.trailing_zeros() as usize) };
-        if probe.address == address {
-            return Some(probe);
+    for (word, bits) in RETIRING.iter().enumerate() {
+        let mut retiring = bits.load(Ordering::Acquire);
+        while retiring != 0 {
+            // SAFETY: a set bit names a live record (cleared before the record is freed).
+            let probe = unsafe { &*record_pointer(64 * word + retiring.trailing_zeros() as usize) };
+            if probe.address == address {
+                return Some(probe);
+            }
+            retiring &= retiring - 1;
         }
-        retiring &= retiring - 1;
     }
     None
 }
 
+/// The instruction the code at `address` holds for its readers: a published or retiring probe's
+/// original, or the text's word. Registration plans on it and scans it for exclusives, so that a
+/// probe still armed (or being disarmed in the same hold) does not show its BRK or branch.
+fn original_word(address: u64) -> u32 {
+    // SAFETY: callers pass 4-aligned kernel text (checked by `refuse::check_address`, or below
+    // an address so checked and not below the text's start), always mapped readable.
+    let word = unsafe { core::ptr::read_volatile(address as *const u32) };
+    // Only a BRK or a B can be a probe's (the exclusive scan reads 16 words a probe: most are
+    // neither, and skip the table and the retiring list).
+    if word != encode_brk(BRK_KPROBE).word() && !probes::is_b(word) {
+        return word;
+    }
+    lookup(address).or_else(|| retiring(address)).map_or(word, |probe| probe.original)
+}
+
 /// Registration state: which records and slot chunks are taken.
 struct Registry {
-    records_used: u64,
-    chunks_used: u64,
+    records_used: u128,
+    chunks_used: u128,
 }
 
 /// A raw spin lock, not an `IrqSpinLock`: its holder holds the other CPUs
@@ -90,7 +108,9 @@ struct Registry {
 /// wait with IRQs unmasked, or neither would ever go on.
 static REGISTRY: spin::Mutex<Registry> = spin::Mutex::new(Registry { records_used: 0, chunks_used: 0 });
 
-const _: () = assert!(MAX_PROBES <= 64 && slots::CHUNKS <= 64, "one u64 bitmap each");
+const _: () = assert!(MAX_PROBES <= 128 && slots::CHUNKS <= 128, "one u128 bitmap each");
+const _: () = assert!(MAX_PROBES.is_multiple_of(64), "RETIRING: whole u64 bitmaps");
+const _: () = assert!(MAX_PROBES <= 256 && slots::CHUNKS <= 256, "Retired and Arming keep indices in bytes");
 
 #[inline(always)]
 fn table_index(address: u64) -> usize {
@@ -138,30 +158,73 @@ pub fn register_all(
     results: &mut [Result<(), ProbeError>],
 ) {
     let mut registry = REGISTRY.lock();
-    let mut words = [(0u64, 0u32); MAX_PROBES];
-    let mut count = 0;
-    for (&(address, method), result) in probes.iter().zip(results.iter_mut()) {
-        *result = prepare(&mut registry, address, method, pre, post).map(|patched| {
-            // `None`: a test-only fault already wrote the branch.
-            if let Some(patched) = patched {
-                words[count] = (address, patched);
-                count += 1;
-            }
-        });
+    let mut arming = Arming::new();
+    arming.prepare_all(&mut registry, &[], probes, pre, post, results);
+    write_probed_words(&[], Some(&arming));
+}
+
+/// Probes prepared and still to be armed: their words, and the records whose publication waits
+/// for the hold (a probe at an address being disarmed in the same hold).
+struct Arming {
+    words: [(u64, u32); MAX_PROBES],
+    count: usize,
+    /// Records to publish inside the hold, before the words are written.
+    deferred: [u8; MAX_PROBES],
+    deferred_count: usize,
+}
+
+impl Arming {
+    fn new() -> Self {
+        Self { words: [(0, 0); MAX_PROBES], count: 0, deferred: [0; MAX_PROBES], deferred_count: 0 }
     }
-    write_probed_words(&words[..count]);
+
+    /// Prepares each probe of `probes` (its outcome in `results`). A probe at an address of
+    /// `retiring` (unpublished, its word still armed) is published only inside the hold, after
+    /// that word is restored: published earlier, a CPU taking the old BRK would find the new
+    /// probe and perform it with the old one's word.
+    fn prepare_all(
+        &mut self,
+        registry: &mut Registry,
+        retiring: &[u64],
+        probes: &[(u64, Method)],
+        pre: Handler,
+        post: Option<Handler>,
+        results: &mut [Result<(), ProbeError>],
+    ) {
+        for (index, (&(address, method), result)) in probes.iter().zip(results.iter_mut()).enumerate() {
+            let defer = retiring.contains(&address);
+            // A deferred probe is not published yet: an earlier one at the same address counts.
+            if defer && probes[..index].iter().any(|&(earlier, _)| earlier == address) {
+                *result = Err(ProbeError::AlreadyRegistered);
+                continue;
+            }
+            *result = prepare(registry, address, method, pre, post, !defer).map(|(record, patched)| {
+                if defer {
+                    self.deferred[self.deferred_count] = record as u8;
+                    self.deferred_count += 1;
+                }
+                // `None`: a test-only fault already wrote the branch.
+                if let Some(patched) = patched {
+                    self.words[self.count] = (address, patched);
+                    self.count += 1;
+                }
+            });
+        }
+    }
 }
 
 /// Register's first half, under the registry lock: the probe refused or its record, slot or
-/// trampoline written and the probe published; returns the word that arms it (its BRK or its
-/// branch), still to be written.
+/// trampoline written and the probe published (unless `publish_now` is false: the caller
+/// publishes it); returns its record and the word that arms it (its BRK or its branch), still
+/// to be written.
 fn prepare(
     registry: &mut Registry,
     address: u64,
     method: Method,
     pre: Handler,
     post: Option<Handler>,
-) -> Result<Option<u32>, ProbeError> {
+    publish_now: bool,
+) -> Result<(usize, Option<u32>), ProbeError> {
     if address & 3 != 0 {
         return Err(ProbeError::Misaligned);
     }
@@ -169,11 +232,10 @@ fn prepare(
     if lookup(address).is_some() {
         return Err(ProbeError::AlreadyRegistered);
     }
-    // SAFETY: address is 4-aligned kernel text (checked above), always mapped readable.
-    let original = unsafe { core::ptr::read_volatile(address as *const u32) };
-    refuse::check_exclusive_window(address)?;
+    let original = original_word(address);
+    refuse::check_exclusive_window(address, original_word)?;
     let classification = classify(Insn(original));
-    let rules = Rules { text: Text::Kernel, stack_reach: SIMULATE_SP_REACH, post_handler: post.is_some() };
+    let rules = Rules { text: Text::Kernel, stack_reach: probes::KERNEL_STACK_REACH, post_handler: post.is_some() };
     let plan =
         probes::plan(method, &classification, &rules).map_err(|refusal| ProbeError::refused(refusal, Text::Kernel))?;
     let record = (!registry.records_used).trailing_zeros() as usize;
@@ -225,19 +287,23 @@ fn prepare(
     if let Some(chunk) = chunk {
         registry.chunks_used |= 1 << chunk;
     }
-    publish(address, record_pointer(record));
+    if publish_now {
+        publish(address, record_pointer(record));
+    }
     let patched = match action {
         Action::Detour { trampoline } => match probes::encode_b(address, trampoline) {
             Ok(branch) => branch.word(),
             Err(_) => {
-                unpublish(address);
+                if publish_now {
+                    unpublish(address);
+                }
                 release(registry, record, chunk);
                 return Err(ProbeError::OutOfBranchRange);
             }
         },
         _ => encode_brk(BRK_KPROBE).word(),
     };
-    Ok((!early_branch).then_some(patched))
+    Ok((record, (!early_branch).then_some(patched)))
 }
 
 /// Unregisters the probe at `address`, restoring the original instruction, and returns once no
@@ -264,59 +330,116 @@ pub fn unregister(address: u64) -> Result<(), ProbeError> {
 /// An address that holds no probe is skipped, the others are unregistered, and the first such
 /// error is returned. Call it with no lock held that another CPU may spin on with IRQs masked.
 pub fn unregister_all(addresses: &[u64]) -> Result<(), ProbeError> {
-    let mut retired = [None::<Retired>; MAX_PROBES];
-    let mut first_error = Ok(());
-    let registry = REGISTRY.lock();
-    let mut words = [(0u64, 0u32); MAX_PROBES];
-    let mut count = 0;
-    let mut needs_grace_period = false;
-    let no_grace_period = inject::on(Fault::KprobeFreedWithoutGracePeriod);
-    for &address in addresses {
-        // An address given twice is not found the second time: it is unpublished already.
-        let Some(probe) = lookup(address) else {
-            first_error = first_error.and(Err(ProbeError::NotRegistered));
-            continue;
-        };
-        let record = (0..MAX_PROBES).find(|&record| core::ptr::eq(record_pointer(record), probe));
-        let cleared = inject::on(Fault::DetourTrampolineClearedFirst);
-        if cleared && let Some(chunk) = probe.chunk {
-            slots::clear(slots::chunk_address(chunk));
-        }
-        if let Some(record) = record {
-            RETIRING.fetch_or(1 << record, Ordering::Release);
-        }
-        unpublish(address);
-        needs_grace_period |= matches!(probe.action, Action::Detour { .. }) && !no_grace_period;
-        retired[count] = Some(Retired { record, chunk: probe.chunk, cleared });
-        words[count] = (address, probe.original);
-        count += 1;
-    }
-    if no_grace_period {
-        for &(address, original) in &words[..count] {
-            // SAFETY: as in `write_probed_words` (deliberately not holding the other CPUs
-            // either: nothing waits for a CPU inside the probe; a test-only fault).
-            unsafe { patch::write_instruction(address, original) };
-        }
-    } else {
-        write_probed_words(&words[..count]);
-    }
-    // Every other CPU took the hold's SGI after the restores: none can take these BRKs any more.
-    // (Only this lock's holder sets bits.)
-    RETIRING.store(0, Ordering::Release);
-    // The records and chunks stay taken (their bits set) until the grace period has elapsed.
-    drop(registry);
-    if needs_grace_period {
-        crate::task::cpus::synchronize();
-    }
-    retired.into_iter().flatten().for_each(finish);
+    let mut registry = REGISTRY.lock();
+    let mut retiring = Retiring::new();
+    let first_error = retiring.unpublish_all(&mut registry, addresses);
+    write_probed_words(&retiring.words[..retiring.count], None);
+    retiring.finish_all(registry);
     first_error
+}
+
+/// Unregisters the probes at `retire` and registers `probes` (outcomes in `results`, as
+/// [`register_all`]) with one hold of the other CPUs for both: the words of `retire` are
+/// restored and those of `probes` armed in the same hold, then one grace period if a retired
+/// probe was a detour, as [`unregister_all`]. The probe sweep swaps each batch for the next
+/// with it: one hold a batch instead of two.
+///
+/// Sound as the two calls in turn: the new probes' records and chunks are others than the
+/// retiring ones' (those are freed only after the grace period), so no CPU still inside a
+/// retired slot or trampoline finds it rewritten; registration reads a retiring probe's
+/// original, not its BRK (`original_word`); and a new probe at a retired address is published
+/// only inside the hold, after the restore (`Arming::prepare_all`). Returns the first error of
+/// the unregistering, as [`unregister_all`].
+pub fn replace_all(
+    retire: &[u64],
+    probes: &[(u64, Method)],
+    pre: Handler,
+    post: Option<Handler>,
+    results: &mut [Result<(), ProbeError>],
+) -> Result<(), ProbeError> {
+    let mut registry = REGISTRY.lock();
+    let mut retiring = Retiring::new();
+    let first_error = retiring.unpublish_all(&mut registry, retire);
+    let mut arming = Arming::new();
+    arming.prepare_all(&mut registry, retire, probes, pre, post, results);
+    write_probed_words(&retiring.words[..retiring.count], Some(&arming));
+    retiring.finish_all(registry);
+    first_error
+}
+
+/// Probes unpublished and marked `RETIRING`, whose words are still to be restored.
+struct Retiring {
+    retired: [Option<Retired>; MAX_PROBES],
+    /// `(address, original)`.
+    words: [(u64, u32); MAX_PROBES],
+    count: usize,
+    needs_grace_period: bool,
+    no_grace_period: bool,
+}
+
+impl Retiring {
+    fn new() -> Self {
+        Self {
+            retired: [None; MAX_PROBES],
+            words: [(0, 0); MAX_PROBES],
+            count: 0,
+            needs_grace_period: false,
+            no_grace_period: inject::on(Fault::KprobeFreedWithoutGracePeriod),
+        }
+    }
+
+    /// Unpublishes the probe at each address and marks it retiring; the first address that
+    /// holds no probe is the error (the others are still unpublished).
+    fn unpublish_all(&mut self, _registry: &mut Registry, addresses: &[u64]) -> Result<(), ProbeError> {
+        let mut first_error = Ok(());
+        for &address in addresses {
+            // An address given twice is not found the second time: it is unpublished already.
+            let Some(probe) = lookup(address) else {
+                first_error = first_error.and(Err(ProbeError::NotRegistered));
+                continue;
+            };
+            let record = (0..MAX_PROBES).find(|&record| core::ptr::eq(record_pointer(record), probe));
+            let chunk = probe.chunk.map(|chunk| chunk as u8);
+            let cleared = inject::on(Fault::DetourTrampolineClearedFirst);
+            if cleared && let Some(chunk) = probe.chunk {
+                slots::clear(slots::chunk_address(chunk));
+            }
+            if let Some(record) = record {
+                RETIRING[record / 64].fetch_or(1 << (record % 64), Ordering::Release);
+            }
+            unpublish(address);
+            self.needs_grace_period |= matches!(probe.action, Action::Detour { .. }) && !self.no_grace_period;
+            self.retired[self.count] = Some(Retired { record: record.map(|record| record as u8), chunk, cleared });
+            self.words[self.count] = (address, probe.original);
+            self.count += 1;
+        }
+        first_error
+    }
+
+    /// After the hold that restored the words: the grace period if one is needed (with the
+    /// lock dropped), then each slot or trampoline poisoned and its record and chunk freed.
+    fn finish_all(self, registry: spin::MutexGuard<'_, Registry>) {
+        // Every other CPU took the hold's SGI after the restores: none can take these BRKs any
+        // more. (Only this lock's holder sets bits.)
+        for bits in &RETIRING {
+            bits.store(0, Ordering::Release);
+        }
+        // The records and chunks stay taken (their bits set) until the grace period has elapsed.
+        drop(registry);
+        if self.needs_grace_period {
+            crate::task::cpus::synchronize();
+        }
+        self.retired.into_iter().flatten().for_each(finish);
+    }
 }
 
 /// A probe disarmed and unpublished whose trampoline and record are not free yet.
 #[derive(Clone, Copy)]
 struct Retired {
-    record: Option<usize>,
-    chunk: Option<usize>,
+    /// Record and chunk indices (below [`MAX_PROBES`] and `slots::CHUNKS`, 128): a byte each
+    /// keeps the retiring list of [`replace_all`] small on the caller's stack.
+    record: Option<u8>,
+    chunk: Option<u8>,
     /// Its trampoline was cleared before the restore (the test-only `Fault::DetourTrampolineClearedFirst`).
     cleared: bool,
 }
@@ -325,34 +448,49 @@ struct Retired {
 /// record and chunk freed.
 fn finish(retired: Retired) {
     let mut registry = REGISTRY.lock();
+    let chunk = retired.chunk.map(usize::from);
     if !retired.cleared
-        && let Some(chunk) = retired.chunk
+        && let Some(chunk) = chunk
     {
         slots::clear(slots::chunk_address(chunk));
     }
     if let Some(record) = retired.record {
-        release(&mut registry, record, retired.chunk);
+        release(&mut registry, usize::from(record), chunk);
     }
 }
 
-/// Arms (BRK or B) or disarms (the original) the probed words, `(address, word)`, at kernel text
-/// addresses, in one hold of every other CPU (`task::cpus::with_others_held`): an arbitrary
-/// instruction <-> BRK or B is not a change ARM ARM B2.2.5 allows concurrently with execution,
-/// and a CPU that executed or fetched the old word meanwhile could keep running it after a later
-/// grace period (seen as a stale translated block under multi-threaded TCG: docs/design/smp.md).
-/// One hold for the batch: a hold is an SGI round trip through every CPU.
-fn write_probed_words(words: &[(u64, u32)]) {
+/// Disarms (the original) the probed words `restores`, `(address, word)`, then publishes the
+/// deferred probes of `arming` and arms (BRK or B) its words, at kernel text addresses, in one
+/// hold of every other CPU (`task::cpus::with_others_held`): an arbitrary instruction <-> BRK or
+/// B is not a change ARM ARM B2.2.5 allows concurrently with execution, and a CPU that executed
+/// or fetched the old word meanwhile could keep running it after a later grace period (seen as a
+/// stale translated block under multi-threaded TCG: docs/design/smp.md). One hold for all: a
+/// hold is an SGI round trip through every CPU.
+fn write_probed_words(restores: &[(u64, u32)], arming: Option<&Arming>) {
     let write_all = || {
-        for &(address, word) in words {
+        let restore = |&(address, word): &(u64, u32)| {
             // SAFETY: address is a probed kernel text word (4-aligned, checked at registration),
-            // and no other CPU runs meanwhile (but under the test-only `Fault::KprobePatchedUnheld`).
+            // and no other CPU runs meanwhile (but under the test-only
+            // `Fault::KprobePatchedUnheld` and `Fault::KprobeFreedWithoutGracePeriod`).
             unsafe { patch::write_instruction(address, word) }
+        };
+        restores.iter().for_each(restore);
+        if let Some(arming) = arming {
+            for &record in &arming.deferred[..arming.deferred_count] {
+                let probe = record_pointer(usize::from(record));
+                // SAFETY: the record was written by `prepare` under the lock its caller holds.
+                publish(unsafe { (*probe).address }, probe);
+            }
+            arming.words[..arming.count].iter().for_each(restore);
         }
     };
-    if words.is_empty() {
+    if restores.is_empty() && arming.is_none_or(|arming| arming.count == 0 && arming.deferred_count == 0) {
         return;
     }
-    if inject::on(Fault::KprobePatchedUnheld) {
+    let no_grace_period = !restores.is_empty() && inject::on(Fault::KprobeFreedWithoutGracePeriod);
+    if no_grace_period || inject::on(Fault::KprobePatchedUnheld) {
+        // Deliberately not holding the other CPUs (test-only faults): without a grace period
+        // nothing waits for a CPU inside the probe either.
         write_all();
     } else {
         crate::task::cpus::with_others_held(write_all);
@@ -414,12 +552,18 @@ pub fn slot_area_address() -> u64 {
 /// The slot area's size in bytes.
 pub const SLOT_AREA_SIZE: u64 = slots::AREA_SIZE;
 
+/// The size of one chunk of the slot area: one probe's XOL slot or detour trampoline.
+pub const SLOT_CHUNK_SIZE: u64 = slots::CHUNK_SIZE;
+
+/// Which chunks of the slot area a probe holds now (bit N: chunk N, at `slot_area_address() + N *
+/// SLOT_CHUNK_SIZE`); every other chunk is as the area started (`BRK #0x006`), which the probe
+/// sweep checks after each batch.
+pub fn slot_chunks_in_use() -> u128 {
+    REGISTRY.lock().chunks_used
+}
+
 /// The first patchable function entry outside the no-probe text, if the build has any (for the
 /// tests).
 pub fn first_patchable_entry() -> Option<u64> {
     refuse::patchable_entries().iter().copied().find(|&entry| !refuse::is_noprobe(entry))
 }
-
-/// How far below the interrupted SP a simulated access or SP move may reach: the gap exception
-/// entry leaves, minus the 16 bytes the return path stashes x0/x1 in.
-const SIMULATE_SP_REACH: i64 = STACK_GAP as i64 - 16;

@@ -1,7 +1,9 @@
 //! The probe slot area: out-of-line slots and detour trampolines, generated at registration.
 //!
-//! A 32 KiB area of kernel text (`.text.probe_slots`, inside the no-probe range of kernel.ld)
-//! filled with `BRK #0x006`, cut into 64 chunks of 512 bytes, one per probe that needs code.
+//! A 64 KiB area of kernel text (`.text.probe_slots`, inside the no-probe range of kernel.ld)
+//! filled with `BRK #0x006`, cut into 128 chunks of 512 bytes, one per probe that needs code:
+//! enough for two batches of the probe sweep (48 probes each) while one replaces the other
+//! (`kprobe::replace_all`: the retiring batch's chunks are freed only after its grace period).
 //! It is written through the text alias (`arch::patch`), never executed writable. The trampolines
 //! are built by `crates/probes` (`relocate.rs`, with its named encoders and host tests).
 
@@ -12,8 +14,8 @@ use crate::arch::exception::BRK_KPROBE_STEP;
 use crate::arch::patch;
 
 /// Bytes per chunk, and chunks in the area.
-const CHUNK_SIZE: u64 = 512;
-pub const CHUNKS: usize = 64;
+pub const CHUNK_SIZE: u64 = 512;
+pub const CHUNKS: usize = 128;
 const CHUNK_WORDS: usize = (CHUNK_SIZE / 4) as usize;
 /// Bytes in the slot area (every XOL slot and detour trampoline).
 pub const AREA_SIZE: u64 = CHUNK_SIZE * CHUNKS as u64;

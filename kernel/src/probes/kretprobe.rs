@@ -236,6 +236,24 @@ pub fn unregister(function: u64) -> Result<(), ProbeError> {
     Ok(())
 }
 
+/// Enters the kretprobe on `function` through a probe of `method` instead of its current one:
+/// the old entry probe is disarmed and the new one armed in one hold of the other CPUs
+/// (`kprobe::replace_all`), the handlers, counts and hijacked returns kept. If `method` is
+/// refused there, the kretprobe is unregistered and the refusal returned.
+pub fn change_method(function: u64, method: Method) -> Result<(), ProbeError> {
+    let _guard = REGISTER.lock();
+    let record = find(function).ok_or(ProbeError::NotRegistered)?;
+    let address = record.address.load(Ordering::Relaxed);
+    let mut result = [Ok(())];
+    super::kprobe::replace_all(&[address], &[(address, method)], on_entry, None, &mut result)?;
+    if let Err(error) = result[0] {
+        record.live.store(false, Ordering::Release);
+        record.function.store(0, Ordering::Relaxed);
+        return Err(error);
+    }
+    Ok(())
+}
+
 fn find(function: u64) -> Option<&'static Kretprobe> {
     RECORDS.iter().find(|record| function != 0 && record.function.load(Ordering::Relaxed) == function)
 }

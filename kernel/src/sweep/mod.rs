@@ -4,11 +4,14 @@
 //! For each function of the symbol table (`symbols::callsites` starts, `.ksyms` names; a
 //! function ends where the next starts) and each method, every word of the function is offered
 //! to `probes::register` at once (in batches of [`BATCH`]); the refused ones are counted by
-//! reason. Then the workload runs once, the probes are removed, and the sweep checks:
+//! reason. Then the workload runs once, the probes are removed (in the hold that arms the next
+//! batch, `kprobes::replace_all`), and the sweep checks:
 //! - the workload's results (checksum of its data, sum of its return values) equal the
 //!   unprobed run's;
-//! - the probed words are the original ones again and the slot area (XOL slots, detour
-//!   trampolines) is byte-identical to before (its hash); the whole text at the end;
+//! - the probed words are the original ones again (a word the next batch probes again, once
+//!   that batch is removed) and the slot area (XOL slots, detour trampolines) is
+//!   byte-identical to before (its hash per chunk; a chunk the next batch holds, once that
+//!   batch is removed); the whole text at the end;
 //! - per instruction, every method gives the same hit count. Which instructions ran is known
 //!   from the methods agreeing: they are four independent mechanisms (a hardware step, a BRK
 //!   from a slot, the simulator, a branch to a trampoline) and the workload is deterministic
@@ -59,8 +62,8 @@ use workload::{Checksum, Results};
 /// Probes armed at once: the registry has 64 records and slot chunks; the workload's own probe
 /// needs one.
 const BATCH: usize = 48;
-/// Bytes of the probe slot area (`probes/kprobe_slots.rs`: 64 chunks of 512 bytes).
-const SLOT_AREA_BYTES: u64 = 64 * 512;
+/// Chunks of the probe slot area (`probes/kprobe_slots.rs`), each hashed on its own.
+const SLOT_CHUNKS: usize = (kprobes::SLOT_AREA_SIZE / kprobes::SLOT_CHUNK_SIZE) as usize;
 /// Longest function the sweep walks (instructions); longer ones are cut (and say so).
 const MAX_FUNCTION_WORDS: u64 = 4096;
 /// Functions between `sweep progress:` lines.
@@ -287,9 +290,27 @@ fn hash_range(start: u64, end: u64) -> u64 {
     sum.value()
 }
 
-fn slot_hash() -> u64 {
-    let base = kprobes::slot_area_address();
-    hash_range(base, base + SLOT_AREA_BYTES)
+fn slot_chunk_start(chunk: usize) -> u64 {
+    kprobes::slot_area_address() + chunk as u64 * kprobes::SLOT_CHUNK_SIZE
+}
+
+fn slot_chunk_hash(chunk: usize) -> u64 {
+    hash_range(slot_chunk_start(chunk), slot_chunk_start(chunk) + kprobes::SLOT_CHUNK_SIZE)
+}
+
+/// Whether slot area chunk `chunk` holds only the filler a free chunk holds (`BRK #0x006`):
+/// a plain comparison, cheaper than the hash for the check after every batch.
+fn slot_chunk_is_filler(chunk: usize) -> bool {
+    let filler = u64::from(probes::encode_brk(crate::arch::exception::BRK_KPROBE_STEP).0);
+    let filler = filler | filler << 32;
+    let start = slot_chunk_start(chunk);
+    for at in (start..start + kprobes::SLOT_CHUNK_SIZE).step_by(8) {
+        // SAFETY: the slot area is kernel text, mapped readable, 8-aligned.
+        if unsafe { core::ptr::read_volatile(at as *const u64) } != filler {
+            return false;
+        }
+    }
+    true
 }
 
 fn word_at(address: u64) -> u32 {
@@ -329,7 +350,13 @@ fn method_index(method: Method) -> usize {
 
 struct Sweep {
     reference: Results,
-    slots: u64,
+    /// Each slot area chunk's hash before the sweep: after a batch is removed, every chunk no
+    /// probe holds must hash the same.
+    slot_chunks: [u64; SLOT_CHUNKS],
+    /// The chunks that held only filler before the sweep (compared as such, not hashed).
+    slot_filler: u128,
+    /// The batch still armed after its pass (see [`Armed`]).
+    armed: Option<Armed>,
     symbols: Symbols,
     tally: Tally,
     /// The other CPUs' workload loops (None on one CPU).
@@ -380,27 +407,69 @@ impl Count {
 /// Hit counts of a batch: None where the probe was refused.
 type BatchHits = [Option<Count>; BATCH];
 
-/// Arms `probes`, runs the workload, disarms, checks. Allocates nothing: the workload must find
+/// A batch left armed after its pass and its counts: the next batch disarms it in the hold that
+/// arms itself (`kprobes::replace_all`: one hold a batch, not two), or [`disarm`] does alone
+/// before anything else runs the workload. The checks that need it disarmed (its words
+/// restored, the slot area, the other CPUs' results up to its removal) run then.
+struct Armed {
+    probes: [(u64, Method); BATCH],
+    count: usize,
+    /// Which of `probes` were accepted.
+    accepted: [bool; BATCH],
+    /// Each probe's original word.
+    originals: [u32; BATCH],
+    /// The accepted probes' addresses, to unregister.
+    addresses: [u64; BATCH],
+    registered: usize,
+    label: &'static str,
+    /// `everywhere::mismatches()` before its pass.
+    mismatches_before: [u64; crate::task::stacks::CPUS],
+}
+
+impl Armed {
+    /// The original word at `address` if this batch accepted a probe there.
+    fn original_at(&self, address: u64) -> Option<u32> {
+        (0..self.count)
+            .find(|&index| self.accepted[index] && self.probes[index].0 == address)
+            .map(|index| self.originals[index])
+    }
+}
+
+/// Arms `probes` (disarming the batch still armed in the same hold), runs the workload, and
+/// leaves the batch armed for the next one to disarm (see [`Armed`]); its counts are final when
+/// it returns, the checks of its removal follow it. Allocates nothing: the workload must find
 /// the heap as every other pass left it (its free lists decide how long `alloc` loops).
-fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits {
+fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &'static str) -> BatchHits {
     everywhere::heartbeat();
     let mut clock = timing::Clock::start();
     let mut hits = [None; BATCH];
     let mut armed = [false; BATCH];
     let mut originals = [0u32; BATCH];
     for (index, &(address, _)) in probes.iter().enumerate() {
-        originals[index] = word_at(address);
+        // The word under a probe of the batch still armed is that probe's original.
+        originals[index] =
+            sweep.armed.as_ref().and_then(|previous| previous.original_at(address)).unwrap_or_else(|| word_at(address));
         ARMED[index].store(address, Ordering::Relaxed);
         HITS[index].store(0, Ordering::Relaxed);
         HITS_ELSEWHERE[index].store(0, Ordering::Relaxed);
     }
     ARMED_COUNT.store(probes.len(), Ordering::Relaxed);
-    // The whole batch is armed in one hold of the other CPUs (`register_all`), not one per
-    // probe: on 4 CPUs under TCG a hold is milliseconds, and 96 of them were most of a batch.
+    // The whole batch is armed in one hold of the other CPUs, not one per probe (on 4 CPUs under
+    // TCG a hold is milliseconds, and 96 of them were most of a batch), and the same hold
+    // disarms the batch before it (`replace_all`).
     let mut registered = [Ok(()); BATCH];
     clock.lap(timing::Phase::Checks);
-    kprobes::register_all(probes, count_hit, None, &mut registered);
+    let previous = sweep.armed.take();
+    let retire = previous.as_ref().map_or(&[][..], |previous| &previous.addresses[..previous.registered]);
+    let disarmed = kprobes::replace_all(retire, probes, count_hit, None, &mut registered);
     clock.lap(timing::Phase::Register);
+    if let Some(previous) = previous {
+        let holds = |address: u64| {
+            probes.iter().zip(&registered).any(|(&(probe, _), result)| probe == address && result.is_ok())
+        };
+        removed(sweep, &previous, disarmed, holds);
+        clock.lap(timing::Phase::Checks);
+    }
     for (index, (&(_, method), result)) in probes.iter().zip(registered).enumerate() {
         match result {
             Ok(()) => {
@@ -447,44 +516,22 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits 
     } else {
         Some(sweep.reference)
     };
-    // The whole batch is disarmed with one hold and one grace period (`unregister_all`), not one
-    // per probe: on 4 CPUs a 48-detour batch spent seconds in grace periods. Once it returns no
-    // CPU is inside a removed probe's slot or handler, and the next batch may reuse them.
-    let mut disarmed = [0u64; BATCH];
-    let mut count = 0;
+    // The probes' missed hits, and the addresses the next batch (or `disarm`) unregisters with
+    // one hold and one grace period (`replace_all`, `unregister_all`), not one per probe: on 4
+    // CPUs a 48-detour batch spent seconds in grace periods. Once that returns no CPU is inside
+    // a removed probe's slot or handler, and a later batch may reuse them.
+    let mut addresses = [0u64; BATCH];
+    let mut registered = 0;
     for &(address, method) in probes.iter().zip(&armed).filter(|&(_, &armed)| armed).map(|(probe, _)| probe) {
         match kprobes::counts(address) {
             Some((_, missed)) => {
                 sweep.tally.missed += missed;
-                disarmed[count] = address;
-                count += 1;
+                addresses[registered] = address;
+                registered += 1;
             }
             None => {
                 defmt::error!("sweep: unregister: {}", ProbeError::NotRegistered);
                 report(sweep, address, method, "unregister failed");
-            }
-        }
-    }
-    everywhere::heartbeat();
-    clock.lap(timing::Phase::Checks);
-    if let Err(error) = kprobes::unregister_all(&disarmed[..count]) {
-        defmt::error!("sweep: {=str}: unregister: {}", label, error);
-        report(sweep, disarmed[0], probes[0].1, "unregister failed");
-    }
-    clock.lap(timing::Phase::Unregister);
-    everywhere::heartbeat();
-    ARMED_COUNT.store(0, Ordering::Relaxed);
-    let mismatches_after = everywhere::mismatches();
-    for cpu in (0..mismatches_after.len()).filter(|&cpu| mismatches_after[cpu] != mismatches_before[cpu]) {
-        defmt::error!(
-            "sweep: {=str}: the workload's results differ on cpu {=usize} (a pass begun in batch epoch {=u64})",
-            label,
-            cpu,
-            everywhere::mismatch_epoch(cpu)
-        );
-        for (index, &(address, method)) in probes.iter().enumerate() {
-            if armed[index] {
-                report(sweep, address, method, "results differ on another CPU (one of these probes)");
             }
         }
     }
@@ -511,23 +558,82 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &str) -> BatchHits 
             }
         }
     }
-    for (index, &(address, method)) in probes.iter().enumerate() {
-        if word_at(address) != originals[index] {
-            report(sweep, address, method, "text not restored");
-        }
-        hits[index] = armed[index].then(|| Count {
+    for (index, hits) in hits.iter_mut().enumerate().take(probes.len()) {
+        *hits = armed[index].then(|| Count {
             cpu0: HITS[index].load(Ordering::Relaxed),
             elsewhere: HITS_ELSEWHERE[index].load(Ordering::Relaxed),
             waited,
         });
     }
-    if slot_hash() != sweep.slots {
-        defmt::error!("sweep: {=str}: the slot area differs after unregistering", label);
-        sweep.tally.failures += 1;
-    }
+    let mut batch_probes = [(0u64, Method::SingleStep); BATCH];
+    batch_probes[..probes.len()].copy_from_slice(probes);
+    sweep.armed = Some(Armed {
+        probes: batch_probes,
+        count: probes.len(),
+        accepted: armed,
+        originals,
+        addresses,
+        registered,
+        label,
+        mismatches_before,
+    });
     clock.lap(timing::Phase::Checks);
     everywhere::heartbeat();
     hits
+}
+
+/// Disarms the batch still armed, alone (one hold, and a grace period after detours), and
+/// checks its removal: before anything but the next batch runs the workload or probes, and at
+/// the end of a run.
+fn disarm(sweep: &mut Sweep) {
+    let Some(armed) = sweep.armed.take() else { return };
+    everywhere::heartbeat();
+    let mut clock = timing::Clock::start();
+    let disarmed = kprobes::unregister_all(&armed.addresses[..armed.registered]);
+    clock.lap(timing::Phase::Unregister);
+    ARMED_COUNT.store(0, Ordering::Relaxed);
+    removed(sweep, &armed, disarmed, |_| false);
+    clock.lap(timing::Phase::Checks);
+    everywhere::heartbeat();
+}
+
+/// The checks of a batch once it is disarmed (`disarmed`: the unregistering's outcome):
+/// results on the other CPUs until then, its words restored, the slot area's free chunks as
+/// before. `held(address)`: the next batch armed a probe there (its word is checked when that
+/// batch is removed: its original is this batch's).
+fn removed(sweep: &mut Sweep, armed: &Armed, disarmed: Result<(), ProbeError>, held: impl Fn(u64) -> bool) {
+    let probes = &armed.probes[..armed.count];
+    let label = armed.label;
+    if let Err(error) = disarmed {
+        defmt::error!("sweep: {=str}: unregister: {}", label, error);
+        report(sweep, armed.addresses[0], probes[0].1, "unregister failed");
+    }
+    let mismatches_after = everywhere::mismatches();
+    for cpu in (0..mismatches_after.len()).filter(|&cpu| mismatches_after[cpu] != armed.mismatches_before[cpu]) {
+        defmt::error!(
+            "sweep: {=str}: the workload's results differ on cpu {=usize} (a pass begun in batch epoch {=u64})",
+            label,
+            cpu,
+            everywhere::mismatch_epoch(cpu)
+        );
+        for (index, &(address, method)) in probes.iter().enumerate() {
+            if armed.accepted[index] {
+                report(sweep, address, method, "results differ on another CPU (one of these probes)");
+            }
+        }
+    }
+    for (index, &(address, method)) in probes.iter().enumerate() {
+        if !held(address) && word_at(address) != armed.originals[index] {
+            report(sweep, address, method, "text not restored");
+        }
+    }
+    // Every chunk no probe holds now (the next batch's are checked when it is removed) must be
+    // as it was before the sweep: a slot or trampoline of this batch left behind, or written
+    // outside its chunk, shows here.
+    if !slot_chunks_as_before(sweep) {
+        defmt::error!("sweep: {=str}: the slot area differs after unregistering", label);
+        sweep.tally.failures += 1;
+    }
 }
 
 /// Every word of `function` with `method`, in batches, into `hits` (None: refused).
@@ -554,11 +660,14 @@ fn sweep_function(sweep: &mut Sweep, function: Function, method: Method, hits: &
 
 /// Functions whose hit counts depend on what is probed, not only on the workload: the probe
 /// registry (its table walk, the slot chunks it clears and the workload's own probe's chunk
-/// depend on which probes the batch holds) and the task exit's shadow-stack high-water scan
-/// (the handlers run on the probed task's shadow stack, so a probe makes it deeper). Their
-/// results, text and slots are checked; their counts are not compared.
+/// depend on which probes the batch holds; so do methods such as
+/// `<kernel::probes::kprobe::Retiring>::unpublish_all`, whose search for the workload's probe's
+/// record walks past the batch's records, out of line in `full`) and the task exit's shadow-stack high-water scan (the handlers run on the probed
+/// task's shadow stack, so a probe makes it deeper). Their results, text and slots are checked;
+/// their counts are not compared.
 fn count_exempt(name: &str) -> bool {
     name.starts_with("kernel::probes::")
+        || name.starts_with("<kernel::probes::")
         || name == "task_exit_current"
         || (SEVERAL_CPUS.load(Ordering::Relaxed)
             && (contended(name) || (TRACING_EVERYWHERE.load(Ordering::Relaxed) && per_traced_call(name))))
@@ -672,13 +781,26 @@ fn compare_methods(sweep: &mut Sweep, function: Function, per_method: &[Vec<Opti
 /// A kretprobe on `function` with each method: its returns must agree across methods.
 fn sweep_kretprobe(sweep: &mut Sweep, function: Function) {
     let mut seen: Option<(Method, u64)> = None;
+    // The kretprobe stays registered from one method to the next: its entry probe is swapped in
+    // one hold (`kretprobe::change_method`), not unregistered and registered again (two holds and
+    // a grace period a method).
+    let mut registered = false;
+    let address = kretprobe::attach_address(function.start);
     for method in Method::ALL {
         everywhere::heartbeat();
-        let before = slot_hash();
         let mut clock = timing::Clock::start();
-        let registered = kretprobe::register(function.start, method, None, count_return, 16);
+        let armed = if registered {
+            kretprobe::change_method(function.start, method)
+        } else {
+            kretprobe::register(function.start, method, None, count_return, 16)
+        };
+        registered = armed.is_ok();
         clock.lap(timing::Phase::KretprobeRegister);
-        if registered.is_err() {
+        if !slot_chunks_as_before(sweep) {
+            report(sweep, address, method, "kretprobe: slot area differs");
+        }
+        clock.lap(timing::Phase::Checks);
+        if !registered {
             continue;
         }
         sweep.tally.kretprobes[method_index(method)] += 1;
@@ -692,18 +814,9 @@ fn sweep_kretprobe(sweep: &mut Sweep, function: Function) {
         if crate::stacktrace::DEPOT.stats().records != traces {
             report(sweep, function.start, method, "kretprobe: new stack traces");
         }
-        let _ = kretprobe::unregister(function.start);
-        if sweep.background.is_some() {
-            crate::task::cpus::synchronize();
-        }
-        clock.lap(timing::Phase::KretprobeUnregister);
         let returns = RETURNS.load(Ordering::Relaxed);
-        let address = kretprobe::attach_address(function.start);
         if results != Some(sweep.reference) {
             report(sweep, address, method, "kretprobe: results differ");
-        }
-        if slot_hash() != before {
-            report(sweep, address, method, "kretprobe: slot area differs");
         }
         match seen {
             None => seen = Some((method, returns)),
@@ -712,7 +825,31 @@ fn sweep_kretprobe(sweep: &mut Sweep, function: Function) {
             }
             Some(_) => {}
         }
+        clock.lap(timing::Phase::Checks);
     }
+    if registered {
+        let mut clock = timing::Clock::start();
+        let _ = kretprobe::unregister(function.start);
+        if sweep.background.is_some() {
+            crate::task::cpus::synchronize();
+        }
+        clock.lap(timing::Phase::KretprobeUnregister);
+        if !slot_chunks_as_before(sweep) {
+            report(sweep, address, Method::Detour, "kretprobe: slot area differs");
+        }
+    }
+}
+
+/// Whether every chunk of the slot area that no probe holds is as it was before the sweep.
+fn slot_chunks_as_before(sweep: &Sweep) -> bool {
+    let in_use = kprobes::slot_chunks_in_use();
+    (0..SLOT_CHUNKS).filter(|&chunk| in_use & (1 << chunk) == 0).all(|chunk| {
+        if sweep.slot_filler & (1 << chunk) != 0 {
+            slot_chunk_is_filler(chunk)
+        } else {
+            slot_chunk_hash(chunk) == sweep.slot_chunks[chunk]
+        }
+    })
 }
 
 /// The reference pass again, now that everything the sweep keeps is allocated: the heap is in
@@ -938,7 +1075,11 @@ pub fn run(args: &Args) -> bool {
     let text_before = hash_range(text_start, text_end);
     let mut sweep = Sweep {
         reference,
-        slots: slot_hash(),
+        slot_chunks: core::array::from_fn(slot_chunk_hash),
+        slot_filler: (0..SLOT_CHUNKS)
+            .filter(|&chunk| slot_chunk_is_filler(chunk))
+            .fold(0, |bits, chunk| bits | 1 << chunk),
+        armed: None,
         symbols,
         tally: Tally {
             armed: [0; 4],
@@ -982,6 +1123,7 @@ pub fn run(args: &Args) -> bool {
         defmt::info!("sweep probe address: {=u64:#x}", probes[0].0);
         defmt::info!("sweep batch: {=str}+{=u64:#x}:{=str} words {=usize}", name, offset, method.name(), words);
         let hits = batch(&mut sweep, &probes[..words], name);
+        disarm(&mut sweep);
         if words == 1 {
             defmt::info!("sweep: probe hit {=u64} times", hits[0].map_or(0, |count| count.cpu0));
         }
@@ -1011,6 +1153,7 @@ pub fn run(args: &Args) -> bool {
         }
         defmt::info!("sweep batch: random set {=usize} members {=usize}..{=usize}", set, first, end);
         let hits = batch(&mut sweep, &members[first..end], "random set");
+        disarm(&mut sweep);
         for (index, hits) in (first..end).zip(hits) {
             defmt::info!("sweep member hits: {=usize} {=u64}", index, hits.map_or(0, |hits| hits.cpu0));
         }
@@ -1062,6 +1205,7 @@ pub fn run(args: &Args) -> bool {
                     singles[single] = accepted().nth(rng.below(accepted_count));
                 }
             }
+            disarm(&mut sweep);
             sweep_kretprobe(&mut sweep, function);
             swept += 1;
             instructions += (function.end - function.start) / 4;
@@ -1108,6 +1252,7 @@ pub fn run(args: &Args) -> bool {
                 report(&mut sweep, address, method, "hit count differs when probed alone");
             }
         }
+        disarm(&mut sweep);
     }
     if let Some(tracer) = tracer
         && crate::ftrace::unregister(tracer).is_err()

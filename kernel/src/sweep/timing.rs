@@ -7,21 +7,24 @@ use core::sync::atomic::{AtomicU64, Ordering};
 /// A phase of CPU 0's work.
 #[derive(Clone, Copy)]
 pub enum Phase {
-    /// Arming a batch: `register_all`, one hold of the other CPUs.
+    /// Arming a batch: `replace_all`, one hold of the other CPUs that also disarms the batch
+    /// before (and a grace period after its detours).
     Register,
     /// CPU 0's own counted pass of the workload.
     Pass,
     /// Waiting for every other CPU to complete a pass begun while the batch was armed.
     Waiting,
-    /// Disarming a batch: `unregister_all`, one hold and (with a detour) one grace period.
+    /// Disarming a batch alone (before a kretprobe pass, at the end): `unregister_all`, one
+    /// hold and (with a detour) one grace period.
     Unregister,
     /// The batch's checks: words, slot area, results, new stacks.
     Checks,
-    /// The kretprobe pass: registering one kretprobe.
+    /// The kretprobe pass: registering one kretprobe, or changing its entry probe's method (one
+    /// hold).
     KretprobeRegister,
     /// The kretprobe pass: CPU 0's pass of the workload under it.
     KretprobePass,
-    /// The kretprobe pass: unregistering it and the grace period after.
+    /// The kretprobe pass: unregistering it after the last method and the grace period after.
     KretprobeUnregister,
     /// Finding the random sets' members (before the other CPUs loop).
     FindSets,

@@ -519,8 +519,10 @@ const HIT: Behaviour = Behaviour { hits: 1, trampoline: None };
 fn chunk_words_in_use() -> usize {
     let filler = probes::encode_brk(crate::arch::exception::BRK_KPROBE_STEP).0;
     let area = kprobes::slot_area_address();
-    // SAFETY: the slot area is mapped kernel text (64 chunks of 512 bytes).
-    (0..64 * 128).filter(|&word| unsafe { core::ptr::read_volatile((area + 4 * word) as *const u32) } != filler).count()
+    // SAFETY: the slot area is mapped kernel text.
+    (0..kprobes::SLOT_AREA_SIZE / 4)
+        .filter(|&word| unsafe { core::ptr::read_volatile((area + 4 * word) as *const u32) } != filler)
+        .count()
 }
 
 /// The stores registering a probe makes, by the design: the slot's two words (instruction,

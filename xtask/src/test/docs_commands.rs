@@ -422,6 +422,10 @@ pub const ACCOUNTS: &[(&str, Account)] = &[
         },
     ),
     (
+        "cargo xtask stress probes --smp 4 --variant prod --seed 4 --functions 40 --only kernel::mm --icount",
+        Verbatim { status: 0 },
+    ),
+    (
         "cargo xtask stress probes --shard K/N",
         Excluded {
             reason: "a part of the whole sweep",

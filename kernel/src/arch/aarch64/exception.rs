@@ -44,8 +44,10 @@ pub const TEST_BRK_LAST: u16 = 0x11f;
 pub const BRK_UNOWNED: u16 = 0x1ff;
 
 /// Bytes below the interrupted SP that exception entry leaves untouched (see vectors.S): a probe
-/// may emulate stores there, and the return path stashes x0/x1 there.
-pub const STACK_GAP: usize = 256;
+/// may emulate stores there, and the return path stashes x0/x1 there. The value is
+/// `crates/probes`' (`KERNEL_STACK_GAP`, whose simulation reach for kernel text follows from it),
+/// named `::probes`: the crate below the kernel, not the probe subsystem above this layer.
+pub const STACK_GAP: usize = ::probes::KERNEL_STACK_GAP;
 
 /// `boundary[2]` of an exception frame (0 marks the final frame of a task).
 pub const BOUNDARY_KIND_EXCEPTION: u64 = 1;

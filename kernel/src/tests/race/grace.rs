@@ -203,8 +203,8 @@ static HOLD_OPS: Ops = Ops { func: hold_tracer, private: 0 };
 /// The site being stepped (`Target::site`) and its stepped length.
 static STEP_SITE: AtomicU64 = AtomicU64::new(0);
 static STEP_SITE_BYTES: AtomicU64 = AtomicU64::new(0);
-/// The slot area (64 chunks of 512 bytes).
-const SLOT_AREA_BYTES: u64 = 64 * 512;
+/// The slot area's bytes.
+const SLOT_AREA_BYTES: u64 = kprobes::SLOT_AREA_SIZE;
 const NO_POINT: usize = usize::MAX;
 /// Without `-icount` (QEMU's raspi4b, a board) a host that stops running a vCPU for 100 ms makes
 /// the held executor look stuck to the grace period, which then panics (measured on raspi4b with
