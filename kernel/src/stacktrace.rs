@@ -651,7 +651,7 @@ pub fn collect_sframe(options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) ->
     let stacks = RunningStacks::new(slot_of(sp));
     let rows = CachedRows { table: &table, window: table.address() >> 32 };
     let walker = SFrameWalker::over(&KernelMemory, &stacks, &rows, LAYOUT)
-        .with_repair(&WalkRepair)
+        .with_repair(&GraphWalkRepair)
         .with_exception_frames(EXCEPTION_FRAME);
     walker.walk(SFrameStart::CallSite { pc, sp, fp }, options, buffer)
 }

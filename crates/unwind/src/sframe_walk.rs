@@ -13,7 +13,7 @@
 //! 3. the return address, from its slot (8-aligned, inside `[sp, cfa)`) or, for the interrupted
 //!    frame only, from x30; bit 55 set (zero and lower-half words are refused, as the other
 //!    walkers do), PAC stripped by the [`AddressLayout`], repaired if it is a return probe's
-//!    trampoline;
+//!    or the function-graph tracer's trampoline;
 //! 4. the caller's FP from its slot (same checks), or x29 unchanged.
 //!
 //! The caller's frame is then (return address, CFA, FP). The CFA strictly increases inside one
@@ -155,10 +155,12 @@ where
     pub fn walk(&self, start: SFrameStart, options: TraceOptions, buffer: &mut [MaybeUninit<u64>]) -> Walked {
         let mut sink = Sink::new(options, buffer);
         let upper = self.layout.upper_bits();
-        // 0 never equals a stripped address (its upper bits are set): no repair, no match.
-        let trampoline = match self.repair {
-            Some(repair) => repair.trampoline(),
-            None => 0,
+        // 0 never equals a stripped address (its upper bits are set): no repair, no match. While
+        // graph returns may exist (`graph` not 0) every frame takes the full step, which
+        // compares both trampolines; the fast step compares one.
+        let (trampoline, graph) = match self.repair {
+            Some(repair) => repair.trampolines(),
+            None => (0, 0),
         };
         let mut frame = match start {
             SFrameStart::Interrupted(registers) => {
@@ -185,7 +187,7 @@ where
             // Return-address frames go through the fast step first; the frame it refuses (a row
             // it does not cover, a check that fails, the trampoline, a full phase) is taken
             // again by the full step below, which says why it stops or moves on.
-            if !frame.exact {
+            if !frame.exact && graph == 0 {
                 let start = FastFrame { pc: frame.pc, sp: frame.sp, fp: frame.fp };
                 let (fast, cursor) = fast_frames(
                     self.memory,
@@ -264,7 +266,7 @@ where
                 return sink.finish(StopReason::Corrupt { address: cfa, corruption });
             }
             let mut address = raw | upper;
-            if address == trampoline {
+            if address == trampoline || address == graph {
                 address = self.repaired(cfa, address);
             }
             let fp = match row.fp_offset {
@@ -294,19 +296,16 @@ where
         }
     }
 
-    /// The real return address of the frame whose CFA is `cfa`: the return instance whose
-    /// entry SP is that CFA (the probed function's SP at entry), asked as the frame walker asks
-    /// for a record inside the probed function's frame.
+    /// The real return address of the frame whose CFA is `cfa` (a kretprobe's or the graph
+    /// tracer's trampoline, or a chain of both): the return instance whose entry SP is that CFA
+    /// (the hijacked function's SP at entry), asked as the frame walker asks for a record
+    /// inside that function's frame.
     #[cfg_attr(feature = "kernel", sanitize(kernel_hwaddress = "off"))]
     #[inline(never)]
     #[cold]
     fn repaired(&self, cfa: u64, address: u64) -> u64 {
-        let real = match self.repair {
-            Some(repair) => repair.frame_return(cfa - FRAME_RECORD_SIZE),
-            None => None,
-        };
-        match real {
-            Some(real) => real,
+        match self.repair {
+            Some(repair) => repair.repaired_frame(address, cfa - FRAME_RECORD_SIZE),
             None => address,
         }
     }

@@ -19,6 +19,7 @@ pub const TESTS: &[Test] = &[
     Test { name: "fgraph_overflow_is_counted_and_returns_stay_right", run: overflow_is_counted },
     Test { name: "fgraph_fp_trace_shows_real_callers", run: fp_trace_shows_real_callers },
     Test { name: "fgraph_scs_trace_shows_real_callers", run: scs_trace_shows_real_callers },
+    Test { name: "fgraph_sframe_trace_shows_real_callers", run: sframe_trace_shows_real_callers },
     Test { name: "fgraph_and_kretprobe_on_one_function", run: with_kretprobe },
 ];
 
@@ -120,7 +121,11 @@ static BODY_TRACE: IrqSpinLock<Trace> = IrqSpinLock::new(Trace::new());
 static TRACE_MODE: AtomicUsize = AtomicUsize::new(0);
 
 fn trace_mode() -> Mode {
-    if TRACE_MODE.load(Ordering::Relaxed) == 1 { Mode::ShadowCallStack } else { Mode::FramePointer }
+    match TRACE_MODE.load(Ordering::Relaxed) {
+        1 => Mode::ShadowCallStack,
+        2 => Mode::SFrame,
+        _ => Mode::FramePointer,
+    }
 }
 
 #[inline(never)]
@@ -145,7 +150,20 @@ fn fp_trace_shows_real_callers(_: &Context) -> Outcome {
     if !FRAME_RECORDS {
         return Ok(Verdict::Skipped("variant plain keeps no frame records"));
     }
+    if !crate::build_info::FRAME_POINTERS {
+        return Ok(Verdict::Skipped("variant nofp has no frame pointers: frame-record walks are refused"));
+    }
     traces_show_real_callers(Mode::FramePointer, false)
+}
+
+fn sframe_trace_shows_real_callers(_: &Context) -> Outcome {
+    if let Some(skip) = untraceable_build() {
+        return skip;
+    }
+    if stacktrace::sframe_table().is_err() {
+        return Ok(Verdict::Skipped("no SFrame table in this image"));
+    }
+    traces_show_real_callers(Mode::SFrame, false)
 }
 
 fn scs_trace_shows_real_callers(_: &Context) -> Outcome {
@@ -161,7 +179,12 @@ fn scs_trace_shows_real_callers(_: &Context) -> Outcome {
 /// Traces from inside `graph_body`, untraced, then graph-traced (and, with `probed`, with a
 /// kretprobe on it too): the same callers, no trampoline among them.
 fn traces_show_real_callers(mode: Mode, probed: bool) -> Outcome {
-    TRACE_MODE.store(if mode == Mode::ShadowCallStack { 1 } else { 0 }, Ordering::Relaxed);
+    let index = match mode {
+        Mode::ShadowCallStack => 1,
+        Mode::SFrame => 2,
+        _ => 0,
+    };
+    TRACE_MODE.store(index, Ordering::Relaxed);
     check_eq!(call_graph_body(), 2);
     let untraced = BODY_TRACE.lock().clone();
     check!(untraced.stop_reason().is_complete() && untraced.len() >= 3);
@@ -259,11 +282,14 @@ fn with_kretprobe(_: &Context) -> Outcome {
     check!(entry.time <= PROBE_ENTRY_TIME.load(Ordering::Relaxed));
     check!(PROBE_RETURN_TIME.load(Ordering::Relaxed) <= exit.time);
     // Traces inside the function resolve the probe's trampoline, then the graph's.
-    if FRAME_RECORDS {
+    if FRAME_RECORDS && crate::build_info::FRAME_POINTERS {
         traces_show_real_callers(Mode::FramePointer, true)?;
     }
     if crate::build_info::SHADOW_CALL_STACK {
         traces_show_real_callers(Mode::ShadowCallStack, true)?;
+    }
+    if stacktrace::sframe_table().is_ok() {
+        traces_show_real_callers(Mode::SFrame, true)?;
     }
     Ok(Verdict::Passed)
 }
