@@ -77,6 +77,10 @@ faults! {
     /// The SFrame walk sees its table cut after the header (`stacktrace::sframe_table`): a
     /// corrupt table, which every walk must refuse.
     SFrameTableTruncated = "sframe-table-truncated",
+    /// The sanitizer heap writes each object's header in band, two granules below the object,
+    /// and its free trusts that header (the layout before the block table): a recovered store
+    /// that reaches it makes a valid free refused.
+    HeapHeaderInBand = "heap-header-in-band",
 }
 
 const COUNT: usize = Fault::ALL.len();
