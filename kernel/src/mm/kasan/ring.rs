@@ -70,11 +70,13 @@ impl Ring {
 
     /// What the ring knows about the object a faulting pointer meant, preferring the object
     /// the address belongs to now: a live object (`is_live`) with the pointer's tag whose block
-    /// holds the address; else the nearest live object with that tag within [`ADJACENT`] bytes
-    /// of the address (an overflow out of its block: the ring's older entries with the same tag
-    /// often held blocks around a live object, since the heap hands the same blocks out again
-    /// and again, and a live pointer that overflows is the bug its report must name); else the
-    /// newest entry with that tag whose block holds it (a freed object); else the nearest
+    /// holds the address; else a freed object with that tag whose bytes hold the address and
+    /// which nothing has replaced at its address since (a stale pointer); else the nearest live
+    /// object with that tag within [`ADJACENT`] bytes of the address (an overflow out of its
+    /// block: the ring's older entries with the same tag often held blocks around a live
+    /// object, since the heap hands the same blocks out again and again, and a live pointer
+    /// that overflows is the bug its report must name); else the newest entry with that tag
+    /// whose block holds it (a freed object, perhaps since reused); else the nearest
     /// same-tag object within a page, live ones first. Plus the allocation entry before it when
     /// that entry is a free.
     #[sanitize(kernel_hwaddress = "off")]
@@ -99,8 +101,22 @@ impl Ring {
                 .filter(|entry| !entry.freed && distance(entry) <= ADJACENT && is_live(entry))
                 .min_by_key(|entry| distance(entry))
         };
+        // A freed object that nothing has replaced at its address since (the newest entry about
+        // it), whose bytes hold the address: a stale pointer's use-after-free.
+        let freed_in_object = || {
+            same_tag().find(|entry| {
+                let start = super::storage::untagged(entry.pointer);
+                entry.freed
+                    && (start..start + entry.size as u64).contains(&untagged)
+                    && self
+                        .newest_first()
+                        .find(|newer| super::storage::untagged(newer.pointer) == start)
+                        .is_some_and(|newest| core::ptr::eq(newest, *entry))
+            })
+        };
         let found = *same_tag()
             .find(|entry| !entry.freed && entry.block_contains(untagged) && is_live(entry))
+            .or_else(freed_in_object)
             .or_else(adjacent_live)
             .or_else(|| same_tag().find(|entry| entry.block_contains(untagged)))
             .or_else(nearest)?;
