@@ -2,19 +2,18 @@
 //!
 //! # Layout of a block
 //!
-//! The block table (blocks.rs) hands out power-of-two blocks. The tag layer puts one header granule
-//! two granules below the object (at the block's start unless the alignment exceeds 32), a guard
-//! granule right before the object, the object (its size rounded up to 16) and at least one
-//! guard granule after it:
+//! The block table (blocks.rs) hands out power-of-two blocks. The tag layer puts two guard
+//! granules before the object (at the block's start unless the alignment exceeds 32), the object
+//! (its size rounded up to 16) and at least one guard granule after it:
 //!
 //! ```text
-//! block:  [ header | guard | object, 16-byte granules ... | guard | slack up to the power of two ]
-//! tags:     0xFE     0xFE    T T T T ...                    0xFE    0xFE
+//! block:  [ guard | guard | object, 16-byte granules ... | guard | slack up to the power of two ]
+//! tags:     0xFE    0xFE    T T T T ...                    0xFE    0xFE
 //! ```
 //!
 //! The object's tag T comes from the tag storage's generator (storage.rs, shadow.rs) and is
-//! written to the shadow of each of its granules and to the pointer's top byte. Header, guards
-//! and slack keep the "invalid" tag 0xFE, so an access just left or right of an object always
+//! written to the shadow of each of its granules and to the pointer's top byte. Guards and
+//! slack keep the "invalid" tag 0xFE, so an access just left or right of an object always
 //! mismatches (a redzone that Linux's SW_TAGS does not have: there, neighbours differ only by
 //! tag, 1/238 collisions). Free re-tags the object 0xFE. The block table never touches the heap's
 //! memory.
