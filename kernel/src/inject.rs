@@ -80,6 +80,10 @@ faults! {
     /// The boot replay (`bench::kasan_replay`) plants two bugs at random points of its stream:
     /// a write one byte past an object just allocated, and a read of an object just freed.
     ReplayPlantsBugs = "replay-plants-bugs",
+    /// The sanitizer heap writes each object's header in band, two granules below the object,
+    /// and its free trusts that header (the layout before the block table): a recovered store
+    /// that reaches it makes a valid free refused.
+    HeapHeaderInBand = "heap-header-in-band",
 }
 
 const COUNT: usize = Fault::ALL.len();

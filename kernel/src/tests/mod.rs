@@ -13,6 +13,7 @@ mod fgraph;
 mod foundation;
 mod ftrace;
 mod kasan;
+mod kasan_fuzz;
 mod kretprobe;
 mod mte;
 mod probes;
@@ -55,6 +56,9 @@ pub struct Context {
     pub expect_pauth: Option<&'static str>,
     /// Whether QEMU runs with `-icount` (`icount=1`): timer IRQs land at exact instructions.
     pub icount: bool,
+    /// Whether the filter selected one test alone (long runs, such as the whole sanitizer
+    /// fuzz, run only then).
+    pub alone: bool,
 }
 
 /// Why a test that needs frame records is skipped in a build without frame pointers.
@@ -106,6 +110,7 @@ const TESTS: &[&[Test]] = &[
     fgraph::TESTS,
     sweep::TESTS,
     kasan::TESTS,
+    kasan_fuzz::TESTS,
     mte::TESTS,
     user::TESTS,
     smp::TESTS,
@@ -251,9 +256,9 @@ pub fn list(filter: &str) {
 
 pub fn run(filter: &str, expect_pauth: Option<&'static str>, icount: bool) -> Summary {
     crate::trap::install_test_hook(on_trap);
-    let context = Context { expect_pauth, icount };
     let mut summary = Summary { passed: 0, failed: 0, skipped: 0 };
     let selected = || TESTS.iter().flat_map(|tests| tests.iter()).filter(|test| test.name.contains(filter));
+    let context = Context { expect_pauth, icount, alone: selected().count() == 1 };
     defmt::info!("KTAP version 1");
     defmt::info!("1..{=usize}", selected().count());
     for (index, test) in selected().enumerate() {

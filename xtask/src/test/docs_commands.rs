@@ -627,6 +627,14 @@ pub const ACCOUNTS: &[(&str, Account)] = &[
             covered_by: "the corpus in this run's configurations, and the `--ktap DIR ...` run of this check",
         },
     ),
+    (
+        "cargo xtask test --no-host --filter kasan_fuzz_whole --timeout 1500",
+        Excluded {
+            reason: "the whole sanitizer soundness fuzz runs for minutes (a long run outside the test suite)",
+            covered_by: "`kasan_fuzz_sample` and `kasan_fuzz_notices_in_band_header` in this run's configurations (the same \
+                         code on fewer sizes and distances)",
+        },
+    ),
     // Linux beside the lab: long runs outside the test suite.
     (
         "cargo xtask peer linux",

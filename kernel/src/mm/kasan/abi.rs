@@ -187,14 +187,45 @@ extern "C" fn sanitizer_tag_mismatch(address: u64, info: u64, return_address: u6
     if Tags::short_granule_accepts(untag(address) & !(Tags::GRANULE - 1), memory_tag, pointer_tag, end) {
         return;
     }
+    let write = info & 0x10 != 0;
     record(Mismatch {
         address,
         size,
-        write: info & 0x10 != 0,
+        write,
         pointer_tag,
         memory_tag,
         return_address: crate::arch::cpu::strip_pac(return_address),
     });
+    if Tags::SHORT_GRANULES && write {
+        retag_short_granules(untag(address), end);
+    }
+}
+
+/// Before a reported store the compiler checked is carried out (recover mode): every short
+/// granule whose tag byte the store `[start, end)` overwrites gets its object's tag as its
+/// memory tag, read from that byte while it is intact. The granule stops being short (an
+/// access past the object's end inside it is no longer caught) but its object's valid
+/// accesses, the runtime's intrinsics over it and its free keep passing; left short, the
+/// clobbered byte would make every one of them a report. The runtime's own intrinsics never
+/// carry out a reported store, so they need no repair.
+#[cold]
+#[inline(never)]
+#[sanitize(kernel_hwaddress = "off")]
+#[unsafe(link_section = ".text.sanitizer")]
+fn retag_short_granules(start: u64, end: u64) {
+    let mut granule = start & !(Tags::GRANULE - 1);
+    while granule < end {
+        let tag_byte = granule + Tags::GRANULE - 1;
+        let memory_tag = Tags::memory_tag(granule);
+        let short = memory_tag != 0 && (memory_tag as u64) < Tags::GRANULE;
+        if short && (start..end).contains(&tag_byte) {
+            let object_tag = Tags::object_tag(granule);
+            if Tags::is_object_tag(object_tag) {
+                Tags::set_range_tag(granule, Tags::GRANULE, object_tag);
+            }
+        }
+        granule += Tags::GRANULE;
+    }
 }
 
 /// Hands a mismatch and what the heap knows about its address to the record step (record.rs),

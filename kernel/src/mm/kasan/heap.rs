@@ -2,47 +2,50 @@
 //!
 //! # Layout of a block
 //!
-//! `buddy_system_allocator` hands out power-of-two blocks. The tag layer puts one header granule
-//! two granules below the object (at the block's start unless the alignment exceeds 32), a guard
-//! granule right before the object, the object (its size rounded up to 16) and at least one
-//! guard granule after it:
+//! The block table (blocks.rs) hands out power-of-two blocks. The tag layer puts two guard
+//! granules before the object (at the block's start unless the alignment exceeds 32), the object
+//! (its size rounded up to 16) and at least one guard granule after it:
 //!
 //! ```text
-//! block:  [ header | guard | object, 16-byte granules ... | guard | slack up to the power of two ]
-//! tags:     0xFE     0xFE    T T T T ...                    0xFE    0xFE
+//! block:  [ guard | guard | object, 16-byte granules ... | guard | slack up to the power of two ]
+//! tags:     0xFE    0xFE    T T T T ...                    0xFE    0xFE
 //! ```
 //!
 //! The object's tag T comes from the tag storage's generator (storage.rs, shadow.rs) and is
-//! written to the shadow of each of its granules and to the pointer's top byte. Header, guards
-//! and slack keep the "invalid" tag 0xFE, so an access just left or right of an object always
+//! written to the shadow of each of its granules and to the pointer's top byte. Guards and
+//! slack keep the "invalid" tag 0xFE, so an access just left or right of an object always
 //! mismatches (a redzone that Linux's SW_TAGS does not have: there, neighbours differ only by
-//! tag, 1/238 collisions). Free re-tags the object 0xFE. The backing allocator only ever sees
-//! untagged (0xFF, match-all) pointers, so its own instrumented accesses to free blocks pass.
+//! tag, 1/238 collisions). Free re-tags the object 0xFE. The block table never touches the heap's
+//! memory.
 //!
-//! # Metadata that a recovered overflow cannot reach
+//! # Metadata out of reach
 //!
-//! In recover mode a reported store the compiler inserted is carried out. The guards make sure
-//! that no such store within one granule of an object lands in metadata: left of the object it
-//! hits the guard, right of it the trailing guard; the header (and, once the block is free, the
-//! buddy allocator's free-list link, the block's first word) is two granules away from its own
-//! object and one guard granule away from the previous block's. Nothing reads the guards. The
-//! cost is memory: a block holds `32 + round_up(size, 16) + 16` bytes rounded up to a power of
-//! two (a 112-byte object takes a 256-byte block instead of 128); no instruction on the alloc
-//! and free paths. The runtime's own intrinsics (abi.rs) never carry out a reported access.
-//! `check_free` still checks the header (magic, state, tag, geometry inside the heap, and that
-//! the shadow agrees), so a wild write further away is refused, not trusted.
+//! In recover mode a reported store the compiler inserted is carried out, whatever its distance
+//! from its object. So nothing the allocator relies on lies in the heap: the header (requested
+//! size, block order, offset, tag, live/freed state) and the free lists are in the block table
+//! (blocks.rs), a side table indexed by 64-byte block, found with one shift and one load. A
+//! recovered store two granules out, a stale pointer writing into a freed block or into blocks
+//! since split from it, an overlong intrinsic under MTE resumed with checks suspended: each can
+//! change data in the heap, never which blocks are free or how large an object is, so every
+//! valid free still works and the next allocation still finds a sound free list. The guards
+//! stay (the left one is two granules: where the in-band header was): they keep an access just
+//! left or right of an object on an invalid tag. The runtime's own intrinsics (abi.rs) never
+//! carry out a reported access. `check_free` checks the pointer against the table (live, its
+//! tag, the geometry it implies) and the shadow (first granule tagged, guard invalid).
 //!
-//! # Metadata: header and stack ring
+//! The test-only switch `inject=heap-header-in-band` writes the old in-band header too and
+//! trusts it on free: a recovered store that reaches it makes a valid free refused, which the
+//! soundness fuzz (tests/kasan_fuzz.rs) must notice.
 //!
-//! The header holds what the free path needs (requested size, block order, offset, tag, a
-//! live/freed state and a live magic) and is the only way to recognise the start of a live
-//! object. Stacks live apart, in a stack ring as in Linux's tag-based KASAN: every allocation
-//! and free appends {tagged pointer, size, depot handle, task, alloc/free} to a ring of
-//! `RING_ENTRIES`; a report searches it backward, newest first, for the object the faulting
-//! pointer's tag belongs to, preferring an object that is live now. The header's first word
-//! (the magic) is overwritten by the buddy allocator's free-list link once the block is free;
-//! its second (size, offset, order, tag, state) is not, so a double free is recognised after
-//! the ring wrapped, and the ring still names both stacks of a use-after-free until it wraps.
+//! # Metadata: table and stack ring
+//!
+//! The table's object entry is the only way to recognise the start of a live object. Stacks
+//! live apart, in a stack ring as in Linux's tag-based KASAN: every allocation and free appends
+//! {tagged pointer, size, depot handle, task, alloc/free} to a ring of `RING_ENTRIES`; a report
+//! searches it backward, newest first, for the object the faulting pointer's tag belongs to,
+//! preferring an object that is live now. A freed object's entry stays FREED until another
+//! object starts in the same 64 bytes, so a double free is recognised after the ring wrapped,
+//! and the ring still names both stacks of a use-after-free until it wraps.
 //!
 //! # Stacks, locks and interrupts
 //!
@@ -51,15 +54,16 @@
 //! saves them), in the mode chosen at run time ([`set_stacks`]: none, fp, scs, each with or without the depot; `-no-depot` collects the
 //! trace and drops it: the walk's cost without the depot's). With
 //! `kasan.stack_sample=N` one allocation stack in N is collected (free stacks always). The lock
-//! covers the backing allocator, the header and the ring, and is taken with IRQs masked, so an
+//! covers the block table and the ring, and is taken with IRQs masked, so an
 //! interrupt can never spin on a lock its own CPU holds. The heap refuses IRQ context (panics):
 //! the tick path never allocates, which also keeps the depot's miss-path spin lock out of IRQs.
 //!
 //! # Hot path
 //!
-//! alloc: collect stack -> mask IRQs, lock, buddy alloc, draw a tag, header, ring entry, unlock
-//! -> tag the object's shadow (one byte per granule). free: collect stack -> mask, lock, check
-//! the pointer (tag vs shadow, header magic), re-tag 0xFE, ring entry, buddy free -> unlock.
+//! alloc: collect stack -> mask IRQs, lock, pop a free block (split it), draw a tag, object
+//! entry, ring entry, unlock -> tag the object's shadow (one byte per granule). free: collect
+//! stack -> mask, lock, check the pointer (its object entry, tag vs shadow), re-tag 0xFE, ring
+//! entry, merge the block with its free buddies -> unlock.
 //!
 //! # Short granules
 //!
@@ -68,7 +72,12 @@
 //! byte, past the object's end, holds the object's tag, so an access past the end inside that
 //! granule is caught. Free re-tags every granule 0xFE as before; the tag byte stays behind in
 //! memory nobody owns. A recovered store the compiler let through can overwrite the tag byte
-//! (as in HWASan); the audit checks it.
+//! (as in HWASan): the report re-tags such a granule first, with its object's tag read from the
+//! byte while it is intact (abi.rs, `retag_short_granules`), so the object's later valid
+//! accesses, a valid intrinsic over it and its free still pass (left alone, the clobbered byte
+//! made each of them a report, and a reported intrinsic is not carried out). The granule then
+//! stops being short: an access past the end inside it is no longer caught for that object.
+//! The audit accepts such a granule and checks every other short granule's tag byte.
 //!
 //! # Build variants
 //!
@@ -77,37 +86,34 @@
 //! `prod` and `plain` the tags in pointers are ignored by the MMU (TBI) and by everything else.
 
 use super::Tags;
+use super::blocks::{self, BlockTable, FREED, LIVE, ObjectEntry};
 use super::record::{self, HeapView};
 use super::report::BugType;
 use super::ring::{Found, Ring, RingEntry};
 use super::storage::{TagStorage, tag_of, untagged, with_tag};
+use crate::arch::uninstrumented;
+use crate::inject::{self, Fault};
 use crate::stacktrace::{self, Mode};
 use crate::sync::IrqMask;
-use buddy_system_allocator::Heap;
 use core::alloc::{GlobalAlloc, Layout};
 use core::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
-/// Largest block: 2^(ORDER-1) bytes.
-const ORDER: usize = 28;
 const GRANULE: u64 = Tags::GRANULE;
 const INVALID: u8 = Tags::INVALID;
 /// The heap's size, taken from the start of free RAM.
-pub const HEAP_SIZE: u64 = 16 << 20;
+pub const HEAP_SIZE: u64 = 1 << blocks::MAX_ORDER;
 
-const LIVE_MAGIC: u64 = 0x4c49_5645_0000_0000;
-/// `Header::state` of a live and of a freed object.
-const LIVE: u8 = 0x4c;
-const FREED: u8 = 0x46;
-/// The header's distance below the object, and the object's least offset in its block: header
-/// granule, then a guard granule, then the object.
+/// The object's least offset in its block: two guard granules, then the object.
 const HEADER_BELOW: u64 = 2 * GRANULE;
+/// The in-band header's magic (test-only layout, `Fault::HeapHeaderInBand`).
+const LIVE_MAGIC: u64 = 0x4c49_5645_0000_0000;
 /// The guard granule every block keeps after its object (the least slack).
 const TRAILING_GUARD: u64 = GRANULE;
 
-/// The header granule, two granules below each object (at the block's start when the object's
-/// alignment is at most 32). Its first word is the word the buddy allocator's free-list link
-/// overwrites when the block is free; everything a freed header must still say (state, tag,
-/// offset) is in the second.
+/// The in-band header the heap kept two granules below each object before the block table
+/// (blocks.rs) held it, written and trusted again only under the test-only
+/// `Fault::HeapHeaderInBand`, so that the soundness fuzz can show it notices metadata within
+/// reach of a recovered store.
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct Header {
@@ -124,14 +130,8 @@ struct Header {
     state: u8,
 }
 
-impl Header {
-    fn offset(&self) -> u64 {
-        1 << (self.offset_log2 & 31)
-    }
-}
-
 struct State {
-    backing: Heap<ORDER>,
+    table: BlockTable,
     ring: Ring,
 }
 
@@ -140,7 +140,7 @@ struct State {
 /// (`find_object`'s `try_lock`), which `IrqSpinLock` does not offer; `locked` masks IRQs around
 /// every `lock`, as `IrqSpinLock` would.
 static STATE: spin::mutex::Mutex<State, crate::sync::CountedSpin> =
-    spin::mutex::Mutex::new(State { backing: Heap::new(), ring: Ring::new() });
+    spin::mutex::Mutex::new(State { table: BlockTable::new(), ring: Ring::new() });
 static HEAP_START: AtomicU64 = AtomicU64::new(0);
 static HEAP_END: AtomicU64 = AtomicU64::new(0);
 
@@ -229,9 +229,7 @@ pub fn init(free_base: u64, free_size: u64, tag_seed: u32) {
     assert!(size > 0, "no free RAM for the heap");
     Tags::seed(tag_seed);
     Tags::set_range_tag(free_base, size, INVALID);
-    // SAFETY: [free_base, +size) is mapped RAM that nothing else uses (mm::Layout.free), given
-    // to the heap once.
-    unsafe { STATE.lock().backing.init(free_base as usize, size as usize) };
+    STATE.lock().table.init(free_base, free_base + size);
     HEAP_START.store(free_base, Ordering::Relaxed);
     HEAP_END.store(free_base + size, Ordering::Relaxed);
 }
@@ -318,22 +316,19 @@ fn allocate_with_stack(size: usize, align: usize, stack: u32) -> Option<u64> {
     let rounded = round_up(size, GRANULE);
     let offset = align.max(HEADER_BELOW);
     let block_size = (offset + rounded + TRAILING_GUARD).next_power_of_two().max(align);
-    let layout = Layout::from_size_align(block_size as usize, align as usize).ok()?;
+    let order = block_size.trailing_zeros();
     let (block, tag) = locked(|state| {
-        let block = state.backing.alloc(layout).ok()?.as_ptr() as u64;
+        let block = state.table.allocate(order)?;
         let tag = Tags::random_tag();
         let object = block + offset;
-        let order = block_size.trailing_zeros() as u8;
-        let header = Header {
-            magic: LIVE_MAGIC ^ object,
-            size: size as u32,
-            offset_log2: offset.trailing_zeros() as u8,
-            order,
-            tag,
-            state: LIVE,
-        };
-        // SAFETY: the header granule lies in the block just allocated (offset >= 32).
-        unsafe { ((object - HEADER_BELOW) as *mut Header).write(header) };
+        let order = order as u8;
+        let entry =
+            ObjectEntry { size: size as u32, offset_log2: offset.trailing_zeros() as u8, order, tag, state: LIVE };
+        state.table.set_object(object, entry);
+        state.table.account(size as usize, 0);
+        if uninstrumented::load_bool(inject::flag(Fault::HeapHeaderInBand)) {
+            write_header_in_band(object, entry);
+        }
         let pointer = with_tag(object, tag);
         let entry = RingEntry {
             pointer,
@@ -364,35 +359,66 @@ enum BadFree {
     Invalid,
 }
 
-/// The header two granules below `object` (untagged, in the heap).
-#[inline(always)]
-fn header_of(object: u64) -> Header {
-    // SAFETY: callers checked that object - 32 lies in the heap, mapped RAM; an untagged read.
-    unsafe { ((object - HEADER_BELOW) as *const Header).read() }
+/// The in-band header (test-only layout): written two granules below the object.
+#[cold]
+#[inline(never)]
+#[sanitize(kernel_hwaddress = "off")]
+fn write_header_in_band(object: u64, entry: ObjectEntry) {
+    let header = Header {
+        magic: LIVE_MAGIC ^ object,
+        size: entry.size,
+        offset_log2: entry.offset_log2,
+        order: entry.order,
+        tag: entry.tag,
+        state: entry.state,
+    };
+    // SAFETY: the first guard granule lies in the object's block (offset >= 32), which the heap
+    // owns; an untagged write.
+    unsafe { ((object - HEADER_BELOW) as *mut Header).write(header) };
 }
 
-/// Whether `header`'s geometry fits an object at `object` in the heap: the block it implies is
-/// aligned, inside the heap, and holds header, guard, object and trailing guard.
+/// Whether the in-band header (test-only layout) still says what the table says about the live
+/// object at `object`: the old layout's free trusted it, so a clobbered one refused the free.
+#[cold]
+#[inline(never)]
+#[sanitize(kernel_hwaddress = "off")]
+fn header_in_band_agrees(object: u64, entry: &ObjectEntry) -> bool {
+    // SAFETY: object - 32 lies in the object's block (checked live), mapped RAM; untagged.
+    let header = unsafe { ((object - HEADER_BELOW) as *const Header).read() };
+    header.magic == LIVE_MAGIC ^ object
+        && header.state == LIVE
+        && header.size == entry.size
+        && header.order == entry.order
+        && header.offset_log2 == entry.offset_log2
+        && header.tag == entry.tag
+}
+
+/// Whether `entry`'s geometry fits an object at `object` in the heap: the block it implies is
+/// aligned, inside the heap, and holds the guards, the object and the trailing guard. Rejects a
+/// pointer inside the first 64 bytes of an object (which share its index) too.
 #[inline(always)]
-fn plausible(header: &Header, object: u64) -> bool {
+fn plausible(entry: &ObjectEntry, object: u64) -> bool {
     let (start, end) = range();
-    let order = header.order as u64;
-    let offset_log2 = header.offset_log2 as u64;
-    if !(5..ORDER as u64).contains(&order) || !(5..=15).contains(&offset_log2) || offset_log2 >= order {
+    let order = entry.order as u32;
+    let offset_log2 = entry.offset_log2 as u32;
+    if !(blocks::MIN_ORDER..=blocks::MAX_ORDER).contains(&order)
+        || !(5..=15).contains(&offset_log2)
+        || offset_log2 >= order
+    {
         return false;
     }
-    let block = object.wrapping_sub(header.offset());
+    let block = object.wrapping_sub(entry.offset());
     let block_size = 1 << order;
     block.is_multiple_of(block_size)
         && block >= start
         && block <= end - block_size
-        && header.offset() + round_up(header.size as u64, GRANULE) + TRAILING_GUARD <= block_size
+        && entry.offset() + round_up(entry.size as u64, GRANULE) + TRAILING_GUARD <= block_size
 }
 
 /// Checks that `pointer` is the start of a live object with its tag (or the match-all tag,
-/// which any access accepts too); its header if so.
+/// which any access accepts too); its table entry if so.
 #[sanitize(kernel_hwaddress = "off")]
-fn check_free(state: &State, pointer: u64) -> Result<Header, BadFree> {
+fn check_free(state: &State, pointer: u64) -> Result<ObjectEntry, BadFree> {
     let tag = tag_of(pointer);
     let address = untagged(pointer);
     let (start, end) = range();
@@ -400,13 +426,12 @@ fn check_free(state: &State, pointer: u64) -> Result<Header, BadFree> {
     if !tag_acceptable || !address.is_multiple_of(GRANULE) || address < start + HEADER_BELOW || address >= end {
         return Err(BadFree::Invalid);
     }
-    let header = header_of(address);
+    let header = state.table.object(address);
     let tag_matches = tag == Tags::MATCH_ALL || tag == header.tag;
-    let live = header.state == LIVE && header.magic == LIVE_MAGIC ^ address && plausible(&header, address);
+    let live = header.state == LIVE && plausible(&header, address);
     if !live || !tag_matches {
-        // Freed already? The header says so while the block is free or until it is reused (the
-        // state byte is not the word the buddy allocator's free-list link overwrites); the ring
-        // remembers recent frees of a block live again under another tag.
+        // Freed already? The table says so until another object starts in the same 64 bytes;
+        // the ring remembers recent frees of a block live again under another tag.
         let freed_header = header.state == FREED && tag_matches && plausible(&header, address);
         let freed_in_ring =
             state
@@ -422,6 +447,9 @@ fn check_free(state: &State, pointer: u64) -> Result<Header, BadFree> {
     // tag, the guard granule before it is invalid.
     let first_granule_ok = header.size == 0 || Tags::object_tag(address) == header.tag;
     if !first_granule_ok || Tags::memory_tag(address - GRANULE) != INVALID {
+        return Err(BadFree::Invalid);
+    }
+    if uninstrumented::load_bool(inject::flag(Fault::HeapHeaderInBand)) && !header_in_band_agrees(address, &header) {
         return Err(BadFree::Invalid);
     }
     Ok(header)
@@ -440,9 +468,8 @@ pub fn free(pointer: u64) {
         let object = untagged(pointer);
         Tags::set_range_tag(object, round_up(header.size as u64, GRANULE), INVALID);
         let block = object - header.offset();
-        let freed = Header { magic: 0, state: FREED, ..header };
-        // SAFETY: the header granule of a live object (checked), still ours until dealloc.
-        unsafe { ((object - HEADER_BELOW) as *mut Header).write(freed) };
+        state.table.set_object(object, ObjectEntry { state: FREED, ..header });
+        state.table.account(0, header.size as usize);
         let entry = RingEntry {
             pointer: with_tag(object, header.tag),
             size: header.size,
@@ -453,9 +480,7 @@ pub fn free(pointer: u64) {
             freed: true,
         };
         state.ring.push(entry);
-        let layout = Layout::from_size_align(1 << header.order, GRANULE as usize).expect("a power of two");
-        // SAFETY: block and layout are those of the live allocation the header describes.
-        unsafe { state.backing.dealloc(core::ptr::NonNull::new(block as *mut u8).expect("heap block"), layout) };
+        state.table.free(block, header.order as u32);
         Ok(())
     });
     if let Err(bad) = verdict {
@@ -526,9 +551,12 @@ pub fn reallocate(pointer: u64, align: usize, new_size: usize) -> Option<u64> {
         } else {
             Tags::set_range_tag(object + new_rounded, old_rounded - new_rounded, INVALID);
         }
-        let resized = Header { size: new_size as u32, ..header };
-        // SAFETY: the header granule of a live object (checked).
-        unsafe { ((object - HEADER_BELOW) as *mut Header).write(resized) };
+        let resized = ObjectEntry { size: new_size as u32, ..header };
+        state.table.set_object(object, resized);
+        state.table.account(new_size, header.size as usize);
+        if uninstrumented::load_bool(inject::flag(Fault::HeapHeaderInBand)) {
+            write_header_in_band(object, resized);
+        }
         let entry = RingEntry {
             pointer: tagged,
             size: new_size as u32,
@@ -569,16 +597,17 @@ pub fn reallocate(pointer: u64, align: usize, new_size: usize) -> Option<u64> {
     }
 }
 
-/// Whether the ring entry's object is live now: its header says so, with the entry's tag.
+/// The table entry of the live object the ring entry names (its tag, starting at its address),
+/// if that object is live now.
 #[sanitize(kernel_hwaddress = "off")]
-fn is_live(entry: &RingEntry) -> bool {
+fn live_entry(table: &BlockTable, entry: &RingEntry) -> Option<ObjectEntry> {
     let object = untagged(entry.pointer);
     let (start, end) = range();
     if object < start + HEADER_BELOW || object >= end {
-        return false;
+        return None;
     }
-    let header = header_of(object);
-    header.state == LIVE && header.magic == LIVE_MAGIC ^ object && header.tag == tag_of(entry.pointer)
+    let header = table.object(object);
+    (header.state == LIVE && header.tag == tag_of(entry.pointer) && plausible(&header, object)).then_some(header)
 }
 
 /// What the stack ring knows about the object a faulting pointer meant (ring.rs); None when
@@ -587,8 +616,9 @@ fn is_live(entry: &RingEntry) -> bool {
 pub fn find_object(address: u64) -> Found {
     // Live with the entry's size too: with MTE's 14 tags a stale entry often has the tag of the
     // object live at its address now.
-    let live_now = |entry: &RingEntry| is_live(entry) && header_of(untagged(entry.pointer)).size == entry.size;
-    STATE.try_lock()?.ring.find_object(address, live_now)
+    let state = STATE.try_lock()?;
+    let live_now = |entry: &RingEntry| live_entry(&state.table, entry).is_some_and(|live| live.size == entry.size);
+    state.ring.find_object(address, live_now)
 }
 
 /// What the heap knows about a faulting address, for the record step: the object the ring
@@ -598,25 +628,24 @@ pub fn view(address: u64) -> HeapView {
     HeapView { found: find_object(address), range: range(), stack_mode: stacks().name() }
 }
 
-/// The heap audit the corpus runs after each case: every live object the stack ring remembers
-/// has a plausible header (geometry inside the heap, its tag, its size) and the shadow the
-/// layout says (header and guard granules invalid, the object's granules its tag, the slack
-/// invalid). Objects allocated before the ring wrapped are not seen; the backing allocator's
-/// free lists are private to it and are exercised by the caller's allocations instead. The
-/// number of live objects checked, or what is wrong.
+/// The heap audit the corpus runs after each case: the block table's free lists are sound
+/// (blocks.rs), and every live object the stack ring remembers has a plausible table entry
+/// (geometry inside the heap, its tag, its size) and the shadow the layout says (guard granules
+/// invalid, the object's granules its tag, the slack invalid). Objects allocated before the
+/// ring wrapped are not seen. The number of live objects checked, or what is wrong.
 #[sanitize(kernel_hwaddress = "off")]
 pub fn audit() -> Result<usize, &'static str> {
     locked(|state| {
+        state.table.audit()?;
         let mut checked = 0;
         for (index, entry) in state.ring.newest_first().enumerate() {
-            if entry.freed || !is_live(entry) {
+            if entry.freed {
                 continue;
             }
+            let Some(header) = live_entry(&state.table, entry) else {
+                continue;
+            };
             let object = untagged(entry.pointer);
-            let header = header_of(object);
-            if !plausible(&header, object) {
-                return Err("a live header is implausible");
-            }
             // Only the newest entry about an address says what is there now (a reallocation in
             // place adds one, a later object may have the same tag); looked for only when the
             // header and the entry differ.
@@ -638,10 +667,14 @@ pub fn audit() -> Result<usize, &'static str> {
                     (true, false) => header.tag,
                     (false, _) => INVALID,
                 };
-                if Tags::memory_tag(granule) != expected {
+                let memory_tag = Tags::memory_tag(granule);
+                // A short granule whose tag byte a reported store overwrote carries the
+                // object's tag instead (abi.rs, `retag_short_granules`).
+                let retagged = short && memory_tag == header.tag;
+                if memory_tag != expected && !retagged {
                     return Err("a live block's shadow disagrees with its header");
                 }
-                if short && Tags::object_tag(granule) != header.tag {
+                if short && !retagged && Tags::object_tag(granule) != header.tag {
                     return Err("a live object's short granule lost its tag byte");
                 }
                 granule += GRANULE;
@@ -658,9 +691,9 @@ pub fn newest_entry(pointer: u64, freed: bool) -> Option<RingEntry> {
     locked(|state| state.ring.newest_first().find(|entry| entry.pointer == pointer && entry.freed == freed).copied())
 }
 
-/// Backing allocator statistics: bytes requested by users, bytes in allocated blocks.
+/// Block table statistics: bytes requested by users, bytes in allocated blocks.
 pub fn usage() -> (usize, usize) {
-    locked(|state| (state.backing.stats_alloc_user(), state.backing.stats_alloc_actual()))
+    locked(|state| state.table.usage())
 }
 
 /// The kernel's global allocator.

@@ -9,6 +9,8 @@
 //! - `report.rs`: KASAN-style reports of what it is handed, the policy and the report count.
 //! - `record.rs`: the record step, which gathers what a report prints (object, heap range,
 //!   stacks, memory state) and hands it to the report.
+//! - `blocks.rs`: the block table, the heap's buddy allocator with all its metadata in a side
+//!   table (never in the heap's memory).
 //! - `heap.rs`: the sanitizer heap (global allocator), which writes the ring, records bad frees
 //!   and tells the record step what it knows about an address.
 //! - `abi.rs`: what the compiler calls (`__hwasan_tag_mismatch`, `__hwasan_{load,store}N`,
@@ -16,6 +18,7 @@
 //! - `recording.rs`: the recording scope in which tests provoke reports.
 
 pub mod abi;
+pub mod blocks;
 pub mod heap;
 #[cfg(feature = "mte")]
 pub mod hw_tags;

@@ -184,6 +184,8 @@ pub struct Evidence {
 static PANIC_ON_FAULT: AtomicBool = AtomicBool::new(false);
 static MULTI_SHOT: AtomicBool = AtomicBool::new(false);
 static RECORDING: AtomicBool = AtomicBool::new(false);
+/// Inside a counting scope (recording.rs): reports are counted and kept, not printed.
+static COUNTING: AtomicBool = AtomicBool::new(false);
 static REPORTS: AtomicU64 = AtomicU64::new(0);
 /// The last report while recording: written by the reporting path (a task, or an exception
 /// taken on it), read by the recording scope.
@@ -210,9 +212,17 @@ pub fn start_recording() -> u64 {
     before
 }
 
+/// Starts recording without printing (the recording scope's counting mode): the report count
+/// before.
+pub fn start_counting() -> u64 {
+    COUNTING.store(true, Ordering::SeqCst);
+    start_recording()
+}
+
 /// Stops recording: the reports since [`start_recording`] returned `before`, and the last.
 pub fn stop_recording(before: u64) -> (u64, Option<Report>) {
     RECORDING.store(false, Ordering::SeqCst);
+    COUNTING.store(false, Ordering::SeqCst);
     (REPORTS.load(Ordering::SeqCst) - before, LAST.lock().take())
 }
 
@@ -223,7 +233,8 @@ pub fn stop_recording(before: u64) -> (u64, Option<Report>) {
 pub fn publish(evidence: &Evidence) {
     let first = REPORTS.fetch_add(1, Ordering::SeqCst) == 0;
     let recording = RECORDING.load(Ordering::SeqCst);
-    if recording || first || MULTI_SHOT.load(Ordering::Relaxed) {
+    let counting = recording && COUNTING.load(Ordering::SeqCst);
+    if !counting && (recording || first || MULTI_SHOT.load(Ordering::Relaxed)) {
         if evidence.asynchronous {
             print_asynchronous();
         } else {

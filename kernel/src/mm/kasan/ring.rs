@@ -8,6 +8,11 @@ use super::storage::{tag_of, untagged};
 /// Entries in the stack ring (each 24 bytes).
 pub const RING_ENTRIES: usize = 8192;
 
+/// The distance from a live object within which an access is that object's out-of-bounds
+/// before it is a freed object's use-after-free: the reach of Linux's and this kernel's
+/// overflow cases (`ptr[size + 64]`), four granules.
+pub const ADJACENT: u64 = 64;
+
 /// What the ring knows about a faulting address's object: the entry, and the allocation entry
 /// before it when that entry is a free.
 pub type Found = Option<(RingEntry, Option<RingEntry>)>;
@@ -65,9 +70,15 @@ impl Ring {
 
     /// What the ring knows about the object a faulting pointer meant, preferring the object
     /// the address belongs to now: a live object (`is_live`) with the pointer's tag whose block
-    /// holds the address; else the newest entry with that tag whose block holds it (a freed
-    /// object); else the nearest same-tag object within a page, live ones first. Plus the
-    /// allocation entry before it when that entry is a free.
+    /// holds the address; else a freed object with that tag whose bytes hold the address and
+    /// which nothing has replaced at its address since (a stale pointer); else the nearest live
+    /// object with that tag within [`ADJACENT`] bytes of the address (an overflow out of its
+    /// block: the ring's older entries with the same tag often held blocks around a live
+    /// object, since the heap hands the same blocks out again and again, and a live pointer
+    /// that overflows is the bug its report must name); else the newest entry with that tag
+    /// whose block holds it (a freed object, perhaps since reused); else the nearest
+    /// same-tag object within a page, live ones first. Plus the allocation entry before it when
+    /// that entry is a free.
     #[sanitize(kernel_hwaddress = "off")]
     pub fn find_object(&self, address: u64, is_live: impl Fn(&RingEntry) -> bool) -> Found {
         let tag = tag_of(address);
@@ -85,8 +96,28 @@ impl Ring {
                 .min_by_key(|(newness, entry)| (distance(entry), !(!entry.freed && is_live(entry)), *newness))
                 .map(|(_, entry)| entry)
         };
+        let adjacent_live = || {
+            same_tag()
+                .filter(|entry| !entry.freed && distance(entry) <= ADJACENT && is_live(entry))
+                .min_by_key(|entry| distance(entry))
+        };
+        // A freed object that nothing has replaced at its address since (the newest entry about
+        // it), whose bytes hold the address: a stale pointer's use-after-free.
+        let freed_in_object = || {
+            same_tag().find(|entry| {
+                let start = super::storage::untagged(entry.pointer);
+                entry.freed
+                    && (start..start + entry.size as u64).contains(&untagged)
+                    && self
+                        .newest_first()
+                        .find(|newer| super::storage::untagged(newer.pointer) == start)
+                        .is_some_and(|newest| core::ptr::eq(newest, *entry))
+            })
+        };
         let found = *same_tag()
             .find(|entry| !entry.freed && entry.block_contains(untagged) && is_live(entry))
+            .or_else(freed_in_object)
+            .or_else(adjacent_live)
             .or_else(|| same_tag().find(|entry| entry.block_contains(untagged)))
             .or_else(nearest)?;
         let allocation = if found.freed {
