@@ -690,9 +690,10 @@ static TRACING_EVERYWHERE: AtomicBool = AtomicBool::new(false);
 /// `atomic_load::<u8>`, and `atomic_load::<u64>` for the per-CPU contention count, which only a
 /// contended acquire reads: the 4-CPU sample in `full` saw it run 94 times on the other CPUs in
 /// its single-step batch, 664 in simulate, 0 in brk-step and detour), and the buddy allocator's
-/// out-of-line `dealloc`, which walks and merges the free lists (the whole 4-CPU sweep in
-/// `full`: every word of `<buddy_system_allocator::Heap<28>>::dealloc`, e.g. `+0xc8` hit 35
-/// times on CPU 0 with single-step and 30 with brk-step). Their results, text and
+/// block table (`mm/kasan/blocks.rs`), whose free walks and merges follow free lists the other
+/// CPUs' passes change (when the allocator was the `buddy_system_allocator` crate, the whole
+/// 4-CPU sweep in `full` counted every word of its out-of-line `dealloc` differently by
+/// method on CPU 0, e.g. `+0xc8` hit 35 times with single-step and 30 with brk-step). Their results, text and
 /// slots are still checked. The kernel test `probe_sweep_exempts_the_heap_locks_callees` checks
 /// that every call out of the locked section lands here or in no-probe text. The grace period
 /// (`task::cpus::synchronize`, which the workload's unregisters call on CPU 0) loops until the
@@ -701,7 +702,8 @@ static TRACING_EVERYWHERE: AtomicBool = AtomicBool::new(false);
 pub fn contended(name: &str) -> bool {
     name.starts_with("kernel::mm::kasan::heap::")
         || name.starts_with("core::sync::atomic::")
-        || name.starts_with("<buddy_system_allocator::")
+        || name.starts_with("kernel::mm::kasan::blocks::")
+        || name.starts_with("<kernel::mm::kasan::blocks::")
         || name == "kernel::task::cpus::synchronize"
 }
 
