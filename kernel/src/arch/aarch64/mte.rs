@@ -201,7 +201,9 @@ pub fn random_tag(address: u64) -> u64 {
     tagged
 }
 
-/// IRG with extra exclusions: `exclude` (one bit per tag) on top of GCR_EL1's.
+/// IRG with extra exclusions: `exclude` (one bit per tag) on top of GCR_EL1's. Always inlined:
+/// the sanitizer heap's allocation draws with it.
+#[inline(always)]
 pub fn random_tag_excluding(address: u64, exclude: u64) -> u64 {
     let tagged: u64;
     // SAFETY: IRG only computes a register value.

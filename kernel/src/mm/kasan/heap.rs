@@ -319,8 +319,11 @@ fn allocate_with_stack(size: usize, align: usize, stack: u32) -> Option<u64> {
     let order = block_size.trailing_zeros();
     let (block, tag) = locked(|state| {
         let block = state.table.allocate(order)?;
-        let tag = Tags::random_tag();
         let object = block + offset;
+        // The tag of the freed object that started in the same 64 bytes, which a stale pointer
+        // to it carries: excluded where the tag storage can (MTE's IRG).
+        let previous = state.table.object(object);
+        let tag = Tags::random_tag_replacing(if previous.state == FREED { previous.tag } else { INVALID });
         let order = order as u8;
         let entry =
             ObjectEntry { size: size as u32, offset_log2: offset.trailing_zeros() as u8, order, tag, state: LIVE };

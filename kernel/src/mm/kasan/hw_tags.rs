@@ -57,6 +57,16 @@ impl TagStorage for MteTags {
         (mte::random_tag(untagged(0)) >> 56) as u8
     }
 
+    /// IRG with `previous` in its exclusion operand (ORed with GCR_EL1.Exclude by the
+    /// instruction itself: no GCR_EL1 write). QEMU's IRG draws by stepping a 4-bit LFSR offset
+    /// past the last tag drawn, so without the exclusion an object freed and its block handed
+    /// out again at once got the same tag back 1 time in 8 (offsets 0 and 14 of 16 land on it).
+    /// 0xFE (no predecessor) excludes 0xE, which GCR_EL1 excludes already.
+    #[inline(always)]
+    fn random_tag_replacing(previous: u8) -> u8 {
+        (mte::random_tag_excluding(untagged(0), 1 << (previous & 0xf)) >> 56) as u8
+    }
+
     fn seed(seed: u32) {
         mte::seed(seed)
     }

@@ -84,11 +84,15 @@ pub const fn next_state(state: u32) -> u32 {
     state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223)
 }
 
-/// The object tag drawn when the generator steps to `state`: the high bits of an LCG are the
-/// random ones. Always inlined, as the body of `next` it was.
+/// The object tag drawn when the generator steps to `state`: the state scaled onto the object
+/// tags by a multiply and a shift (`state * 238 / 2^32`), which reads the high bits, an LCG's
+/// random ones. The generator has full period (every 32-bit state comes once per 2^32 draws), so
+/// each tag is drawn from 18,046,081 or 18,046,082 of the 2^32 states: uniform to 1 part in 18
+/// million. (A remainder of the top byte, `% 238`, gave 18 tags two of the 256 byte values each:
+/// drawn twice as often as the other 220.) Always inlined, as the body of `next` it was.
 #[inline(always)]
 pub const fn tag_of_state(state: u32) -> u8 {
-    ShadowTags::FIRST_OBJECT_TAG + ((state >> 24) % OBJECT_TAGS) as u8
+    ShadowTags::FIRST_OBJECT_TAG + ((state as u64 * OBJECT_TAGS as u64) >> 32) as u8
 }
 
 /// Every CPU's generator state (tests that reseed put them back afterwards with [`restore`]).
@@ -160,6 +164,13 @@ impl TagStorage for ShadowTags {
         next()
     }
 
+    /// The same draw: with 238 tags a successor repeats its predecessor's tag 1 time in 238,
+    /// and excluding it would cost the allocation a compare and a second draw.
+    #[inline(always)]
+    fn random_tag_replacing(_previous: u8) -> u8 {
+        next()
+    }
+
     /// Also chooses the state each CPU draws from: [`Fault::TagStateShared`] takes effect at
     /// the next seeding.
     fn seed(seed: u32) {
@@ -170,7 +181,8 @@ impl TagStorage for ShadowTags {
     }
 }
 
-const OBJECT_TAGS: u32 = (ShadowTags::LAST_OBJECT_TAG - ShadowTags::FIRST_OBJECT_TAG) as u32 + 1;
+/// How many tags the generator draws from (0x10..=0xFD).
+pub const OBJECT_TAGS: u32 = (ShadowTags::LAST_OBJECT_TAG - ShadowTags::FIRST_OBJECT_TAG) as u32 + 1;
 
 /// The next object tag of this CPU. Callers run with interrupts masked (the heap does), so the
 /// load and store cannot interleave with another user of the same CPU's state; no other CPU

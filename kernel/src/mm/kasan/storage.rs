@@ -53,6 +53,11 @@ pub trait TagStorage {
     fn short_granule_accepts(granule: u64, memory_tag: u8, pointer_tag: u8, end: u64) -> bool;
     /// The next object tag of this CPU's generator. Callers run with interrupts masked.
     fn random_tag() -> u8;
+    /// The next object tag for an object that starts where the freed object tagged `previous`
+    /// started (or [`TagStorage::INVALID`]: none did), never `previous` where the storage can
+    /// exclude a tag at no cost: a stale pointer to the freed object then mismatches its
+    /// successor. Callers run with interrupts masked.
+    fn random_tag_replacing(previous: u8) -> u8;
     /// Seeds every CPU's generator (`tag-seed=`), so that a run's tags are reproducible.
     fn seed(seed: u32);
 
