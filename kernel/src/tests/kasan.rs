@@ -29,6 +29,7 @@ pub const TESTS: &[Test] = &[
     Test { name: "kasan_tag_generator", run: kasan_tag_generator },
     Test { name: "kasan_tag_generator_fair", run: kasan_tag_generator_fair },
     Test { name: "kasan_tag_reused_block", run: kasan_tag_reused_block },
+    Test { name: "kasan_heap_large_alignments", run: kasan_heap_large_alignments },
     Test { name: "kasan_heap_tags_objects", run: kasan_heap_tags_objects },
     Test { name: "kasan_heap_no_false_positives", run: kasan_heap_no_false_positives },
     Test { name: "kasan_oob_right_small", run: kasan_oob_right_small },
@@ -382,6 +383,71 @@ fn kasan_tag_reused_block(_: &Context) -> Outcome {
     } else {
         check!(same <= 2 * REUSES / object_tags);
     }
+    Ok(Verdict::Passed)
+}
+
+/// Alignments of 64 KiB and more, up to the largest the heap serves (`heap::MAX_ALIGN`, half its
+/// largest block): each allocation succeeds exactly when a free block of twice the alignment
+/// exists, is aligned, tagged with its guards, usable whole, reported past its end, moved by a
+/// reallocation to an aligned place, and freed; through Rust's allocator too. An alignment
+/// above the largest is refused, said and counted, and allocates nothing.
+fn kasan_heap_large_alignments(_: &Context) -> Outcome {
+    let (requested, _) = heap::usage();
+    let site = site(kasan_heap_large_alignments);
+    for log2 in 16..=heap::MAX_ALIGN.trailing_zeros() {
+        let align = 1u64 << log2;
+        let fits = heap::largest_free_block() >= 2 * align;
+        // Up to 1 MiB the 16 MiB heap has room; beyond, it depends on what is live.
+        check!(fits || log2 > 20);
+        let Some(object) = heap::allocate(100, align as usize) else {
+            check!(!fits);
+            continue;
+        };
+        check!(fits);
+        check_eq!(untagged(object) % align, 0);
+        let tag = tag_of(object);
+        check!(Tags::is_object_tag(tag));
+        check_eq!(Tags::object_tag(untagged(object)), tag);
+        check_eq!(Tags::memory_tag(untagged(object) - 16), Tags::INVALID);
+        check_eq!(Tags::memory_tag(untagged(object) + 112), Tags::INVALID);
+        let (count, _) = recording::scope(|| {
+            for offset in 0..100 {
+                write_u8(object + offset, offset as u8);
+            }
+        });
+        check_eq!(count, 0);
+        if CHECKED {
+            expect_report(Expect { bug: BugType::OutOfBounds, size: 1, write: false, site }, || {
+                black_box(read_u8(object + 112));
+            })?;
+        }
+        // Grown past its block (twice the alignment), it moves to another aligned block.
+        let moved = heap::reallocate(object, align as usize, align as usize + 64);
+        let Some(moved) = moved else {
+            check!(heap::largest_free_block() < 4 * align);
+            heap::free(object);
+            continue;
+        };
+        check_eq!(untagged(moved) % align, 0);
+        check!(untagged(moved) != untagged(object));
+        check_eq!(read_u8(moved + 99), 99);
+        let (count, _) = recording::scope(|| heap::free(moved));
+        check_eq!(count, 0);
+    }
+    // Rust's allocator: a 64 KiB-aligned page.
+    let layout = core::alloc::Layout::from_size_align(4096, 1 << 16).map_err(|_| fail("layout"))?;
+    // SAFETY: a layout of non-zero size; freed below with the same layout.
+    let page = unsafe { alloc::alloc::alloc(layout) };
+    check!(!page.is_null());
+    check_eq!(page as u64 % (1 << 16), 0);
+    // SAFETY: allocated above with this layout.
+    unsafe { alloc::alloc::dealloc(page, layout) };
+    // Above the largest alignment: refused, said and counted.
+    let refused = heap::refused_alignments();
+    check!(heap::allocate(100, 2 * heap::MAX_ALIGN as usize).is_none());
+    check_eq!(heap::refused_alignments(), refused + 1);
+    check_eq!(heap::usage().0, requested);
+    check!(heap::audit().is_ok());
     Ok(Verdict::Passed)
 }
 

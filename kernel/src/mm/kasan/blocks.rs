@@ -28,6 +28,8 @@
 pub const MIN_ORDER: u32 = 6;
 /// log2 of the largest block: the whole heap.
 pub const MAX_ORDER: u32 = 24;
+/// log2 of an object's least offset in its block: the two guard granules before it.
+pub const MIN_OFFSET_LOG2: u32 = 5;
 /// Indices in the table: one per least block of the heap.
 pub const BLOCKS: usize = 1 << (MAX_ORDER - MIN_ORDER);
 
@@ -131,6 +133,11 @@ impl BlockTable {
     pub fn set_object(&mut self, address: u64, entry: ObjectEntry) {
         let index = self.index(address);
         self.objects[index] = entry;
+    }
+
+    /// log2 of the largest free block (None: the heap is full).
+    pub fn largest_free_order(&self) -> Option<u32> {
+        (self.nonempty != 0).then(|| 31 - self.nonempty.leading_zeros())
     }
 
     /// Bytes users asked for, and bytes in allocated blocks.

@@ -105,10 +105,15 @@ pub const HEAP_SIZE: u64 = 1 << blocks::MAX_ORDER;
 
 /// The object's least offset in its block: two guard granules, then the object.
 const HEADER_BELOW: u64 = 2 * GRANULE;
+const _: () = assert!(HEADER_BELOW == 1 << blocks::MIN_OFFSET_LOG2, "the table's least object offset");
 /// The in-band header's magic (test-only layout, `Fault::HeapHeaderInBand`).
 const LIVE_MAGIC: u64 = 0x4c49_5645_0000_0000;
 /// The guard granule every block keeps after its object (the least slack).
 const TRAILING_GUARD: u64 = GRANULE;
+/// The largest alignment the heap serves: half its largest block. The guards before an object
+/// lie in its own block, so an object aligned to A starts A bytes into a block of at least 2A
+/// bytes (aligned to its size, as every buddy block is). A larger alignment is refused.
+pub const MAX_ALIGN: u64 = 1 << (blocks::MAX_ORDER - 1);
 
 /// The in-band header the heap kept two granules below each object before the block table
 /// (blocks.rs) held it, written and trusted again only under the test-only
@@ -310,8 +315,11 @@ pub fn allocate(size: usize, align: usize) -> Option<u64> {
 fn allocate_with_stack(size: usize, align: usize, stack: u32) -> Option<u64> {
     let size = size as u64;
     let align = (align as u64).max(GRANULE);
-    if size > u32::MAX as u64 || align > u16::MAX as u64 {
+    if size > u32::MAX as u64 {
         return None;
+    }
+    if align > MAX_ALIGN {
+        return refuse_alignment(size, align);
     }
     let rounded = round_up(size, GRANULE);
     let offset = align.max(HEADER_BELOW);
@@ -338,7 +346,7 @@ fn allocate_with_stack(size: usize, align: usize, stack: u32) -> Option<u64> {
             size: size as u32,
             stack,
             task: current_task(),
-            offset: offset as u16,
+            offset_log2: offset.trailing_zeros() as u8,
             order,
             freed: false,
         };
@@ -353,6 +361,30 @@ fn allocate_with_stack(size: usize, align: usize, stack: u32) -> Option<u64> {
         Tags::set_range_tag(block + offset, rounded, tag);
     }
     Some(with_tag(block + offset, tag))
+}
+
+static REFUSED_ALIGNMENTS: AtomicU64 = AtomicU64::new(0);
+
+/// An alignment above [`MAX_ALIGN`]: no block of the heap can hold the object with its guards.
+/// Said on the console with the reason (the allocation-failure message Rust's `alloc` prints
+/// next names only the size), counted, and nothing allocated.
+#[cold]
+#[inline(never)]
+#[sanitize(kernel_hwaddress = "off")]
+fn refuse_alignment(size: u64, align: u64) -> Option<u64> {
+    REFUSED_ALIGNMENTS.fetch_add(1, Ordering::Relaxed);
+    defmt::error!(
+        "kasan heap: alignment {=u64:#x} of a {=u64}-byte allocation refused: the largest it serves is {=u64:#x} (half its largest block)",
+        align,
+        size,
+        MAX_ALIGN
+    );
+    None
+}
+
+/// Allocations refused for their alignment (above [`MAX_ALIGN`]) since boot.
+pub fn refused_alignments() -> u64 {
+    REFUSED_ALIGNMENTS.load(Ordering::Relaxed)
 }
 
 /// Why a free was refused.
@@ -405,7 +437,7 @@ fn plausible(entry: &ObjectEntry, object: u64) -> bool {
     let order = entry.order as u32;
     let offset_log2 = entry.offset_log2 as u32;
     if !(blocks::MIN_ORDER..=blocks::MAX_ORDER).contains(&order)
-        || !(5..=15).contains(&offset_log2)
+        || !(blocks::MIN_OFFSET_LOG2..=MAX_ALIGN.trailing_zeros()).contains(&offset_log2)
         || offset_log2 >= order
     {
         return false;
@@ -478,7 +510,7 @@ pub fn free(pointer: u64) {
             size: header.size,
             stack,
             task: current_task(),
-            offset: header.offset() as u16,
+            offset_log2: header.offset_log2,
             order: header.order,
             freed: true,
         };
@@ -565,7 +597,7 @@ pub fn reallocate(pointer: u64, align: usize, new_size: usize) -> Option<u64> {
             size: new_size as u32,
             stack,
             task: current_task(),
-            offset: header.offset() as u16,
+            offset_log2: header.offset_log2,
             order: header.order,
             freed: false,
         };
@@ -697,6 +729,11 @@ pub fn newest_entry(pointer: u64, freed: bool) -> Option<RingEntry> {
 /// Block table statistics: bytes requested by users, bytes in allocated blocks.
 pub fn usage() -> (usize, usize) {
     locked(|state| state.table.usage())
+}
+
+/// The size of the largest free block (0: none): an alignment up to half of it is served.
+pub fn largest_free_block() -> u64 {
+    locked(|state| state.table.largest_free_order().map_or(0, |order| 1 << order))
 }
 
 /// The kernel's global allocator.

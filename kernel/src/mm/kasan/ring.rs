@@ -26,15 +26,15 @@ pub struct RingEntry {
     /// Raw depot handle of the stack (0: not saved).
     pub stack: u32,
     pub task: u16,
-    /// Object address - block address.
-    pub offset: u16,
+    /// log2 of (object address - block address).
+    pub offset_log2: u8,
     pub order: u8,
     pub freed: bool,
 }
 
 impl RingEntry {
     fn block_start(&self) -> u64 {
-        untagged(self.pointer) - self.offset as u64
+        untagged(self.pointer) - (1 << self.offset_log2)
     }
 
     pub fn block_contains(&self, address: u64) -> bool {
@@ -51,7 +51,7 @@ pub struct Ring {
 impl Ring {
     pub const fn new() -> Self {
         Self {
-            entries: [RingEntry { pointer: 0, size: 0, stack: 0, task: 0, offset: 0, order: 0, freed: false };
+            entries: [RingEntry { pointer: 0, size: 0, stack: 0, task: 0, offset_log2: 0, order: 0, freed: false };
                 RING_ENTRIES],
             next: 0,
         }
