@@ -1413,9 +1413,12 @@ mod linux {
             return Ok(Verdict::Skipped(NO_CHECKS));
         }
         let ptr = allocate(size);
-        expect(OOB, 1, true, site(kasan_kmalloc_big_oob_right), INVALID, || {
-            write_u8(ptr + (size + OOB_TAG_OFF) as u64, 0)
+        // Linux's `ptr[size]`: the size is a multiple of the granule, so the first byte past
+        // the object is the first of the trailing guard.
+        let report = expect(OOB, 1, true, site(kasan_kmalloc_big_oob_right), INVALID, || {
+            write_u8(ptr + size as u64, 0)
         })?;
+        check_eq!(report.address, ptr + size as u64);
         heap::free(ptr);
         audit(&[size])
     }
@@ -1452,9 +1455,27 @@ mod linux {
             return Ok(Verdict::Skipped(NO_CHECKS));
         }
         let ptr = allocate(size);
+        let here = site(kasan_kmalloc_large_invalid_free);
         let (count, report) = recording::scope(|| heap::free(ptr + 1));
         check_eq!(count, 1);
-        check!(report.is_some_and(|report| report.bug == BugType::InvalidFree && report.address == ptr + 1));
+        let Some(report) = report else {
+            return Err(fail("no report recorded"));
+        };
+        check!(report.bug == BugType::InvalidFree);
+        check_eq!(report.address, ptr + 1);
+        // The pointer's tag, and the memory tag of the object's first granule (the same).
+        check_eq!(report.pointer_tag, tag_of(ptr));
+        check_eq!(report.memory_tag, tag_of(ptr));
+        // The object the pointer points into, allocated by this function and not freed.
+        let Some(object) = report.object else {
+            return Err(fail("the report names no object"));
+        };
+        check_eq!(object.address, ptr);
+        check_eq!(object.size as usize, size);
+        check!(object.alloc_task.is_some());
+        check!(names(object.alloc_stack, here));
+        check!(first_frame_in(object.alloc_stack, here));
+        check!(object.free_task.is_none());
         let (count, _) = recording::scope(|| heap::free(ptr));
         check_eq!(count, 0);
         audit(&[size])
@@ -1498,9 +1519,15 @@ mod linux {
         Ok(Verdict::Passed)
     }
 
-    /// Linux's krealloc_less_oob_helper.
+    /// Linux's krealloc_less_oob_helper: after shrinking, the first aligned offset past the new
+    /// size, the middle between the sizes, the old size's last byte and the old size itself
+    /// (218, 234 and 235 for 235 -> 201) are each reported where they are written.
     #[inline(always)]
     fn krealloc_less(size1: usize, size2: usize, here: u64) -> Outcome {
+        let middle = size2 + (size1 - size2) / 2;
+        // Linux's own precondition: new size, middle and old size lie in separate granules.
+        check!(round_up16(size2 as u64) <= middle as u64 & !15);
+        check!(round_up16(middle as u64) <= size1 as u64 & !15);
         let ptr1 = allocate(size1);
         let ptr2 = heap::reallocate(ptr1, 16, size2).expect("the heap has room");
         let (count, _) = recording::scope(|| write_u8(ptr2 + size2 as u64 - 1, b'x'));
@@ -1508,9 +1535,10 @@ mod linux {
         write_inside_last_granule(ptr2 + size2 as u64, size2, here)?;
         write_inside_last_granule(ptr2 + size2 as u64 + 2, size2, here)?;
         let aligned = round_up16(size2 as u64);
-        expect(OOB, 1, true, here, INVALID, || write_u8(ptr2 + aligned, b'x'))?;
-        // The last byte of the old size is gone too.
-        expect(OOB, 1, true, here, INVALID, || write_u8(ptr2 + size1 as u64 - 1, b'x'))?;
+        for offset in [aligned, middle as u64, size1 as u64 - 1, size1 as u64] {
+            let report = expect(OOB, 1, true, here, INVALID, || write_u8(ptr2 + offset, b'x'))?;
+            check_eq!(report.address, ptr2 + offset);
+        }
         heap::free(ptr2);
         Ok(Verdict::Passed)
     }
@@ -1527,6 +1555,8 @@ mod linux {
         if !CHECKED {
             return Ok(Verdict::Skipped(NO_CHECKS));
         }
+        // Linux's sizes: middle 218, size1 235.
+        check_eq!(201 + (235 - 201) / 2, 218);
         krealloc_less(235, 201, site(kasan_krealloc_less_oob))?;
         audit(&[201, 235])
     }
@@ -2000,18 +2030,42 @@ mod linux {
         audit(&[128])
     }
 
+    /// The memory tags Linux's `match_all_mem_tag` gives the object's first granule in turn:
+    /// every value from the least tag its generator draws to the match-all 0xFF, and under
+    /// SW_TAGS, to keep the reports few, only the first and last eight (0x00-0x07 and
+    /// 0xF8-0xFF: Linux's SW_TAGS draws from 0x00). The shadow's generator draws from 0x10
+    /// (0x01-0x0F are short-granule lengths), so its own first eight, 0x10-0x17, come too. With
+    /// MTE, HW_TAGS' range: 0xF0-0xFF, all sixteen.
+    fn mem_tags_to_try() -> Vec<u8> {
+        if HARDWARE_TAGS {
+            (Tags::FIRST_OBJECT_TAG..=0xff).collect()
+        } else {
+            (0x00..=0x07).chain(Tags::FIRST_OBJECT_TAG..Tags::FIRST_OBJECT_TAG + 8).chain(0xf8..=0xff).collect()
+        }
+    }
+
     pub fn kasan_match_all_mem_tag(_: &Context) -> Outcome {
         if !CHECKED {
             return Ok(Verdict::Skipped(NO_CHECKS));
         }
-        // Memory tagged 0xFF is not match-all: a pointer with another tag is reported.
+        // No memory tag is match-all: whatever tag the first granule carries but the pointer's,
+        // a write through the pointer is reported with that memory tag.
         let ptr = allocate(128);
         let tag = tag_of(ptr);
-        Tags::set_range_tag(ptr, 16, Tags::MATCH_ALL);
-        let (count, report) = recording::scope(|| write_u8(ptr, 0));
-        Tags::set_range_tag(ptr, 16, tag);
-        check_eq!(count, 1);
-        check!(report.is_some_and(|report| report.pointer_tag == tag && report.memory_tag == Tags::MATCH_ALL));
+        check!(tag != Tags::MATCH_ALL);
+        // A short granule's length (0x01-0x0F) is checked against the tag in the granule's last
+        // byte (the object's byte 15 here): keep that byte unlike any pointer tag.
+        write_u8(ptr + 15, 0);
+        let here = site(kasan_match_all_mem_tag);
+        let mut tried = 0;
+        for memory_tag in mem_tags_to_try().into_iter().filter(|&memory_tag| memory_tag != tag) {
+            Tags::set_range_tag(ptr, 16, memory_tag);
+            let report = expect(OOB, 1, true, here, Some(memory_tag), || write_u8(ptr, 0));
+            Tags::set_range_tag(ptr, 16, tag);
+            check_eq!(report?.pointer_tag, tag);
+            tried += 1;
+        }
+        check!(tried >= if HARDWARE_TAGS { 15 } else { 23 });
         heap::free(ptr);
         audit(&[128])
     }
@@ -2020,16 +2074,22 @@ mod linux {
         if !CHECKED {
             return Ok(Verdict::Skipped(NO_CHECKS));
         }
-        // Linux's kasan_test_rust.rs: a Vec's buffer read after the Vec is dropped.
-        let mut numbers: Vec<u8> = Vec::with_capacity(16);
-        numbers.push(0x5a);
-        let address = numbers.as_ptr() as u64;
+        // Linux's kasan_test_rust.rs: a Vec grown by 4096 pushes, a pointer to its element 2048,
+        // the Vec dropped, the element read.
+        let mut numbers: Vec<u8> = Vec::new();
+        for _ in 0..4096 {
+            numbers.push(0x42);
+        }
+        let address = core::ptr::addr_of_mut!(numbers[2048]) as u64;
+        let buffer = numbers.as_ptr() as u64;
         drop(black_box(numbers));
         let expect_site = site(kasan_rust_uaf);
         let report = expect_report(Expect { bug: UAF, size: 1, write: false, site: expect_site }, || {
             black_box(read_u8(address));
         })?;
+        check_eq!(report.address, address);
         check_eq!(report.memory_tag, Tags::INVALID);
-        audit(&[16])
+        check_eq!(report.object.map_or(0, |object| untagged(object.address)), untagged(buffer));
+        audit(&[4096])
     }
 }
