@@ -65,6 +65,10 @@ pub const TESTS: &[Test] = &[
     Test { name: "kasan_sound_realloc_after_free", run: kasan_sound_realloc_after_free },
     Test { name: "kasan_sound_zero_size", run: kasan_sound_zero_size },
     Test { name: "kasan_sound_bad_frees", run: kasan_sound_bad_frees },
+    Test { name: "kasan_sound_forgotten_live_object", run: kasan_sound_forgotten_live_object },
+    Test { name: "kasan_sound_forgotten_freed_object", run: kasan_sound_forgotten_freed_object },
+    Test { name: "kasan_sound_stale_free_after_reuse", run: kasan_sound_stale_free_after_reuse },
+    Test { name: "kasan_sound_overflow_into_freed_neighbour", run: kasan_sound_overflow_into_freed_neighbour },
     Test { name: "kasan_kmalloc_oob_right", run: linux::kasan_kmalloc_oob_right },
     Test { name: "kasan_kmalloc_oob_left", run: linux::kasan_kmalloc_oob_left },
     Test { name: "kasan_kmalloc_node_oob_right", run: linux::kasan_kmalloc_node_oob_right },
@@ -214,16 +218,10 @@ fn reported_range(address: u64, start: u64, len: u64) -> bool {
     if HARDWARE_TAGS { (start..start + len).contains(&address) } else { address == start }
 }
 
-/// An object tag other than `object`'s that no freed object at the same address had (with
-/// MTE's 14 tags a freed predecessor often shares one: freeing it would be a double free).
+/// An object tag other than `object`'s.
 fn other_tag(object: u64) -> u8 {
-    let mut tag = tag_of(object);
-    loop {
-        tag = if tag == Tags::LAST_OBJECT_TAG { Tags::FIRST_OBJECT_TAG } else { tag + 1 };
-        if tag == tag_of(object) || heap::newest_entry(with_tag(object, tag), true).is_none() {
-            return tag;
-        }
-    }
+    let tag = tag_of(object);
+    if tag == Tags::LAST_OBJECT_TAG { Tags::FIRST_OBJECT_TAG } else { tag + 1 }
 }
 
 fn site(function: fn(&Context) -> Outcome) -> u64 {
@@ -723,12 +721,17 @@ fn kasan_double_free(_: &Context) -> Outcome {
 fn kasan_invalid_free(_: &Context) -> Outcome {
     static NOT_HEAP: u64 = 0;
     let object = allocate(64);
-    let other_tag = other_tag(object);
-    for bad in [object + 16, with_tag(object, other_tag), &NOT_HEAP as *const u64 as u64, object + 1] {
+    for bad in [object + 16, &NOT_HEAP as *const u64 as u64, object + 1] {
         let (count, report) = recording::scope(|| heap::free(bad));
         check_eq!(count, 1);
         check!(report.is_some_and(|report| report.bug == BugType::InvalidFree && report.address == bad));
     }
+    // The object's start with another tag: a stale pointer to an object that started there, a
+    // double free (Linux's rule: an object's start whose tag does not match).
+    let wrong_tag = with_tag(object, other_tag(object));
+    let (count, report) = recording::scope(|| heap::free(wrong_tag));
+    check_eq!(count, 1);
+    check!(report.is_some_and(|report| report.bug == BugType::DoubleFree && report.address == wrong_tag));
     // None of them freed the object: it is still live and its real free works.
     check_eq!(Tags::memory_tag(untagged(object)), tag_of(object));
     let (count, _) = recording::scope(|| heap::free(object));
@@ -1214,17 +1217,17 @@ fn kasan_sound_zero_size(_: &Context) -> Outcome {
 }
 
 fn kasan_sound_bad_frees(_: &Context) -> Outcome {
-    // Never allocated (inside a free block), interior, wrong tag, unaligned, out of the heap,
-    // just below the heap, at the heap's end: each reported as an invalid free, nothing freed.
+    // Never allocated (inside a free block), interior, unaligned, out of the heap, just below
+    // the heap, at the heap's end: each reported as an invalid free, nothing freed. A wrong tag
+    // at an object's start: a double free.
     let object = allocate(64);
     let big = allocate(8000);
     heap::free(big);
     let (start, end) = heap::range();
     let other_tag = other_tag(object);
     let bad = [
-        with_tag(untagged(big) + 1024, tag_of(object)),
+        with_tag(untagged(big) + 1040, tag_of(object)),
         object + 32,
-        with_tag(object, other_tag),
         object + 8,
         with_tag(start, tag_of(object)),
         with_tag(start + 16, Tags::MATCH_ALL),
@@ -1239,10 +1242,138 @@ fn kasan_sound_bad_frees(_: &Context) -> Outcome {
         check_eq!(count, 1);
         check!(report.is_some_and(|report| report.bug == BugType::InvalidFree && report.address == pointer));
     }
+    // A live object's start with another tag, and a freed object's start: double frees.
+    for pointer in [with_tag(object, other_tag), big] {
+        let (count, report) = recording::scope(|| heap::free(pointer));
+        check_eq!(count, 1);
+        check!(report.is_some_and(|report| report.bug == BugType::DoubleFree && report.address == pointer));
+    }
     check_eq!(Tags::memory_tag(untagged(object)), tag_of(object));
     let (count, _) = recording::scope(|| heap::free(object));
     check_eq!(count, 0);
     churn(&[64, 8000])
+}
+
+/// Enough allocations and frees (of a block order no test object here uses) that the stack ring
+/// has forgotten everything before them.
+fn forget_ring() {
+    for _ in 0..(crate::mm::kasan::ring::RING_ENTRIES / 2 + 64) {
+        let other = allocate(1000);
+        heap::free(other);
+    }
+}
+
+/// A live object the stack ring has forgotten: an overflow into its guards or slack is its
+/// out-of-bounds, and the report names it, not remembered, with no stacks (the ring alone named
+/// a same-tag object up to a page away with that object's stacks, or none).
+fn kasan_sound_forgotten_live_object(_: &Context) -> Outcome {
+    if !CHECKED {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    let object = allocate(100);
+    forget_ring();
+    check!(heap::newest_entry(object, false).is_none());
+    // Left guard, trailing guard, slack (block of 256 bytes from 32 before the object).
+    for address in [object - 1, object + 112, object + 200] {
+        let (count, report) = recording::scope(|| {
+            black_box(read_u8(address));
+        });
+        check_eq!(count, 1);
+        let Some(report) = report else {
+            return Err(fail("no report recorded"));
+        };
+        check!(report.bug == BugType::OutOfBounds);
+        let Some(found) = report.object else {
+            return Err(fail("the report names no object"));
+        };
+        check_eq!(found.address, object);
+        check_eq!(found.size, 100);
+        check!(!found.remembered);
+        check!(found.alloc_task.is_none() && found.free_task.is_none());
+    }
+    heap::free(object);
+    Ok(Verdict::Passed)
+}
+
+/// A freed object the stack ring has forgotten (its block kept from merging by its live buddy):
+/// a stale read of it is its use-after-free, and the report names it, not remembered.
+fn kasan_sound_forgotten_freed_object(_: &Context) -> Outcome {
+    if !CHECKED {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    let (object, neighbour) = buddy_pair(48)?;
+    heap::free(object);
+    forget_ring();
+    check!(heap::newest_entry(object, true).is_none());
+    let (count, report) = recording::scope(|| {
+        black_box(read_u8(object + 40));
+    });
+    check_eq!(count, 1);
+    let Some(report) = report else {
+        return Err(fail("no report recorded"));
+    };
+    check!(report.bug == BugType::UseAfterFree);
+    let Some(found) = report.object else {
+        return Err(fail("the report names no object"));
+    };
+    check_eq!(found.address, object);
+    check!(!found.remembered);
+    heap::free(neighbour);
+    Ok(Verdict::Passed)
+}
+
+/// A stale pointer freed after its block went to another object and the stack ring wrapped: a
+/// double free (Linux's word for a free of an object's start that does not match), where the
+/// ring alone had forgotten the free and called it an invalid free. The new object stays live.
+fn kasan_sound_stale_free_after_reuse(_: &Context) -> Outcome {
+    let (stale, neighbour) = buddy_pair(48)?;
+    heap::free(stale);
+    let mut reused = allocate(48);
+    while tag_of(reused) == tag_of(stale) {
+        heap::free(reused);
+        reused = allocate(48);
+    }
+    check_eq!(untagged(reused), untagged(stale));
+    forget_ring();
+    check!(heap::newest_entry(stale, true).is_none());
+    let (count, report) = recording::scope(|| heap::free(stale));
+    check_eq!(count, 1);
+    check!(report.is_some_and(|report| report.bug == BugType::DoubleFree && report.address == stale));
+    check_eq!(Tags::memory_tag(untagged(reused)), tag_of(reused));
+    let (count, _) = recording::scope(|| {
+        heap::free(reused);
+        heap::free(neighbour);
+    });
+    check_eq!(count, 0);
+    Ok(Verdict::Passed)
+}
+
+/// An access 17 to 32 bytes past a live object of 80 bytes (no slack: its block ends 16 bytes
+/// after it) lands in the guard of the next block, whose freed object has the live object's
+/// tag: the live object's out-of-bounds (the nearest live object within 64 bytes comes before a
+/// freed object's block), not the freed neighbour's use-after-free.
+fn kasan_sound_overflow_into_freed_neighbour(_: &Context) -> Outcome {
+    if !CHECKED {
+        return Ok(Verdict::Skipped(NO_CHECKS));
+    }
+    let (live, mut neighbour) = buddy_pair(80)?;
+    check_eq!(untagged(neighbour), untagged(live) + 128);
+    while tag_of(neighbour) != tag_of(live) {
+        heap::free(neighbour);
+        neighbour = allocate(80);
+        check_eq!(untagged(neighbour), untagged(live) + 128);
+    }
+    heap::free(neighbour);
+    let site = site(kasan_sound_overflow_into_freed_neighbour);
+    for distance in 17..=32 {
+        let address = live + 80 - 1 + distance;
+        let report = expect_report(Expect { bug: BugType::OutOfBounds, size: 1, write: false, site }, || {
+            black_box(read_u8(address));
+        })?;
+        check_eq!(report.object.map_or(0, |object| object.address), live);
+    }
+    heap::free(live);
+    Ok(Verdict::Passed)
 }
 
 /// The cases of Linux's `mm/kasan/kasan_test_c.c` that apply to a heap-only tag-based sanitizer

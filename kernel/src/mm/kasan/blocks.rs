@@ -135,6 +135,25 @@ impl BlockTable {
         self.objects[index] = entry;
     }
 
+    /// Every object entry (live or freed) whose block, as the entry describes it, holds
+    /// `address` (in the heap, untagged), with the object's address: for each order, the block
+    /// of that order around the address, and each offset an object can have in it (about 190
+    /// entries read; for reports, never on the allocation path). At most one is live (live
+    /// blocks never overlap); a freed entry stays until another object starts in its 64 bytes,
+    /// so freed ones may describe blocks since merged or split again.
+    pub fn holding(&self, address: u64) -> impl Iterator<Item = (u64, ObjectEntry)> + '_ {
+        (MIN_ORDER..=MAX_ORDER).flat_map(move |order| {
+            let block = address & !((1u64 << order) - 1);
+            let inside = block >= self.start && block.wrapping_add(1 << order) <= self.end;
+            (MIN_OFFSET_LOG2..order).filter(move |_| inside).filter_map(move |offset_log2| {
+                let object = block + (1 << offset_log2);
+                let entry = self.object(object);
+                (entry.state != NEVER && u32::from(entry.order) == order && u32::from(entry.offset_log2) == offset_log2)
+                    .then_some((object, entry))
+            })
+        })
+    }
+
     /// log2 of the largest free block (None: the heap is full).
     pub fn largest_free_order(&self) -> Option<u32> {
         (self.nonempty != 0).then(|| 31 - self.nonempty.leading_zeros())

@@ -86,10 +86,10 @@
 //! `prod` and `plain` the tags in pointers are ignored by the MMU (TBI) and by everything else.
 
 use super::Tags;
-use super::blocks::{self, BlockTable, FREED, LIVE, ObjectEntry};
+use super::blocks::{self, BlockTable, FREED, LIVE, NEVER, ObjectEntry};
 use super::record::{self, HeapView};
 use super::report::BugType;
-use super::ring::{Found, Ring, RingEntry};
+use super::ring::{ADJACENT, Found, Objects, Ring, RingEntry};
 use super::storage::{TagStorage, tag_of, untagged, with_tag};
 use crate::arch::uninstrumented;
 use crate::inject::{self, Fault};
@@ -465,9 +465,14 @@ fn check_free(state: &State, pointer: u64) -> Result<ObjectEntry, BadFree> {
     let tag_matches = tag == Tags::MATCH_ALL || tag == header.tag;
     let live = header.state == LIVE && plausible(&header, address);
     if !live || !tag_matches {
-        // Freed already? The table says so until another object starts in the same 64 bytes;
-        // the ring remembers recent frees of a block live again under another tag.
-        let freed_header = header.state == FREED && tag_matches && plausible(&header, address);
+        // Linux's rule (its slab free check): a pointer to where an object starts, or started,
+        // that does not free a live object with its tag is a double free: a stale pointer to an
+        // object freed before. The table says an object started here until another object
+        // starts in the same 64 bytes, so this holds after the stack ring wrapped and after
+        // another object took the block (the ring alone then made it an invalid free). The
+        // ring also remembers recent frees at an address whose entry an object starting 32
+        // bytes away (in the same 64 bytes) replaced.
+        let object_start = header.state != NEVER && plausible(&header, address);
         let freed_in_ring =
             state
                 .ring
@@ -476,7 +481,7 @@ fn check_free(state: &State, pointer: u64) -> Result<ObjectEntry, BadFree> {
                     if tag == Tags::MATCH_ALL { untagged(entry.pointer) == address } else { entry.pointer == pointer }
                 })
                 .is_some_and(|entry| entry.freed);
-        return Err(if freed_header || freed_in_ring { BadFree::Double } else { BadFree::Invalid });
+        return Err(if object_start || freed_in_ring { BadFree::Double } else { BadFree::Invalid });
     }
     // The shadow agrees with the header: the object's first granule (if it has one) carries its
     // tag, the guard granule before it is invalid.
@@ -645,15 +650,64 @@ fn live_entry(table: &BlockTable, entry: &RingEntry) -> Option<ObjectEntry> {
     (header.state == LIVE && header.tag == tag_of(entry.pointer) && plausible(&header, object)).then_some(header)
 }
 
-/// What the stack ring knows about the object a faulting pointer meant (ring.rs); None when
-/// the heap is locked (a report from inside the heap's own critical section).
+/// The block table as the stack ring's classification asks it (ring.rs, `Objects`).
+struct TableObjects<'a>(&'a BlockTable);
+
+/// A table entry as a ring entry without a stack.
 #[sanitize(kernel_hwaddress = "off")]
-pub fn find_object(address: u64) -> Found {
-    // Live with the entry's size too: with MTE's 14 tags a stale entry often has the tag of the
-    // object live at its address now.
+fn table_entry((object, entry): (u64, ObjectEntry)) -> RingEntry {
+    RingEntry {
+        pointer: with_tag(object, entry.tag),
+        size: entry.size,
+        stack: 0,
+        task: 0,
+        offset_log2: entry.offset_log2,
+        order: entry.order,
+        freed: entry.state == FREED,
+    }
+}
+
+impl Objects for TableObjects<'_> {
+    /// Live with the entry's size too: with MTE's 14 tags a stale entry often has the tag of
+    /// the object live at its address now.
+    #[sanitize(kernel_hwaddress = "off")]
+    fn is_live(&self, entry: &RingEntry) -> bool {
+        live_entry(self.0, entry).is_some_and(|live| live.size == entry.size)
+    }
+
+    #[sanitize(kernel_hwaddress = "off")]
+    fn live_holding(&self, address: u64, tag: u8) -> Option<RingEntry> {
+        let mut holding = self.0.holding(address);
+        holding.find(|(_, entry)| entry.state == LIVE && entry.tag == tag).map(table_entry)
+    }
+
+    /// Every block within ADJACENT of the address holds the address, or the address ADJACENT
+    /// before or after it (blocks are at least ADJACENT bytes, aligned to their size).
+    #[sanitize(kernel_hwaddress = "off")]
+    fn live_near(&self, address: u64, tag: u8) -> Option<RingEntry> {
+        [address.wrapping_sub(ADJACENT), address, address + ADJACENT]
+            .into_iter()
+            .flat_map(|point| self.0.holding(point))
+            .filter(|(_, entry)| entry.state == LIVE && entry.tag == tag)
+            .map(table_entry)
+            .filter(|entry| entry.distance(address) <= ADJACENT)
+            .min_by_key(|entry| entry.distance(address))
+    }
+
+    #[sanitize(kernel_hwaddress = "off")]
+    fn freed_holding(&self, address: u64, tag: u8, in_object: bool) -> Option<RingEntry> {
+        let mut holding = self.0.holding(address).filter(|(_, entry)| entry.state == FREED && entry.tag == tag);
+        holding.map(table_entry).find(|entry| !in_object || entry.object_contains(address))
+    }
+}
+
+/// What the stack ring and the block table know about the object a faulting pointer meant
+/// (ring.rs); None when the heap is locked (a report from inside the heap's own critical
+/// section).
+#[sanitize(kernel_hwaddress = "off")]
+pub fn find_object(address: u64) -> Option<Found> {
     let state = STATE.try_lock()?;
-    let live_now = |entry: &RingEntry| live_entry(&state.table, entry).is_some_and(|live| live.size == entry.size);
-    state.ring.find_object(address, live_now)
+    state.ring.find_object(address, &TableObjects(&state.table))
 }
 
 /// What the heap knows about a faulting address, for the record step: the object the ring

@@ -9,7 +9,7 @@
 
 use super::Tags;
 use super::report::{self, BugType, Evidence, GRANULES_PER_ROW, MEMORY_ROWS, MemoryState, Object, Report, SavedStack};
-use super::ring::{Found, RingEntry};
+use super::ring::Found;
 use super::storage::{TagStorage, tag_of, untagged};
 use crate::stacktrace;
 use stackdepot::DepotHandle;
@@ -30,9 +30,9 @@ pub struct Mismatch {
 /// What the heap knows about a faulting address when it is reported.
 #[derive(Clone, Copy)]
 pub struct HeapView {
-    /// What the stack ring attributes the address to (None when it knows nothing, or the heap
-    /// was locked).
-    pub found: Found,
+    /// What the stack ring and the block table attribute the address to (None when they know
+    /// nothing, or the heap was locked).
+    pub found: Option<Found>,
     /// The heap's address range (untagged): the memory state is shown only inside it.
     pub range: (u64, u64),
     /// The heap's stack-collection mode, named when a stack was not saved.
@@ -46,7 +46,7 @@ pub struct HeapView {
 #[sanitize(kernel_hwaddress = "off")]
 pub fn mismatch(mismatch: &Mismatch, heap: HeapView) {
     let bug = match heap.found {
-        Some((entry, _)) if entry.freed => BugType::UseAfterFree,
+        Some(found) if found.entry.freed => BugType::UseAfterFree,
         Some(_) => BugType::OutOfBounds,
         None => BugType::InvalidAccess,
     };
@@ -58,7 +58,7 @@ pub fn mismatch(mismatch: &Mismatch, heap: HeapView) {
         pointer_tag: mismatch.pointer_tag,
         memory_tag: mismatch.memory_tag,
         pc: mismatch.return_address,
-        object: heap.found.map(|(entry, allocation)| object_of(entry, allocation)),
+        object: heap.found.map(object_of),
         stack_mode: heap.stack_mode,
     };
     report::publish(&gather(report, &heap));
@@ -90,7 +90,7 @@ pub fn bad_free(bug: BugType, pointer: u64, memory_tag: Option<u8>, free_functio
         pointer_tag: tag_of(pointer),
         memory_tag: memory_tag.unwrap_or(Tags::MATCH_ALL),
         pc,
-        object: heap.found.map(|(entry, allocation)| object_of(entry, allocation)),
+        object: heap.found.map(object_of),
         stack_mode: heap.stack_mode,
     };
     report::publish(&gather(report, &heap));
@@ -128,10 +128,15 @@ pub fn saved_frames(stack: u32, buffer: &mut [u64; stackdepot::MAX_FRAMES]) -> &
     DepotHandle::from_raw(stack).and_then(|handle| stacktrace::DEPOT.fetch(handle, buffer)).unwrap_or(&[])
 }
 
-/// The report's object from the ring's entry and, when that entry is a free, the allocation
-/// entry before it.
-fn object_of(entry: RingEntry, allocation: Option<RingEntry>) -> Object {
-    let (alloc, free) = if entry.freed { (allocation, Some(entry)) } else { (Some(entry), None) };
+/// The report's object from what the ring found: its entry and, when that entry is a free, the
+/// allocation entry before it; no stacks when the ring no longer remembers the object.
+fn object_of(found: Found) -> Object {
+    let Found { entry, allocation, remembered } = found;
+    let (alloc, free) = match (remembered, entry.freed) {
+        (false, _) => (None, None),
+        (true, true) => (allocation, Some(entry)),
+        (true, false) => (Some(entry), None),
+    };
     Object {
         address: entry.pointer,
         size: entry.size,
@@ -139,6 +144,7 @@ fn object_of(entry: RingEntry, allocation: Option<RingEntry>) -> Object {
         alloc_task: alloc.map(|entry| entry.task),
         free_stack: free.map_or(0, |entry| entry.stack),
         free_task: free.map(|entry| entry.task),
+        remembered,
     }
 }
 

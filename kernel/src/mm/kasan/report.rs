@@ -35,6 +35,10 @@
 //! ==================================================================
 //! ```
 //!
+//! An object the stack ring no longer remembers (the heap's block table still knows its address,
+//! size and state) has the line `(object not remembered): ...` where its stacks would be: no
+//! other object's stacks stand in for its own.
+//!
 //! With short granules (`--kasan-short-granules`) the memory tag of an object's partly used
 //! last granule is its length (`0d`: 13 bytes used), as HWASan prints it, and a second table,
 //! HWASan's "Tags for short granules around the buggy address", shows the tag in each short
@@ -89,6 +93,9 @@ pub struct Object {
     pub alloc_task: Option<u16>,
     pub free_stack: u32,
     pub free_task: Option<u16>,
+    /// Whether the stack ring still remembers the object (else it came from the heap's block
+    /// table, and has no stacks).
+    pub remembered: bool,
 }
 
 /// One report, as recorded for tests.
@@ -349,8 +356,13 @@ fn print(evidence: &Evidence) {
         defmt::error!("  fp #{=usize} {=u64:#x}", index, entry.address);
     }
     if let Some(object) = report.object {
-        print_saved("Allocated by", &evidence.allocated, report.stack_mode);
-        print_saved("Freed by", &evidence.freed, report.stack_mode);
+        if object.remembered {
+            print_saved("Allocated by", &evidence.allocated, report.stack_mode);
+            print_saved("Freed by", &evidence.freed, report.stack_mode);
+        } else {
+            defmt::error!("");
+            defmt::error!("(object not remembered): the stack ring no longer holds its allocation or free");
+        }
         let start = untagged(object.address);
         let end = start + object.size as u64;
         let address = untagged(report.address);
