@@ -11,7 +11,7 @@
 //!   fails exactly as the task's own store would, and the task gets that fault at the probed PC.
 //!   One round trip.
 //! - `Detour`: the instruction becomes `B trampoline`; the per-probe trampoline in the XOL page
-//!   is `[SVC #0x5550, insn, B address + 4]`: one (cheaper, SVC) round trip, then the displaced
+//!   is `[SVC #0x550, insn, B address + 4]`: one (cheaper, SVC) round trip, then the displaced
 //!   instruction runs natively at EL0.
 //!
 //! Where a stepped probe's instruction runs ([`XolSlots`], chosen per probe at registration):
@@ -57,7 +57,12 @@ pub enum XolSlots {
     PerCpu { skip_unchanged: bool },
 }
 
+/// One uprobe's record. `repr(C)` with the hit count first: the hit path's counter increment is
+/// an exclusive-load/store pair on the record pointer itself, with no offset to add.
+#[repr(C)]
 pub(super) struct Uprobe {
+    /// Hits since registration.
+    pub(super) hits: AtomicU64,
     pub(super) address: u64,
     kernel_address: u64,
     pub(super) original: u32,
@@ -70,7 +75,6 @@ pub(super) struct Uprobe {
 /// pointer to each (null: free).
 static RECORDS: Records<Uprobe, MAX_UPROBES> = Records::new();
 static PUBLISHED: [AtomicPtr<Uprobe>; MAX_UPROBES] = [const { AtomicPtr::new(core::ptr::null_mut()) }; MAX_UPROBES];
-pub(super) static HITS: [AtomicU64; MAX_UPROBES] = [const { AtomicU64::new(0) }; MAX_UPROBES];
 /// Serialises registration; the hit path never takes it.
 static REGISTER: IrqSpinLock<()> = IrqSpinLock::new(());
 
@@ -217,14 +221,13 @@ pub fn register_with_slots(
         XolSlots::PerProbe => planned,
         XolSlots::PerCpu { skip_unchanged } => planned.in_cpu_slot(skip_unchanged),
     };
-    let probe = Uprobe { address, kernel_address, original, action, handler, return_handler };
+    let probe = Uprobe { hits: AtomicU64::new(0), address, kernel_address, original, action, handler, return_handler };
     let (offset, words) = xol_words(index, &probe)?;
     let patched = match action {
         Action::Detour { trampoline } => encode_b(address, trampoline).map_err(|_| ProbeError::OutOfBranchRange)?.0,
         _ => encode_brk(BRK_UPROBE).0,
     };
     write_xol(offset, &words, 0..TASK_SLOTS);
-    HITS[index].store(0, Ordering::Relaxed);
     uretprobe::clear_returns(index);
     // SAFETY: the record is unpublished (its pointer is null) and we hold REGISTER.
     unsafe { RECORDS.pointer(index).write(probe) };
@@ -281,7 +284,7 @@ fn poison(index: usize) {
 
 /// Hits and return-handler runs of the uprobe at `address`.
 pub fn counts(address: u64) -> Option<(u64, u64)> {
-    lookup(address).map(|(index, _)| (HITS[index].load(Ordering::Relaxed), uretprobe::returns(index)))
+    lookup(address).map(|(index, probe)| (probe.hits.load(Ordering::Relaxed), uretprobe::returns(index)))
 }
 
 /// The user address of the detour trampoline of the uprobe at `address`, if it is a detour.

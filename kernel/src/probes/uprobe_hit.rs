@@ -12,7 +12,7 @@ use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::action::{Action, CpuSlot};
 use super::frame::{FrameRegisters, registers};
-use super::uprobe::{BRK_UPROBE, HITS, NO_STEP, Uprobe, lookup, published, record, retiring};
+use super::uprobe::{BRK_UPROBE, NO_STEP, Uprobe, lookup, published, record, retiring};
 use super::uprobe_xol::{
     BRK_UPROBE_STEP, DETOUR_AREA_BYTES, DETOUR_OFFSET, MAX_UPROBES, cpu_slot_offset, fill_cpu_slot, release_cpu_slot,
     slot_offset,
@@ -135,7 +135,7 @@ fn on_brk(frame: &mut ExceptionFrame) -> bool {
     let Some((index, probe)) = lookup(frame.elr) else {
         return brk_removed(frame.elr);
     };
-    HITS[index].fetch_add(1, Ordering::Relaxed);
+    probe.hits.fetch_add(1, Ordering::Relaxed);
     (probe.handler)(registers(frame));
     if probe.return_handler.is_some() {
         uretprobe::hijack_return(frame, index);
@@ -263,9 +263,17 @@ fn finish_step(frame: &mut ExceptionFrame, hardware_step: bool) -> bool {
     true
 }
 
+/// The detour trampoline's SVC: the handler runs on the task's frame with `pc` the probed
+/// address, as at a BRK. Then, as Linux's uprobes do, the task resumes where the handler left
+/// `pc`: unchanged, at the trampoline's displaced instruction (then its branch back); changed,
+/// at the new address, the instruction skipped. Every other register the handler changed,
+/// `sp` included, is what the task resumes with (the frame is restored at the return).
 #[unsafe(link_section = ".text.noprobe")]
 fn on_detour(frame: &mut ExceptionFrame) -> bool {
-    let offset = frame.elr.wrapping_sub(4).wrapping_sub(USER_XOL + DETOUR_OFFSET);
+    // The trampoline's address after its SVC: where an unchanged `pc` resumes. Kept from the
+    // first load, which also finds the probe's index.
+    let resume = frame.elr;
+    let offset = resume.wrapping_sub(4).wrapping_sub(USER_XOL + DETOUR_OFFSET);
     let index = (offset / 16) as usize;
     if !offset.is_multiple_of(16) || index >= MAX_UPROBES {
         return false;
@@ -282,11 +290,14 @@ fn on_detour(frame: &mut ExceptionFrame) -> bool {
         reschedule_before_hit(frame, probe);
         return true;
     }
-    HITS[index].fetch_add(1, Ordering::Relaxed);
-    let resume = frame.elr;
-    frame.elr = probe.address;
+    probe.hits.fetch_add(1, Ordering::Relaxed);
+    // Read once: compared after the handler, which the compiler cannot see into.
+    let address = probe.address;
+    frame.elr = address;
     (probe.handler)(registers(frame));
-    frame.elr = resume;
+    if frame.elr == address {
+        frame.elr = resume;
+    }
     if probe.return_handler.is_some() {
         uretprobe::hijack_return(frame, index);
     }

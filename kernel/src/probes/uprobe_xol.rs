@@ -16,8 +16,10 @@ use probes::encode_brk;
 
 /// BRK immediate of the step back from a slot.
 pub const BRK_UPROBE_STEP: u16 = 0x120;
-/// SVC immediate of the detour trampolines.
-pub const SVC_UPROBE_DETOUR: u16 = 0x5550;
+/// SVC immediate of the detour trampolines. Below 4096, so that the trap table's compare takes
+/// it as an immediate (a larger one is built in a register first: one more instruction per hit).
+pub const SVC_UPROBE_DETOUR: u16 = 0x550;
+const _: () = assert!(SVC_UPROBE_DETOUR < 4096, "a 12-bit compare immediate");
 
 /// Probe indices: each owns one step slot and one detour trampoline in every XOL page.
 pub const MAX_UPROBES: usize = 16;

@@ -23,6 +23,8 @@ pub const TESTS: &[Test] = &[
     Test { name: "user uprobe handler sees user registers (PAN on where present)", run: uprobe_handler_sees_registers },
     Test { name: "user uprobe uretprobe recursion and nesting", run: uretprobe_recursion_and_nesting },
     Test { name: "user uprobe refusals say why", run: uprobe_refusals_say_why },
+    Test { name: "user uprobe detour honours a pc change", run: uprobe_detour_honours_pc_change },
+    Test { name: "user uprobe detour honours an sp change", run: uprobe_detour_honours_sp_change },
     Test { name: "smp_uprobes_every_cpu", run: smp_uprobes_every_cpu },
 ];
 
@@ -191,6 +193,11 @@ user_test_mul:
     mul     x0, x0, x1
     ret
     .balign 16
+    .global user_test_sp
+user_test_sp:
+    mov     x0, sp
+    ret
+    .balign 16
     .global user_test_svc
 user_test_svc:
     svc     #0
@@ -235,6 +242,7 @@ unsafe extern "C" {
     static user_test_push: u32;
     static user_test_ret: u32;
     static user_test_mul: u32;
+    static user_test_sp: u32;
     static user_test_svc: u32;
     static user_recurse: u32;
     static user_outer: u32;
@@ -521,6 +529,46 @@ fn uprobe_refusals_say_why(_: &Context) -> Outcome {
     check!(uprobes::register(push, Method::Detour, count_hit, None) == Err(ProbeError::AlreadyRegistered));
     check!(uprobes::unregister(push).is_ok());
     check!(uprobes::unregister(push) == Err(ProbeError::NotRegistered));
+    Ok(Verdict::Passed)
+}
+
+/// A handler asking to skip the instruction, Linux-style (a new PC: here the `ret` after it),
+/// that also sets x0.
+fn skip_instruction(registers: &mut Registers) {
+    registers.pc += 4;
+    registers.x[0] = 1000;
+}
+
+fn uprobe_detour_honours_pc_change(_: &Context) -> Outcome {
+    let program = at(&raw const user_prog_call);
+    let target = at(&raw const user_test_mul);
+    // user_prog_call: x0 = x1 = 7 at `mul x0, x0, x1`.
+    check!(run(program, [target, 7, 0]) == Ok(49));
+    check!(uprobes::register(target, Method::Detour, skip_instruction, None).is_ok());
+    let result = run(program, [target, 7, 0]);
+    let counts = uprobes::counts(target);
+    check!(uprobes::unregister(target).is_ok());
+    // Skipped, the handler's x0 comes back; performed, 1000 * 7.
+    check!(result == Ok(1000));
+    check!(counts == Some((1, 0)));
+    Ok(Verdict::Passed)
+}
+
+/// A handler moving SP down by 64 bytes.
+fn move_stack_pointer(registers: &mut Registers) {
+    registers.sp -= 64;
+}
+
+fn uprobe_detour_honours_sp_change(_: &Context) -> Outcome {
+    let program = at(&raw const user_prog_call);
+    let target = at(&raw const user_test_sp);
+    // `mov x0, sp` returns the SP the target runs on (user_prog_call exits at once after it).
+    let unprobed = run(program, [target, 0, 0]).map_err(|_| super::fail("unprobed run faulted"))?;
+    check!(uprobes::register(target, Method::Detour, move_stack_pointer, None).is_ok());
+    let result = run(program, [target, 0, 0]);
+    check!(uprobes::unregister(target).is_ok());
+    // The displaced instruction ran with the handler's SP.
+    check!(result == Ok(unprobed - 64));
     Ok(Verdict::Passed)
 }
 

@@ -422,7 +422,7 @@ const UNREGISTERED: usize = 1;
 const FAILED: usize = 2;
 const TIMED_OUT: usize = 3;
 
-/// The detour's handler (in the task's `SVC #0x5550` exception, IRQs masked). On the armed hit
+/// The detour's handler (in the task's `SVC #0x550` exception, IRQs masked). On the armed hit
 /// it brings this CPU's tick forward to now: pending until the `eret` to trampoline + 4 unmasks
 /// IRQs, taken there, and the tick asks for a reschedule (`need_resched`) at that IRQ's exit.
 /// (Not the wake-up SGI: a uniprocessor GICv2 has no target list to send one to itself.)
