@@ -292,7 +292,10 @@ fn round_up(value: u64, to: u64) -> u64 {
 
 /// Runs `f` on the locked state with IRQs masked (the mask is taken before the lock and
 /// dropped after it, so an interrupt never spins on a lock its own CPU holds). Not an
-/// `IrqSpinLock`: a report needs `try_lock` on the same state (`find_object`).
+/// `IrqSpinLock`: a report needs `try_lock` on the same state (`find_object`). Always inlined:
+/// out of line, each caller's closure reached every variable it captured through a pointer to
+/// it, on the allocation and free paths.
+#[inline(always)]
 #[sanitize(kernel_hwaddress = "off")]
 fn locked<R>(f: impl FnOnce(&mut State) -> R) -> R {
     let _mask = IrqMask::new();
@@ -329,9 +332,9 @@ fn allocate_with_stack(size: usize, align: usize, stack: u32) -> Option<u64> {
         let block = state.table.allocate(order)?;
         let object = block + offset;
         // The tag of the freed object that started in the same 64 bytes, which a stale pointer
-        // to it carries: excluded where the tag storage can (MTE's IRG).
-        let previous = state.table.object(object);
-        let tag = Tags::random_tag_replacing(if previous.state == FREED { previous.tag } else { INVALID });
+        // to it carries (0: none did; no live object can start there): excluded where the tag
+        // storage can (MTE's IRG).
+        let tag = Tags::random_tag_replacing(state.table.object(object).tag);
         let order = order as u8;
         let entry =
             ObjectEntry { size: size as u32, offset_log2: offset.trailing_zeros() as u8, order, tag, state: LIVE };
@@ -465,23 +468,7 @@ fn check_free(state: &State, pointer: u64) -> Result<ObjectEntry, BadFree> {
     let tag_matches = tag == Tags::MATCH_ALL || tag == header.tag;
     let live = header.state == LIVE && plausible(&header, address);
     if !live || !tag_matches {
-        // Linux's rule (its slab free check): a pointer to where an object starts, or started,
-        // that does not free a live object with its tag is a double free: a stale pointer to an
-        // object freed before. The table says an object started here until another object
-        // starts in the same 64 bytes, so this holds after the stack ring wrapped and after
-        // another object took the block (the ring alone then made it an invalid free). The
-        // ring also remembers recent frees at an address whose entry an object starting 32
-        // bytes away (in the same 64 bytes) replaced.
-        let object_start = header.state != NEVER && plausible(&header, address);
-        let freed_in_ring =
-            state
-                .ring
-                .newest_first()
-                .find(|entry| {
-                    if tag == Tags::MATCH_ALL { untagged(entry.pointer) == address } else { entry.pointer == pointer }
-                })
-                .is_some_and(|entry| entry.freed);
-        return Err(if object_start || freed_in_ring { BadFree::Double } else { BadFree::Invalid });
+        return Err(refused(state, pointer, &header));
     }
     // The shadow agrees with the header: the object's first granule (if it has one) carries its
     // tag, the guard granule before it is invalid.
@@ -493,6 +480,28 @@ fn check_free(state: &State, pointer: u64) -> Result<ObjectEntry, BadFree> {
         return Err(BadFree::Invalid);
     }
     Ok(header)
+}
+
+/// Why `check_free` refuses `pointer`, whose table entry (`header`) is no live object's with
+/// its tag. Linux's rule (its slab free check): a pointer to where an object starts, or
+/// started, that does not free a live object with its tag is a double free, a stale pointer to
+/// an object freed before. The table says an object started here until another object starts
+/// in the same 64 bytes, so this holds after the stack ring wrapped and after another object
+/// took the block (the ring alone then made it an invalid free). The ring also remembers
+/// recent frees at an address whose entry an object starting 32 bytes away (in the same 64
+/// bytes) replaced. Out of line and cold: the free path's registers stay its own.
+#[cold]
+#[inline(never)]
+#[sanitize(kernel_hwaddress = "off")]
+fn refused(state: &State, pointer: u64, header: &ObjectEntry) -> BadFree {
+    let (tag, address) = (tag_of(pointer), untagged(pointer));
+    let object_start = header.state != NEVER && plausible(header, address);
+    let freed_in_ring = state
+        .ring
+        .newest_first()
+        .find(|entry| if tag == Tags::MATCH_ALL { untagged(entry.pointer) == address } else { entry.pointer == pointer })
+        .is_some_and(|entry| entry.freed);
+    if object_start || freed_in_ring { BadFree::Double } else { BadFree::Invalid }
 }
 
 /// Frees the object at `pointer` (as returned by [`allocate`], or with the match-all tag). A

@@ -57,14 +57,17 @@ impl TagStorage for MteTags {
         (mte::random_tag(untagged(0)) >> 56) as u8
     }
 
-    /// IRG with `previous` in its exclusion operand (ORed with GCR_EL1.Exclude by the
-    /// instruction itself: no GCR_EL1 write). QEMU's IRG draws by stepping a 4-bit LFSR offset
-    /// past the last tag drawn, so without the exclusion an object freed and its block handed
-    /// out again at once got the same tag back 1 time in 8 (offsets 0 and 14 of 16 land on it).
-    /// 0xFE (no predecessor) excludes 0xE, which GCR_EL1 excludes already.
+    /// IRG with `previous` in its exclusion operand (bits [15:0], ORed with GCR_EL1.Exclude
+    /// by the instruction itself: no GCR_EL1 write). QEMU's IRG draws by stepping a 4-bit LFSR
+    /// offset past the last tag drawn, so without the exclusion an object freed and its block
+    /// handed out again at once got the same tag back 1 time in 8 (offsets 0 and 14 of 16 land
+    /// on it). The mask is 1 shifted by `previous ^ 0xF0` modulo 64 (one shift, as `lsl`
+    /// takes its amount): an object tag 0xF0 + t sets bit t, and 0 (no predecessor) sets bit
+    /// 48, which IRG ignores.
     #[inline(always)]
     fn random_tag_replacing(previous: u8) -> u8 {
-        (mte::random_tag_excluding(untagged(0), 1 << (previous & 0xf)) >> 56) as u8
+        let exclude = 1u64.wrapping_shl(u32::from(previous ^ 0xf0));
+        (mte::random_tag_excluding(untagged(0), exclude) >> 56) as u8
     }
 
     fn seed(seed: u32) {

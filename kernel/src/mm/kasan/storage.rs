@@ -54,9 +54,9 @@ pub trait TagStorage {
     /// The next object tag of this CPU's generator. Callers run with interrupts masked.
     fn random_tag() -> u8;
     /// The next object tag for an object that starts where the freed object tagged `previous`
-    /// started (or [`TagStorage::INVALID`]: none did), never `previous` where the storage can
-    /// exclude a tag at no cost: a stale pointer to the freed object then mismatches its
-    /// successor. Callers run with interrupts masked.
+    /// started (0: none did), never `previous` where the storage can exclude a tag at no cost:
+    /// a stale pointer to the freed object then mismatches its successor. Callers run with
+    /// interrupts masked.
     fn random_tag_replacing(previous: u8) -> u8;
     /// Seeds every CPU's generator (`tag-seed=`), so that a run's tags are reproducible.
     fn seed(seed: u32);
