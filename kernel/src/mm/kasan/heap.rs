@@ -292,11 +292,11 @@ fn round_up(value: u64, to: u64) -> u64 {
 
 /// Runs `f` on the locked state with IRQs masked (the mask is taken before the lock and
 /// dropped after it, so an interrupt never spins on a lock its own CPU holds). Not an
-/// `IrqSpinLock`: a report needs `try_lock` on the same state (`find_object`). Always inlined:
-/// out of line, each caller's closure reached every variable it captured through a pointer to
-/// it, on the allocation and free paths.
+/// `IrqSpinLock`: a report needs `try_lock` on the same state (`find_object`). Always inlined
+/// (and so compiled as its callers are, all exempt from the sanitizer): out of line, each
+/// caller's closure reached every variable it captured through a pointer to it, on the
+/// allocation and free paths.
 #[inline(always)]
-#[sanitize(kernel_hwaddress = "off")]
 fn locked<R>(f: impl FnOnce(&mut State) -> R) -> R {
     let _mask = IrqMask::new();
     f(&mut STATE.lock())
@@ -499,7 +499,9 @@ fn refused(state: &State, pointer: u64, header: &ObjectEntry) -> BadFree {
     let freed_in_ring = state
         .ring
         .newest_first()
-        .find(|entry| if tag == Tags::MATCH_ALL { untagged(entry.pointer) == address } else { entry.pointer == pointer })
+        .find(
+            |entry| if tag == Tags::MATCH_ALL { untagged(entry.pointer) == address } else { entry.pointer == pointer },
+        )
         .is_some_and(|entry| entry.freed);
     if object_start || freed_in_ring { BadFree::Double } else { BadFree::Invalid }
 }
@@ -705,7 +707,7 @@ impl Objects for TableObjects<'_> {
 
     #[sanitize(kernel_hwaddress = "off")]
     fn freed_holding(&self, address: u64, tag: u8, in_object: bool) -> Option<RingEntry> {
-        let mut holding = self.0.holding(address).filter(|(_, entry)| entry.state == FREED && entry.tag == tag);
+        let holding = self.0.holding(address).filter(|(_, entry)| entry.state == FREED && entry.tag == tag);
         holding.map(table_entry).find(|entry| !in_object || entry.object_contains(address))
     }
 }
@@ -790,11 +792,13 @@ pub fn newest_entry(pointer: u64, freed: bool) -> Option<RingEntry> {
 }
 
 /// Block table statistics: bytes requested by users, bytes in allocated blocks.
+#[sanitize(kernel_hwaddress = "off")]
 pub fn usage() -> (usize, usize) {
     locked(|state| state.table.usage())
 }
 
 /// The size of the largest free block (0: none): an alignment up to half of it is served.
+#[sanitize(kernel_hwaddress = "off")]
 pub fn largest_free_block() -> u64 {
     locked(|state| state.table.largest_free_order().map_or(0, |order| 1 << order))
 }

@@ -160,7 +160,9 @@ impl Ring {
             .or_else(|| freed_in_object().map(|entry| self.with_allocation(*entry)))
             .or_else(|| objects.live_near(untagged, tag).map(|live| self.remembered(live)))
             .or_else(|| objects.freed_holding(untagged, tag, true).map(|freed| self.remembered(freed)))
-            .or_else(|| same_tag().find(|entry| entry.block_contains(untagged)).map(|entry| self.with_allocation(*entry)))
+            .or_else(|| {
+                same_tag().find(|entry| entry.block_contains(untagged)).map(|entry| self.with_allocation(*entry))
+            })
             .or_else(|| objects.freed_holding(untagged, tag, false).map(|freed| self.remembered(freed)))
             .or_else(|| nearest().map(|entry| self.with_allocation(*entry)))
     }
@@ -168,8 +170,9 @@ impl Ring {
     /// An object the block table describes (`object`: no stack), with its ring entries when the
     /// ring still holds them: the newest entry with its tagged address, size and state.
     fn remembered(&self, object: RingEntry) -> Found {
-        let same =
-            |entry: &&RingEntry| entry.pointer == object.pointer && entry.freed == object.freed && entry.size == object.size;
+        let same = |entry: &&RingEntry| {
+            entry.pointer == object.pointer && entry.freed == object.freed && entry.size == object.size
+        };
         match self.newest_first().find(same) {
             Some(entry) => self.with_allocation(*entry),
             None => Found { entry: object, allocation: None, remembered: false },
