@@ -1263,6 +1263,25 @@ fn forget_ring() {
     }
 }
 
+/// A one-byte read at `address` reported once as `bug`, of an object the stack ring no longer
+/// remembers: the report's object, which has no stacks.
+fn forgotten_report(bug: BugType, address: u64) -> Result<crate::mm::kasan::report::Object, Failure> {
+    let (count, report) = recording::scope(|| {
+        black_box(read_u8(address));
+    });
+    check_eq!(count, 1);
+    let Some(report) = report else {
+        return Err(fail("no report recorded"));
+    };
+    check!(report.bug == bug);
+    let Some(found) = report.object else {
+        return Err(fail("the report names no object"));
+    };
+    check!(!found.remembered);
+    check!(found.alloc_task.is_none() && found.free_task.is_none());
+    Ok(found)
+}
+
 /// A live object the stack ring has forgotten: an overflow into its guards or slack is its
 /// out-of-bounds, and the report names it, not remembered, with no stacks (the ring alone named
 /// a same-tag object up to a page away with that object's stacks, or none).
@@ -1275,21 +1294,9 @@ fn kasan_sound_forgotten_live_object(_: &Context) -> Outcome {
     check!(heap::newest_entry(object, false).is_none());
     // Left guard, trailing guard, slack (block of 256 bytes from 32 before the object).
     for address in [object - 1, object + 112, object + 200] {
-        let (count, report) = recording::scope(|| {
-            black_box(read_u8(address));
-        });
-        check_eq!(count, 1);
-        let Some(report) = report else {
-            return Err(fail("no report recorded"));
-        };
-        check!(report.bug == BugType::OutOfBounds);
-        let Some(found) = report.object else {
-            return Err(fail("the report names no object"));
-        };
+        let found = forgotten_report(BugType::OutOfBounds, address)?;
         check_eq!(found.address, object);
         check_eq!(found.size, 100);
-        check!(!found.remembered);
-        check!(found.alloc_task.is_none() && found.free_task.is_none());
     }
     heap::free(object);
     Ok(Verdict::Passed)
@@ -1305,19 +1312,9 @@ fn kasan_sound_forgotten_freed_object(_: &Context) -> Outcome {
     heap::free(object);
     forget_ring();
     check!(heap::newest_entry(object, true).is_none());
-    let (count, report) = recording::scope(|| {
-        black_box(read_u8(object + 40));
-    });
-    check_eq!(count, 1);
-    let Some(report) = report else {
-        return Err(fail("no report recorded"));
-    };
-    check!(report.bug == BugType::UseAfterFree);
-    let Some(found) = report.object else {
-        return Err(fail("the report names no object"));
-    };
+    let found = forgotten_report(BugType::UseAfterFree, object + 40)?;
     check_eq!(found.address, object);
-    check!(!found.remembered);
+    check_eq!(found.size, 48);
     heap::free(neighbour);
     Ok(Verdict::Passed)
 }
