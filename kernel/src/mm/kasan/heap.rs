@@ -42,10 +42,12 @@
 //! The table's object entry is the only way to recognise the start of a live object. Stacks
 //! live apart, in a stack ring as in Linux's tag-based KASAN: every allocation and free appends
 //! {tagged pointer, size, depot handle, task, alloc/free} to a ring of `RING_ENTRIES`; a report
-//! searches it backward, newest first, for the object the faulting pointer's tag belongs to,
-//! preferring an object that is live now. A freed object's entry stays FREED until another
-//! object starts in the same 64 bytes, so a double free is recognised after the ring wrapped,
-//! and the ring still names both stacks of a use-after-free until it wraps.
+//! asks the table (through ring.rs's `Objects`, which `TableObjects` implements) and the ring,
+//! newest first, for the object the faulting pointer's tag belongs to, the live object holding
+//! the address first, and takes that object's stacks from the ring while it remembers them. A
+//! freed object's entry stays FREED until another object starts in the same 64 bytes, so a
+//! double free is recognised after the ring wrapped, and a report names the object after the
+//! ring forgot its stacks.
 //!
 //! # Stacks, locks and interrupts
 //!
