@@ -134,21 +134,29 @@ pub fn run(args: &StressArgs) -> Result<u8, Failure> {
     }
     if let Some(shard) = args.shard {
         let names: Vec<_> = variants.iter().map(|variant| variant.name()).collect();
-        let parameters = format!(
-            "stress probes variants={} cpu={} smp={} seed={} functions={} only={} ftrace={} images={}",
-            names.join(","),
-            args.cpu.name(),
-            args.smp,
-            args.seed,
-            args.functions,
-            args.only.as_deref().unwrap_or(""),
-            args.ftrace,
-            images.join(",")
-        );
+        let parameters = shard_parameters(args, &names, &images);
         let directory = args.out.clone().unwrap_or_else(|| shard.directory(crate::shard::Kind::Sweep));
         crate::shard::coverage::write_shard(&directory, shard, parameters, shard_runs)?;
     }
     Ok(if failed == 0 { 0 } else { 1 })
+}
+
+/// What a sweep shard's stamp records of its run: everything that decides what it sweeps and how
+/// its counts come out, so that `merge` refuses shards of different runs (under `-icount` the
+/// vCPUs run in turn, which changes the counts that depend on the other CPUs' timing).
+fn shard_parameters(args: &ProbesArgs, variants: &[&str], images: &[String]) -> String {
+    format!(
+        "stress probes variants={} cpu={} smp={} icount={} seed={} functions={} only={} ftrace={} images={}",
+        variants.join(","),
+        args.cpu.name(),
+        args.smp,
+        args.icount,
+        args.seed,
+        args.functions,
+        args.only.as_deref().unwrap_or(""),
+        args.ftrace,
+        images.join(",")
+    )
 }
 
 /// What a sweep run runs on.
@@ -761,7 +769,7 @@ fn set_hang_is_named(run: &Run) -> Result<bool, Failure> {
     let timeout = Duration::from_secs(HANG_TEST_TIMEOUT_S);
     let mut target = None;
     for set in 0..4 {
-        let part = SetPart { set, first: 0, end: 48 };
+        let part = SetPart { set, first: 0, end: protocol::sweep::SET_MEMBERS as u64 };
         let outcome =
             sweep(run, &format!("{SET_RUN_WORDS} {} sweep.watchdog=1000", part.words()), timeout, Print::Never)?;
         if let Some(member) = outcome.members.iter().find(|member| member.hits > 0) {
@@ -851,12 +859,14 @@ mod tests {
         assert_eq!(word_value(words, "sweep.seed"), "19");
     }
 
-    /// Halving finds the one hanging word at every position of a 48-word batch, running at most
+    /// Halving finds the one hanging word at every position of a whole batch, running at most
     /// two halves per level, and says so when only the whole batch hangs.
     #[test]
     fn halving_names_the_hanging_probe() {
-        let batch = Batch { function: "f".into(), offset: 0x40, method: "simulate".into(), words: 48 };
-        for hanging in 0..48u64 {
+        let words = protocol::sweep::BATCH_WORDS as u64;
+        let batch = Batch { function: "f".into(), offset: 0x40, method: "simulate".into(), words };
+        let levels = 2 * (u64::BITS - (words - 1).leading_zeros());
+        for hanging in 0..words {
             let at = 0x40 + 4 * hanging;
             let mut runs = 0;
             let found = bisect(&batch, |half| {
@@ -865,28 +875,55 @@ mod tests {
             })
             .unwrap();
             assert_eq!(found, Ok(Batch { offset: at, words: 1, ..batch.clone() }));
-            assert!(runs <= 12, "{runs} runs");
+            assert!(runs <= levels, "{runs} runs");
         }
         // Two probes that hang only together: no half hangs alone.
-        let together = bisect(&batch, |half| Ok(half.words == 48)).unwrap();
+        let together = bisect(&batch, |half| Ok(half.words == words)).unwrap();
         assert_eq!(together, Err(batch.clone()));
     }
 
-    /// The same for a random set's members, at every position of a 48-member set.
+    /// A shard's stamp tells a run under `-icount` from one without, so `merge` refuses to add
+    /// them up.
+    #[test]
+    fn shard_stamp_records_icount() {
+        #[derive(clap::Parser)]
+        struct Command {
+            #[command(flatten)]
+            probes: ProbesArgs,
+        }
+        let parse = |words: &[&str]| <Command as clap::Parser>::parse_from(words).probes;
+        let images = ["0123abcd".to_string()];
+        let plain = shard_parameters(&parse(&["probes", "--smp", "4"]), &["prod"], &images);
+        let icount = shard_parameters(&parse(&["probes", "--smp", "4", "--icount"]), &["prod"], &images);
+        assert!(plain.contains(" icount=false "), "{plain}");
+        assert!(icount.contains(" icount=true "), "{icount}");
+        assert_ne!(plain, icount);
+    }
+
+    /// The same for a random set's members, at every position of a whole set; `--members`'
+    /// default is the whole set.
     #[test]
     fn halving_names_the_hanging_member() {
-        let set = SetPart { set: 5, first: 0, end: 48 };
-        for hanging in 0..48u64 {
+        let members = protocol::sweep::SET_MEMBERS as u64;
+        #[derive(clap::Parser)]
+        struct Command {
+            #[command(flatten)]
+            probes: ProbesArgs,
+        }
+        let parsed = <Command as clap::Parser>::parse_from(["probes"]);
+        assert_eq!(parsed.probes.members, format!("0..{members}"));
+        let set = SetPart { set: 5, first: 0, end: members };
+        for hanging in 0..members {
             let mut runs = 0;
             let found = bisect(&set, |half| {
                 runs += 1;
-                assert!(half.first < half.end && half.end <= 48);
+                assert!(half.first < half.end && half.end <= members);
                 Ok((half.first..half.end).contains(&hanging))
             })
             .unwrap();
             assert_eq!(found, Ok(SetPart { set: 5, first: hanging, end: hanging + 1 }));
             assert!(runs <= 12, "{runs} runs");
         }
-        assert_eq!(bisect(&set, |half| Ok(half.size() == 48)).unwrap(), Err(set.clone()));
+        assert_eq!(bisect(&set, |half| Ok(half.size() == members)).unwrap(), Err(set.clone()));
     }
 }

@@ -33,6 +33,15 @@ impl ExitStatus {
     }
 }
 
+/// The probe sweep's batch shapes, shared by the kernel's sweep and xtask, which halves a batch
+/// or a random set that hangs.
+pub mod sweep {
+    /// Consecutive words of a function a batch arms at once (`sweep.words=N`: at most this).
+    pub const BATCH_WORDS: usize = 120;
+    /// Members of a random set (`sweep.members=A..B`: `B` at most this).
+    pub const SET_MEMBERS: usize = 48;
+}
+
 /// Benchmark suites: one list, in the order the kernel runs them when none is named. The kernel
 /// maps each to its function and xtask adds each one's help text and default build variant,
 /// both by an exhaustive `match`, so a suite added here does not build until both sides have it.

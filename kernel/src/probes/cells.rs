@@ -30,6 +30,11 @@ impl<T, const N: usize> Records<T, N> {
     pub fn pointer(&self, index: usize) -> *mut T {
         self.0[index].get().cast()
     }
+
+    /// The index of the record `record` points at (a reference into these records).
+    pub fn index_of(&self, record: &T) -> usize {
+        (record as *const T as usize - self.0.as_ptr() as usize) / core::mem::size_of::<T>()
+    }
 }
 
 /// One `T` per execution context (task slot or IRQ context).

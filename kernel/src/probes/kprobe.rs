@@ -36,16 +36,18 @@ pub struct Probe {
     pub(super) action: Action,
     pub(super) pre: Handler,
     pub(super) post: Option<Handler>,
+    /// The word that arms it (its BRK or its branch), written by the hold after `prepare`.
+    armed: u32,
     /// Slot-area chunk owned by this probe, if any.
-    chunk: Option<usize>,
+    chunk: Option<u8>,
     pub(super) hits: AtomicU64,
     pub(super) missed: AtomicU64,
     /// Detour hits whose pre-handler changed `pc` or `sp`, refused (`kprobe_hit.rs`).
     pub(super) refused: AtomicU64,
 }
 
-/// Probe records, and the number of them: two sweep batches of 48 at once while
-/// [`replace_all`] swaps one for the next.
+/// Probe records, and the number of them: two sweep batches of 120 at once while
+/// [`replace_all`] swaps one for the next, and the workload's own probe.
 const MAX_PROBES: usize = slots::CHUNKS;
 
 static RECORDS: Records<Probe, MAX_PROBES> = Records::new();
@@ -54,8 +56,11 @@ fn record_pointer(record: usize) -> *mut Probe {
     RECORDS.pointer(record)
 }
 
-/// Open-addressed PC -> probe table: null = empty, `TOMBSTONE` = removed.
-const TABLE_SIZE: usize = 256;
+/// Open-addressed PC -> probe table: null = empty, `TOMBSTONE` = removed. Four entries per
+/// record, so that with every record published a miss still meets an empty entry within a few
+/// (a lookup's cost on the hit path does not depend on the size: one multiply and one shift).
+const TABLE_SHIFT: u32 = 10;
+const TABLE_SIZE: usize = 1 << TABLE_SHIFT;
 static TABLE: [AtomicPtr<Probe>; TABLE_SIZE] = [const { AtomicPtr::new(core::ptr::null_mut()) }; TABLE_SIZE];
 const TOMBSTONE: *mut Probe = core::ptr::dangling_mut::<Probe>();
 
@@ -97,24 +102,48 @@ fn original_word(address: u64) -> u32 {
     lookup(address).or_else(|| retiring(address)).map_or(word, |probe| probe.original)
 }
 
+/// Which records or slot chunks are taken: a bit each.
+#[derive(Clone, Copy)]
+struct Taken([u64; MAX_PROBES / 64]);
+
+impl Taken {
+    const NONE: Taken = Taken([0; MAX_PROBES / 64]);
+
+    /// The lowest free index, if any.
+    fn first_free(&self) -> Option<usize> {
+        let (word, bits) = self.0.iter().enumerate().find(|&(_, &bits)| bits != u64::MAX)?;
+        Some(64 * word + (!bits).trailing_zeros() as usize)
+    }
+
+    fn take(&mut self, index: usize) {
+        self.0[index / 64] |= 1 << (index % 64);
+    }
+
+    fn free(&mut self, index: usize) {
+        self.0[index / 64] &= !(1 << (index % 64));
+    }
+}
+
 /// Registration state: which records and slot chunks are taken.
 struct Registry {
-    records_used: u128,
-    chunks_used: u128,
+    records_used: Taken,
+    chunks_used: Taken,
 }
 
 /// A raw spin lock, not an `IrqSpinLock`: its holder holds the other CPUs
 /// (`task::cpus::with_others_held`, a wake SGI each must take), so a CPU waiting for it must
 /// wait with IRQs unmasked, or neither would ever go on.
-static REGISTRY: spin::Mutex<Registry> = spin::Mutex::new(Registry { records_used: 0, chunks_used: 0 });
+static REGISTRY: spin::Mutex<Registry> =
+    spin::Mutex::new(Registry { records_used: Taken::NONE, chunks_used: Taken::NONE });
 
-const _: () = assert!(MAX_PROBES <= 128 && slots::CHUNKS <= 128, "one u128 bitmap each");
-const _: () = assert!(MAX_PROBES.is_multiple_of(64), "RETIRING: whole u64 bitmaps");
-const _: () = assert!(MAX_PROBES <= 256 && slots::CHUNKS <= 256, "Retired and Arming keep indices in bytes");
+const _: () = assert!(MAX_PROBES == slots::CHUNKS, "one `Taken` shape for records and chunks");
+const _: () = assert!(MAX_PROBES.is_multiple_of(64), "RETIRING and Taken: whole u64 bitmaps");
+const _: () = assert!(MAX_PROBES <= 256, "Retired, Arming and Probe keep indices in bytes");
+const _: () = assert!(TABLE_SIZE >= 4 * MAX_PROBES, "the table stays at most a quarter full");
 
 #[inline(always)]
 fn table_index(address: u64) -> usize {
-    ((address >> 2).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as usize % TABLE_SIZE
+    ((address >> 2).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - TABLE_SHIFT)) as usize
 }
 
 /// The probe at `address`, if one is published. Lock-free, O(1) expected.
@@ -150,7 +179,7 @@ pub fn register(address: u64, method: Method, pre: Handler, post: Option<Handler
 /// each one's outcome in `results` (Linux's `register_kprobes`, though a refusal does not undo
 /// the others): every probe is prepared and published first, then all the words are armed in
 /// one hold of the other CPUs. A hold is an SGI round trip through every CPU; the probe sweep
-/// arms 48 words a batch.
+/// arms 120 words a batch.
 pub fn register_all(
     probes: &[(u64, Method)],
     pre: Handler,
@@ -160,13 +189,15 @@ pub fn register_all(
     let mut registry = REGISTRY.lock();
     let mut arming = Arming::new();
     arming.prepare_all(&mut registry, &[], probes, pre, post, results);
-    write_probed_words(&[], Some(&arming));
+    write_probed_words(None, Some(&arming));
 }
 
-/// Probes prepared and still to be armed: their words, and the records whose publication waits
-/// for the hold (a probe at an address being disarmed in the same hold).
+/// Probes prepared and still to be armed (their records: each holds its address and the word
+/// that arms it), and the records whose publication waits for the hold (a probe at an address
+/// being disarmed in the same hold). Record indices, a byte each: two batches' worth of these
+/// and of [`Retiring`] sit on the caller's stack.
 struct Arming {
-    words: [(u64, u32); MAX_PROBES],
+    records: [u8; MAX_PROBES],
     count: usize,
     /// Records to publish inside the hold, before the words are written.
     deferred: [u8; MAX_PROBES],
@@ -175,7 +206,7 @@ struct Arming {
 
 impl Arming {
     fn new() -> Self {
-        Self { words: [(0, 0); MAX_PROBES], count: 0, deferred: [0; MAX_PROBES], deferred_count: 0 }
+        Self { records: [0; MAX_PROBES], count: 0, deferred: [0; MAX_PROBES], deferred_count: 0 }
     }
 
     /// Prepares each probe of `probes` (its outcome in `results`). A probe at an address of
@@ -198,14 +229,14 @@ impl Arming {
                 *result = Err(ProbeError::AlreadyRegistered);
                 continue;
             }
-            *result = prepare(registry, address, method, pre, post, !defer).map(|(record, patched)| {
+            *result = prepare(registry, address, method, pre, post, !defer).map(|(record, to_arm)| {
                 if defer {
                     self.deferred[self.deferred_count] = record as u8;
                     self.deferred_count += 1;
                 }
-                // `None`: a test-only fault already wrote the branch.
-                if let Some(patched) = patched {
-                    self.words[self.count] = (address, patched);
+                // False: a test-only fault already wrote the branch.
+                if to_arm {
+                    self.records[self.count] = record as u8;
                     self.count += 1;
                 }
             });
@@ -215,8 +246,8 @@ impl Arming {
 
 /// Register's first half, under the registry lock: the probe refused or its record, slot or
 /// trampoline written and the probe published (unless `publish_now` is false: the caller
-/// publishes it); returns its record and the word that arms it (its BRK or its branch), still
-/// to be written.
+/// publishes it); returns its record and whether the word that arms it (its BRK or its branch,
+/// `Probe::armed`) is still to be written.
 fn prepare(
     registry: &mut Registry,
     address: u64,
@@ -224,7 +255,7 @@ fn prepare(
     pre: Handler,
     post: Option<Handler>,
     publish_now: bool,
-) -> Result<(usize, Option<u32>), ProbeError> {
+) -> Result<(usize, bool), ProbeError> {
     if address & 3 != 0 {
         return Err(ProbeError::Misaligned);
     }
@@ -238,16 +269,9 @@ fn prepare(
     let rules = Rules { text: Text::Kernel, stack_reach: probes::KERNEL_STACK_REACH, post_handler: post.is_some() };
     let plan =
         probes::plan(method, &classification, &rules).map_err(|refusal| ProbeError::refused(refusal, Text::Kernel))?;
-    let record = (!registry.records_used).trailing_zeros() as usize;
-    if record >= MAX_PROBES {
-        return Err(ProbeError::NoSpace);
-    }
+    let record = registry.records_used.first_free().ok_or(ProbeError::NoSpace)?;
     let chunk = if matches!(plan, Plan::OutOfLine { .. } | Plan::Detour) {
-        let chunk = (!registry.chunks_used).trailing_zeros() as usize;
-        if chunk >= slots::CHUNKS {
-            return Err(ProbeError::NoSpace);
-        }
-        Some(chunk)
+        Some(registry.chunks_used.first_free().ok_or(ProbeError::NoSpace)?)
     } else {
         None
     };
@@ -270,40 +294,35 @@ fn prepare(
         Action::Simulate(_) | Action::SimulateFramePush => {}
         Action::CpuSlot(never) => match never {},
     }
+    let armed = match action {
+        Action::Detour { trampoline } => match probes::encode_b(address, trampoline) {
+            Ok(branch) => branch.word(),
+            Err(_) => return Err(ProbeError::OutOfBranchRange),
+        },
+        _ => encode_brk(BRK_KPROBE).word(),
+    };
     let probe = Probe {
         address,
         original,
+        armed,
         action,
         pre,
         post,
-        chunk,
+        chunk: chunk.map(|chunk| chunk as u8),
         hits: AtomicU64::new(0),
         missed: AtomicU64::new(0),
         refused: AtomicU64::new(0),
     };
     // SAFETY: the record is free (its bit is clear) and unpublished; we hold the lock.
     unsafe { record_pointer(record).write(probe) };
-    registry.records_used |= 1 << record;
+    registry.records_used.take(record);
     if let Some(chunk) = chunk {
-        registry.chunks_used |= 1 << chunk;
+        registry.chunks_used.take(chunk);
     }
     if publish_now {
         publish(address, record_pointer(record));
     }
-    let patched = match action {
-        Action::Detour { trampoline } => match probes::encode_b(address, trampoline) {
-            Ok(branch) => branch.word(),
-            Err(_) => {
-                if publish_now {
-                    unpublish(address);
-                }
-                release(registry, record, chunk);
-                return Err(ProbeError::OutOfBranchRange);
-            }
-        },
-        _ => encode_brk(BRK_KPROBE).word(),
-    };
-    Ok((record, (!early_branch).then_some(patched)))
+    Ok((record, !early_branch))
 }
 
 /// Unregisters the probe at `address`, restoring the original instruction, and returns once no
@@ -333,7 +352,7 @@ pub fn unregister_all(addresses: &[u64]) -> Result<(), ProbeError> {
     let mut registry = REGISTRY.lock();
     let mut retiring = Retiring::new();
     let first_error = retiring.unpublish_all(&mut registry, addresses);
-    write_probed_words(&retiring.words[..retiring.count], None);
+    write_probed_words(Some(&retiring), None);
     retiring.finish_all(registry);
     first_error
 }
@@ -362,16 +381,15 @@ pub fn replace_all(
     let first_error = retiring.unpublish_all(&mut registry, retire);
     let mut arming = Arming::new();
     arming.prepare_all(&mut registry, retire, probes, pre, post, results);
-    write_probed_words(&retiring.words[..retiring.count], Some(&arming));
+    write_probed_words(Some(&retiring), Some(&arming));
     retiring.finish_all(registry);
     first_error
 }
 
-/// Probes unpublished and marked `RETIRING`, whose words are still to be restored.
+/// Probes unpublished and marked `RETIRING`, whose words are still to be restored (each
+/// record holds its address and original word until `finish` frees it).
 struct Retiring {
-    retired: [Option<Retired>; MAX_PROBES],
-    /// `(address, original)`.
-    words: [(u64, u32); MAX_PROBES],
+    retired: [Retired; MAX_PROBES],
     count: usize,
     needs_grace_period: bool,
     no_grace_period: bool,
@@ -380,8 +398,7 @@ struct Retiring {
 impl Retiring {
     fn new() -> Self {
         Self {
-            retired: [None; MAX_PROBES],
-            words: [(0, 0); MAX_PROBES],
+            retired: [Retired { record: 0, chunk: None, cleared: false }; MAX_PROBES],
             count: 0,
             needs_grace_period: false,
             no_grace_period: inject::on(Fault::KprobeFreedWithoutGracePeriod),
@@ -398,19 +415,16 @@ impl Retiring {
                 first_error = first_error.and(Err(ProbeError::NotRegistered));
                 continue;
             };
-            let record = (0..MAX_PROBES).find(|&record| core::ptr::eq(record_pointer(record), probe));
-            let chunk = probe.chunk.map(|chunk| chunk as u8);
+            let record = RECORDS.index_of(probe);
+            let chunk = probe.chunk;
             let cleared = inject::on(Fault::DetourTrampolineClearedFirst);
-            if cleared && let Some(chunk) = probe.chunk {
-                slots::clear(slots::chunk_address(chunk));
+            if cleared && let Some(chunk) = chunk {
+                slots::clear(slots::chunk_address(usize::from(chunk)));
             }
-            if let Some(record) = record {
-                RETIRING[record / 64].fetch_or(1 << (record % 64), Ordering::Release);
-            }
+            RETIRING[record / 64].fetch_or(1 << (record % 64), Ordering::Release);
             unpublish(address);
             self.needs_grace_period |= matches!(probe.action, Action::Detour { .. }) && !self.no_grace_period;
-            self.retired[self.count] = Some(Retired { record: record.map(|record| record as u8), chunk, cleared });
-            self.words[self.count] = (address, probe.original);
+            self.retired[self.count] = Retired { record: record as u8, chunk, cleared };
             self.count += 1;
         }
         first_error
@@ -429,16 +443,16 @@ impl Retiring {
         if self.needs_grace_period {
             crate::task::cpus::synchronize();
         }
-        self.retired.into_iter().flatten().for_each(finish);
+        self.retired[..self.count].iter().copied().for_each(finish);
     }
 }
 
 /// A probe disarmed and unpublished whose trampoline and record are not free yet.
 #[derive(Clone, Copy)]
 struct Retired {
-    /// Record and chunk indices (below [`MAX_PROBES`] and `slots::CHUNKS`, 128): a byte each
+    /// Record and chunk indices (below [`MAX_PROBES`] and `slots::CHUNKS`, 256): a byte each
     /// keeps the retiring list of [`replace_all`] small on the caller's stack.
-    record: Option<u8>,
+    record: u8,
     chunk: Option<u8>,
     /// Its trampoline was cleared before the restore (the test-only `Fault::DetourTrampolineClearedFirst`).
     cleared: bool,
@@ -454,34 +468,41 @@ fn finish(retired: Retired) {
     {
         slots::clear(slots::chunk_address(chunk));
     }
-    if let Some(record) = retired.record {
-        release(&mut registry, usize::from(record), chunk);
-    }
+    release(&mut registry, usize::from(retired.record), chunk);
 }
 
-/// Disarms (the original) the probed words `restores`, `(address, word)`, then publishes the
-/// deferred probes of `arming` and arms (BRK or B) its words, at kernel text addresses, in one
+/// Disarms (the original) the probed words of `retiring`, then publishes the deferred probes of
+/// `arming` and arms (BRK or B) its words, at kernel text addresses, in one
 /// hold of every other CPU (`task::cpus::with_others_held`): an arbitrary instruction <-> BRK or
 /// B is not a change ARM ARM B2.2.5 allows concurrently with execution, and a CPU that executed
 /// or fetched the old word meanwhile could keep running it after a later grace period (seen as a
 /// stale translated block under multi-threaded TCG: docs/design/smp.md). One hold for all: a
 /// hold is an SGI round trip through every CPU.
-fn write_probed_words(restores: &[(u64, u32)], arming: Option<&Arming>) {
+fn write_probed_words(retiring: Option<&Retiring>, arming: Option<&Arming>) {
+    let restores = retiring.map_or(&[][..], |retiring| &retiring.retired[..retiring.count]);
     let write_all = || {
-        let restore = |&(address, word): &(u64, u32)| {
+        let write = |address: u64, word: u32| {
             // SAFETY: address is a probed kernel text word (4-aligned, checked at registration),
             // and no other CPU runs meanwhile (but under the test-only
             // `Fault::KprobePatchedUnheld` and `Fault::KprobeFreedWithoutGracePeriod`).
             unsafe { patch::write_instruction(address, word) }
         };
-        restores.iter().for_each(restore);
+        for retired in restores {
+            // SAFETY: a retired record stays written until `finish` frees it, after this hold.
+            let probe = unsafe { &*record_pointer(usize::from(retired.record)) };
+            write(probe.address, probe.original);
+        }
         if let Some(arming) = arming {
             for &record in &arming.deferred[..arming.deferred_count] {
                 let probe = record_pointer(usize::from(record));
                 // SAFETY: the record was written by `prepare` under the lock its caller holds.
                 publish(unsafe { (*probe).address }, probe);
             }
-            arming.words[..arming.count].iter().for_each(restore);
+            for &record in &arming.records[..arming.count] {
+                // SAFETY: as above.
+                let probe = unsafe { &*record_pointer(usize::from(record)) };
+                write(probe.address, probe.armed);
+            }
         }
     };
     if restores.is_empty() && arming.is_none_or(|arming| arming.count == 0 && arming.deferred_count == 0) {
@@ -499,9 +520,9 @@ fn write_probed_words(restores: &[(u64, u32)], arming: Option<&Arming>) {
 
 fn release(registry: &mut Registry, record: usize, chunk: Option<usize>) {
     // The record's bytes stay as they are (Probe has no destructor); its bit marks it free.
-    registry.records_used &= !(1 << record);
+    registry.records_used.free(record);
     if let Some(chunk) = chunk {
-        registry.chunks_used &= !(1 << chunk);
+        registry.chunks_used.free(chunk);
     }
 }
 
@@ -527,10 +548,34 @@ fn unpublish(address: u64) {
         // SAFETY: published entries point at live records.
         if entry != TOMBSTONE && unsafe { (*entry).address } == address {
             TABLE[index].store(TOMBSTONE, Ordering::Release);
+            if TABLE[(index + 1) % TABLE_SIZE].load(Ordering::Relaxed).is_null() {
+                empty_trailing_tombstones(index);
+            }
             return;
         }
         index = (index + 1) % TABLE_SIZE;
     }
+}
+
+/// Empties the run of tombstones that ends at `index`, just before an empty entry. Tombstones
+/// only ever accumulate otherwise: every batch of the probe sweep leaves its own, the table fills
+/// with them, and then every miss (each registration asks first) walks the whole table; with
+/// batches of 120 the sweep's registration slowed until its watchdog fired. Lock-free lookups
+/// stay right: a lookup stops at the first empty entry, and no published probe lies between these
+/// tombstones and the empty entry after them, so one that passes them meets that entry either way.
+/// Called under [`REGISTRY`], as `publish` is.
+fn empty_trailing_tombstones(mut index: usize) {
+    while TABLE[index].load(Ordering::Relaxed) == TOMBSTONE {
+        TABLE[index].store(core::ptr::null_mut(), Ordering::Release);
+        index = (index + TABLE_SIZE - 1) % TABLE_SIZE;
+    }
+}
+
+/// Entries of the PC table in use, published or tombstones (for the tests: with no probe
+/// registered it is 0, however many came and went).
+pub fn table_entries_in_use() -> usize {
+    let _registry = REGISTRY.lock();
+    TABLE.iter().filter(|entry| !entry.load(Ordering::Relaxed).is_null()).count()
 }
 
 /// Hits and missed (re-entrant) hits of the probe at `address`.
@@ -558,9 +603,12 @@ pub const SLOT_CHUNK_SIZE: u64 = slots::CHUNK_SIZE;
 /// Which chunks of the slot area a probe holds now (bit N: chunk N, at `slot_area_address() + N *
 /// SLOT_CHUNK_SIZE`); every other chunk is as the area started (`BRK #0x006`), which the probe
 /// sweep checks after each batch.
-pub fn slot_chunks_in_use() -> u128 {
-    REGISTRY.lock().chunks_used
+pub fn slot_chunks_in_use() -> [u64; SLOT_CHUNKS / 64] {
+    REGISTRY.lock().chunks_used.0
 }
+
+/// Chunks in the slot area.
+pub const SLOT_CHUNKS: usize = slots::CHUNKS;
 
 /// The first patchable function entry outside the no-probe text, if the build has any (for the
 /// tests).

@@ -1,8 +1,8 @@
 //! The probe slot area: out-of-line slots and detour trampolines, generated at registration.
 //!
-//! A 64 KiB area of kernel text (`.text.probe_slots`, inside the no-probe range of kernel.ld)
-//! filled with `BRK #0x006`, cut into 128 chunks of 512 bytes, one per probe that needs code:
-//! enough for two batches of the probe sweep (48 probes each) while one replaces the other
+//! A 128 KiB area of kernel text (`.text.probe_slots`, inside the no-probe range of kernel.ld)
+//! filled with `BRK #0x006`, cut into 256 chunks of 512 bytes, one per probe that needs code:
+//! enough for two batches of the probe sweep (120 probes each) while one replaces the other
 //! (`kprobe::replace_all`: the retiring batch's chunks are freed only after its grace period).
 //! It is written through the text alias (`arch::patch`), never executed writable. The trampolines
 //! are built by `crates/probes` (`relocate.rs`, with its named encoders and host tests).
@@ -15,7 +15,7 @@ use crate::arch::patch;
 
 /// Bytes per chunk, and chunks in the area.
 pub const CHUNK_SIZE: u64 = 512;
-pub const CHUNKS: usize = 128;
+pub const CHUNKS: usize = 256;
 const CHUNK_WORDS: usize = (CHUNK_SIZE / 4) as usize;
 /// Bytes in the slot area (every XOL slot and detour trampoline).
 pub const AREA_SIZE: u64 = CHUNK_SIZE * CHUNKS as u64;

@@ -55,8 +55,9 @@ pub type EntryHandler = fn(&mut Registers, &mut u64) -> bool;
 /// return address; the word is what the entry handler stored (0 without one).
 pub type ReturnHandler = fn(&mut Registers, u64);
 
-/// Kretprobe records.
-const MAX_KRETPROBES: usize = 16;
+/// Kretprobe records: twice the probe sweep's group ([`register_all`]), so that a record a
+/// looping CPU still has a hijacked return of never keeps a group from registering.
+pub const MAX_KRETPROBES: usize = 32;
 /// Hijacked returns per context (task or IRQ) at a time.
 pub const INSTANCES_PER_CONTEXT: usize = 64;
 
@@ -198,60 +199,136 @@ pub fn register(
     handler: ReturnHandler,
     max_active: u32,
 ) -> Result<(), ProbeError> {
+    let mut result = [Ok(())];
+    register_all(&[function], method, entry, handler, max_active, &mut result);
+    result[0]
+}
+
+/// Registers a kretprobe on each function of `functions` (at most [`MAX_KRETPROBES`]), all with
+/// the same method and handlers, outcomes in `results`: every entry probe is armed in one hold
+/// of the other CPUs (`kprobe::register_all`), not one each.
+pub fn register_all(
+    functions: &[u64],
+    method: Method,
+    entry: Option<EntryHandler>,
+    handler: ReturnHandler,
+    max_active: u32,
+    results: &mut [Result<(), ProbeError>],
+) {
     let _guard = REGISTER.lock();
-    if RECORDS.iter().any(|record| record.function.load(Ordering::Relaxed) == function) {
-        return Err(ProbeError::AlreadyRegistered);
+    let mut taken = [usize::MAX; MAX_KRETPROBES];
+    let mut probes = [(0u64, method); MAX_KRETPROBES];
+    let mut count = 0;
+    for (member, (&function, result)) in functions.iter().zip(results.iter_mut()).enumerate() {
+        let known = |record: &Kretprobe| record.function.load(Ordering::Relaxed) == function;
+        let free = |record: &Kretprobe| {
+            record.function.load(Ordering::Relaxed) == 0 && record.active.load(Ordering::Relaxed) == 0
+        };
+        if RECORDS.iter().any(known) || functions[..member].contains(&function) {
+            *result = Err(ProbeError::AlreadyRegistered);
+            continue;
+        }
+        let Some(index) = RECORDS.iter().position(free).filter(|_| member < MAX_KRETPROBES) else {
+            *result = Err(ProbeError::NoSpace);
+            continue;
+        };
+        let record = &RECORDS[index];
+        let address = attach_address(function);
+        record.entry.store(entry.map_or(core::ptr::null_mut(), |entry| entry as *mut ()), Ordering::Relaxed);
+        record.handler.store(handler as *mut (), Ordering::Relaxed);
+        record.max_active.store(max_active, Ordering::Relaxed);
+        record.hits.store(0, Ordering::Relaxed);
+        record.missed.store(0, Ordering::Relaxed);
+        record.address.store(address, Ordering::Relaxed);
+        record.function.store(function, Ordering::Relaxed);
+        record.live.store(true, Ordering::Release);
+        taken[member] = index;
+        probes[count] = (address, method);
+        count += 1;
     }
-    let Some(record) = RECORDS
-        .iter()
-        .find(|record| record.function.load(Ordering::Relaxed) == 0 && record.active.load(Ordering::Relaxed) == 0)
-    else {
-        return Err(ProbeError::NoSpace);
-    };
-    let address = attach_address(function);
-    record.entry.store(entry.map_or(core::ptr::null_mut(), |entry| entry as *mut ()), Ordering::Relaxed);
-    record.handler.store(handler as *mut (), Ordering::Relaxed);
-    record.max_active.store(max_active, Ordering::Relaxed);
-    record.hits.store(0, Ordering::Relaxed);
-    record.missed.store(0, Ordering::Relaxed);
-    record.address.store(address, Ordering::Relaxed);
-    record.function.store(function, Ordering::Relaxed);
-    record.live.store(true, Ordering::Release);
-    if let Err(error) = super::register(address, method, on_entry, None) {
-        record.live.store(false, Ordering::Relaxed);
-        record.function.store(0, Ordering::Relaxed);
-        return Err(error);
+    let mut armed = [Ok(()); MAX_KRETPROBES];
+    super::kprobe::register_all(&probes[..count], on_entry, None, &mut armed);
+    let mut armed = armed.into_iter();
+    for (&index, result) in taken.iter().zip(results.iter_mut()).filter(|&(&index, _)| index != usize::MAX) {
+        *result = armed.next().unwrap_or(Ok(()));
+        if result.is_err() {
+            RECORDS[index].live.store(false, Ordering::Relaxed);
+            RECORDS[index].function.store(0, Ordering::Relaxed);
+        }
     }
-    Ok(())
 }
 
 /// Unregisters the kretprobe on `function`. Returns already hijacked still go back to their
 /// callers, without the handler.
 pub fn unregister(function: u64) -> Result<(), ProbeError> {
-    let _guard = REGISTER.lock();
-    let record = find(function).ok_or(ProbeError::NotRegistered)?;
-    super::unregister(record.address.load(Ordering::Relaxed))?;
-    record.live.store(false, Ordering::Release);
-    record.function.store(0, Ordering::Relaxed);
-    Ok(())
+    unregister_all(&[function])
 }
 
-/// Enters the kretprobe on `function` through a probe of `method` instead of its current one:
-/// the old entry probe is disarmed and the new one armed in one hold of the other CPUs
-/// (`kprobe::replace_all`), the handlers, counts and hijacked returns kept. If `method` is
-/// refused there, the kretprobe is unregistered and the refusal returned.
-pub fn change_method(function: u64, method: Method) -> Result<(), ProbeError> {
+/// Unregisters the kretprobes on `functions` with one hold and one grace period for all their
+/// entry probes (`kprobe::unregister_all`); a function with none is skipped and the first such
+/// error returned.
+pub fn unregister_all(functions: &[u64]) -> Result<(), ProbeError> {
     let _guard = REGISTER.lock();
-    let record = find(function).ok_or(ProbeError::NotRegistered)?;
-    let address = record.address.load(Ordering::Relaxed);
-    let mut result = [Ok(())];
-    super::kprobe::replace_all(&[address], &[(address, method)], on_entry, None, &mut result)?;
-    if let Err(error) = result[0] {
-        record.live.store(false, Ordering::Release);
-        record.function.store(0, Ordering::Relaxed);
-        return Err(error);
+    let mut addresses = [0u64; MAX_KRETPROBES];
+    let mut count = 0;
+    let mut first_error = Ok(());
+    for &function in functions {
+        match find(function) {
+            Some(record) if count < MAX_KRETPROBES => {
+                addresses[count] = record.address.load(Ordering::Relaxed);
+                count += 1;
+            }
+            _ => first_error = first_error.and(Err(ProbeError::NotRegistered)),
+        }
     }
-    Ok(())
+    let unregistered = super::kprobe::unregister_all(&addresses[..count]);
+    for &function in functions {
+        if let Some(record) = find(function) {
+            record.live.store(false, Ordering::Release);
+            record.function.store(0, Ordering::Relaxed);
+        }
+    }
+    first_error.and(unregistered)
+}
+
+/// Enters the kretprobes on `functions` through probes of `method` instead of their current
+/// ones: the old entry probes are disarmed and the new ones armed in one hold of the other CPUs
+/// (`kprobe::replace_all`), the handlers, counts and hijacked returns kept; outcomes in
+/// `results`. A kretprobe whose new method is refused is unregistered with the refusal as its
+/// outcome. Returns the first error of disarming the old probes.
+pub fn change_method_all(
+    functions: &[u64],
+    method: Method,
+    results: &mut [Result<(), ProbeError>],
+) -> Result<(), ProbeError> {
+    let _guard = REGISTER.lock();
+    let mut records: [Option<&Kretprobe>; MAX_KRETPROBES] = [None; MAX_KRETPROBES];
+    let mut addresses = [0u64; MAX_KRETPROBES];
+    let mut probes = [(0u64, method); MAX_KRETPROBES];
+    let mut count = 0;
+    for (member, (&function, result)) in functions.iter().zip(results.iter_mut()).enumerate() {
+        match find(function) {
+            Some(record) if member < MAX_KRETPROBES => {
+                records[member] = Some(record);
+                addresses[count] = record.address.load(Ordering::Relaxed);
+                probes[count] = (addresses[count], method);
+                count += 1;
+            }
+            _ => *result = Err(ProbeError::NotRegistered),
+        }
+    }
+    let mut armed = [Ok(()); MAX_KRETPROBES];
+    let disarmed = super::kprobe::replace_all(&addresses[..count], &probes[..count], on_entry, None, &mut armed);
+    let mut armed = armed.into_iter();
+    for (record, result) in records.iter().zip(results.iter_mut()) {
+        let Some(record) = record else { continue };
+        *result = armed.next().unwrap_or(Ok(()));
+        if result.is_err() {
+            record.live.store(false, Ordering::Release);
+            record.function.store(0, Ordering::Relaxed);
+        }
+    }
+    disarmed
 }
 
 fn find(function: u64) -> Option<&'static Kretprobe> {

@@ -40,8 +40,8 @@ pub mod uretprobe;
 
 pub use error::ProbeError;
 pub use kprobe::{
-    SLOT_AREA_SIZE, SLOT_CHUNK_SIZE, counts, first_patchable_entry, refused_changes, register, register_all,
-    replace_all, slot_area_address, slot_chunks_in_use, unregister, unregister_all,
+    SLOT_AREA_SIZE, SLOT_CHUNK_SIZE, SLOT_CHUNKS, counts, first_patchable_entry, refused_changes, register,
+    register_all, replace_all, slot_area_address, slot_chunks_in_use, table_entries_in_use, unregister, unregister_all,
 };
 pub use kprobe_hit::{on_brk, on_software_step, on_step_brk, simulator_functions, simulator_text};
 pub use probes::{Method, Registers, Text};

@@ -20,9 +20,10 @@
 //!   that did not run being hit, shows up as a disagreement; the workload's own entry points
 //!   are checked to have been hit.
 //!
-//! Then a random set of 48 probes across the kernel at once, single probes one at a time (each
+//! Then random sets of [`SET_MEMBERS`] probes across the kernel at once, single probes one at a time (each
 //! drawn from the seed and its index: a function, then one of the probes its batches accepted), and
-//! a kretprobe on every function entry that allows one (its returns counted per method).
+//! a kretprobe on every function entry that allows one (its returns counted per method,
+//! [`KRETPROBE_GROUP`] functions at a time).
 //! A death (unexpected exception, hang, sanitizer report) ends the run with the last
 //! `sweep batch:` line naming the batch (`FUNCTION+OFFSET:METHOD words N`);
 //! `sweep.probe=FUNCTION+OFFSET:METHOD` repeats exactly one probe, with `sweep.words=N` the N
@@ -51,6 +52,7 @@ mod reentry;
 mod timing;
 mod workload;
 
+use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
@@ -59,11 +61,20 @@ use crate::probes::{self as kprobes, Method, ProbeError, Registers, kretprobe};
 use crate::symbols::Symbols;
 use workload::{Checksum, Results};
 
-/// Probes armed at once: the registry has 64 records and slot chunks; the workload's own probe
-/// needs one.
-const BATCH: usize = 48;
+/// Probes armed at once: the registry has 256 records and slot chunks, two batches' worth while
+/// one replaces the other (`kprobes::replace_all`) and one for the workload's own probe. A batch's
+/// cost is mostly fixed (its hold, its grace period, a workload pass on every CPU), so the
+/// number of batches decides a whole sweep's time: 120 words take most functions in one.
+const BATCH: usize = protocol::sweep::BATCH_WORDS;
+/// Members of a random set (its identity: `sweep.set=K` finds the same ones in every run).
+const SET_MEMBERS: usize = protocol::sweep::SET_MEMBERS;
+/// Kretprobes registered at once in the kretprobe pass: their entry probes are armed, swapped
+/// from method to method and disarmed in one hold each.
+const KRETPROBE_GROUP: usize = 16;
 /// Chunks of the probe slot area (`probes/kprobe_slots.rs`), each hashed on its own.
-const SLOT_CHUNKS: usize = (kprobes::SLOT_AREA_SIZE / kprobes::SLOT_CHUNK_SIZE) as usize;
+const SLOT_CHUNKS: usize = kprobes::SLOT_CHUNKS;
+const _: () = assert!(2 * BATCH < SLOT_CHUNKS, "two batches and the workload's probe");
+const _: () = assert!(KRETPROBE_GROUP < kretprobe::MAX_KRETPROBES);
 /// Longest function the sweep walks (instructions); longer ones are cut (and say so).
 const MAX_FUNCTION_WORDS: u64 = 4096;
 /// Functions between `sweep progress:` lines.
@@ -75,13 +86,18 @@ const WHOLE_SWEEP_SETS: usize = 170;
 static ARMED: [AtomicU64; BATCH] = [const { AtomicU64::new(0) }; BATCH];
 static HITS: [AtomicU64; BATCH] = [const { AtomicU64::new(0) }; BATCH];
 static ARMED_COUNT: AtomicUsize = AtomicUsize::new(0);
+/// The first probe's address when the batch's probes are consecutive words (a function's
+/// batch: a hit's index is its offset from there), else 0 (a random set: searched).
+static ARMED_BASE: AtomicU64 = AtomicU64::new(0);
 static COUNTING: AtomicBool = AtomicBool::new(false);
 /// Hits on the other CPUs (their background loops), counted while the whole batch is armed.
 static HITS_ELSEWHERE: [AtomicU64; BATCH] = [const { AtomicU64::new(0) }; BATCH];
 static COUNTING_ELSEWHERE: AtomicBool = AtomicBool::new(false);
 /// `sweep.inject=hang@FUNCTION+OFFSET`: the probe there spins in its handler (0: none).
 static HANG_AT: AtomicU64 = AtomicU64::new(0);
-static RETURNS: AtomicU64 = AtomicU64::new(0);
+/// The kretprobe group's entry (attach) addresses, and each member's returns on CPU 0.
+static KRETPROBE_ENTRIES: [AtomicU64; KRETPROBE_GROUP] = [const { AtomicU64::new(0) }; KRETPROBE_GROUP];
+static RETURNS: [AtomicU64; KRETPROBE_GROUP] = [const { AtomicU64::new(0) }; KRETPROBE_GROUP];
 
 fn in_irq(sp: u64) -> bool {
     crate::task::stacks::this_irq_slot().contains_stack(sp)
@@ -103,15 +119,28 @@ fn count_hit(registers: &mut Registers) {
         return;
     }
     let count = ARMED_COUNT.load(Ordering::Relaxed);
-    if let Some(index) = (0..count).find(|&index| ARMED[index].load(Ordering::Relaxed) == registers.pc) {
+    let base = ARMED_BASE.load(Ordering::Relaxed);
+    let index = if base != 0 {
+        Some((registers.pc.wrapping_sub(base) / 4) as usize).filter(|&index| index < count)
+    } else {
+        (0..count).find(|&index| ARMED[index].load(Ordering::Relaxed) == registers.pc)
+    };
+    if let Some(index) = index {
         let hits = if on_cpu0 { &HITS } else { &HITS_ELSEWHERE };
         hits[index].fetch_add(1, Ordering::Relaxed);
     }
 }
 
-fn count_return(registers: &mut Registers, _: u64) {
+/// The kretprobe group's entry handler: which member was entered, for its return.
+fn kretprobe_entered(registers: &mut Registers, member: &mut u64) -> bool {
+    let found = KRETPROBE_ENTRIES.iter().position(|entry| entry.load(Ordering::Relaxed) == registers.pc);
+    *member = found.unwrap_or(0) as u64;
+    found.is_some()
+}
+
+fn count_return(registers: &mut Registers, member: u64) {
     if COUNTING.load(Ordering::Relaxed) && crate::task::this_cpu() == 0 && !in_irq(registers.sp) {
-        RETURNS.fetch_add(1, Ordering::Relaxed);
+        RETURNS[member as usize].fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -169,7 +198,7 @@ fn options_from_args(args: &Args) -> Result<Options, &'static str> {
         ftrace: None,
         reenter_twice: false,
         set: None,
-        members: (0, BATCH),
+        members: (0, SET_MEMBERS),
         only: None,
         shard: Shard::WHOLE,
     };
@@ -201,13 +230,13 @@ fn options_from_args(args: &Args) -> Result<Options, &'static str> {
                 let (first, end) = value.split_once("..").ok_or("sweep.members=A..B")?;
                 let (first, end) = (first.parse().ok(), end.parse().ok());
                 match (first, end) {
-                    (Some(first), Some(end)) if first < end && end <= BATCH => options.members = (first, end),
+                    (Some(first), Some(end)) if first < end && end <= SET_MEMBERS => options.members = (first, end),
                     _ => return Err("sweep.members=A..B: 0 <= A < B <= 48"),
                 }
             }
             "sweep.words" => match number()? as usize {
                 words @ 1..=BATCH => options.words = words,
-                _ => return Err("sweep.words: 1 to 48 words"),
+                _ => return Err("sweep.words: 1 to 120 words"),
             },
             "sweep.inject" => match value.split_once('@') {
                 None if value == "callers-stack" => workload::ON_CALLERS_STACK.store(true, Ordering::Relaxed),
@@ -353,10 +382,13 @@ struct Sweep {
     /// Each slot area chunk's hash before the sweep: after a batch is removed, every chunk no
     /// probe holds must hash the same.
     slot_chunks: [u64; SLOT_CHUNKS],
-    /// The chunks that held only filler before the sweep (compared as such, not hashed).
-    slot_filler: u128,
+    /// The chunks that held only filler before the sweep (compared as such, not hashed), a bit
+    /// each.
+    slot_filler: [u64; SLOT_CHUNKS / 64],
     /// The batch still armed after its pass (see [`Armed`]).
-    armed: Option<Armed>,
+    armed: Option<Box<Armed>>,
+    /// The batch buffers not in `armed` (two in all: the armed batch's and the next one's).
+    buffers: Vec<Box<Armed>>,
     symbols: Symbols,
     tally: Tally,
     /// The other CPUs' workload loops (None on one CPU).
@@ -404,16 +436,17 @@ impl Count {
     }
 }
 
-/// Hit counts of a batch: None where the probe was refused.
-type BatchHits = [Option<Count>; BATCH];
-
 /// A batch left armed after its pass and its counts: the next batch disarms it in the hold that
 /// arms itself (`kprobes::replace_all`: one hold a batch, not two), or [`disarm`] does alone
 /// before anything else runs the workload. The checks that need it disarmed (its words
-/// restored, the slot area, the other CPUs' results up to its removal) run then.
+/// restored, the slot area, the other CPUs' results up to its removal) run then. Two of these
+/// are allocated before the reference pass and reused (`Sweep::buffers`): a batch allocates
+/// nothing, and its arrays stay off the stack.
 struct Armed {
     probes: [(u64, Method); BATCH],
     count: usize,
+    /// Each probe's registration outcome.
+    outcomes: [Result<(), ProbeError>; BATCH],
     /// Which of `probes` were accepted.
     accepted: [bool; BATCH],
     /// Each probe's original word.
@@ -421,12 +454,29 @@ struct Armed {
     /// The accepted probes' addresses, to unregister.
     addresses: [u64; BATCH],
     registered: usize,
+    /// Each probe's counts (None: refused).
+    hits: [Option<Count>; BATCH],
     label: &'static str,
     /// `everywhere::mismatches()` before its pass.
     mismatches_before: [u64; crate::task::stacks::CPUS],
 }
 
 impl Armed {
+    fn new() -> Box<Armed> {
+        Box::new(Armed {
+            probes: [(0, Method::SingleStep); BATCH],
+            count: 0,
+            outcomes: [Ok(()); BATCH],
+            accepted: [false; BATCH],
+            originals: [0; BATCH],
+            addresses: [0; BATCH],
+            registered: 0,
+            hits: [None; BATCH],
+            label: "",
+            mismatches_before: [0; crate::task::stacks::CPUS],
+        })
+    }
+
     /// The original word at `address` if this batch accepted a probe there.
     fn original_at(&self, address: u64) -> Option<u32> {
         (0..self.count)
@@ -436,44 +486,50 @@ impl Armed {
 }
 
 /// Arms `probes` (disarming the batch still armed in the same hold), runs the workload, and
-/// leaves the batch armed for the next one to disarm (see [`Armed`]); its counts are final when
-/// it returns, the checks of its removal follow it. Allocates nothing: the workload must find
-/// the heap as every other pass left it (its free lists decide how long `alloc` loops).
-fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &'static str) -> BatchHits {
+/// leaves the batch armed for the next one to disarm (see [`Armed`]); returns its counts (None
+/// where refused), final when it returns; the checks of its removal follow it. Allocates
+/// nothing: the workload must find the heap as every other pass left it (its free lists decide
+/// how long `alloc` loops).
+fn batch<'s>(sweep: &'s mut Sweep, probes: &[(u64, Method)], label: &'static str) -> &'s [Option<Count>] {
     everywhere::heartbeat();
     let mut clock = timing::Clock::start();
-    let mut hits = [None; BATCH];
-    let mut armed = [false; BATCH];
-    let mut originals = [0u32; BATCH];
+    let mut next = sweep.buffers.pop().expect("a free batch buffer");
+    let count = probes.len();
+    next.count = count;
+    next.label = label;
+    next.probes[..count].copy_from_slice(probes);
     for (index, &(address, _)) in probes.iter().enumerate() {
         // The word under a probe of the batch still armed is that probe's original.
-        originals[index] =
+        next.originals[index] =
             sweep.armed.as_ref().and_then(|previous| previous.original_at(address)).unwrap_or_else(|| word_at(address));
+        next.accepted[index] = false;
         ARMED[index].store(address, Ordering::Relaxed);
         HITS[index].store(0, Ordering::Relaxed);
         HITS_ELSEWHERE[index].store(0, Ordering::Relaxed);
     }
-    ARMED_COUNT.store(probes.len(), Ordering::Relaxed);
+    let consecutive = probes.iter().enumerate().all(|(index, &(address, _))| address == probes[0].0 + 4 * index as u64);
+    ARMED_BASE.store(if consecutive && count > 0 { probes[0].0 } else { 0 }, Ordering::Relaxed);
+    ARMED_COUNT.store(count, Ordering::Relaxed);
     // The whole batch is armed in one hold of the other CPUs, not one per probe (on 4 CPUs under
     // TCG a hold is milliseconds, and 96 of them were most of a batch), and the same hold
     // disarms the batch before it (`replace_all`).
-    let mut registered = [Ok(()); BATCH];
     clock.lap(timing::Phase::Checks);
     let previous = sweep.armed.take();
     let retire = previous.as_ref().map_or(&[][..], |previous| &previous.addresses[..previous.registered]);
-    let disarmed = kprobes::replace_all(retire, probes, count_hit, None, &mut registered);
+    let disarmed = kprobes::replace_all(retire, probes, count_hit, None, &mut next.outcomes[..count]);
     clock.lap(timing::Phase::Register);
     if let Some(previous) = previous {
-        let holds = |address: u64| {
-            probes.iter().zip(&registered).any(|(&(probe, _), result)| probe == address && result.is_ok())
-        };
+        let outcomes = &next.outcomes[..count];
+        let holds =
+            |address: u64| probes.iter().zip(outcomes).any(|(&(probe, _), result)| probe == address && result.is_ok());
         removed(sweep, &previous, disarmed, holds);
+        sweep.buffers.push(previous);
         clock.lap(timing::Phase::Checks);
     }
-    for (index, (&(_, method), result)) in probes.iter().zip(registered).enumerate() {
-        match result {
+    for (index, &(_, method)) in probes.iter().enumerate() {
+        match next.outcomes[index] {
             Ok(()) => {
-                armed[index] = true;
+                next.accepted[index] = true;
                 sweep.tally.armed[method_index(method)] += 1;
             }
             Err(error) => sweep.tally.refuse(error),
@@ -481,10 +537,10 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &'static str) -> Ba
     }
     everywhere::heartbeat();
     sweep.tally.batches += 1;
-    let armed_any = armed.iter().any(|&armed| armed);
+    let armed_any = next.accepted[..count].iter().any(|&armed| armed);
     let mut new_traces = 0;
     let mut waited = false;
-    let mismatches_before = everywhere::mismatches();
+    next.mismatches_before = everywhere::mismatches();
     let results = if armed_any {
         let traces = crate::stacktrace::DEPOT.stats().records;
         let epoch = everywhere::armed();
@@ -520,14 +576,14 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &'static str) -> Ba
     // one hold and one grace period (`replace_all`, `unregister_all`), not one per probe: on 4
     // CPUs a 48-detour batch spent seconds in grace periods. Once that returns no CPU is inside
     // a removed probe's slot or handler, and a later batch may reuse them.
-    let mut addresses = [0u64; BATCH];
-    let mut registered = 0;
-    for &(address, method) in probes.iter().zip(&armed).filter(|&(_, &armed)| armed).map(|(probe, _)| probe) {
+    next.registered = 0;
+    for index in (0..count).filter(|&index| next.accepted[index]) {
+        let (address, method) = probes[index];
         match kprobes::counts(address) {
             Some((_, missed)) => {
                 sweep.tally.missed += missed;
-                addresses[registered] = address;
-                registered += 1;
+                next.addresses[next.registered] = address;
+                next.registered += 1;
             }
             None => {
                 defmt::error!("sweep: unregister: {}", ProbeError::NotRegistered);
@@ -535,13 +591,16 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &'static str) -> Ba
             }
         }
     }
-    if armed_any && results != Some(sweep.reference) {
-        defmt::error!("sweep: {=str}: the workload's results differ from the unprobed run's", label);
+    let blame = |sweep: &mut Sweep, next: &Armed, what: &str| {
         for (index, &(address, method)) in probes.iter().enumerate() {
-            if armed[index] {
-                report(sweep, address, method, "results differ (one of these probes)");
+            if next.accepted[index] {
+                report(sweep, address, method, what);
             }
         }
+    };
+    if armed_any && results != Some(sweep.reference) {
+        defmt::error!("sweep: {=str}: the workload's results differ from the unprobed run's", label);
+        blame(sweep, &next, "results differ (one of these probes)");
     }
     // Every pass saves the same stacks (the workload runs on a task of its own), so the
     // warm-up saved them all: a new one means a probe showed in a trace (a slot or trampoline
@@ -552,34 +611,18 @@ fn batch(sweep: &mut Sweep, probes: &[(u64, Method)], label: &'static str) -> Ba
             label,
             new_traces
         );
-        for (index, &(address, method)) in probes.iter().enumerate() {
-            if armed[index] {
-                report(sweep, address, method, "new stack traces (one of these probes)");
-            }
-        }
+        blame(sweep, &next, "new stack traces (one of these probes)");
     }
-    for (index, hits) in hits.iter_mut().enumerate().take(probes.len()) {
-        *hits = armed[index].then(|| Count {
+    for index in 0..count {
+        next.hits[index] = next.accepted[index].then(|| Count {
             cpu0: HITS[index].load(Ordering::Relaxed),
             elsewhere: HITS_ELSEWHERE[index].load(Ordering::Relaxed),
             waited,
         });
     }
-    let mut batch_probes = [(0u64, Method::SingleStep); BATCH];
-    batch_probes[..probes.len()].copy_from_slice(probes);
-    sweep.armed = Some(Armed {
-        probes: batch_probes,
-        count: probes.len(),
-        accepted: armed,
-        originals,
-        addresses,
-        registered,
-        label,
-        mismatches_before,
-    });
     clock.lap(timing::Phase::Checks);
     everywhere::heartbeat();
-    hits
+    &sweep.armed.insert(next).hits[..count]
 }
 
 /// Disarms the batch still armed, alone (one hold, and a grace period after detours), and
@@ -593,6 +636,7 @@ fn disarm(sweep: &mut Sweep) {
     clock.lap(timing::Phase::Unregister);
     ARMED_COUNT.store(0, Ordering::Relaxed);
     removed(sweep, &armed, disarmed, |_| false);
+    sweep.buffers.push(armed);
     clock.lap(timing::Phase::Checks);
     everywhere::heartbeat();
 }
@@ -653,8 +697,7 @@ fn sweep_function(sweep: &mut Sweep, function: Function, method: Method, hits: &
         for (index, probe) in probes[..count].iter_mut().enumerate() {
             probe.0 = function.start + 4 * (first + index) as u64;
         }
-        let batch_hits = batch(sweep, &probes[..count], function.name);
-        hits[first..first + count].copy_from_slice(&batch_hits[..count]);
+        hits[first..first + count].copy_from_slice(batch(sweep, &probes[..count], function.name));
     }
 }
 
@@ -780,73 +823,125 @@ fn compare_methods(sweep: &mut Sweep, function: Function, per_method: &[Vec<Opti
     }
 }
 
-/// A kretprobe on `function` with each method: its returns must agree across methods.
-fn sweep_kretprobe(sweep: &mut Sweep, function: Function) {
-    let mut seen: Option<(Method, u64)> = None;
-    // The kretprobe stays registered from one method to the next: its entry probe is swapped in
-    // one hold (`kretprobe::change_method`), not unregistered and registered again (two holds and
-    // a grace period a method).
-    let mut registered = false;
-    let address = kretprobe::attach_address(function.start);
+/// Kretprobes on each function of `group` (at most [`KRETPROBE_GROUP`]) with each method: each
+/// one's returns must agree across methods. The group is registered at once and stays
+/// registered from one method to the next: its entry probes are armed in one hold
+/// (`kretprobe::register_all`), swapped to the next method in one (`change_method_all`), and
+/// disarmed in one with one grace period (`unregister_all`), where a kretprobe at a time took
+/// five holds and a grace period per function (the kretprobe pass was a seventh of a whole
+/// 4-CPU sweep). A member refused a method is unregistered and registered again with the next.
+fn sweep_kretprobes(sweep: &mut Sweep, group: &[Function]) {
+    let members = group.len().min(KRETPROBE_GROUP);
+    let mut functions = [0u64; KRETPROBE_GROUP];
+    for (member, function) in group[..members].iter().enumerate() {
+        functions[member] = function.start;
+        KRETPROBE_ENTRIES[member].store(kretprobe::attach_address(function.start), Ordering::Relaxed);
+    }
+    let address = |member: usize| kretprobe::attach_address(functions[member]);
+    let mut registered = [false; KRETPROBE_GROUP];
+    let mut seen: [Option<u64>; KRETPROBE_GROUP] = [None; KRETPROBE_GROUP];
     for method in Method::ALL {
         everywhere::heartbeat();
         let mut clock = timing::Clock::start();
-        let armed = if registered {
-            kretprobe::change_method(function.start, method)
-        } else {
-            kretprobe::register(function.start, method, None, count_return, 16)
+        // The registered members change method, the others (first method, or refused the last
+        // one) register: one hold each, when there are any.
+        let mut outcomes = [Ok(()); KRETPROBE_GROUP];
+        let split = |registered_now: bool, outcomes: &mut [Result<(), ProbeError>]| {
+            let mut picked = [0u64; KRETPROBE_GROUP];
+            let mut which = [0usize; KRETPROBE_GROUP];
+            let mut count = 0;
+            for member in (0..members).filter(|&member| registered[member] == registered_now) {
+                picked[count] = functions[member];
+                which[count] = member;
+                count += 1;
+            }
+            if count == 0 {
+                return;
+            }
+            let mut results = [Ok(()); KRETPROBE_GROUP];
+            if registered_now {
+                if let Err(error) = kretprobe::change_method_all(&picked[..count], method, &mut results[..count]) {
+                    defmt::error!("sweep: kretprobe: disarming the entry probes: {}", error);
+                }
+            } else {
+                let results = &mut results[..count];
+                kretprobe::register_all(&picked[..count], method, Some(kretprobe_entered), count_return, 16, results);
+            }
+            for (index, &member) in which[..count].iter().enumerate() {
+                outcomes[member] = results[index];
+            }
         };
-        registered = armed.is_ok();
+        split(true, &mut outcomes);
+        split(false, &mut outcomes);
+        for member in 0..members {
+            registered[member] = outcomes[member].is_ok();
+        }
         clock.lap(timing::Phase::KretprobeRegister);
         if !slot_chunks_as_before(sweep) {
-            report(sweep, address, method, "kretprobe: slot area differs");
+            report(sweep, address(0), method, "kretprobe: slot area differs (one of this group)");
         }
         clock.lap(timing::Phase::Checks);
-        if !registered {
+        if !registered[..members].iter().any(|&registered| registered) {
             continue;
         }
-        sweep.tally.kretprobes[method_index(method)] += 1;
-        RETURNS.store(0, Ordering::Relaxed);
+        for member in (0..members).filter(|&member| registered[member]) {
+            sweep.tally.kretprobes[method_index(method)] += 1;
+            RETURNS[member].store(0, Ordering::Relaxed);
+        }
         let traces = crate::stacktrace::DEPOT.stats().records;
         COUNTING.store(true, Ordering::Relaxed);
         let results = workload::run();
         COUNTING.store(false, Ordering::Relaxed);
         clock.lap(timing::Phase::KretprobePass);
         // A hijacked return the walkers did not repair would save a trace with the trampoline.
-        if crate::stacktrace::DEPOT.stats().records != traces {
-            report(sweep, function.start, method, "kretprobe: new stack traces");
-        }
-        let returns = RETURNS.load(Ordering::Relaxed);
-        if results != Some(sweep.reference) {
-            report(sweep, address, method, "kretprobe: results differ");
-        }
-        match seen {
-            None => seen = Some((method, returns)),
-            Some((_, first)) if first != returns && !count_exempt(function.name) => {
-                report(sweep, address, method, "kretprobe: returns differ")
+        let new_traces = crate::stacktrace::DEPOT.stats().records != traces;
+        let differ = results != Some(sweep.reference);
+        for member in (0..members).filter(|&member| registered[member]) {
+            if new_traces {
+                report(sweep, functions[member], method, "kretprobe: new stack traces (one of this group)");
             }
-            Some(_) => {}
+            if differ {
+                report(sweep, address(member), method, "kretprobe: results differ (one of this group)");
+            }
+            let returns = RETURNS[member].load(Ordering::Relaxed);
+            match seen[member] {
+                None => seen[member] = Some(returns),
+                Some(first) if first != returns && !count_exempt(group[member].name) => {
+                    report(sweep, address(member), method, "kretprobe: returns differ")
+                }
+                Some(_) => {}
+            }
         }
         clock.lap(timing::Phase::Checks);
     }
-    if registered {
+    let mut left = [0u64; KRETPROBE_GROUP];
+    let mut count = 0;
+    for member in (0..members).filter(|&member| registered[member]) {
+        left[count] = functions[member];
+        count += 1;
+    }
+    if count > 0 {
         let mut clock = timing::Clock::start();
-        let _ = kretprobe::unregister(function.start);
+        let _ = kretprobe::unregister_all(&left[..count]);
         if sweep.background.is_some() {
             crate::task::cpus::synchronize();
         }
         clock.lap(timing::Phase::KretprobeUnregister);
         if !slot_chunks_as_before(sweep) {
-            report(sweep, address, Method::Detour, "kretprobe: slot area differs");
+            report(sweep, address(0), Method::Detour, "kretprobe: slot area differs (one of this group)");
         }
+    }
+    for entry in &KRETPROBE_ENTRIES {
+        entry.store(0, Ordering::Relaxed);
     }
 }
 
 /// Whether every chunk of the slot area that no probe holds is as it was before the sweep.
 fn slot_chunks_as_before(sweep: &Sweep) -> bool {
     let in_use = kprobes::slot_chunks_in_use();
-    (0..SLOT_CHUNKS).filter(|&chunk| in_use & (1 << chunk) == 0).all(|chunk| {
-        if sweep.slot_filler & (1 << chunk) != 0 {
+    let bit = |bits: &[u64], chunk: usize| bits[chunk / 64] & (1 << (chunk % 64)) != 0;
+    (0..SLOT_CHUNKS).filter(|&chunk| !bit(&in_use, chunk)).all(|chunk| {
+        if bit(&sweep.slot_filler, chunk) {
             slot_chunk_is_filler(chunk)
         } else {
             slot_chunk_hash(chunk) == sweep.slot_chunks[chunk]
@@ -903,13 +998,13 @@ fn set_count(functions: usize) -> usize {
 /// Candidates drawn for one random set (about two in three are accepted).
 const SET_CANDIDATES: usize = 192;
 
-/// Random set `set`'s members: the first [`BATCH`] candidates (distinct words of `chosen`, each
+/// Random set `set`'s members: the first [`SET_MEMBERS`] candidates (distinct words of `chosen`, each
 /// with a method) that `probes::register` accepts, drawn by a generator of the seed and the set
 /// index only, so that `sweep.set=K` (with the run's seed and `sweep.functions`) finds the same
 /// members and xtask can halve a hanging set. Each candidate is registered and at once
 /// unregistered, before the other CPUs run the workload (a grace period then costs little).
 fn find_set(chosen: &[Function], seed: u64, set: usize) -> Vec<(u64, Method)> {
-    let mut members = Vec::with_capacity(BATCH);
+    let mut members = Vec::with_capacity(SET_MEMBERS);
     if chosen.is_empty() {
         return members;
     }
@@ -921,13 +1016,13 @@ fn find_set(chosen: &[Function], seed: u64, set: usize) -> Vec<(u64, Method)> {
     // accepted candidate (about a hundred a set). Each is prepared before any word is written,
     // so a candidate is accepted or refused as it would be alone; a chunk ends before a second
     // draw of an address it holds (refused with one method, it may be accepted with another),
-    // so the members are the first `BATCH` accepted draws of `SET_CANDIDATES`, as one at a time.
+    // so the members are the first `SET_MEMBERS` accepted draws of `SET_CANDIDATES`, as one at a time.
     let mut drawn = 0;
     let mut pending = None;
-    while members.len() < BATCH && (pending.is_some() || drawn < SET_CANDIDATES) {
-        let mut chunk = [(0u64, Method::ALL[0]); BATCH];
+    while members.len() < SET_MEMBERS && (pending.is_some() || drawn < SET_CANDIDATES) {
+        let mut chunk = [(0u64, Method::ALL[0]); SET_MEMBERS];
         let mut count = 0;
-        while count < BATCH {
+        while count < SET_MEMBERS {
             let candidate = match pending.take() {
                 Some(candidate) => candidate,
                 None if drawn < SET_CANDIDATES => {
@@ -949,15 +1044,15 @@ fn find_set(chosen: &[Function], seed: u64, set: usize) -> Vec<(u64, Method)> {
             chunk[count] = candidate;
             count += 1;
         }
-        let mut results = [Ok(()); BATCH];
+        let mut results = [Ok(()); SET_MEMBERS];
         kprobes::register_all(&chunk[..count], ignore_hit, None, &mut results);
-        let mut accepted = [0u64; BATCH];
+        let mut accepted = [0u64; SET_MEMBERS];
         let mut armed = 0;
         for (&(address, method), result) in chunk[..count].iter().zip(results) {
             if result.is_ok() {
                 accepted[armed] = address;
                 armed += 1;
-                if members.len() < BATCH {
+                if members.len() < SET_MEMBERS {
                     members.push((address, method));
                 }
             }
@@ -1078,10 +1173,15 @@ pub fn run(args: &Args) -> bool {
     let mut sweep = Sweep {
         reference,
         slot_chunks: core::array::from_fn(slot_chunk_hash),
-        slot_filler: (0..SLOT_CHUNKS)
-            .filter(|&chunk| slot_chunk_is_filler(chunk))
-            .fold(0, |bits, chunk| bits | 1 << chunk),
+        slot_filler: (0..SLOT_CHUNKS).filter(|&chunk| slot_chunk_is_filler(chunk)).fold(
+            [0; SLOT_CHUNKS / 64],
+            |mut bits, chunk| {
+                bits[chunk / 64] |= 1 << (chunk % 64);
+                bits
+            },
+        ),
         armed: None,
+        buffers: alloc::vec![Armed::new(), Armed::new()],
         symbols,
         tally: Tally {
             armed: [0; 4],
@@ -1124,10 +1224,10 @@ pub fn run(args: &Args) -> bool {
         }
         defmt::info!("sweep probe address: {=u64:#x}", probes[0].0);
         defmt::info!("sweep batch: {=str}+{=u64:#x}:{=str} words {=usize}", name, offset, method.name(), words);
-        let hits = batch(&mut sweep, &probes[..words], name);
+        let first = batch(&mut sweep, &probes[..words], name)[0];
         disarm(&mut sweep);
         if words == 1 {
-            defmt::info!("sweep: probe hit {=u64} times", hits[0].map_or(0, |count| count.cpu0));
+            defmt::info!("sweep: probe hit {=u64} times", first.map_or(0, |count| count.cpu0));
         }
         swept = 1;
         instructions = words as u64;
@@ -1154,7 +1254,7 @@ pub fn run(args: &Args) -> bool {
             );
         }
         defmt::info!("sweep batch: random set {=usize} members {=usize}..{=usize}", set, first, end);
-        let hits = batch(&mut sweep, &members[first..end], "random set");
+        let hits = batch(&mut sweep, &members[first..end], "random set").to_vec();
         disarm(&mut sweep);
         for (index, hits) in (first..end).zip(hits) {
             defmt::info!("sweep member hits: {=usize} {=u64}", index, hits.map_or(0, |hits| hits.cpu0));
@@ -1164,6 +1264,9 @@ pub fn run(args: &Args) -> bool {
         // Everything the sweep keeps is allocated now, before the reference pass (see `batch`).
         // Each random set member's count in its own function's batches (None: refused there).
         let mut expected: Vec<Vec<Option<Count>>> = sets.iter().map(|set| alloc::vec![None; set.len()]).collect();
+        let mut set_hits: Vec<Option<Count>> = Vec::with_capacity(SET_MEMBERS);
+        // Functions whose kretprobes wait for their group (`sweep_kretprobes`).
+        let mut kretprobe_group: Vec<Function> = Vec::with_capacity(KRETPROBE_GROUP);
         let words = MAX_FUNCTION_WORDS as usize;
         let mut per_method: Vec<Vec<Option<Count>>> = (0..4).map(|_| alloc::vec![None; words]).collect();
         // Each single probe's function (an index of `chosen`), and the probe drawn among the
@@ -1208,7 +1311,11 @@ pub fn run(args: &Args) -> bool {
                 }
             }
             disarm(&mut sweep);
-            sweep_kretprobe(&mut sweep, function);
+            kretprobe_group.push(function);
+            if kretprobe_group.len() == KRETPROBE_GROUP {
+                sweep_kretprobes(&mut sweep, &kretprobe_group);
+                kretprobe_group.clear();
+            }
             swept += 1;
             instructions += (function.end - function.start) / 4;
             if swept.is_multiple_of(PROGRESS_EVERY) {
@@ -1223,6 +1330,9 @@ pub fn run(args: &Args) -> bool {
                 );
             }
         }
+        if !kretprobe_group.is_empty() {
+            sweep_kretprobes(&mut sweep, &kretprobe_group);
+        }
         // Probes on the workload's own code that ran must have been hit (the count is not 0).
         let workload_probed = chosen
             .iter()
@@ -1236,8 +1346,9 @@ pub fn run(args: &Args) -> bool {
         // its own function's words.
         for (index, (set, expected)) in sets.iter().zip(&expected).enumerate().filter(|(_, (set, _))| !set.is_empty()) {
             defmt::info!("sweep batch: random set {=usize} members 0..{=usize}", index, set.len());
-            let hits = batch(&mut sweep, set, "random set");
-            for ((&(address, method), expected), hits) in set.iter().zip(expected).zip(hits) {
+            set_hits.clear();
+            set_hits.extend_from_slice(batch(&mut sweep, set, "random set"));
+            for ((&(address, method), expected), hits) in set.iter().zip(expected).zip(set_hits.iter().copied()) {
                 // Refused among its function's words (not compared), accepted alone.
                 let Some(expected) = *expected else { continue };
                 let name = name_of(&sweep.symbols, address);
@@ -1248,9 +1359,9 @@ pub fn run(args: &Args) -> bool {
         }
         for &(address, method, expected) in singles.iter().flatten() {
             defmt::info!("sweep batch: single {=u64:#x} method {=str}", address, method.name());
-            let hits = batch(&mut sweep, &[(address, method)], "single");
+            let hits = batch(&mut sweep, &[(address, method)], "single")[0];
             let name = name_of(&sweep.symbols, address);
-            if !hits[0].is_some_and(|hits| hits.agrees(expected, name)) && !count_exempt(name) {
+            if !hits.is_some_and(|hits| hits.agrees(expected, name)) && !count_exempt(name) {
                 report(&mut sweep, address, method, "hit count differs when probed alone");
             }
         }

@@ -14,6 +14,7 @@ use unwind::{Trace, TraceOptions};
 pub const TESTS: &[Test] = &[
     Test { name: "kretprobe_returns_through_pac_and_scs", run: kretprobe_returns_through_pac_and_scs },
     Test { name: "kretprobe_on_asm_targets_every_method", run: kretprobe_on_asm_targets_every_method },
+    Test { name: "kretprobe_group_in_one_hold", run: kretprobe_group_in_one_hold },
     Test { name: "kretprobe_recursion_returns_in_order", run: kretprobe_recursion_returns_in_order },
     Test { name: "kretprobe_pool_exhaustion_is_missed", run: kretprobe_pool_exhaustion_is_missed },
     Test { name: "kretprobe_nesting_and_handler_hits", run: kretprobe_nesting_and_handler_hits },
@@ -256,6 +257,41 @@ fn kretprobe_on_asm_targets_every_method(_: &Context) -> Outcome {
     );
     check!(kretprobe::counts(ret).is_none());
     check!(kretprobe::unregister(ret) == Err(ProbeError::NotRegistered));
+    Ok(Verdict::Passed)
+}
+
+/// A group of kretprobes (as the probe sweep's kretprobe pass uses them): registered, moved to
+/// another method and unregistered in one hold of the other CPUs each, every member's returns
+/// and counts kept across the change; a refused member does not stop the others.
+fn kretprobe_group_in_one_hold(_: &Context) -> Outcome {
+    let (nop, push, ret) = (
+        bench_probe_target_nop as *const () as u64,
+        bench_probe_target_push as *const () as u64,
+        bench_probe_target_ret as *const () as u64,
+    );
+    let holds = crate::task::cpus::holds();
+    let mut results = [Ok(()); 3];
+    kretprobe::register_all(&[nop, push, ret], Method::SingleStep, None, count_return, 4, &mut results);
+    check!(results == [Ok(()), Ok(()), Err(ProbeError::NeedsOriginalPc(Text::Kernel))]);
+    check_eq!(crate::task::cpus::holds(), holds + 1);
+    check!(kretprobe::counts(ret).is_none());
+    RETURNS.store(0, Ordering::Relaxed);
+    let calls = |value| (call_checked(nop, value, 0).value, call_checked(push, value, 0).value);
+    check!(calls(5) == (5, 5));
+    check_eq!(RETURNS.load(Ordering::Relaxed), 2);
+    let mut changed = [Err(ProbeError::NotRegistered); 3];
+    check!(kretprobe::change_method_all(&[nop, push, ret], Method::Detour, &mut changed).is_ok());
+    check!(changed == [Ok(()), Ok(()), Err(ProbeError::NotRegistered)]);
+    check_eq!(crate::task::cpus::holds(), holds + 2);
+    check!(calls(6) == (6, 6));
+    check_eq!(RETURNS.load(Ordering::Relaxed), 4);
+    check!(kretprobe::counts(nop) == Some((2, 0)) && kretprobe::counts(push) == Some((2, 0)));
+    check!(kretprobe::unregister_all(&[nop, ret, push]) == Err(ProbeError::NotRegistered));
+    check_eq!(crate::task::cpus::holds(), holds + 3);
+    check!(kretprobe::counts(nop).is_none() && kretprobe::counts(push).is_none());
+    check!(calls(7) == (7, 7));
+    check_eq!(RETURNS.load(Ordering::Relaxed), 4);
+    check_eq!(kretprobe::outstanding(), 0);
     Ok(Verdict::Passed)
 }
 

@@ -21,6 +21,7 @@ pub const TESTS: &[Test] = &[
     Test { name: "probe_detour_refuses_sp_change", run: probe_detour_refuses_sp_change },
     Test { name: "probe_refusals_say_why", run: probe_refusals_say_why },
     Test { name: "probe_unregister_all_frees_every_probe", run: probe_unregister_all_frees_every_probe },
+    Test { name: "probe_table_keeps_no_tombstones", run: probe_table_keeps_no_tombstones },
     Test { name: "probe_hit_from_handler_is_missed", run: probe_hit_from_handler_is_missed },
     Test { name: "probe_reentry_every_method_pair", run: probe_reentry_every_method_pair },
 ];
@@ -729,6 +730,41 @@ fn probe_unregister_all_frees_every_probe(_: &Context) -> Outcome {
     check_eq!(slot_area_sum(), area);
     // SAFETY: as above.
     check!(unsafe { (probe_target_add(5, 7), probe_target_mov(5, 7), probe_target_increment(5)) } == (12, 7, 6));
+    Ok(Verdict::Passed)
+}
+
+/// Batches of probes coming and going, as the probe sweep's do, leave the PC table as they found
+/// it: a removed probe's entry is emptied once nothing follows it, so the table does not fill
+/// with tombstones (which made every registration walk all of it).
+fn probe_table_keeps_no_tombstones(_: &Context) -> Outcome {
+    const WORDS: usize = 240;
+    const NOP: u32 = 0xd503_201f;
+    // SAFETY: only the address of the asm-defined page is taken.
+    let page = unsafe { &probe_scratch_page as *const u32 as u64 };
+    // SAFETY: the scratch page is this module's test text, run by no CPU while written.
+    unsafe { patch::write_instructions(page, &[NOP; WORDS]) };
+    let before = kprobes::table_entries_in_use();
+    let mut probes = [(0u64, Method::Simulate); WORDS / 2];
+    let mut results = [Ok(()); WORDS / 2];
+    let mut every_batch_armed = true;
+    for round in 0..8u64 {
+        // Every round probes other words: the first half, then the second, shifted by a word.
+        let first = (round % 2) as usize * (WORDS / 2);
+        for (index, probe) in probes.iter_mut().enumerate() {
+            probe.0 = page + 4 * ((first + index + round as usize / 2) % WORDS) as u64;
+        }
+        kprobes::register_all(&probes, ignore, None, &mut results);
+        let armed = results.iter().all(|result| result.is_ok());
+        let addresses = probes.map(|(address, _)| address);
+        let _ = kprobes::unregister_all(&addresses);
+        every_batch_armed &= armed;
+    }
+    let after = kprobes::table_entries_in_use();
+    let capture = probes::encode_brk(BRK_HARNESS_CAPTURE).0;
+    // SAFETY: as above.
+    unsafe { patch::write_instructions(page, &[capture; WORDS]) };
+    check!(every_batch_armed);
+    check_eq!(after, before);
     Ok(Verdict::Passed)
 }
 
