@@ -403,6 +403,13 @@ pub const ACCOUNTS: &[(&str, Account)] = &[
         },
     ),
     (
+        "cargo xtask stress probes --smp 4 --variant prod --watchdog 30000",
+        Excluded {
+            reason: "the whole 4-CPU sweep in prod (minutes)",
+            covered_by: "the sweep sample on 4 CPUs of `cargo xtask test`",
+        },
+    ),
+    (
         "cargo xtask stress probes [--variant V]... [--cpu V] [--functions N] [--seed N] \
          [--probe FUNCTION+OFFSET:METHOD] [--ftrace] [--timeout S] [--shard K/N [--out DIR]]",
         Excluded { reason: "the synopsis", covered_by: "the sweep samples of `cargo xtask test`" },
