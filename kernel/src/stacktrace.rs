@@ -591,13 +591,13 @@ impl CachedRows<'_> {
     #[inline(never)]
     #[sanitize(kernel_hwaddress = "off")]
     fn fill(&self, pc: u64, entry: &AtomicU64) -> u32 {
-        let Ok(Some(row)) = self.table.find(pc) else {
+        let (Ok(Some(row)), cacheable) = self.table_or_slot(pc) else {
             return 0;
         };
         let Some(packed) = row.pack() else {
             return 0;
         };
-        if pc >> 32 == self.window {
+        if cacheable && pc >> 32 == self.window {
             uninstrumented::store_u64(entry, (packed as u64) << 32 | pc & 0xffff_ffff);
         }
         packed
@@ -608,7 +608,21 @@ impl CachedRows<'_> {
     #[inline(never)]
     #[sanitize(kernel_hwaddress = "off")]
     fn table_find(&self, pc: u64) -> Result<Option<UnwindRow>, TableError> {
-        self.table.find(pc)
+        self.table_or_slot(pc).0
+    }
+
+    /// The table's row at `pc`; where it has none, the row of the instruction a kprobe's XOL
+    /// slot at `pc` stands for (the slot runs it in the probed function's frame). A slot's row
+    /// is not to be cached (`false`): the chunk's next probe is in another function.
+    #[inline(always)]
+    fn table_or_slot(&self, pc: u64) -> (Result<Option<UnwindRow>, TableError>, bool) {
+        match self.table.find(pc) {
+            Ok(None) => match crate::probes::kprobe::slot_stands_for(pc) {
+                Some(probed) => (self.table.find(probed), false),
+                None => (Ok(None), true),
+            },
+            found => (found, true),
+        }
     }
 }
 

@@ -34,6 +34,7 @@ use gimli::{
     UnwindTableRow,
 };
 use object::{Object, ObjectSection, ObjectSymbol};
+use ftrace::CallSite;
 use unwind::sframe::encode::{self, Function};
 use unwind::{CfaBase, SFrameTable, UnwindRow};
 
@@ -130,6 +131,8 @@ pub struct Conversion {
     /// Functions without CFI whose rows [`describe_thunks`] derived from their instructions
     /// (start, size): the sanitizer's check thunks and their shared tail.
     pub described: Vec<(u64, u32)>,
+    /// Function symbols whose call slot got [`add_call_slot_rows`]' row.
+    pub call_slots: Vec<u64>,
 }
 
 fn cfi_error(error: gimli::Error) -> Failure {
@@ -207,6 +210,8 @@ pub struct Validation {
     pub addresses: usize,
     /// Of which inside rewritten rows (rewrite checked).
     pub rewritten_addresses: usize,
+    /// Returns into call slots looked up (`E + 15`) and found with [`call_slot_row`].
+    pub call_slot_returns: usize,
 }
 
 /// The stack pointer's register number in a load's base field.
@@ -310,6 +315,16 @@ pub fn validate(
                 }
             }
         }
+    }
+    // The call slots: the replay above found the CFI's rows at the slot's instruction and at
+    // its return address; the return's lookup, a byte before it, finds the trampoline's frame.
+    for &symbol in &conversion.call_slots {
+        let pc = symbol + u64::from(AFTER_CALL_SLOT) - 1;
+        let found = sframe.find(pc).map_err(|error| fail(format!("lookup at {pc:#x}: {error:?}")))?;
+        if found != Some(call_slot_row()) {
+            return Err(fail(format!("{pc:#x}: the call slot's return finds {found:?}")));
+        }
+        validation.call_slot_returns += 1;
     }
     // Nothing outside the CFI: every table function is an FDE's range or a described thunk.
     let mut ranges: BTreeMap<u64, u64> =
@@ -551,6 +566,84 @@ pub fn describe_thunks(
     Ok(())
 }
 
+/// Where a traced function's call-slot row starts, from its symbol: one byte past the call
+/// slot's `bl`, so that the instruction itself (an interrupted PC, looked up as is) keeps the
+/// entry row and only the return from the trampoline (`E + 16`, looked up at `E + 15`) finds
+/// this one.
+const CALL_SLOT_ROW: u32 = (CallSite::CALL_OFFSET - CallSite::FUNCTION_OFFSET) as u32 + 1;
+/// Where the function's own rows resume: the call slot's return address, from the symbol.
+const AFTER_CALL_SLOT: u32 = (CallSite::CALL_OFFSET + 4 - CallSite::FUNCTION_OFFSET) as u32;
+
+/// The frame a return from the ftrace trampoline into a call slot unwinds: the 32 bytes the
+/// trampoline built for the traced function (`CallSite::CALLER_FRAME`), its frame record (x29,
+/// and x9: the function's return address) at the bottom. The trampoline's CFI ends its own
+/// frame just below them (kernel/src/ftrace/trampoline.rs).
+pub fn call_slot_row() -> UnwindRow {
+    let frame = CallSite::CALLER_FRAME as i32;
+    UnwindRow {
+        cfa_base: CfaBase::StackPointer,
+        cfa_offset: frame,
+        ra_offset: Some(8 - frame),
+        fp_offset: Some(-frame),
+        ra_signed: false,
+    }
+}
+
+/// The row a function has at `offset` (the last row starting at or before it).
+fn row_at(rows: &[(u32, UnwindRow)], offset: u32) -> Option<UnwindRow> {
+    rows.iter().rev().find(|(start, _)| *start <= offset).map(|(_, row)| *row)
+}
+
+/// Rows for the call slots of the functions with a patchable entry at `entries` (each an `E`
+/// of `__patchable_function_entries`, the symbol at `E + 8`). With ftrace on, the slot's `bl`
+/// enters the trampoline with the function's return address in x9, which no row of the
+/// function's CFI can say: the return into the slot is a frame of its own, built by the
+/// trampoline ([`call_slot_row`]). The function's CFI must still be in its entry state (CFA =
+/// SP, nothing saved) through the slot, as the compiler leaves a patchable entry.
+pub fn add_call_slot_rows(conversion: &mut Conversion, entries: &[u64]) -> Result<(), Failure> {
+    let fail = |message: String| Failure { status: 1, message: format!("sframe: {message}") };
+    let by_start: BTreeMap<u64, usize> =
+        conversion.functions.iter().enumerate().map(|(index, function)| (function.start, index)).collect();
+    let entry_row = UnwindRow {
+        cfa_base: CfaBase::StackPointer,
+        cfa_offset: 0,
+        ra_offset: None,
+        fp_offset: None,
+        ra_signed: false,
+    };
+    for &entry in entries {
+        let symbol = entry + CallSite::FUNCTION_OFFSET;
+        // A patchable function without rows (hand-written, or left out) gets none here either.
+        let Some(&index) = by_start.get(&symbol) else { continue };
+        let function = &mut conversion.functions[index];
+        if function.size <= AFTER_CALL_SLOT {
+            return Err(fail(format!("function at {symbol:#x} ends inside its call slot")));
+        }
+        if function.rows.iter().any(|(start, _)| (CALL_SLOT_ROW..AFTER_CALL_SLOT).contains(start))
+            || row_at(&function.rows, CALL_SLOT_ROW - 1) != Some(entry_row)
+        {
+            return Err(fail(format!("function at {symbol:#x}: its CFI is not the entry's through the call slot")));
+        }
+        let after = row_at(&function.rows, AFTER_CALL_SLOT).expect("a row at 0");
+        let at = function.rows.partition_point(|(start, _)| *start < CALL_SLOT_ROW);
+        let mut added = vec![(CALL_SLOT_ROW, call_slot_row())];
+        if function.rows.get(at).is_none_or(|(start, _)| *start != AFTER_CALL_SLOT) {
+            added.push((AFTER_CALL_SLOT, after));
+        }
+        conversion.table_rows += added.len();
+        function.rows.splice(at..at, added);
+        conversion.call_slots.push(symbol);
+    }
+    Ok(())
+}
+
+/// The entries `E` of `__patchable_function_entries` (none in a build without them).
+fn patchable_entries(file: &object::File) -> Vec<u64> {
+    let Some(section) = file.section_by_name("__patchable_function_entries") else { return Vec::new() };
+    let Ok(data) = section.data() else { return Vec::new() };
+    data.chunks_exact(8).map(|chunk| u64::from_le_bytes(chunk.try_into().expect("8 bytes"))).collect()
+}
+
 /// Fills the `.sframe` section of the ELF image `elf` in place from its `.eh_frame`, validates
 /// the table against the CFI and prints the counts.
 pub fn embed(elf: &mut [u8]) -> Result<Conversion, Failure> {
@@ -584,6 +677,7 @@ pub fn embed(elf: &mut [u8]) -> Result<Conversion, Failure> {
             .filter_map(|symbol| Some((symbol.name().ok()?, symbol.address())))
             .collect();
         describe_thunks(&mut conversion, &symbols, text)?;
+        add_call_slot_rows(&mut conversion, &patchable_entries(&file))?;
         let table = encode::table(&conversion.functions, sframe.address())
             .map_err(|error| Failure { status: 1, message: format!("sframe: {error:?}") })?;
         if table.len() as u64 > size {
@@ -598,8 +692,9 @@ pub fn embed(elf: &mut [u8]) -> Result<Conversion, Failure> {
         let validation = validate(&conversion, data, eh.address(), &table, sframe.address(), text)?;
         eprintln!(
             "xtask: sframe: {} FDEs, {} CFI rows -> {} functions, {} rows ({} SCS-epilogue rows rewritten, {} rows \
-             inexpressible in {} functions, {} thunks described from their instructions), {} bytes of {size}; \
-             validator: {} addresses agree with the CFI, {} in rewritten rows checked",
+             inexpressible in {} functions, {} thunks described from their instructions, {} call slots), {} bytes \
+             of {size}; validator: {} addresses agree with the CFI, {} in rewritten rows checked, {} call-slot \
+             returns checked",
             conversion.fdes,
             conversion.cfi_rows,
             conversion.functions.len(),
@@ -608,9 +703,11 @@ pub fn embed(elf: &mut [u8]) -> Result<Conversion, Failure> {
             conversion.inexpressible_rows,
             conversion.inexpressible_functions.len(),
             conversion.described.len(),
+            conversion.call_slots.len(),
             table.len(),
             validation.addresses,
             validation.rewritten_addresses,
+            validation.call_slot_returns,
         );
         for (start, reason) in conversion.inexpressible_functions.iter().take(5) {
             eprintln!("xtask: sframe: function at {start:#x} left out: {reason}");
@@ -826,7 +923,7 @@ mod tests {
         assert_eq!(conversion.table_rows, 8 + 1);
         let table = encode::table(&conversion.functions, SFRAME).unwrap();
         let validation = validate(&conversion, &data, EH_FRAME, &table, SFRAME, text).unwrap();
-        assert_eq!(validation, Validation { addresses: 11 + 4 + 2, rewritten_addresses: 2 });
+        assert_eq!(validation, Validation { addresses: 11 + 4 + 2, rewritten_addresses: 2, call_slot_returns: 0 });
     }
 
     #[test]

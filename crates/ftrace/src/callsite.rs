@@ -79,6 +79,12 @@ impl CallSite {
     pub const FUNCTION_OFFSET: u64 = 8;
     /// Offset of the call slot (`NOP` / `bl trampoline`).
     pub const CALL_OFFSET: u64 = 12;
+    /// Bytes of the traced function's frame that the trampoline builds on its behalf, at the top
+    /// of its save area: the function's frame record (its x29, and x9: its return address), then
+    /// its SP and PC. Unwind tables describe the trampoline's own frame as ending below these
+    /// bytes and the call slot's return (`E + 16`) as a frame of this size with its record at the
+    /// bottom, so a walker by tables sees the two frames the frame walker sees in the two records.
+    pub const CALLER_FRAME: u64 = 32;
 
     /// The call site whose first pre-symbol NOP is at `entry`. The literal
     /// must be 8-aligned for a single-copy-atomic 64-bit store, so `entry`

@@ -145,7 +145,9 @@ core::arch::global_asm!(
     .global ftrace_graph_entry
 ftrace_graph_entry:
     // ops.func(ip x0, parent_ip x1, ops x2, regs x3) from ftrace_trampoline (directly, or through
-    // the list or a vector function): IRQs masked, the recursion guard held.
+    // the list or a vector function): IRQs masked, the recursion guard held. A leaf: its CFI
+    // (the SFrame table's rows) is the entry's, CFA = SP and the return address in x30.
+    .cfi_startproc
     ldr     x10, [x3, #{regs_sp}]               // SP at the traced function's entry
     mrs     x11, tpidr_el1
     ldr     x12, [x11, #{irq_top}]
@@ -221,6 +223,7 @@ ftrace_graph_entry:
     add     x14, x14, #1
     str     x14, [x15, #8]
     ret
+    .cfi_endproc
     .size ftrace_graph_entry, . - ftrace_graph_entry
 
     .balign 16
@@ -228,6 +231,9 @@ ftrace_graph_entry:
 ftrace_graph_return:
     // Reached by a graph-traced function's `ret`: x30 = this address, SP and x18 as at its
     // entry, x0..x7 (and x8) as it returned them. Pops the top instance, whose entry SP is SP.
+    // CFI as a leaf: the return address in x30, this address until the pop, which a walker
+    // repairs by the CFA (SP); the path that finds no instance has no rows.
+    .cfi_startproc
     mrs     x9, daif
     msr     daifset, #3
     mov     x10, sp
@@ -278,6 +284,7 @@ ftrace_graph_return:
     stlr    x11, [x12]
     msr     daif, x9
     ret
+    .cfi_endproc
 9:  mov     x0, x10
     bl      {lost}
     .size ftrace_graph_return, . - ftrace_graph_return

@@ -74,6 +74,9 @@ const _: () = {
     assert!(offset_of!(Regs, x) == 0 && offset_of!(Regs, daif) == 72 && offset_of!(Regs, fp) == 80);
     assert!(offset_of!(Regs, lr) == 88 && offset_of!(Regs, sp) == 96 && offset_of!(Regs, pc) == 104);
     assert!(size_of::<Regs>() == 112 && FRAME == 16 + size_of::<Regs>());
+    // The traced function's frame (its record: Regs.fp and Regs.lr, then Regs.sp and Regs.pc)
+    // is the top of the save area, as the CFI below and the converter's call-slot rows say.
+    assert!(16 + offset_of!(Regs, fp) == FRAME - ::ftrace::CallSite::CALLER_FRAME as usize);
     assert!(offset_of!(Ops, func) == 0 && offset_of!(CpuState, guard) == 0 && offset_of!(CpuState, recursions) == 8);
 };
 
@@ -89,8 +92,16 @@ ftrace_trampoline:
     stp     x4, x5, [sp, #48]
     stp     x6, x7, [sp, #64]
     stp     x29, x9, [sp, #96]          // Regs.fp/lr: the traced function's frame record
+    // CFI from here (xtask converts it into the SFrame table): the trampoline's frame is the
+    // 96 bytes below the traced function's record, its caller the call slot's return, whose
+    // rows the converter adds (`CallSite::CALLER_FRAME`: that record at the bottom of 32 bytes).
+    // Before the record is written no table can say where x9 is: those five words have no rows.
+    .cfi_startproc
+    .cfi_def_cfa_offset {own}
     add     x29, sp, #96
     stp     x29, x30, [sp]              // the trampoline's, returning into the traced function
+    .cfi_offset x29, -{own}
+    .cfi_offset x30, -({own} - 8)
     mov     x29, sp
     add     x10, sp, #128
     sub     x11, x30, #8                // ip: the symbol, E + 8
@@ -128,17 +139,25 @@ ftrace_trampoline:
     ldp     x6, x7, [sp, #64]
     ldp     x29, x9, [sp, #96]
     ldr     x10, [sp, #8]
+    // From here the return address is in x10: no rows (a table cannot name x10).
+    .cfi_endproc
     add     sp, sp, #128
     mov     x30, x9
     ret     x10
+    .cfi_startproc
+    .cfi_def_cfa_offset {own}
+    .cfi_offset x29, -{own}
+    .cfi_offset x30, -({own} - 8)
 2:  ldr     x14, [x13, #8]              // recursion: count it and skip the tracer
     add     x14, x14, #1
     str     x14, [x13, #8]
     b       1b
+    .cfi_endproc
     .size ftrace_trampoline, . - ftrace_trampoline
 "#,
     scs = const crate::build_info::SHADOW_CALL_STACK as u8,
     percpu_tracer = const offset_of!(crate::arch::percpu::PerCpu, tracer),
+    own = const FRAME - ::ftrace::CallSite::CALLER_FRAME as usize,
 );
 
 unsafe extern "C" {

@@ -279,7 +279,7 @@ fn prepare(
     let action = Action::planned(plan, place, place);
     let mut early_branch = false;
     match action {
-        Action::OutOfLine { slot, .. } => slots::write_out_of_line(slot, original),
+        Action::OutOfLine { slot, .. } => slots::write_out_of_line(slot, original, address),
         Action::Detour { trampoline } => {
             let probe_pointer = record_pointer(record) as u64;
             if inject::on(Fault::DetourBranchBeforeTrampoline)
@@ -592,6 +592,13 @@ pub fn refused_changes(address: u64) -> Option<u64> {
 /// The start of the slot area (for the no-probe checks in the tests).
 pub fn slot_area_address() -> u64 {
     slots::chunk_address(0)
+}
+
+/// The probed address an address in an XOL slot stands for (the slot's instruction, or the one
+/// after it once the instruction has run), for a walker's rows; `None` outside the XOL slots.
+#[sanitize(kernel_hwaddress = "off")]
+pub fn slot_stands_for(pc: u64) -> Option<u64> {
+    slots::probed_address(pc)
 }
 
 /// The slot area's size in bytes.

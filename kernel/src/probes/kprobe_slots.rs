@@ -7,6 +7,8 @@
 //! It is written through the text alias (`arch::patch`), never executed writable. The trampolines
 //! are built by `crates/probes` (`relocate.rs`, with its named encoders and host tests).
 
+use core::sync::atomic::{AtomicU64, Ordering};
+
 use probes::{Classification, LITERAL_POOL, RelocateError, TRAMPOLINE_WORDS, detour_trampoline, encode_brk};
 
 use super::ProbeError;
@@ -67,14 +69,46 @@ fn write(at: u64, words: &[u32]) {
     unsafe { patch::write_instructions(at, words) };
 }
 
-/// An XOL slot: the instruction, then `BRK #0x006` (the way back for brk-step; a safety net for
-/// single-step, whose step exception comes first).
-pub fn write_out_of_line(slot: u64, instruction: u32) {
+/// The probed address of each chunk's XOL slot, 0 for a chunk without one (free, or a detour
+/// trampoline): where a walker looks up the rows of an address in the slot, which runs the
+/// probed instruction in the probed function's frame. Written after the slot, cleared with it.
+static SLOT_OWNERS: [AtomicU64; CHUNKS] = [const { AtomicU64::new(0) }; CHUNKS];
+
+/// The chunk holding `pc`, if it is in the slot area.
+#[sanitize(kernel_hwaddress = "off")]
+fn chunk_of(pc: u64) -> Option<usize> {
+    let offset = pc.wrapping_sub(chunk_address(0));
+    (offset < AREA_SIZE).then_some((offset / CHUNK_SIZE) as usize)
+}
+
+/// An XOL slot for the instruction at `probed` (`instruction`), at the start of its chunk: the
+/// instruction, then `BRK #0x006` (the way back for brk-step; a safety net for single-step,
+/// whose step exception comes first).
+pub fn write_out_of_line(slot: u64, instruction: u32, probed: u64) {
+    let chunk = chunk_of(slot).filter(|&chunk| chunk_address(chunk) == slot);
+    let chunk = chunk.expect("an XOL slot starts a chunk of the slot area");
     write(slot, &[instruction, encode_brk(BRK_KPROBE_STEP).0]);
+    SLOT_OWNERS[chunk].store(probed, Ordering::Release);
+}
+
+/// Where `pc`, in an XOL slot, stands in the probed function: the probed instruction (the slot's
+/// first word: not run yet) or the one after it (the slot's `BRK`, or the step exception's PC:
+/// the instruction has run, and an XOL slot never holds a branch). `None` elsewhere, in a
+/// detour trampoline or a free chunk. Read by walkers, without the registry's lock: a chunk
+/// being reused may answer for its previous probe, whose slot no CPU is running any more.
+#[sanitize(kernel_hwaddress = "off")]
+pub fn probed_address(pc: u64) -> Option<u64> {
+    let chunk = chunk_of(pc)?;
+    let offset = pc - chunk_address(chunk);
+    let owner = SLOT_OWNERS[chunk].load(Ordering::Acquire);
+    (owner != 0 && offset <= 4).then_some(owner + offset)
 }
 
 /// Refills a chunk with `BRK #0x006` when its probe is unregistered.
 pub fn clear(chunk: u64) {
+    if let Some(index) = chunk_of(chunk) {
+        SLOT_OWNERS[index].store(0, Ordering::Release);
+    }
     let filler = [encode_brk(BRK_KPROBE_STEP).0; CHUNK_WORDS];
     // Only the words that differ, to keep the cache maintenance short.
     for (index, &word) in filler.iter().enumerate() {

@@ -130,11 +130,19 @@ core::arch::global_asm!(
     .global kretprobe_trampoline
 kretprobe_trampoline:
     // Reached by a probed function's `ret`: x30 = this address, SP and x18 as at its entry.
+    // The CFI (xtask converts it into the SFrame table) says where the return address is: in
+    // x30, then in the frame record; either way this address, which a walker repairs by the
+    // CFA, the hijacked function's SP at entry.
+    .cfi_startproc
     .if {scs}
     str     x30, [x18], #8
     .endif
     stp     x29, x30, [sp, #-16]!
+    .cfi_def_cfa_offset 16
+    .cfi_offset x30, -8
+    .cfi_offset x29, -16
     sub     sp, sp, #{save}
+    .cfi_def_cfa_offset ({save} + 16)
     stp     x0, x1, [sp, #0]
     stp     x2, x3, [sp, #16]
     stp     x4, x5, [sp, #32]
@@ -162,13 +170,18 @@ kretprobe_trampoline:
     ldp     x4, x5, [sp, #32]
     ldp     x6, x7, [sp, #48]
     ldr     x8, [sp, #64]
-    ldr     x30, [sp, #240]
+    ldr     x30, [sp, #240]                 // the real return address, from kretprobe_return
     add     sp, sp, #{save}
+    .cfi_def_cfa_offset 16
     ldr     x29, [sp], #16
+    .cfi_def_cfa_offset 0
+    .cfi_restore x29
+    .cfi_restore x30
     .if {scs}
     sub     x18, x18, #8
     .endif
     ret
+    .cfi_endproc
 "#,
     scs = const crate::build_info::SHADOW_CALL_STACK as u8,
     save = const core::mem::size_of::<Registers>(),

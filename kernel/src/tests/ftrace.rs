@@ -371,21 +371,30 @@ fn tracers_call_nothing_traced(_: &Context) -> Outcome {
     Ok(Verdict::Passed)
 }
 
-static TRACE_LEN: AtomicU64 = AtomicU64::new(0);
-static TRACES: [[AtomicU64; 8]; 2] = [const { [const { AtomicU64::new(0) }; 8] }; 2];
+/// The walkers of [`capture_traces`], in the order of [`TRACES`].
+const TRACE_MODES: [Mode; 3] = [Mode::FramePointer, Mode::ShadowCallStack, Mode::SFrame];
+static TRACES: [[AtomicU64; 8]; 3] = [const { [const { AtomicU64::new(0) }; 8] }; 3];
 
-/// Captures an FP and (in SCS builds) an SCS trace from inside the tracer.
+/// Whether this build has `mode`'s walker: frame records, the shadow call stack.
+fn walker_built(mode: Mode) -> bool {
+    match mode {
+        Mode::FramePointer => crate::build_info::FRAME_POINTERS,
+        Mode::ShadowCallStack => crate::build_info::SHADOW_CALL_STACK,
+        Mode::SFrame => true,
+    }
+}
+
+/// Captures a trace with each walker this build has, from inside the tracer (the SFrame walk
+/// crosses the trampoline and the call slot by their rows).
 unsafe extern "C" fn capture_traces(_: u64, _: u64, _: &Ops, _: &mut Regs) {
-    let modes = [Mode::FramePointer, Mode::ShadowCallStack];
-    for (index, mode) in modes.into_iter().enumerate() {
-        if !mode.available() || (mode == Mode::ShadowCallStack && !crate::build_info::SHADOW_CALL_STACK) {
+    for (index, mode) in TRACE_MODES.into_iter().enumerate() {
+        if !mode.available() || !walker_built(mode) {
             continue;
         }
         let trace = stacktrace::capture(mode, TraceOptions::ALL);
         for (slot, &address) in TRACES[index].iter().zip(trace.addresses()) {
             slot.store(address, Ordering::Relaxed);
         }
-        TRACE_LEN.store(trace.addresses().len() as u64, Ordering::Relaxed);
     }
 }
 
@@ -405,18 +414,24 @@ fn backtraces(_: &Context) -> Outcome {
     check!(ftrace::unregister(tracer).is_ok());
     check_eq!(result, 3 ^ 0x5a5a);
     let function_of = |address: u64| callsites::function_containing(address - 4).map(|(start, _)| start);
-    for (index, trace) in TRACES.iter().enumerate() {
+    let stored = |index: usize| -> [u64; 8] { core::array::from_fn(|slot| TRACES[index][slot].load(Ordering::Relaxed)) };
+    for (index, mode) in TRACE_MODES.into_iter().enumerate() {
         // No frame walk without frame pointers, no shadow walk without the shadow call stack.
-        if (index == 0 && !crate::build_info::FRAME_POINTERS) || (index == 1 && !crate::build_info::SHADOW_CALL_STACK) {
+        if !walker_built(mode) {
             continue;
         }
-        let addresses: [u64; 8] = core::array::from_fn(|slot| trace[slot].load(Ordering::Relaxed));
+        let addresses = stored(index);
         // ... capture_traces <- trampoline <- traced_pair_b (its body, E + 16) <- call_traced_b_here.
         let traced = address(traced_pair_b);
         let position = addresses.iter().position(|&entry| function_of(entry) == Some(traced));
         let Some(position) = position else { return Err(fail("traced function missing from the trace")) };
         check!(position + 1 < addresses.len());
         check_eq!(function_of(addresses[position + 1]).unwrap_or(0), call_traced_b_here as *const () as u64);
+    }
+    // By its rows the SFrame walk gives the frame walk's entries: the trampoline, the call slot
+    // (its return, E + 16) and the traced function's callers.
+    if walker_built(Mode::FramePointer) {
+        check!(stored(2)[1..] == stored(0)[1..]);
     }
     Ok(Verdict::Passed)
 }

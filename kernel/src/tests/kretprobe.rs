@@ -21,6 +21,7 @@ pub const TESTS: &[Test] = &[
     Test { name: "kretprobe_unregistered_while_hijacked", run: kretprobe_unregistered_while_hijacked },
     Test { name: "kretprobe_fp_trace_shows_real_callers", run: kretprobe_fp_trace_shows_real_callers },
     Test { name: "kretprobe_scs_trace_shows_real_callers", run: kretprobe_scs_trace_shows_real_callers },
+    Test { name: "kretprobe_sframe_trace_shows_real_callers", run: kretprobe_sframe_trace_shows_real_callers },
 ];
 
 core::arch::global_asm!(
@@ -28,10 +29,15 @@ core::arch::global_asm!(
     .section .text.kretprobe_tests, "ax"
     .balign 16
 // x0, x1: arguments, x2: target. Calls the target with x19..x28 set to patterns; returns its x0
-// in x0 and, in x1, a bit per callee-saved register (and SP) that came back changed.
+// in x0 and, in x1, a bit per callee-saved register (and SP) that came back changed. Its CFI
+// lets the SFrame walk cross it.
     .global kretprobe_test_call
 kretprobe_test_call:
+    .cfi_startproc
     stp     x29, x30, [sp, #-96]!
+    .cfi_def_cfa_offset 96
+    .cfi_offset x30, -88
+    .cfi_offset x29, -96
     mov     x29, sp
     stp     x19, x20, [sp, #16]
     stp     x21, x22, [sp, #32]
@@ -44,8 +50,10 @@ kretprobe_test_call:
     .endr
     mov     x9, sp
     str     x9, [sp, #-16]!
+    .cfi_def_cfa_offset 112
     blr     x2
     ldr     x9, [sp], #16
+    .cfi_def_cfa_offset 96
     mov     x1, #0
     mov     x10, sp
     cmp     x9, x10
@@ -64,18 +72,26 @@ kretprobe_test_call:
     ldp     x25, x26, [sp, #64]
     ldp     x27, x28, [sp, #80]
     ldp     x29, x30, [sp], #96
+    .cfi_def_cfa_offset 0
+    .cfi_restore x29
+    .cfi_restore x30
     ret
+    .cfi_endproc
 
 // Leaf helpers for a non-leaf caller (whose prologue has run, since it calls): the LR in its
 // frame record, and the newest entry of its shadow call stack.
     .global kretprobe_caller_record_lr
 kretprobe_caller_record_lr:
+    .cfi_startproc
     ldr     x0, [x29, #8]
     ret
+    .cfi_endproc
     .global kretprobe_caller_shadow_top
 kretprobe_caller_shadow_top:
+    .cfi_startproc
     ldr     x0, [x18, #-8]
     ret
+    .cfi_endproc
 "#
 );
 
@@ -472,8 +488,11 @@ static BODY_TRACE: IrqSpinLock<Trace> = IrqSpinLock::new(Trace::new());
 static HANDLER_TRACE: IrqSpinLock<Trace> = IrqSpinLock::new(Trace::new());
 static TRACE_MODE: AtomicUsize = AtomicUsize::new(0);
 
+/// The walker of [`traced`]'s and [`trace_at_return`]'s traces, as an index of [`TRACE_MODES`].
+const TRACE_MODES: [Mode; 3] = [Mode::FramePointer, Mode::ShadowCallStack, Mode::SFrame];
+
 fn trace_mode() -> Mode {
-    if TRACE_MODE.load(Ordering::Relaxed) == 1 { Mode::ShadowCallStack } else { Mode::FramePointer }
+    TRACE_MODES[TRACE_MODE.load(Ordering::Relaxed)]
 }
 
 #[inline(never)]
@@ -497,9 +516,10 @@ fn call_traced() -> u64 {
 }
 
 /// `traced`'s call of `capture`, its return into `kretprobe_test_call` (the hijacked one), and
-/// in a frame-pointer trace that one's return into `call_traced` (the asm pushes no SCS entry).
+/// in a frame-pointer or SFrame trace that one's return into `call_traced` (the asm pushes no
+/// SCS entry).
 fn same_callers(mode: Mode) -> usize {
-    if mode == Mode::FramePointer { 3 } else { 2 }
+    if mode == Mode::ShadowCallStack { 2 } else { 3 }
 }
 
 fn kretprobe_fp_trace_shows_real_callers(_: &Context) -> Outcome {
@@ -519,8 +539,15 @@ fn kretprobe_scs_trace_shows_real_callers(_: &Context) -> Outcome {
     traces_show_real_callers(Mode::ShadowCallStack)
 }
 
+/// The SFrame walk crosses `kretprobe_trampoline` by its rows (its return address repaired by
+/// the CFA, as in the hijacked function's own frame).
+fn kretprobe_sframe_trace_shows_real_callers(_: &Context) -> Outcome {
+    traces_show_real_callers(Mode::SFrame)
+}
+
 fn traces_show_real_callers(mode: Mode) -> Outcome {
-    TRACE_MODE.store(if mode == Mode::ShadowCallStack { 1 } else { 0 }, Ordering::Relaxed);
+    let index = TRACE_MODES.iter().position(|&each| each == mode).expect("a walker of TRACE_MODES");
+    TRACE_MODE.store(index, Ordering::Relaxed);
     let target = function_address(traced);
     let trampoline = kretprobe::trampoline();
     let mut unprobed = Trace::new();

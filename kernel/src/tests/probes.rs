@@ -12,11 +12,15 @@ use super::{Context, Failure, Outcome, Test, Verdict, check, check_eq};
 use crate::arch::exception::{BRK_HARNESS_CAPTURE, BRK_HARNESS_ENTER, ExceptionFrame};
 use crate::arch::patch;
 use crate::probes::{self as kprobes, Method, ProbeError, Registers, Text};
+use crate::stacktrace::{self, Mode};
+use crate::symbols::callsites;
 use crate::sync::IrqSpinLock;
+use unwind::{Trace, TraceOptions};
 
 pub const TESTS: &[Test] = &[
     Test { name: "probes_match_unprobed_execution", run: probes_match_unprobed_execution },
     Test { name: "probe_handlers_see_registers", run: probe_handlers_see_registers },
+    Test { name: "probe_slot_walks_by_the_probed_rows", run: probe_slot_walks_by_the_probed_rows },
     Test { name: "probe_detour_refuses_pc_change", run: probe_detour_refuses_pc_change },
     Test { name: "probe_detour_refuses_sp_change", run: probe_detour_refuses_sp_change },
     Test { name: "probe_refusals_say_why", run: probe_refusals_say_why },
@@ -42,8 +46,10 @@ probe_scratch_page:
     .balign 8
     .global probe_target_add
 probe_target_add:
+    .cfi_startproc
     add     x0, x0, x1
     ret
+    .cfi_endproc
     .global probe_target_mov
 probe_target_mov:
     mov     x0, x1
@@ -641,6 +647,69 @@ fn probe_handlers_see_registers(_: &Context) -> Outcome {
         check_eq!(unsafe { core::ptr::read_volatile(target as *const u32) }, original);
         // SAFETY: as above.
         check_eq!(unsafe { function(5, 7) }, if method == Method::Simulate { 7 } else { 12 });
+    }
+    Ok(Verdict::Passed)
+}
+
+/// The post-handler's SFrame trace, and its frame-record trace where the build has frame records.
+static POST_TRACES: IrqSpinLock<(Trace, Trace)> = IrqSpinLock::new((Trace::new(), Trace::new()));
+
+fn trace_post(_: &mut Registers) {
+    let sframe = stacktrace::capture(Mode::SFrame, TraceOptions::ALL);
+    let fp = if crate::build_info::FRAME_POINTERS {
+        stacktrace::capture(Mode::FramePointer, TraceOptions::ALL)
+    } else {
+        Trace::new()
+    };
+    *POST_TRACES.lock() = (sframe, fp);
+}
+
+#[inline(never)]
+fn call_probe_target_add() -> u64 {
+    // SAFETY: the target returns x0 + x1, touching nothing else.
+    core::hint::black_box(unsafe { probe_target_add(core::hint::black_box(5), 7) })
+}
+
+/// A post-handler runs with the probed instruction executed in its XOL slot: the step (or the
+/// slot's BRK) exception's PC is in the slot, which has no rows of its own. The SFrame walk from
+/// the handler crosses the exception frame and unwinds the slot by the rows of the instruction
+/// it stands for (`ret` of the leaf `probe_target_add`, the return address in x30), on to the
+/// caller and the end of the task; the frame walk, which skips the leaf's caller (x30 is in no
+/// record), gives the same entries from the slot on but that one.
+fn probe_slot_walks_by_the_probed_rows(_: &Context) -> Outcome {
+    let target = probe_target_add as *const () as u64;
+    let caller = call_probe_target_add as *const () as u64;
+    let function_of = |address: u64| callsites::function_containing(address - 4).map(|(start, _)| start);
+    let in_slots = |address: u64| address.wrapping_sub(kprobes::slot_area_address()) < kprobes::SLOT_AREA_SIZE;
+    for method in [Method::SingleStep, Method::BrkStep] {
+        if let Err(error) = kprobes::register(target, method, ignore, Some(trace_post as kprobes::Handler)) {
+            defmt::error!("  {}: {}", method, error);
+            return Err(fail("registered"));
+        }
+        let result = call_probe_target_add();
+        check!(kprobes::unregister(target).is_ok());
+        check_eq!(result, 12);
+        let (sframe, fp) = POST_TRACES.lock().clone();
+        let Some(slot) = sframe.addresses().iter().position(|&address| in_slots(address)) else {
+            stacktrace::print("post-handler, SFrame", &sframe);
+            return Err(fail("the SFrame walk from the post-handler does not reach the slot"));
+        };
+        if !sframe.stop_reason().is_complete() || sframe.len() <= slot + 1 {
+            stacktrace::print("post-handler, SFrame", &sframe);
+            return Err(fail("the SFrame walk stops at the slot"));
+        }
+        check_eq!(function_of(sframe.addresses()[slot + 1]).unwrap_or(0), caller);
+        if crate::build_info::FRAME_POINTERS {
+            let Some(fp_slot) = fp.addresses().iter().position(|&address| in_slots(address)) else {
+                return Err(fail("the frame walk from the post-handler does not reach the slot"));
+            };
+            check_eq!(fp.addresses()[fp_slot], sframe.addresses()[slot]);
+            if fp.addresses()[fp_slot + 1..] != sframe.addresses()[slot + 2..] {
+                stacktrace::print("post-handler, SFrame", &sframe);
+                stacktrace::print("post-handler, frame records", &fp);
+                return Err(fail("the SFrame walk past the slot differs from the frame walk"));
+            }
+        }
     }
     Ok(Verdict::Passed)
 }

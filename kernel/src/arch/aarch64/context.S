@@ -11,8 +11,11 @@
 // x18 and DAIF of the running task in prev and resumes next where it last called switch_to (or
 // at the first instruction its creator put in the context's LR). Context layout: x19..x28, x29,
 // x30, sp, x18, daif (task/mod.rs `Context`).
+// CFI as a leaf (the SFrame table's rows): CFA = SP, the return address in x30. Only its first
+// and last instructions run unmasked, and at both SP, x29 and x30 belong to one task.
 .global switch_to
 switch_to:
+    .cfi_startproc
     mrs     x9, daif
     msr     daifset, #0xf
     stp     x19, x20, [x0, #0]
@@ -35,6 +38,7 @@ switch_to:
     ldr     x9, [x1, #112]
     msr     daif, x9
     ret
+    .cfi_endproc
 
 // IRQ handler called by exception_entry (x0 = frame on the interrupted stack, x29 = the frame's
 // boundary marker): runs trap_irq on this CPU's IRQ stack and IRQ shadow stack, then, back on
