@@ -455,9 +455,16 @@ fn check_irq_capture(capture: &stacktrace::IrqCapture, require_agreement: bool) 
     }
     // SAFETY: [start, pc] is kernel text of one function, readable.
     let code = unsafe { core::slice::from_raw_parts(start as *const u32, ((capture.pc - start) / 4 + 1) as usize) };
-    let difference = unwind::view_difference(code, code.len() - 1);
+    // Without frame pointers the SFrame walk is held against the shadow walk alone: equal, or
+    // one frame longer where the return address is not pushed yet (or popped already).
+    let difference = if crate::build_info::FRAME_POINTERS {
+        unwind::view_difference(code, code.len() - 1)
+    } else {
+        ViewDifference::ShadowHasExtraFrame
+    };
     let (fp, scs) = (capture.frame_pointer.addresses(), capture.shadow.addresses());
     let agree = match difference {
+        _ if !crate::build_info::FRAME_POINTERS => true,
         ViewDifference::Agree => fp[1..] == scs[1..],
         ViewDifference::ShadowHasExtraFrame => one_extra(scs, fp),
         ViewDifference::FramesHaveExtraFrame => one_extra(fp, scs),
@@ -501,6 +508,19 @@ fn one_extra(longer: &[u64], shorter: &[u64]) -> bool {
     longer.len() > split + 1 && longer[split + 1..].iter().zip(&shorter[split..]).all(|(a, b)| a == b)
 }
 
+/// The functions of the chain a run from `seed` with `depth` levels calls, by level, the leaf
+/// last: one draw per level picks its function, as [`next`] draws it.
+fn known_functions(seed: u64, depth: usize) -> [u64; ground_truth::LEVELS] {
+    let mut functions = [0u64; ground_truth::LEVELS];
+    let mut draws = Chain { seed, leaf: Leaf::Spin, depth, result: None, body_sp: [0; ground_truth::LEVELS] };
+    let starts = [chain_small as *const () as u64, chain_medium as *const () as u64, chain_large as *const () as u64];
+    for function in functions.iter_mut().take(depth) {
+        *function = starts[(draws.random() % 3) as usize];
+    }
+    functions[depth] = leaf as *const () as u64;
+    functions
+}
+
 /// A capture taken in the SGI handler of the CPU a cross-CPU call interrupted.
 static CROSS_CAPTURE: crate::sync::IrqSpinLock<Option<stacktrace::IrqCapture>> = crate::sync::IrqSpinLock::new(None);
 /// Set by the chain runner once it has checked enough landings: the firing CPU stops.
@@ -536,14 +556,18 @@ pub(super) fn fire_cross_cpu_irqs(cpu: usize) -> u64 {
 /// middle of a prologue): the wake-up SGI of a cross-CPU call from [`fire_cross_cpu_irqs`]
 /// interrupts this CPU's random chains. Each landing in a chain function is checked as the
 /// tick's are. Resets the shared state first; `CROSS_DONE` tells the firing CPU to stop.
+#[inline(never)]
 pub(super) fn traces_agree_at_cross_cpu_irqs() -> Outcome {
-    if let Some(skipped) = no_scs().or_else(super::no_frame_pointers) {
+    if let Some(skipped) = no_scs() {
         CROSS_DONE.store(true, Ordering::Release);
         return skipped;
     }
     let mut chain =
         Chain { seed: 0x0c0f_fee0, leaf: Leaf::Spin, depth: 0, result: None, body_sp: [0; ground_truth::LEVELS] };
     let (mut checked, mut landed) = (0u32, 0u32);
+    let mut tally = ground_truth::Tally::default();
+    let outer = traces_agree_at_cross_cpu_irqs as *const () as u64;
+    let outer_sp = ground_truth::current_sp();
     let deadline = timer::counter() + timer::frequency() * cpu::patience_ms(2000) / 1000;
     let outcome = loop {
         if checked >= 200 {
@@ -555,11 +579,27 @@ pub(super) fn traces_agree_at_cross_cpu_irqs() -> Outcome {
         }
         chain.depth = 1 + (chain.random() % 100) as usize;
         let depth = chain.depth;
+        let functions = known_functions(chain.seed, depth);
         black_box(next(&mut chain, depth));
         let Some(capture) = CROSS_CAPTURE.lock().take() else { continue };
         landed += 1;
         match check_irq_capture(&capture, false) {
-            Ok(true) => checked += 1,
+            Ok(true) => {
+                checked += 1;
+                // The run recorded its levels' SPs, the same in every run of this seed and depth,
+                // so those of the interrupted levels are in `body_sp` once it has returned.
+                let known = ground_truth::KnownChain {
+                    functions: &functions[..=depth],
+                    body_sp: &chain.body_sp,
+                    outer,
+                    outer_sp,
+                };
+                if tally.judge(&capture, &known) == Some(2) {
+                    stacktrace::print("sframe", &capture.sframe);
+                    defmt::error!("  interrupted PC {=u64:#x}", capture.pc);
+                    break Err(super::fail("the SFrame walk differs from the known chain"));
+                }
+            }
             Ok(false) => {}
             Err(what) => {
                 defmt::error!("  interrupted PC {=u64:#x}", capture.pc);
@@ -570,6 +610,7 @@ pub(super) fn traces_agree_at_cross_cpu_irqs() -> Outcome {
     CROSS_DONE.store(true, Ordering::Release);
     if outcome.is_ok() {
         defmt::info!("  {=u32} cross-CPU IRQs landed in a chain function ({=u32} taken)", checked, landed);
+        tally.print();
     }
     outcome
 }
@@ -581,9 +622,6 @@ pub(super) fn reset_cross_cpu_irqs() {
 }
 
 pub(super) fn traces_agree_in_irqs_at_random_points(context: &Context) -> Outcome {
-    if let Some(skipped) = super::no_frame_pointers() {
-        return skipped;
-    }
     if let Some(skipped) = no_scs() {
         return skipped;
     }
@@ -607,16 +645,8 @@ pub(super) fn traces_agree_in_irqs_at_random_points(context: &Context) -> Outcom
         // exactly that instruction; without icount TCG notices timers mostly at counter reads.
         let (seed, depth) = (chain.seed, chain.depth);
         let delay = chain.random() % (timer::frequency() / 10_000);
-        // The known chain: one draw per level picks its function; one run records the levels'
-        // SPs before the tick is armed.
-        let mut functions = [0u64; ground_truth::LEVELS];
-        let mut draws = Chain { seed, leaf: Leaf::Spin, depth, result: None, body_sp: [0; ground_truth::LEVELS] };
-        let starts =
-            [chain_small as *const () as u64, chain_medium as *const () as u64, chain_large as *const () as u64];
-        for function in functions.iter_mut().take(depth) {
-            *function = starts[(draws.random() % 3) as usize];
-        }
-        functions[depth] = leaf as *const () as u64;
+        // The known chain; one run records the levels' SPs before the tick is armed.
+        let functions = known_functions(seed, depth);
         chain.seed = seed;
         black_box(next(&mut chain, depth));
         // Every replay of the chain records the same SPs.

@@ -43,7 +43,8 @@ pub(super) fn current_sp() -> u64 {
     sp
 }
 
-/// Where in its function an interrupted PC is.
+/// Where in its function an interrupted PC is (without frame pointers, the shadow call stack's
+/// push and pop stand for the frame record's link and unlink).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Window {
     /// Before the frame record is linked (`mov x29, sp`).
@@ -78,15 +79,25 @@ fn sp_change(word: u32) -> Option<i64> {
     None
 }
 
-/// `add x29, sp, #imm` (`mov x29, sp` is `#0`): links the frame record.
+/// `str x30, [x18], #8` and `ldr x30, [x18, #-8]!`: the shadow call stack's push and pop.
+const SCS_PUSH: u32 = 0xf800_865e;
+const SCS_POP: u32 = 0xf85f_8e5e;
+
+/// Where the body starts: `add x29, sp, #imm` (`mov x29, sp` is `#0`) links the frame record;
+/// without frame pointers, the shadow call stack's push saves the return address.
 fn links_frame(word: u32) -> bool {
-    word & 0xff80_03ff == 0x9100_03fd
+    if crate::build_info::FRAME_POINTERS { word & 0xff80_03ff == 0x9100_03fd } else { word == SCS_PUSH }
 }
 
-/// A 64-bit LDP (post-indexed, signed offset or pre-indexed) loading x29: unlinks it.
+/// Where the epilogue starts: a 64-bit LDP (post-indexed, signed offset or pre-indexed) loading
+/// x29 unlinks the record; without frame pointers, the shadow call stack's pop.
 fn unlinks_frame(word: u32) -> bool {
-    matches!(word & 0xffc0_0000, 0xa8c0_0000 | 0xa940_0000 | 0xa9c0_0000)
-        && (word & 31 == 29 || (word >> 10) & 31 == 29)
+    if crate::build_info::FRAME_POINTERS {
+        matches!(word & 0xffc0_0000, 0xa8c0_0000 | 0xa940_0000 | 0xa9c0_0000)
+            && (word & 31 == 29 || (word >> 10) & 31 == 29)
+    } else {
+        word == SCS_POP
+    }
 }
 
 /// `ret`, `b` or `br`: code after it is reached by a branch from the body.
@@ -170,6 +181,10 @@ impl Tally {
         let window_index = WINDOWS.iter().position(|(known, _)| *known == window).unwrap_or(1);
         let mut sframe = 0;
         for (walker, trace) in [&capture.frame_pointer, &capture.shadow, &capture.sframe].into_iter().enumerate() {
+            // Without frame pointers the frame walk is refused: nothing to judge.
+            if walker == 0 && !crate::build_info::FRAME_POINTERS {
+                continue;
+            }
             let judgement = judged(trace, expected(), level + 2);
             self.counts[window_index][walker][judgement] += 1;
             sframe = judgement;
@@ -182,6 +197,21 @@ impl Tally {
         defmt::info!("  ground truth (known chain): right/incomplete/wrong; {=u32} landings not placed", self.unplaced);
         for (index, (_, name)) in WINDOWS.iter().enumerate() {
             let counts = &self.counts[index];
+            if !crate::build_info::FRAME_POINTERS {
+                defmt::info!(
+                    "  {=str}: fp refused, {=str} {=u32}/{=u32}/{=u32}, {=str} {=u32}/{=u32}/{=u32}",
+                    name,
+                    WALKERS[1],
+                    counts[1][0],
+                    counts[1][1],
+                    counts[1][2],
+                    WALKERS[2],
+                    counts[2][0],
+                    counts[2][1],
+                    counts[2][2],
+                );
+                continue;
+            }
             defmt::info!(
                 "  {=str}: {=str} {=u32}/{=u32}/{=u32}, {=str} {=u32}/{=u32}/{=u32}, {=str} {=u32}/{=u32}/{=u32}",
                 name,
