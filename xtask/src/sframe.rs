@@ -29,12 +29,12 @@
 
 use std::collections::BTreeMap;
 
+use ftrace::CallSite;
 use gimli::{
     BaseAddresses, CfaRule, CieOrFde, EhFrame, LittleEndian, Register, RegisterRule, UnwindContext, UnwindSection,
     UnwindTableRow,
 };
 use object::{Object, ObjectSection, ObjectSymbol};
-use ftrace::CallSite;
 use unwind::sframe::encode::{self, Function};
 use unwind::{CfaBase, SFrameTable, UnwindRow};
 
@@ -976,8 +976,75 @@ mod tests {
                 let tail = file_symbol(&data, "__hwasan_tag_mismatch");
                 assert!(conversion.described.iter().any(|(start, _)| Some(*start) == tail), "full: no tail");
             }
+            // Every traced function's call slot has the trampoline's frame, and the kernel's
+            // hand-written trampolines have rows of their own.
+            assert!(conversion.call_slots.len() > 500, "{variant}: {} call slots", conversion.call_slots.len());
+            let bytes = data_of_sframe(&data);
+            let table = SFrameTable::new(&bytes, sframe_address(&data)).unwrap();
+            for symbol in ["kretprobe_trampoline", "ftrace_graph_entry", "ftrace_graph_return", "switch_to"] {
+                let start = file_symbol(&data, symbol).unwrap_or_else(|| panic!("{variant}: no {symbol}"));
+                assert!(table.find(start).unwrap().is_some(), "{variant}: {symbol} has no rows");
+            }
             walks_through_real_rows(&data);
         }
+    }
+
+    /// The bytes of the ELF's `.sframe` section.
+    fn data_of_sframe(elf: &[u8]) -> Vec<u8> {
+        let file = object::File::parse(elf).unwrap();
+        file.section_by_name(".sframe").unwrap().data().unwrap().to_vec()
+    }
+
+    /// The address of the ELF's `.sframe` section.
+    fn sframe_address(elf: &[u8]) -> u64 {
+        object::File::parse(elf).unwrap().section_by_name(".sframe").unwrap().address()
+    }
+
+    /// A function with a patchable entry at `E = start - 8`, its CFI in the entry state through
+    /// the call slot, then a frame from offset 12.
+    fn patchable_function(start: u64) -> Function {
+        let entry = UnwindRow {
+            cfa_base: CfaBase::StackPointer,
+            cfa_offset: 0,
+            ra_offset: None,
+            fp_offset: None,
+            ra_signed: false,
+        };
+        let body = UnwindRow { cfa_offset: 16, ra_offset: Some(-8), fp_offset: Some(-16), ..entry };
+        Function { start, size: 64, rows: vec![(0, entry), (12, body)] }
+    }
+
+    #[test]
+    fn call_slots_get_the_trampolines_frame() {
+        let start = 0xffff_ff80_4008_1008;
+        let mut conversion = Conversion {
+            functions: vec![patchable_function(start), patchable_function(start + 64 + 8)],
+            table_rows: 4,
+            ..Conversion::default()
+        };
+        // The second function's entry is not in the list; an entry without rows is passed over.
+        add_call_slot_rows(&mut conversion, &[start - 8, 0xffff_ff80_4009_0000]).unwrap();
+        assert_eq!(conversion.call_slots, vec![start]);
+        let rows: Vec<u32> = conversion.functions[0].rows.iter().map(|(offset, _)| *offset).collect();
+        assert_eq!(rows, vec![0, 5, 8, 12]);
+        assert_eq!(conversion.functions[0].rows[1].1, call_slot_row());
+        assert_eq!(conversion.functions[0].rows[2].1, conversion.functions[0].rows[0].1);
+        assert_eq!(conversion.functions[1].rows.len(), 2);
+        assert_eq!(conversion.table_rows, 6);
+        // Read back: the `bl` keeps the entry row, its return finds the trampoline's frame.
+        let bytes = encode::table(&conversion.functions, 0xffff_ff80_4100_0000).unwrap();
+        let table = SFrameTable::new(&bytes, 0xffff_ff80_4100_0000).unwrap();
+        assert_eq!(table.find(start + 4).unwrap(), Some(conversion.functions[0].rows[0].1));
+        assert_eq!(table.find(start + 7).unwrap(), Some(call_slot_row()));
+        assert_eq!(table.find(start + 8).unwrap(), Some(conversion.functions[0].rows[0].1));
+        assert_eq!(call_slot_row().pack().map(UnwindRow::unpack), Some(call_slot_row()));
+
+        // A function whose frame starts inside the call slot is refused, not given a wrong row.
+        let mut early = patchable_function(start);
+        early.rows[1].0 = 4;
+        let mut conversion = Conversion { functions: vec![early], ..Conversion::default() };
+        let error = add_call_slot_rows(&mut conversion, &[start - 8]).unwrap_err();
+        assert!(error.message.contains("not the entry's through the call slot"), "{}", error.message);
     }
 
     /// The address of the symbol `name` in the ELF `elf`.

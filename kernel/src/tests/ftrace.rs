@@ -414,7 +414,8 @@ fn backtraces(_: &Context) -> Outcome {
     check!(ftrace::unregister(tracer).is_ok());
     check_eq!(result, 3 ^ 0x5a5a);
     let function_of = |address: u64| callsites::function_containing(address - 4).map(|(start, _)| start);
-    let stored = |index: usize| -> [u64; 8] { core::array::from_fn(|slot| TRACES[index][slot].load(Ordering::Relaxed)) };
+    let stored =
+        |index: usize| -> [u64; 8] { core::array::from_fn(|slot| TRACES[index][slot].load(Ordering::Relaxed)) };
     for (index, mode) in TRACE_MODES.into_iter().enumerate() {
         // No frame walk without frame pointers, no shadow walk without the shadow call stack.
         if !walker_built(mode) {
