@@ -573,15 +573,16 @@ impl RowLookup for CachedRows<'_> {
         if packed != 0 { Ok(Some(UnwindRow::unpack(packed))) } else { self.table_find(pc) }
     }
 
-    /// The walker's fast path: a hit is the entry's load and one compare of its key; a miss
-    /// fills the entry out of line. Same exemption and access as [`Self::find`].
+    /// The walker's fast path: a hit is the entry's load and one compare of its key; a miss is
+    /// 0, "ask `find`": the walker's full step then fills the entry, and the fast path's loop
+    /// calls nothing (its state stays in registers). Same exemption and access as
+    /// [`Self::find`].
     #[inline(always)]
     fn find_packed(&self, pc: u64) -> u32 {
-        let entry = &ROW_CACHE[row_cache_index(pc)];
-        let word = uninstrumented::load_u64(entry);
-        // The key is the entry's low half under the window's upper half: one compare with `pc`.
-        // An empty entry's row is 0, which the walker takes as "ask `find`".
-        if word & 0xffff_ffff | self.window << 32 == pc { (word >> 32) as u32 } else { self.fill(pc, entry) }
+        let word = uninstrumented::load_u64(&ROW_CACHE[row_cache_index(pc)]);
+        // The key is the entry's low half under the window's upper half: `pc` less the window
+        // against the low half, zero-extended (one compare). An empty entry's row is 0.
+        if pc.wrapping_sub(self.window << 32) == word & 0xffff_ffff { (word >> 32) as u32 } else { 0 }
     }
 }
 

@@ -454,7 +454,7 @@ where
         }
         let base = if packed & PACKED_FP_BASED != 0 { fp } else { sp };
         let cfa = base.wrapping_add(packed_cfa_offset(packed));
-        if cfa <= sp || cfa > bounds.high || cfa & 15 != 0 {
+        if cfa & 15 != 0 || cfa <= sp || cfa > bounds.high {
             break;
         }
         // `cfa > sp >= 2064`: no wrap, so the record is in `[sp, cfa)` once at or above SP.
