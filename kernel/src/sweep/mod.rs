@@ -839,7 +839,16 @@ fn sweep_kretprobes(sweep: &mut Sweep, group: &[Function]) {
     }
     let address = |member: usize| kretprobe::attach_address(functions[member]);
     let mut registered = [false; KRETPROBE_GROUP];
-    let mut seen: [Option<u64>; KRETPROBE_GROUP] = [None; KRETPROBE_GROUP];
+    // Per member, the returns counted in each pass by the group's registered members then (a
+    // bit each): only passes with the same members registered are compared. Another member's
+    // hijacked return changes what the workload runs (a walk meeting an outstanding return
+    // takes the repairing path: `stacktrace::collect_shadow`), and methods refuse different
+    // members (a `ret` is refused by the stepping methods), so two passes with different sets
+    // may differ with no probe at fault (seen: a slice index inside the shadow walk's repairing
+    // path, called only while the workload task's own return was hijacked, 0 returns with that
+    // member refused, 2 with it registered).
+    let mut seen: [[Option<(u32, u64)>; Method::ALL.len()]; KRETPROBE_GROUP] =
+        [[None; Method::ALL.len()]; KRETPROBE_GROUP];
     for method in Method::ALL {
         everywhere::heartbeat();
         let mut clock = timing::Clock::start();
@@ -896,6 +905,7 @@ fn sweep_kretprobes(sweep: &mut Sweep, group: &[Function]) {
         // A hijacked return the walkers did not repair would save a trace with the trampoline.
         let new_traces = crate::stacktrace::DEPOT.stats().records != traces;
         let differ = results != Some(sweep.reference);
+        let set = (0..members).filter(|&member| registered[member]).fold(0u32, |set, member| set | 1 << member);
         for member in (0..members).filter(|&member| registered[member]) {
             if new_traces {
                 report(sweep, functions[member], method, "kretprobe: new stack traces (one of this group)");
@@ -904,12 +914,17 @@ fn sweep_kretprobes(sweep: &mut Sweep, group: &[Function]) {
                 report(sweep, address(member), method, "kretprobe: results differ (one of this group)");
             }
             let returns = RETURNS[member].load(Ordering::Relaxed);
-            match seen[member] {
-                None => seen[member] = Some(returns),
-                Some(first) if first != returns && !count_exempt(group[member].name) => {
+            let passes = &mut seen[member];
+            match passes.iter().flatten().find(|(with, _)| *with == set) {
+                Some(&(_, first)) if first != returns && !count_exempt(group[member].name) => {
                     report(sweep, address(member), method, "kretprobe: returns differ")
                 }
                 Some(_) => {}
+                None => {
+                    if let Some(free) = passes.iter_mut().find(|pass| pass.is_none()) {
+                        *free = Some((set, returns));
+                    }
+                }
             }
         }
         clock.lap(timing::Phase::Checks);
