@@ -671,9 +671,19 @@ pub fn sample(image: &build::KernelImage, variant: BuildVariant, cpu: CpuVariant
         variant.name(),
         if detected { "ok: caught as new stack traces" } else { "FAILED: the new-stack check did not fire" }
     );
+    // The kretprobe returns check, shown to fail: the detour pass's returns read one high.
+    let injected = "sweep.seed=19 sweep.functions=4 sweep.singles=0 sweep.inject=miscount-returns";
+    let miscounted = sweep(&run, injected, Duration::from_secs(120), Print::Never)?;
+    let returns_caught =
+        !miscounted.passed && miscounted.failures.iter().any(|line| line.contains("kretprobe: returns differ"));
+    println!(
+        "probe sweep check [variant {}, kretprobe returns miscounted]: {}",
+        variant.name(),
+        if returns_caught { "ok: caught as returns differing" } else { "FAILED: the returns check did not fire" }
+    );
     let named = hang_is_named(&run)?;
     let set_named = set_hang_is_named(&run)?;
-    Ok(outcome.passed && on_four.passed && detected && named && set_named && sharded)
+    Ok(outcome.passed && on_four.passed && detected && returns_caught && named && set_named && sharded)
 }
 
 /// The sample run again as two shards (`sweep.shard=1/2` and `2/2`), each written as

@@ -197,25 +197,12 @@ impl Tally {
         defmt::info!("  ground truth (known chain): right/incomplete/wrong; {=u32} landings not placed", self.unplaced);
         for (index, (_, name)) in WINDOWS.iter().enumerate() {
             let counts = &self.counts[index];
-            if !crate::build_info::FRAME_POINTERS {
-                defmt::info!(
-                    "  {=str}: fp refused, {=str} {=u32}/{=u32}/{=u32}, {=str} {=u32}/{=u32}/{=u32}",
-                    name,
-                    WALKERS[1],
-                    counts[1][0],
-                    counts[1][1],
-                    counts[1][2],
-                    WALKERS[2],
-                    counts[2][0],
-                    counts[2][1],
-                    counts[2][2],
-                );
-                continue;
-            }
+            // Without frame pointers the frame walk is refused, not judged: its counts stay 0.
+            let fp = if crate::build_info::FRAME_POINTERS { WALKERS[0] } else { "fp (refused)" };
             defmt::info!(
                 "  {=str}: {=str} {=u32}/{=u32}/{=u32}, {=str} {=u32}/{=u32}/{=u32}, {=str} {=u32}/{=u32}/{=u32}",
                 name,
-                WALKERS[0],
+                fp,
                 counts[0][0],
                 counts[0][1],
                 counts[0][2],
